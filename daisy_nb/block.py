@@ -1,0 +1,188 @@
+"""Blocks: the unit of work handed to a process function.
+
+This module is imported by worker processes, so it must never import numba or
+``daisy_nb.kernels``. A :class:`Block` made by the scheduler carries its ROIs as
+plain integer tuples and builds funlib ``Roi`` objects only when someone asks
+(one ``Roi`` costs ~17 µs, more than scheduling the block).
+"""
+
+from __future__ import annotations
+
+from funlib.geometry import Coordinate, Roi
+
+__all__ = ["Block", "BlockStatus", "cantor_number"]
+
+
+class BlockStatus:
+    """Block status codes, plain ints as in daisy 2.0 (1.x used an Enum)."""
+
+    CREATED = 0
+    PROCESSING = 1
+    SUCCESS = 2
+    FAILED = 3
+
+    _NAMES = {0: "CREATED", 1: "PROCESSING", 2: "SUCCESS", 3: "FAILED"}
+
+    @classmethod
+    def name(cls, status: int) -> str:
+        return cls._NAMES.get(int(status), str(status))
+
+
+def cantor_number(index) -> int:
+    """Generalised Cantor ("pyramid volume") number of a non-negative grid index.
+
+    Exact in Python integers (daisy 1.x loses precision past 2**53). See CORE.md 2.2:
+    ``id = x0 + sum_{n=2..N} C(S_n + n - 1, n)`` with ``S_n = x0 + ... + x_{n-1}``.
+    """
+    x = [int(v) for v in index]
+    if not x:
+        return 0
+    total = x[0]
+    s = x[0]
+    for n in range(2, len(x) + 1):
+        s += x[n - 1]
+        # C(s + n - 1, n) = s (s+1) ... (s+n-1) / n!, exact at every step.
+        c = 1
+        for i in range(1, n + 1):
+            c = c * (s + i - 1) // i
+        total += c
+    return total
+
+
+def _as_tuple(c) -> tuple[int, ...]:
+    return tuple(int(v) for v in c)
+
+
+def _roi_tuple(roi, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if isinstance(roi, tuple) and len(roi) == 2 and isinstance(roi[0], tuple):
+        return roi
+    try:
+        offset, shape = roi.offset, roi.shape
+    except AttributeError:
+        raise TypeError(f"{name} must be a Roi (or have integer offset and shape), got {roi!r}") from None
+    if offset is None or shape is None or any(v is None for v in offset) or any(v is None for v in shape):
+        raise ValueError(f"{name} must be bounded, got {roi!r}")
+    return _as_tuple(offset), _as_tuple(shape)
+
+
+class Block:
+    """One block of a task: a read ROI, a write ROI and an ID ``(task_id, spatial_id)``.
+
+    ``Block(total_roi, read_roi, write_roi, block_id=None, task_id=None)`` (the
+    daisy 1.x order; daisy 2.0 swapped the last two, so a string given as the
+    fourth positional argument is taken as the task id). Equality and hash use
+    ``block_id`` only.
+    """
+
+    __slots__ = ("_task_id", "_spatial_id", "_read", "_write", "_read_roi", "_write_roi", "_status", "index", "__weakref__")
+
+    def __init__(self, total_roi, read_roi, write_roi, block_id=None, task_id=None):
+        if isinstance(block_id, str) and task_id is None:
+            block_id, task_id = None, block_id  # daisy 2.0 positional order
+        total = _roi_tuple(total_roi, "total_roi")
+        self._read = _roi_tuple(read_roi, "read_roi")
+        self._write = _roi_tuple(write_roi, "write_roi")
+        if not (len(total[0]) == len(self._read[0]) == len(self._write[0])):
+            raise ValueError("total_roi, read_roi and write_roi must have the same number of dimensions")
+        self._read_roi = read_roi if isinstance(read_roi, Roi) else None
+        self._write_roi = write_roi if isinstance(write_roi, Roi) else None
+        self._task_id = "" if task_id is None else str(task_id)
+        if block_id is None:
+            woff, wshape = self._write
+            grid = []
+            for w, t, s in zip(woff, total[0], wshape):
+                if s <= 0:
+                    raise ValueError(f"write_roi must have a positive shape, got {wshape}")
+                grid.append(max(0, (w - t) // s))  # negative components clamped (daisy 2.0)
+            self._spatial_id = cantor_number(grid)
+        else:
+            if isinstance(block_id, tuple):
+                block_id = block_id[1]
+            self._spatial_id = int(block_id)
+        self._status = BlockStatus.CREATED
+        self.index = -1
+
+    @classmethod
+    def _make(cls, task_id: str, spatial_id: int, read, write, index: int = -1) -> Block:
+        """Build a block from trusted plain tuples (scheduler and workers; no validation)."""
+        b = cls.__new__(cls)
+        b._task_id = task_id
+        b._spatial_id = spatial_id
+        b._read = read
+        b._write = write
+        b._read_roi = None
+        b._write_roi = None
+        b._status = BlockStatus.CREATED
+        b.index = index
+        return b
+
+    # --- identity -----------------------------------------------------------------
+    @property
+    def block_id(self) -> tuple[str, int]:
+        return (self._task_id, self._spatial_id)
+
+    @property
+    def task_id(self) -> str:
+        return self._task_id
+
+    @property
+    def spatial_id(self) -> int:
+        return self._spatial_id
+
+    def __eq__(self, other):
+        if not isinstance(other, Block):
+            return NotImplemented
+        return self._spatial_id == other._spatial_id and self._task_id == other._task_id
+
+    def __hash__(self):
+        return hash((self._task_id, self._spatial_id))
+
+    # --- geometry (lazy Roi objects) ----------------------------------------------
+    @property
+    def read_roi(self) -> Roi:
+        if self._read_roi is None:
+            self._read_roi = Roi(Coordinate(self._read[0]), Coordinate(self._read[1]))
+        return self._read_roi
+
+    @read_roi.setter
+    def read_roi(self, roi):
+        self._read = _roi_tuple(roi, "read_roi")
+        self._read_roi = roi if isinstance(roi, Roi) else None
+
+    @property
+    def write_roi(self) -> Roi:
+        if self._write_roi is None:
+            self._write_roi = Roi(Coordinate(self._write[0]), Coordinate(self._write[1]))
+        return self._write_roi
+
+    @write_roi.setter
+    def write_roi(self, roi):
+        self._write = _roi_tuple(roi, "write_roi")
+        self._write_roi = roi if isinstance(roi, Roi) else None
+
+    # --- status -------------------------------------------------------------------
+    @property
+    def status(self) -> int:
+        return self._status
+
+    @status.setter
+    def status(self, value):
+        v = getattr(value, "value", value)  # accept a 1.x-style Enum member too
+        if v not in (0, 1, 2, 3) or isinstance(v, bool):
+            raise ValueError(f"invalid status value: {value!r}")
+        self._status = int(v)
+
+    # --- misc ---------------------------------------------------------------------
+    def __reduce__(self):
+        return (_rebuild_block, (self._task_id, self._spatial_id, self._read, self._write, self._status, self.index))
+
+    def __repr__(self):
+        return f"{self._task_id}/{self._spatial_id} read={self.read_roi!r} write={self.write_roi!r}"
+
+    __str__ = __repr__
+
+
+def _rebuild_block(task_id, spatial_id, read, write, status, index):
+    b = Block._make(task_id, spatial_id, read, write, index)
+    b._status = status
+    return b

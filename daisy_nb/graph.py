@@ -1,0 +1,246 @@
+"""``BlockwiseDependencyGraph``: one task's blocks, levels and intra-task dependencies.
+
+Same blocks, IDs, ROIs and order as daisy 2.0.0 (CORE.md section 3). The bulk form is
+:meth:`BlockwiseDependencyGraph.to_arrays`, computed by kernels; the object API
+(``root_gen``, ``enumerate_all_dependencies``, ``upstream``...) builds ``Block``
+objects lazily, in chunks, from the same kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from .block import Block
+from .kernels import graph as kg
+from .layout import BlockLayout, pack_layouts, roi_tuple
+
+__all__ = ["BlockwiseDependencyGraph", "GraphArrays"]
+
+_CHUNK = 4096
+_EMPTY1 = np.zeros(0, dtype=np.int64)
+
+
+class GraphArrays(NamedTuple):
+    """A task's blocks as flat arrays, rows in ``enumerate_all_dependencies()`` order."""
+
+    block_id: np.ndarray  # int64[n]
+    level: np.ndarray  # int64[n]
+    read_offset: np.ndarray  # int64[n, ndim]
+    read_shape: np.ndarray  # int64[n, ndim] (a read-only broadcast view unless fit="shrink")
+    write_offset: np.ndarray  # int64[n, ndim]
+    write_shape: np.ndarray  # int64[n, ndim] (likewise)
+    upstream_indptr: np.ndarray  # int64[n + 1]
+    upstream_indices: np.ndarray  # int64[m], rows of each block's intra-task upstream blocks
+
+
+class _CountInt(int):
+    """An int that can also be called: ``g.num_roots`` and daisy 2.0's ``g.num_roots()``."""
+
+    def __call__(self) -> int:
+        return int(self)
+
+
+class _LazyBlocks(Sequence):
+    """A read-only sequence of items built on demand, chunk by chunk."""
+
+    def __init__(self, n: int, make_chunk):
+        self._n = n
+        self._make_chunk = make_chunk  # (start, stop) -> list
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator:
+        for start in range(0, self._n, _CHUNK):
+            yield from self._make_chunk(start, min(self._n, start + _CHUNK))
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._make_chunk(i, i + 1)[0]
+
+    def __repr__(self):
+        return f"<{self._n} blocks, built lazily>"
+
+
+class BlockwiseDependencyGraph:
+    """The blocks of one task and their intra-task dependencies (daisy's API).
+
+    ``BlockwiseDependencyGraph(task_id, block_read_roi, block_write_roi,
+    read_write_conflict, fit, total_read_roi=None, total_write_roi=None)``.
+    """
+
+    def __init__(self, task_id, block_read_roi, block_write_roi, read_write_conflict=True, fit="valid", total_read_roi=None, total_write_roi=None):
+        if not isinstance(task_id, str):
+            raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
+        self.task_id = task_id
+        self.layout = BlockLayout(total_read_roi, block_read_roi, block_write_roi, read_write_conflict, fit, total_write_roi)
+        self._tt = pack_layouts([self.layout])
+
+    # -- counts -------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.layout.num_blocks
+
+    @property
+    def num_levels(self) -> int:
+        return self.layout.num_levels
+
+    @property
+    def num_roots(self) -> _CountInt:
+        return _CountInt(self.layout.num_roots)
+
+    @property
+    def ndim(self) -> int:
+        return self.layout.ndim
+
+    # -- rows <-> blocks ----------------------------------------------------------
+    def _describe(self, rows: np.ndarray):
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        n, nd = len(rows), self.layout.ndim
+        ids = np.empty(n, np.int64)
+        ro, wo, rs, ws = (np.empty((n, nd), np.int64) for _ in range(4))
+        tt = self._tt
+        kg.describe_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, rows, ids, ro, wo, rs, ws)
+        return ids, ro, wo, rs, ws
+
+    def _blocks(self, rows) -> list[Block]:
+        ids, ro, wo, rs, ws = self._describe(rows)
+        tid = self.task_id
+        make = Block._make
+        return [
+            make(tid, i, (tuple(a), tuple(b)), (tuple(c), tuple(d)), r)
+            for i, a, b, c, d, r in zip(ids.tolist(), ro.tolist(), rs.tolist(), wo.tolist(), ws.tolist(), np.asarray(rows).tolist())
+        ]
+
+    def block_row(self, block) -> int:
+        """Row (enumeration position) of ``block``; ValueError if it is not a block of this graph."""
+        woff, _ = roi_tuple(block.write_roi, "block.write_roi")
+        g = self.layout.grid_of_write_offset(woff)
+        if g is None or self.num_blocks == 0:
+            raise ValueError(f"block {block!r} is not a block of task {self.task_id!r} (its write ROI is not on the block grid)")
+        tt = self._tt
+        return int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, g))
+
+    def level(self, block) -> int:
+        row = self.block_row(block)
+        return int(np.searchsorted(self.layout.level_start, row, side="right") - 1)
+
+    # -- daisy's API --------------------------------------------------------------
+    def root_gen(self) -> Sequence[Block]:
+        """Level-0 blocks in order, built lazily (a 10^9-block task yields at once)."""
+        return _LazyBlocks(self.layout.num_roots, lambda a, b: self._blocks(np.arange(a, b, dtype=np.int64)))
+
+    def blocks(self) -> Sequence[Block]:
+        """All blocks in enumeration order, built lazily."""
+        return _LazyBlocks(self.num_blocks, lambda a, b: self._blocks(np.arange(a, b, dtype=np.int64)))
+
+    def enumerate_all_dependencies(self) -> Sequence[tuple[Block, list[Block]]]:
+        """``(block, [intra-task upstream blocks])`` for every block, level by level, lazily."""
+
+        def chunk(a, b):
+            arr = self._rows_arrays(a, b)
+            blocks = self._blocks(np.arange(a, b, dtype=np.int64))
+            ptr, idx = arr.upstream_indptr, arr.upstream_indices
+            # upstream rows point to earlier rows, possibly outside this chunk
+            ups = self._blocks(idx) if len(idx) else []
+            out = []
+            for i, blk in enumerate(blocks):
+                out.append((blk, ups[ptr[i] : ptr[i + 1]]))
+            return out
+
+        return _LazyBlocks(self.num_blocks, chunk)
+
+    def upstream(self, block) -> list[Block]:
+        """Intra-task upstream blocks of ``block`` (daisy's conflict-offset order)."""
+        return self._neighbours(block, False)
+
+    def downstream(self, block) -> list[Block]:
+        """Intra-task downstream blocks: the exact inverse of :meth:`upstream`."""
+        return self._neighbours(block, True)
+
+    def _neighbours(self, block, downstream: bool) -> list[Block]:
+        if self.num_levels <= 1:
+            self.block_row(block)  # validates
+            return []
+        row = self.block_row(block)
+        out = np.empty(max(1, len(self.layout.conf_offsets)), dtype=np.int64)
+        tt = self._tt
+        n = kg.intra_neighbours(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, 0, row, downstream, out)
+        return self._blocks(out[:n])
+
+    def subgraph_box(self, sub_roi, read_roi: bool = False):
+        """Grid box ``(lo, hi)`` of the blocks :meth:`get_subgraph_blocks` returns (CORE 3.9)."""
+        off, shp = roi_tuple(sub_roi, "sub_roi")
+        lay = self.layout
+        if len(off) != lay.ndim:
+            raise ValueError(f"sub_roi must have {lay.ndim} dimensions, got {len(off)}")
+        off = np.array(off, dtype=np.int64)
+        end = off + np.array(shp, dtype=np.int64)
+        if read_roi:
+            off = off - lay.cul
+            end = end + lay.clr
+        return _subgraph_box(off, end, lay.tw_offset, lay.tw_shape, lay.write_shape, lay.grid_shape)
+
+    def get_subgraph_blocks(self, sub_roi, read_roi: bool = False) -> list[Block]:
+        """Blocks whose write cell meets ``sub_roi`` (grown by the context if ``read_roi``)."""
+        lo, hi = self.subgraph_box(sub_roi, read_roi)
+        n = int(np.prod(np.maximum(hi - lo, 0)))
+        if n == 0:
+            return []
+        rows = np.empty(n, np.int64)
+        ids = np.empty(n, np.int64)
+        tt = self._tt
+        kg.grid_box_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, lo, hi, rows, ids)
+        return self._blocks(rows)
+
+    # -- arrays -------------------------------------------------------------------
+    def _rows_arrays(self, start: int, stop: int) -> GraphArrays:
+        lay, tt = self.layout, self._tt
+        n, nd = stop - start, lay.ndim
+        ids = np.empty(n, np.int64)
+        level = np.empty(n, np.int64)
+        ro = np.empty((n, nd), np.int64)
+        wo = np.empty((n, nd), np.int64)
+        shrink = lay.fit == "shrink"
+        if shrink:
+            rs = np.empty((n, nd), np.int64)
+            ws = np.empty((n, nd), np.int64)
+        else:
+            rs = np.broadcast_to(lay.read_shape, (n, nd))
+            ws = np.broadcast_to(lay.write_shape, (n, nd))
+        ptr = np.empty(n + 1, np.int64)
+        empty2 = np.zeros((0, nd), np.int64)
+        args = (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, 0, start, stop)
+        m = kg.fill_rows(*args, _EMPTY1, _EMPTY1, empty2, empty2, empty2, empty2, ptr, _EMPTY1)
+        idx = np.empty(m, np.int64)
+        kg.fill_rows(*args, ids, level, ro, wo, rs if shrink else empty2, ws if shrink else empty2, ptr, idx if m else _EMPTY1)
+        return GraphArrays(ids, level, ro, rs, wo, ws, ptr, idx)
+
+    def to_arrays(self) -> GraphArrays:
+        """Every block as flat arrays (see :class:`GraphArrays`), computed by kernels."""
+        return self._rows_arrays(0, self.num_blocks)
+
+    def __repr__(self):
+        return f"BlockwiseDependencyGraph({self.task_id!r}, blocks={self.num_blocks}, levels={self.num_levels}, roots={int(self.num_roots)})"
+
+
+def _subgraph_box(off, end, tw_off, tw_shape, ws, grid):
+    """daisy 2.0's ``get_subgraph_blocks`` box (CORE 3.9), including its never-failing intersection."""
+    tw_end = tw_off + tw_shape
+    b = np.maximum(off, tw_off)
+    e = b + np.maximum(0, np.minimum(end, tw_end) - b)
+    rb = b - tw_off
+    re = e - tw_off
+    lo = rb // ws
+    hi = -(-re // ws)
+    lo = np.clip(lo, 0, grid)
+    hi = np.clip(hi, 0, grid)
+    return lo.astype(np.int64), np.maximum(hi, lo).astype(np.int64)

@@ -1,0 +1,323 @@
+"""Task geometry as small int64 arrays: the input of every kernel.
+
+:class:`BlockLayout` validates one task's ROIs once (bad input raises here,
+before any work starts) and derives daisy's block grid (CORE.md section 3):
+the total write ROI, the level stride, the level offsets and the conflict
+offsets between consecutive levels. Everything is expressed in *blocks*
+(grid steps of the write shape), so kernels never divide by the write shape.
+
+:func:`pack_layouts` packs the layouts of several tasks into the flat
+"task tables" that the kernels take (one table for the whole pipeline).
+
+A block is addressed inside its task by its **row**: its position in
+``enumerate_all_dependencies()`` order (level by level, rightmost axis
+fastest). Roots are therefore rows ``0 .. num_roots-1``.
+
+This module does not import numba.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple
+
+import numpy as np
+
+from .block import cantor_number
+
+__all__ = ["BlockLayout", "FITS", "TaskTables", "pack_layouts", "roi_tuple"]
+
+FITS = {"valid": 0, "overhang": 1, "shrink": 2}
+FIT_NAMES = {v: k.capitalize() for k, v in FITS.items()}
+
+# rows of TaskTables.geo (each row is a per-axis vector, padded with 0 to max ndim)
+G_TR_OFF, G_TR_SHAPE, G_RS, G_WS, G_TW_OFF, G_TW_SHAPE, G_GRID, G_PERIOD, G_IDOFF, G_TRACK = range(10)
+N_GEO = 10
+# columns of TaskTables.info
+I_NDIM, I_FIT, I_NLEVELS, I_LEVEL_BASE, I_NBLOCKS, I_BLOCK_BASE, I_NROOTS = range(7)
+N_INFO = 7
+
+_INT64_MAX = 2**63 - 1
+
+
+def roi_tuple(roi, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(offset, shape)`` of a ROI as int tuples; a clear error for anything else."""
+    if roi is None:
+        raise TypeError(f"{name} is required (a funlib.geometry Roi), got None")
+    try:
+        offset, shape = roi.offset, roi.shape
+    except AttributeError:
+        raise TypeError(f"{name} must be a Roi (anything with integer offset and shape), got {type(roi).__name__}") from None
+    if offset is None or shape is None:
+        raise ValueError(f"{name} must be bounded, got {roi!r}")
+    offset, shape = tuple(offset), tuple(shape)
+    if any(v is None for v in offset) or any(v is None for v in shape):
+        raise ValueError(f"{name} must be bounded (no None/unbounded dimensions), got {roi!r}")
+    try:
+        off = tuple(int(v) for v in offset)
+        shp = tuple(int(v) for v in shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must have integer offset and shape, got {roi!r}") from None
+    if any(o != v for o, v in zip(off + shp, offset + shape)):
+        raise TypeError(f"{name} must have integer offset and shape, got {roi!r}")
+    if len(off) != len(shp) or len(off) == 0:
+        raise ValueError(f"{name} must have as many offset as shape dimensions (and at least one), got {roi!r}")
+    return off, shp
+
+
+class BlockLayout:
+    """Validated geometry of one task (CORE.md sections 2-3).
+
+    Parameters are daisy's: ``total_roi`` is the total *read* ROI, ``read_roi`` and
+    ``write_roi`` the block templates (only their relative placement and shapes
+    matter), ``read_write_conflict`` and ``fit`` in ``valid/overhang/shrink``.
+    Raises ``ValueError``/``TypeError`` naming the parameter on bad input.
+    """
+
+    def __init__(self, total_roi, read_roi, write_roi, read_write_conflict=True, fit="valid", total_write_roi=None):
+        if total_roi is None and total_write_roi is None:
+            raise ValueError("either total_roi (total_read_roi) or total_write_roi must be provided")
+        rd = roi_tuple(read_roi, "read_roi")
+        wr = roi_tuple(write_roi, "write_roi")
+        nd = len(rd[0])
+        if len(wr[0]) != nd:
+            raise ValueError(f"read_roi and write_roi must have the same number of dimensions, got {nd} and {len(wr[0])}")
+        if any(s <= 0 for s in wr[1]):
+            raise ValueError(f"write_roi must have a positive shape on every axis, got {wr[1]}")
+        cul = tuple(w - r for w, r in zip(wr[0], rd[0]))
+        clr = tuple((r + rs) - (w + ws) for r, rs, w, ws in zip(rd[0], rd[1], wr[0], wr[1]))
+        if any(c < 0 for c in cul + clr):
+            raise ValueError(f"write_roi {write_roi!r} must lie inside read_roi {read_roi!r}")
+        if total_roi is not None:
+            tr = roi_tuple(total_roi, "total_roi")
+            if len(tr[0]) != nd:
+                raise ValueError(f"total_roi must have the same number of dimensions as read_roi/write_roi ({nd}), got {len(tr[0])}")
+            if total_write_roi is not None:
+                tw = roi_tuple(total_write_roi, "total_write_roi")
+                if len(tw[0]) != nd or tuple(t + c for t, c in zip(tr[0], cul)) != tw[0] or tuple(
+                    s - a - b for s, a, b in zip(tr[1], cul, clr)
+                ) != tw[1]:
+                    raise ValueError("total_roi and total_write_roi must differ by exactly the block context")
+        else:
+            tw = roi_tuple(total_write_roi, "total_write_roi")
+            if len(tw[0]) != nd:
+                raise ValueError(f"total_write_roi must have {nd} dimensions, got {len(tw[0])}")
+            tr = (tuple(o - c for o, c in zip(tw[0], cul)), tuple(s + a + b for s, a, b in zip(tw[1], cul, clr)))
+        if any(s < 0 for s in tr[1]):
+            raise ValueError(f"total_roi must not have a negative shape, got {tr[1]}")
+        if not isinstance(fit, str) or fit not in FITS:
+            raise ValueError(f"fit must be one of 'valid', 'overhang', 'shrink', got {fit!r}")
+        if not isinstance(read_write_conflict, (bool, np.bool_, int)):
+            raise TypeError(f"read_write_conflict must be a bool, got {type(read_write_conflict).__name__}")
+
+        self.ndim = nd
+        self.total_roi_t, self.read_roi_t, self.write_roi_t = tr, rd, wr
+        self.fit = fit
+        self.fit_code = FITS[fit]
+        self.read_write_conflict = bool(read_write_conflict)
+        ws = np.array(wr[1], dtype=np.int64)
+        self.write_shape = ws
+        self.read_shape = np.array(rd[1], dtype=np.int64)
+        self.cul = np.array(cul, dtype=np.int64)
+        self.clr = np.array(clr, dtype=np.int64)
+        self.total_offset = np.array(tr[0], dtype=np.int64)
+        self.total_shape = np.array(tr[1], dtype=np.int64)
+        self.tw_offset = self.total_offset + self.cul
+        ts = self.total_shape - self.cul - self.clr
+        self.tw_shape = ts
+        r = ws if self.fit_code == 0 else np.ones(nd, dtype=np.int64)
+        # number of block positions per axis: p = 0, ws, 2ws, ... <= Ts - r (CORE 3.5)
+        self.grid_shape = np.where(ts - r >= 0, (ts - r) // ws + 1, 0).astype(np.int64)
+        self.id_offset = self.cul // ws  # CORE 2.2: grid index = position + cul div ws
+        # tracking grid (CORE 7.1): ceil(TR.shape / ws), at least 1
+        self.track_shape = np.maximum(1, -(-self.total_shape // ws)).astype(np.int64)
+
+        # level stride in blocks (CORE 3.2)
+        if self.read_write_conflict:
+            m = np.maximum(self.cul, self.clr) + ws
+            s = ((m - 1) // ws + 1) * ws
+            rounded = ts - (ts % ws) if self.fit_code == 0 else ts + ((-ts) % ws)
+            s = np.minimum(s, rounded)
+            self.zero_levels = bool(np.any(s <= 0))
+            period = np.where(s > 0, s // ws, 0)
+        else:
+            self.zero_levels = False
+            period = np.ones(nd, dtype=np.int64)
+        self.period = period.astype(np.int64)
+
+        if self.zero_levels:
+            self.num_levels = 0
+            self.level_offsets = np.zeros((0, nd), dtype=np.int64)
+            conflicts: list[list[tuple[int, ...]]] = []
+        else:
+            # level offsets: cartesian product (rightmost fastest), reversed (CORE 3.3)
+            offs = np.indices(tuple(self.period)).reshape(nd, -1).T[::-1]
+            self.level_offsets = np.ascontiguousarray(offs, dtype=np.int64)
+            self.num_levels = len(offs)
+            conflicts = [[]]
+            k = self.period
+            for i in range(1, self.num_levels):
+                delta = self.level_offsets[i - 1] - self.level_offsets[i]
+                per_axis = []
+                for d in range(nd):
+                    dv = int(delta[d])
+                    if dv < 0:
+                        per_axis.append((dv, dv + int(k[d])))
+                    elif dv == 0:
+                        per_axis.append((0,))
+                    else:
+                        per_axis.append((dv - int(k[d]), dv))
+                conflicts.append(list(itertools.product(*per_axis)) if self.read_write_conflict else [])
+        self.conflicts = conflicts
+        self.conf_indptr = np.zeros(self.num_levels + 1, dtype=np.int64)
+        for i, c in enumerate(conflicts):
+            self.conf_indptr[i + 1] = self.conf_indptr[i] + len(c)
+        flat = [c for cs in conflicts for c in cs]
+        self.conf_offsets = np.array(flat, dtype=np.int64).reshape(len(flat), nd)
+        # The same offsets in steps of the previous level's own block counter: a block
+        # at level l with in-level counter j has its upstream conflict c at counter
+        # j + (c - delta) / period of level l-1 (delta = lo[l-1] - lo[l]; CORE 3.4 makes
+        # c - delta one of -period, 0, +period). Lets kernels find neighbour rows with
+        # multiplications only.
+        jumps = []
+        for i, cs in enumerate(conflicts):
+            for c in cs:
+                delta = self.level_offsets[i - 1] - self.level_offsets[i]
+                jumps.append(tuple(int(v) for v in (np.array(c) - delta) // self.period))
+        self.conf_jumps = np.array(jumps, dtype=np.int64).reshape(len(jumps), nd)
+
+        # blocks per level and axis (CORE 3.7), level start rows
+        lo = self.level_offsets
+        g = self.grid_shape
+        if self.num_levels:
+            counts = np.where(g[None, :] > lo, (g[None, :] - lo + self.period[None, :] - 1) // np.maximum(self.period, 1)[None, :], 0)
+        else:
+            counts = np.zeros((0, nd), dtype=np.int64)
+        self.level_counts = np.ascontiguousarray(counts, dtype=np.int64)
+        sizes = np.array([int(np.prod([int(v) for v in row], dtype=object)) for row in counts], dtype=object)
+        self.level_sizes = [int(v) for v in sizes]
+        self.level_start = np.zeros(self.num_levels + 1, dtype=np.int64)
+        total = 0
+        for i, n in enumerate(self.level_sizes):
+            total += n
+            if total > _INT64_MAX:
+                raise ValueError("task has more blocks than fit in 64 bits")
+            self.level_start[i + 1] = total
+        self.num_blocks = total
+        self.num_roots = self.level_sizes[0] if self.num_levels else 0
+        # IDs must stay exact in int64 (the kernel computes them there): check the far corner
+        if self.num_blocks:
+            corner = [int(a) - 1 + int(b) for a, b in zip(g, self.id_offset)]
+            _check_cantor_fits(corner)
+
+    # -- convenience -------------------------------------------------------------
+    @property
+    def block_grid_shape(self) -> list[int]:
+        return [int(v) for v in self.grid_shape]
+
+    def task_hash_fields(self):
+        return self.total_roi_t, self.read_roi_t, self.write_roi_t, FIT_NAMES[self.fit_code]
+
+    def grid_of_write_offset(self, write_offset) -> np.ndarray | None:
+        """Grid position of a block given its write ROI offset, or None if no block starts there."""
+        rel = np.asarray(write_offset, dtype=np.int64) - self.tw_offset
+        if np.any(rel % self.write_shape):
+            return None
+        g = rel // self.write_shape
+        if np.any(g < 0) or np.any(g >= self.grid_shape):
+            return None
+        return g
+
+
+def _check_cantor_fits(x: list[int]) -> None:
+    """Raise if the kernel's int64 Cantor arithmetic could overflow at grid index ``x``."""
+    s = 0
+    for n in range(1, len(x) + 1):
+        s += x[n - 1]
+        c = 1
+        for i in range(1, n + 1):
+            if c * (s + i - 1) > _INT64_MAX:
+                raise ValueError(f"block grid too large: block IDs at grid index {x} exceed 64 bits")
+            c = c * (s + i - 1) // i
+    if cantor_number(x) > _INT64_MAX:
+        raise ValueError(f"block grid too large: block IDs at grid index {x} exceed 64 bits")
+
+
+class TaskTables(NamedTuple):
+    """The geometry of T tasks packed for the kernels.
+
+    geo : int64[T, N_GEO, maxnd]   per-axis vectors (rows G_*)
+    info : int64[T, N_INFO]        scalars (columns I_*)
+    lvl_off, lvl_cnt : int64[sum L, maxnd]   level offsets / blocks per axis, in blocks
+    lvl_start : int64[sum L + T]   start row of each level, plus one end entry per task
+    conf_ptr : int64[sum L + T]    CSR into conf_off, one extra entry per task
+    conf_off : int64[C, maxnd]     conflict offsets in blocks
+    conf_jump : int64[C, maxnd]    the same conflicts as steps of the previous level's counter
+    """
+
+    geo: np.ndarray
+    info: np.ndarray
+    lvl_off: np.ndarray
+    lvl_cnt: np.ndarray
+    lvl_start: np.ndarray
+    conf_ptr: np.ndarray
+    conf_off: np.ndarray
+    conf_jump: np.ndarray
+
+
+def pack_layouts(layouts: list[BlockLayout]) -> TaskTables:
+    """Pack per-task layouts into one :class:`TaskTables` (level base indices per task)."""
+    T = len(layouts)
+    maxnd = max((lay.ndim for lay in layouts), default=1)
+    geo = np.zeros((T, N_GEO, maxnd), dtype=np.int64)
+    info = np.zeros((T, N_INFO), dtype=np.int64)
+    lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_off, conf_jump = [], [], [], [], [], []
+    level_base = 0
+    conf_base = 0
+    block_base = 0
+    for t, lay in enumerate(layouts):
+        nd = lay.ndim
+        for row, vec in (
+            (G_TR_OFF, lay.total_offset),
+            (G_TR_SHAPE, lay.total_shape),
+            (G_RS, lay.read_shape),
+            (G_WS, lay.write_shape),
+            (G_TW_OFF, lay.tw_offset),
+            (G_TW_SHAPE, lay.tw_shape),
+            (G_GRID, lay.grid_shape),
+            (G_PERIOD, lay.period),
+            (G_IDOFF, lay.id_offset),
+            (G_TRACK, lay.track_shape),
+        ):
+            geo[t, row, :nd] = vec
+        info[t] = (nd, lay.fit_code, lay.num_levels, level_base, lay.num_blocks, block_base, lay.num_roots)
+        pad = np.zeros((lay.num_levels, maxnd), dtype=np.int64)
+        pad[:, :nd] = lay.level_offsets
+        lvl_off.append(pad)
+        pad = np.zeros((lay.num_levels, maxnd), dtype=np.int64)
+        pad[:, :nd] = lay.level_counts
+        lvl_cnt.append(pad)
+        # level_base indexes lvl_off/lvl_cnt; lvl_start and conf_ptr carry one extra
+        # entry per task, so they are indexed with level_base + t
+        lvl_start.append(lay.level_start)
+        conf_ptr.append(lay.conf_indptr + conf_base)
+        pad = np.zeros((len(lay.conf_offsets), maxnd), dtype=np.int64)
+        pad[:, :nd] = lay.conf_offsets
+        conf_off.append(pad)
+        pad = np.zeros((len(lay.conf_jumps), maxnd), dtype=np.int64)
+        pad[:, :nd] = lay.conf_jumps
+        conf_jump.append(pad)
+        conf_base += len(lay.conf_offsets)
+        level_base += lay.num_levels
+        block_base += lay.num_blocks
+    cat = lambda xs, shape: np.ascontiguousarray(np.concatenate(xs) if xs else np.zeros(shape, dtype=np.int64), dtype=np.int64)  # noqa: E731
+    return TaskTables(
+        geo,
+        info,
+        cat(lvl_off, (0, maxnd)),
+        cat(lvl_cnt, (0, maxnd)),
+        cat(lvl_start, (0,)),
+        cat(conf_ptr, (0,)),
+        cat(conf_off, (0, maxnd)),
+        cat(conf_jump, (0, maxnd)),
+    )

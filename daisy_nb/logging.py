@@ -1,0 +1,150 @@
+"""Per-worker log routing knobs, as in ``daisy.logging`` (daisy 2.0 wheel).
+
+Workers are separate processes, so routing is done at the file-descriptor level:
+the pool opens ``<basedir>/<task_id>/worker_<n>.out/.err`` (append mode, one
+separator line per run) and hands them to the worker process as its fd 1 and 2.
+Everything the worker writes, from Python or from C, lands there.
+
+This module deliberately does not install logging handlers (the wheel's choice:
+a handler with ``propagate=False`` hid daisy's records from applications).
+All settings are process-global; change them before calling ``run_blockwise``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging as _py_logging
+import os
+import shutil
+import traceback as _py_traceback
+from pathlib import Path
+
+__all__ = [
+    "LOG_BASEDIR",
+    "clear_logs",
+    "close_all_log_files",
+    "format_traceback",
+    "get_log_basedir",
+    "get_log_level",
+    "get_log_mode",
+    "get_traceback_style",
+    "get_worker_log_basename",
+    "set_log_basedir",
+    "set_log_level",
+    "set_log_mode",
+    "set_traceback_style",
+]
+
+LOG_BASEDIR: Path | None = Path("./daisy_logs")
+_LOG_MODE = "file"
+_VALID_MODES = ("console", "file", "both")
+_TRACEBACK_STYLE = "plain"
+
+logger = _py_logging.getLogger("daisy")
+
+
+def set_log_basedir(path) -> None:
+    """Set the directory for per-worker log files; ``None`` disables file logging."""
+    global LOG_BASEDIR
+    LOG_BASEDIR = Path(path) if path is not None and str(path) != "" else None
+
+
+def get_log_basedir() -> Path | None:
+    """The per-worker log directory, or ``None`` when file logging is off."""
+    return LOG_BASEDIR
+
+
+def set_log_mode(mode: str) -> None:
+    """``"console"``, ``"file"`` (default) or ``"both"``; anything else raises ``ValueError``."""
+    global _LOG_MODE
+    if mode not in _VALID_MODES:
+        raise ValueError(f"mode must be one of {_VALID_MODES!r}, got {mode!r}")
+    _LOG_MODE = mode
+
+
+def get_log_mode() -> str:
+    """The effective mode: ``"console"`` whenever the basedir is ``None``."""
+    if LOG_BASEDIR is None:
+        return "console"
+    return _LOG_MODE
+
+
+def set_log_level(level) -> None:
+    """Set the level of the ``"daisy"`` logger."""
+    logger.setLevel(level)
+
+
+def get_log_level() -> int:
+    """The level of the ``"daisy"`` logger."""
+    return logger.level
+
+
+def get_worker_log_basename(worker_id, task_id=None) -> Path | None:
+    """``<basedir>/[task_id/]worker_<worker_id>``, without suffix (``None`` if logging is off)."""
+    base = get_log_basedir()
+    if base is None:
+        return None
+    if task_id is not None:
+        base = base / str(task_id)
+    return base / f"worker_{worker_id}"
+
+
+def set_traceback_style(style: str, *, show_locals: bool = False, width: int = 100, extra_lines: int = 2) -> None:
+    """Choose ``"plain"`` or ``"rich"`` tracebacks (``rich`` is rendered as plain in workers)."""
+    global _TRACEBACK_STYLE
+    if style not in ("plain", "rich"):
+        raise ValueError(f"style must be 'plain' or 'rich', got {style!r}")
+    _TRACEBACK_STYLE = style
+
+
+def get_traceback_style() -> str:
+    """The traceback style set by :func:`set_traceback_style`."""
+    return _TRACEBACK_STYLE
+
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def format_traceback(exc_type, exc, tb) -> str:
+    """Format an exception, dropping leading daisy_nb frames so it starts at user code."""
+    try:
+        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PKG_DIR):
+            tb = tb.tb_next
+        return "".join(_py_traceback.format_exception(exc_type, exc, tb))
+    except Exception as e:  # never raise from here
+        return f"{getattr(exc_type, '__name__', 'Exception')}: {exc!r}\n(failed to format traceback: {e!r})\n"
+
+
+def run_separator() -> str:
+    """The line written at the start of each run into a non-empty log file."""
+    stamp = datetime.datetime.now().isoformat(timespec="seconds")
+    return f"=== daisy run {stamp} pid {os.getpid()} ===\n"
+
+
+def open_worker_logs(task_id: str, slot: int):
+    """Open (append) the ``.out``/``.err`` files of one worker slot; ``None`` in console mode."""
+    if get_log_mode() == "console":
+        return None
+    base = get_worker_log_basename(slot, task_id)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    files = []
+    for suffix in (".out", ".err"):
+        f = open(str(base) + suffix, "ab", buffering=0)
+        if f.tell() > 0:
+            f.write(run_separator().encode())
+        files.append(f)
+    return files[0], files[1]
+
+
+def clear_logs(task_id=None):
+    """Delete the log tree of one task (or all); returns the deleted path."""
+    base = get_log_basedir()
+    if base is None:
+        return None
+    target = base / task_id if task_id else base
+    shutil.rmtree(target, ignore_errors=True)
+    return target
+
+
+def close_all_log_files() -> None:
+    """Kept for API compatibility: the pool closes each worker's files itself."""

@@ -1,0 +1,176 @@
+"""Worker process main: ``python -m daisy_nb.runtime.worker <fd> <parent_pid>``.
+
+Started by :mod:`daisy_nb.runtime.pool` (exec'd, never forked from the scheduler
+process, which runs numba and zarr threads). ``fd`` is this worker's end of a
+socket pair to the parent, used only for small signals; blocks and their results
+travel through a shared-memory segment (layout in :mod:`._shm`).
+
+Protocol (parent -> worker): one pickled setup dict, then the function bytes
+(cloudpickle, loadable with plain pickle), then ``b"R"`` = "run the batch that is
+in shared memory now" or ``b"Q"`` = quit. Worker -> parent: ``b"I"`` = ready,
+``b"D" + first_traceback`` = batch done (statuses are in shared memory).
+
+A 1-argument ``process_function(block)`` is called once per block; an exception
+fails that block (traceback to stderr, i.e. the ``.err`` log) and the worker goes
+on. A 0-argument worker function is called once, with ``context=`` when it asks
+for it, and runs its own ``daisy_nb.Client()`` loop; raising is a dirty exit.
+
+Deliberately imports nothing heavy: no numpy, numba, scheduler or kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+
+TB_CAP_LINES = 50
+TB_CAP_BYTES = 8192
+
+
+def _cap(tb: str) -> str:
+    lines = tb.splitlines()[-TB_CAP_LINES:]
+    text = "\n".join(lines)
+    return text[-TB_CAP_BYTES:]
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL us when the parent dies (best effort elsewhere)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def _apply_setup(setup: dict) -> None:
+    for p in reversed(setup.get("sys_path", [])):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    from daisy_nb import logging as dlog
+
+    dlog.set_log_basedir(setup.get("log_basedir"))
+    if setup.get("log_mode"):
+        dlog.set_log_mode(setup["log_mode"])
+    if setup.get("log_level") is not None:
+        dlog.set_log_level(setup["log_level"])
+
+
+def _run_worker_function(fn, wants_context: bool) -> int:
+    from daisy_nb import logging as dlog
+
+    try:
+        if wants_context:
+            from daisy_nb.runtime.context import Context
+
+            fn(context=Context.from_env())
+        else:
+            fn()
+    except BaseException as e:  # noqa: BLE001 - any escape is a dirty exit
+        sys.stderr.write(dlog.format_traceback(type(e), e, e.__traceback__))
+        sys.stderr.flush()
+        return 1
+    return 0
+
+
+def _run_block_loop(conn, fn, setup: dict) -> int:
+    from daisy_nb import logging as dlog
+    from daisy_nb.block import Block
+    from daisy_nb.runtime import _shm
+
+    shm = _shm.attach(setup["shm_name"])
+    cap, nd = setup["capacity"], setup["ndim"]
+    o = _shm.offsets(cap, nd)
+    q = shm.buf.cast("q")
+    task_id = setup["task_id"]
+    make = Block._make
+    mono = time.monotonic_ns
+    o_idx, o_sp, o_st = o["index"], o["spatial"], o["status"]
+    o_ro, o_rs, o_wo, o_ws = o["read_offset"], o["read_shape"], o["write_offset"], o["write_shape"]
+    H_CUR, H_START = _shm.H_CUR, _shm.H_START
+    try:
+        conn.send_bytes(b"I")
+        while True:
+            try:
+                msg = conn.recv_bytes()
+            except (EOFError, OSError):
+                return 0  # parent gone
+            if msg[:1] != b"R":
+                return 0
+            n = q[_shm.H_N]
+            m = n * nd
+            idx = q[o_idx : o_idx + n].tolist()
+            sp = q[o_sp : o_sp + n].tolist()
+            ro = q[o_ro : o_ro + m].tolist()
+            rs = q[o_rs : o_rs + m].tolist()
+            wo = q[o_wo : o_wo + m].tolist()
+            ws = q[o_ws : o_ws + m].tolist()
+            first_err = None
+            t0 = mono()
+            for i in range(n):
+                j, k = i * nd, (i + 1) * nd
+                b = make(task_id, sp[i], (tuple(ro[j:k]), tuple(rs[j:k])), (tuple(wo[j:k]), tuple(ws[j:k])), idx[i])
+                b._status = 1
+                q[o_st + i] = 1
+                q[H_CUR] = i
+                q[H_START] = mono()
+                try:
+                    fn(b)
+                    s = 3 if b._status == 3 else 2
+                except Exception as e:
+                    s = 3
+                    tb = dlog.format_traceback(type(e), e, e.__traceback__)
+                    sys.stderr.write(f"block {b.block_id} failed:\n{tb}")
+                    sys.stderr.flush()
+                    if first_err is None:
+                        first_err = f"block {b.block_id} failed:\n" + _cap(tb)
+                except BaseException:
+                    q[o_st + i] = 3
+                    raise
+                q[o_st + i] = s
+            q[H_CUR] = -1
+            q[_shm.H_ELAPSED] = mono() - t0
+            try:
+                sys.stdout.flush()
+            except Exception:
+                pass
+            conn.send_bytes(b"D" + (first_err or "").encode("utf-8", "replace"))
+    finally:
+        del q
+        shm.close()
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends workers
+    fd, parent_pid = int(argv[0]), int(argv[1])
+    _die_with_parent(parent_pid)
+    from multiprocessing.connection import Connection
+
+    conn = Connection(fd)
+    try:
+        setup = pickle.loads(conn.recv_bytes())
+        _apply_setup(setup)
+        fn = pickle.loads(conn.recv_bytes())  # cloudpickle output loads with pickle
+    except (EOFError, OSError):
+        return 0
+    if setup["arity"] == 0:
+        conn.close()
+        return _run_worker_function(fn, setup.get("wants_context", False))
+    return _run_block_loop(conn, fn, setup)
+
+
+if __name__ == "__main__":
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    sys.exit(code)
