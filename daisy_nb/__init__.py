@@ -16,6 +16,21 @@ __version__ = "0.1.0"
 _LAZY = {
     "BlockwiseDependencyGraph": "daisy_nb.graph",
     "GraphArrays": "daisy_nb.graph",
+    "Task": "daisy_nb.task",
+    "Pipeline": "daisy_nb.task",
+    "Scheduler": "daisy_nb.scheduler",
+    "TaskState": "daisy_nb.scheduler",
+    "DependencyGraph": "daisy_nb.scheduler",
+    "BlockBatch": "daisy_nb.scheduler",
+    "run_blockwise": "daisy_nb.run",
+    "set_tracking_basedir": "daisy_nb.tracking",
+    "get_tracking_basedir": "daisy_nb.tracking",
+    "set_done_marker_basedir": "daisy_nb.tracking",
+    "get_done_marker_basedir": "daisy_nb.tracking",
+    "Client": "daisy_nb.runtime.client",
+    "Context": "daisy_nb.runtime.context",
+    "JsonProgressObserver": "daisy_nb.progress",
+    "get_worker_log_basename": "daisy_nb.logging",
 }
 
 __all__ = ["Block", "BlockStatus", "Coordinate", "Roi", *_LAZY]

@@ -218,11 +218,19 @@ class BlockwiseDependencyGraph:
             ws = np.broadcast_to(lay.write_shape, (n, nd))
         ptr = np.empty(n + 1, np.int64)
         empty2 = np.zeros((0, nd), np.int64)
+        # Upper bound of the upstream entries: every block of a level with all of its
+        # level's conflicts (only boundary blocks have fewer). One pass instead of a
+        # counting pass; the few unused tail entries are sliced off (a view, no copy).
+        bound = 0
+        for lev in range(lay.num_levels):
+            a = max(start, int(lay.level_start[lev]))
+            b = min(stop, int(lay.level_start[lev + 1]))
+            if b > a:
+                bound += (b - a) * int(lay.conf_indptr[lev + 1] - lay.conf_indptr[lev])
+        idx = np.empty(max(bound, 1), np.int64)
         args = (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, 0, start, stop)
-        m = kg.fill_rows(*args, _EMPTY1, _EMPTY1, empty2, empty2, empty2, empty2, ptr, _EMPTY1)
-        idx = np.empty(m, np.int64)
-        kg.fill_rows(*args, ids, level, ro, wo, rs if shrink else empty2, ws if shrink else empty2, ptr, idx if m else _EMPTY1)
-        return GraphArrays(ids, level, ro, rs, wo, ws, ptr, idx)
+        m = kg.fill_rows(*args, ids, level, ro, wo, rs if shrink else empty2, ws if shrink else empty2, ptr, idx)
+        return GraphArrays(ids, level, ro, rs, wo, ws, ptr, idx[:m])
 
     def to_arrays(self) -> GraphArrays:
         """Every block as flat arrays (see :class:`GraphArrays`), computed by kernels."""

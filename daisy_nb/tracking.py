@@ -378,9 +378,29 @@ def _read_json(p: Path) -> dict:
         return json.loads(f.read().decode("utf-8"))
 
 
+def _pid_alive(pid_text: str) -> bool:
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return False  # ours: no flush is running while we open
+    if os.name == "nt":  # pragma: no cover - os.kill(pid, 0) would terminate it
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
 def _remove_stale_tmp(array_dir: Path) -> None:
     try:
         for p in list(array_dir.rglob(f"*{_TMP_MARK}*")):
+            if _pid_alive(p.name.rpartition(_TMP_MARK)[2]):
+                continue  # another live process may be mid-flush
             try:
                 if p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)
@@ -534,7 +554,8 @@ class _TrackedArray:
             _atomic_write(_chunk_path(staged, len(self.shape)), lambda f: _write_array(f, data),
                           durable=durable)
             shutil.rmtree(self.dir / "c", ignore_errors=True)
-            os.replace(staged, self.dir / "c")
+            os.replace(staged / "c", self.dir / "c")
+            shutil.rmtree(staged, ignore_errors=True)
             _write_json(self.dir / "zarr.json", _array_metadata(self.shape, self.dtype))
             self.rewrite_meta = False
         else:

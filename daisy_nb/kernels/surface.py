@@ -1,0 +1,442 @@
+"""The ready surface on arrays: which blocks of a pipeline are ready, done or orphaned.
+
+daisy keeps two sets (surface and boundary) and asks the dependency graph for
+upstream/downstream lists on every step (CORE.md section 5). Here the state of
+every block of every task lives in flat arrays indexed by a *global* block index
+``gi = block_base[t] + row``:
+
+* ``status``  uint8[N]   PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED
+* ``n_met``   int32[N]   how many of the block's upstream blocks succeeded
+* ``retries`` uint8[N]   failed attempts so far
+* ``preskip`` uint8[N]   non-zero: skip at acquire (recorded done / skip_mask)
+* ``queue``   int64[N]   one FIFO ring buffer per task, in that task's slice
+* ``cnt``     int64[T, N_CNT]  per-task counters and queue pointers
+* ``tcfg``    int64[T, N_CFG]  per-task settings (max_retries, run state)
+
+A block becomes ready when ``n_met`` reaches its upstream count, computed on the
+fly from the geometry (intra-task conflicts plus, per upstream task, the product of
+per-axis interval lengths), so no dependency lists are stored. Downstream blocks
+are found the same way: intra-task through the conflict offsets of the next
+level, inter-task through per-axis interval tables (``e_dn``) that are the exact
+inverse of the upstream tables (``e_up``); this fixes daisy's asymmetric-context
+and far-edge defects (CORE.md 10.1, 10.5) by construction.
+
+Orphans: a permanent failure orphans exactly the PENDING blocks that transitively
+depend on it; a block is orphaned at most once (fixes CORE.md 10.2/10.7).
+"""
+
+import numpy as np
+
+from ._jit import kernel
+from .graph import (
+    G_GRID,
+    G_PERIOD,
+    I_BLOCK_BASE,
+    I_LEVEL_BASE,
+    I_NBLOCKS,
+    I_NDIM,
+    I_NLEVELS,
+    I_NROOTS,
+    cantor,
+    counter_to_row,
+    grid_to_row,
+    row_to_counter,
+)
+
+# block status codes (keep in sync with daisy_nb/_types.py)
+PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED = 0, 1, 2, 3, 4, 5
+# release codes
+R_GIVE_BACK, R_SUCCESS, R_FAILED, R_SKIPPED = 0, 2, 3, 4
+# counters
+C_READY, C_PROC, C_COMPLETED, C_SKIPPED, C_FAILED, C_ORPHANED, C_QHEAD, C_QLEN, C_NEXT_ROOT, C_ROOTS_LEFT, C_STARTED = range(11)
+N_CNT = 11
+# task settings
+F_MAX_RETRIES, F_STATE = 0, 1
+N_CFG = 2
+RUNNING, ABANDONED = 0, 2
+G_IDOFF = 8
+
+
+@kernel
+def _grid_of_row(geo, info, lvl_off, lvl_cnt, lvl_start, t, row, j, g):
+    """Fill counter ``j`` and grid position ``g`` of ``row``; return its level."""
+    nd = info[t, I_NDIM]
+    lb = info[t, I_LEVEL_BASE]
+    lev = row_to_counter(info, lvl_cnt, lvl_start, t, row, j)
+    for d in range(nd):
+        g[d] = lvl_off[lb + lev, d] + j[d] * geo[t, G_PERIOD, d]
+    return lev
+
+
+@kernel
+def n_upstream(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, row):
+    """Number of upstream blocks (intra-task + every upstream task) of ``row`` in task ``t``."""
+    nd = info[t, I_NDIM]
+    lb = info[t, I_LEVEL_BASE]
+    j = np.empty(nd, dtype=np.int64)
+    g = np.empty(nd, dtype=np.int64)
+    lev = _grid_of_row(geo, info, lvl_off, lvl_cnt, lvl_start, t, row, j, g)
+    n = 0
+    if lev > 0:
+        pl = lb + lev - 1
+        for c in range(conf_ptr[lb + t + lev], conf_ptr[lb + t + lev + 1]):
+            ok = True
+            for d in range(nd):
+                jj = j[d] + conf_jump[c, d]
+                if jj < 0 or jj >= lvl_cnt[pl, d]:
+                    ok = False
+                    break
+            if ok:
+                n += 1
+    for k in range(t_in_ptr[t], t_in_ptr[t + 1]):
+        e = t_in_e[k]
+        p = 1
+        for d in range(nd):
+            o = e_up_off[e, d] + g[d]
+            p *= e_up[o, 1] - e_up[o, 0]
+        n += p
+    return n
+
+
+@kernel
+def _push_back(queue, cnt, info, t, row):
+    nt = info[t, I_NBLOCKS]
+    base = info[t, I_BLOCK_BASE]
+    queue[base + (cnt[t, C_QHEAD] + cnt[t, C_QLEN]) % nt] = row
+    cnt[t, C_QLEN] += 1
+
+
+@kernel
+def _push_front(queue, cnt, info, t, row):
+    nt = info[t, I_NBLOCKS]
+    base = info[t, I_BLOCK_BASE]
+    h = (cnt[t, C_QHEAD] - 1) % nt
+    cnt[t, C_QHEAD] = h
+    queue[base + h] = row
+    cnt[t, C_QLEN] += 1
+
+
+@kernel
+def _pop(queue, cnt, info, t):
+    """Next block of task ``t``: roots first (lazily, in order), then the FIFO; -1 if none."""
+    if cnt[t, C_ROOTS_LEFT] > 0:
+        row = cnt[t, C_NEXT_ROOT]
+        cnt[t, C_NEXT_ROOT] += 1
+        cnt[t, C_ROOTS_LEFT] -= 1
+        return row
+    if cnt[t, C_QLEN] > 0:
+        h = cnt[t, C_QHEAD]
+        row = queue[info[t, I_BLOCK_BASE] + h]
+        cnt[t, C_QHEAD] = (h + 1) % info[t, I_NBLOCKS]
+        cnt[t, C_QLEN] -= 1
+        return row
+    return -1
+
+
+@kernel
+def _downstream(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row, out_t, out_row, out_id):
+    """All downstream blocks of ``row`` (intra-task, then per downstream task).
+
+    Writes task, row and spatial ID into the out arrays (grown by the caller if
+    too small: returns -needed when they are). Returns the count.
+    """
+    nd = info[t, I_NDIM]
+    lb = info[t, I_LEVEL_BASE]
+    L = info[t, I_NLEVELS]
+    j = np.empty(nd, dtype=np.int64)
+    g = np.empty(nd, dtype=np.int64)
+    lev = _grid_of_row(geo, info, lvl_off, lvl_cnt, lvl_start, t, row, j, g)
+    cap = out_row.shape[0]
+    n = 0
+    jj = np.empty(nd, dtype=np.int64)
+    x = np.empty(nd, dtype=np.int64)
+    if lev + 1 < L:
+        nl = lb + lev + 1
+        for c in range(conf_ptr[lb + t + lev + 1], conf_ptr[lb + t + lev + 2]):
+            ok = True
+            for d in range(nd):
+                jj[d] = j[d] - conf_jump[c, d]
+                if jj[d] < 0 or jj[d] >= lvl_cnt[nl, d]:
+                    ok = False
+                    break
+            if ok:
+                if n < cap:
+                    out_t[n] = t
+                    out_row[n] = counter_to_row(info, lvl_cnt, lvl_start, t, lev + 1, jj)
+                    for d in range(nd):
+                        x[d] = lvl_off[nl, d] + jj[d] * geo[t, G_PERIOD, d] + geo[t, G_IDOFF, d]
+                    out_id[n] = cantor(x, nd)
+                n += 1
+    for k in range(t_out_ptr[t], t_out_ptr[t + 1]):
+        e = t_out_e[k]
+        v = e_uv[e, 1]
+        vnd = info[v, I_NDIM]
+        lo = np.empty(vnd, dtype=np.int64)
+        hi = np.empty(vnd, dtype=np.int64)
+        total = 1
+        for d in range(vnd):
+            o = e_dn_off[e, d] + g[d]
+            lo[d] = e_dn[o, 0]
+            hi[d] = e_dn[o, 1]
+            total *= max(0, hi[d] - lo[d])
+        if total == 0:
+            continue
+        gv = lo.copy()
+        xv = np.empty(vnd, dtype=np.int64)
+        for _ in range(total):
+            if n < cap:
+                out_t[n] = v
+                out_row[n] = grid_to_row(geo, info, lvl_off, lvl_cnt, lvl_start, v, gv)
+                for d in range(vnd):
+                    xv[d] = gv[d] + geo[v, G_IDOFF, d]
+                out_id[n] = cantor(xv, vnd)
+            n += 1
+            for d in range(vnd - 1, -1, -1):
+                gv[d] += 1
+                if gv[d] < hi[d]:
+                    break
+                gv[d] = lo[d]
+    if n > cap:
+        return -n
+    return n
+
+
+@kernel
+def _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+                t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, row, buf_t, buf_row, buf_id):
+    """Propagate a success: count it at every downstream block; queue those now ready.
+
+    Newly ready blocks are appended to their task's FIFO in increasing spatial ID
+    order (daisy sorts ``downstream()`` by spatial ID). Returns 0, or -needed when the
+    scratch buffers are too small (nothing was changed then).
+    """
+    n = _downstream(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row, buf_t, buf_row, buf_id)
+    if n < 0:
+        return n
+    m = 0
+    for i in range(n):
+        v = buf_t[i]
+        r = buf_row[i]
+        gi = info[v, I_BLOCK_BASE] + r
+        n_met[gi] += 1
+        if status[gi] == PENDING and tcfg[v, F_STATE] == RUNNING:
+            need = n_upstream(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, v, r)
+            if n_met[gi] == need:
+                buf_t[m] = v
+                buf_row[m] = r
+                buf_id[m] = buf_id[i]
+                m += 1
+    if m > 1:
+        # order by (task, spatial id); m is small (the blocks freed by one success)
+        order = np.argsort(buf_id[:m], kind="mergesort")
+        tmp_t = buf_t[:m][order]
+        tmp_r = buf_row[:m][order]
+        order2 = np.argsort(tmp_t, kind="mergesort")
+        for i in range(m):
+            buf_t[i] = tmp_t[order2[i]]
+            buf_row[i] = tmp_r[order2[i]]
+    for i in range(m):
+        v = buf_t[i]
+        gi = info[v, I_BLOCK_BASE] + buf_row[i]
+        status[gi] = READY
+        _push_back(queue, cnt, info, v, buf_row[i])
+        cnt[v, C_READY] += 1
+    return 0
+
+
+@kernel
+def _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e,
+            status, cnt, tcfg, t, row, buf_t, buf_row, buf_id):
+    """Orphan every PENDING block that transitively depends on ``row``. Returns the count,
+    or -needed when the scratch buffers are too small for one block's downstream list."""
+    stack_t = np.empty(16, dtype=np.int64)
+    stack_r = np.empty(16, dtype=np.int64)
+    sp = 0
+    stack_t[0] = t
+    stack_r[0] = row
+    sp = 1
+    total = 0
+    while sp > 0:
+        sp -= 1
+        u = stack_t[sp]
+        r = stack_r[sp]
+        n = _downstream(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, u, r, buf_t, buf_row, buf_id)
+        if n < 0:
+            return n
+        for i in range(n):
+            v = buf_t[i]
+            gi = info[v, I_BLOCK_BASE] + buf_row[i]
+            if status[gi] == PENDING:
+                status[gi] = ORPHANED
+                if tcfg[v, F_STATE] == RUNNING:
+                    cnt[v, C_ORPHANED] += 1
+                total += 1
+                if sp == stack_t.shape[0]:
+                    stack_t = np.concatenate((stack_t, np.empty(sp, dtype=np.int64)))
+                    stack_r = np.concatenate((stack_r, np.empty(sp, dtype=np.int64)))
+                stack_t[sp] = v
+                stack_r[sp] = buf_row[i]
+                sp += 1
+    return total
+
+
+@kernel
+def release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+            t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, retries, queue, cnt, tcfg, t, rows, codes, buf_t, buf_row, buf_id):
+    """Release blocks ``rows`` (int64[k]) of task ``t`` with ``codes`` (uint8[k]).
+
+    Codes: R_SUCCESS, R_SKIPPED (success, also counted as skipped), R_FAILED (an attempt
+    failed: retried at the back of the FIFO until ``max_retries`` is used up, then
+    permanently failed and its dependents orphaned), R_GIVE_BACK (never started:
+    back to the front of the FIFO, no attempt counted). Releases of blocks not in
+    PROCESSING, or of an abandoned task, are ignored (daisy's typestate gate).
+
+    Returns the number of blocks processed, or ``-(1 + i)`` if the scratch buffers were
+    too small for block ``i``'s downstream list (blocks before ``i`` are released; the
+    scheduler sizes the buffers from the geometry so that this cannot happen).
+    """
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        gi = info[t, I_BLOCK_BASE] + r
+        if status[gi] != PROCESSING or tcfg[t, F_STATE] != RUNNING:
+            continue
+        code = codes[i]
+        if code == R_SUCCESS or code == R_SKIPPED:
+            if _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+                           t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, r, buf_t, buf_row, buf_id) < 0:
+                return -(1 + i)
+            status[gi] = DONE
+            cnt[t, C_PROC] -= 1
+            cnt[t, C_COMPLETED] += 1
+            if code == R_SKIPPED:
+                cnt[t, C_SKIPPED] += 1
+        elif code == R_FAILED:
+            if retries[gi] >= tcfg[t, F_MAX_RETRIES]:
+                if _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e,
+                           status, cnt, tcfg, t, r, buf_t, buf_row, buf_id) < 0:
+                    return -(1 + i)
+                status[gi] = FAILED
+                cnt[t, C_PROC] -= 1
+                cnt[t, C_FAILED] += 1
+            else:
+                if retries[gi] < 255:
+                    retries[gi] += 1
+                status[gi] = READY
+                _push_back(queue, cnt, info, t, r)
+                cnt[t, C_PROC] -= 1
+                cnt[t, C_READY] += 1
+        else:  # give back
+            status[gi] = READY
+            _push_front(queue, cnt, info, t, r)
+            cnt[t, C_PROC] -= 1
+            cnt[t, C_READY] += 1
+    return rows.shape[0]
+
+
+@kernel
+def acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+            t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, preskip, queue, cnt, tcfg, t, max_n, out_rows, buf_t, buf_row, buf_id):
+    """Hand out up to ``max_n`` ready blocks of task ``t`` (rows written to ``out_rows``).
+
+    Order: roots first, then FIFO (daisy's ProcessingQueue). Blocks flagged in
+    ``preskip`` (recorded done, or masked) are skipped on the way: counted as
+    completed and skipped, and their success propagated, as daisy's precheck does.
+    Returns the count, or -(1 + count) when the scratch buffers must grow (the
+    block that needed them is given back first; call again).
+    """
+    if tcfg[t, F_STATE] != RUNNING:
+        return 0
+    n = 0
+    while n < max_n:
+        r = _pop(queue, cnt, info, t)
+        if r < 0:
+            break
+        gi = info[t, I_BLOCK_BASE] + r
+        cnt[t, C_READY] -= 1
+        cnt[t, C_PROC] += 1
+        cnt[t, C_STARTED] = 1
+        if preskip[gi] != 0:
+            if _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+                           t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, r, buf_t, buf_row, buf_id) < 0:
+                # scratch buffers too small (cannot happen with the sizes the scheduler
+                # computes): undo the pop and report
+                _push_front(queue, cnt, info, t, r)
+                cnt[t, C_READY] += 1
+                cnt[t, C_PROC] -= 1
+                return -(1 + n)
+            status[gi] = DONE
+            cnt[t, C_PROC] -= 1
+            cnt[t, C_COMPLETED] += 1
+            cnt[t, C_SKIPPED] += 1
+            continue
+        status[gi] = PROCESSING
+        out_rows[n] = r
+        n += 1
+    return n
+
+
+@kernel
+def seed_free_blocks(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e,
+                     status, queue, cnt, t):
+    """Queue the level-0 blocks of a downstream task that have no upstream block at all.
+
+    daisy never runs them (CORE.md 10.3); here they are ready from the start, in
+    enumeration order. Returns how many were queued.
+    """
+    n = 0
+    for r in range(info[t, I_NROOTS]):
+        if n_upstream(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, r) == 0:
+            status[info[t, I_BLOCK_BASE] + r] = READY
+            _push_back(queue, cnt, info, t, r)
+            cnt[t, C_READY] += 1
+            n += 1
+    return n
+
+
+@kernel
+def flag_grid_cells(tt_geo, info, lvl_off, lvl_cnt, lvl_start, t, cells, cell_shape, shift, flags, value):
+    """Set ``flags[gi] |= value`` for every block whose cell in ``cells`` is non-zero.
+
+    cells: uint8[prod(cell_shape)] C-order over a grid of shape cell_shape (int64[nd]);
+    a cell c maps to grid position ``c - shift`` (shift = the ID offset for tracking
+    arrays, 0 for skip masks). Cells outside the block grid are ignored. Returns the
+    number of blocks flagged.
+    """
+    nd = info[t, I_NDIM]
+    c = np.zeros(nd, dtype=np.int64)
+    g = np.zeros(nd, dtype=np.int64)
+    base = info[t, I_BLOCK_BASE]
+    n = 0
+    for i in range(cells.shape[0]):
+        if cells[i] != 0:
+            rem = i
+            inside = True
+            for d in range(nd - 1, -1, -1):
+                c[d] = rem % cell_shape[d]
+                rem //= cell_shape[d]
+                g[d] = c[d] - shift[d]
+                if g[d] < 0 or g[d] >= tt_geo[t, G_GRID, d]:
+                    inside = False
+            if inside:
+                flags[base + grid_to_row(tt_geo, info, lvl_off, lvl_cnt, lvl_start, t, g)] |= value
+                n += 1
+    return n
+
+
+@kernel
+def rows_to_cells(tt_geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, cell_shape, shift, out):
+    """C-order cell index (in a grid of ``cell_shape``, cell = grid + shift) of each row; -1 if outside."""
+    nd = info[t, I_NDIM]
+    j = np.empty(nd, dtype=np.int64)
+    g = np.empty(nd, dtype=np.int64)
+    for i in range(rows.shape[0]):
+        _grid_of_row(tt_geo, info, lvl_off, lvl_cnt, lvl_start, t, rows[i], j, g)
+        lin = 0
+        for d in range(nd):
+            cd = g[d] + shift[d]
+            if cd < 0 or cd >= cell_shape[d]:
+                lin = -1
+                break
+            lin = lin * cell_shape[d] + cd
+        out[i] = lin
+    return rows.shape[0]

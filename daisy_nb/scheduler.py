@@ -1,0 +1,573 @@
+"""``Scheduler``: hands out ready blocks and takes results back (daisy's order and counters).
+
+The Scheduler owns the pipeline's state arrays (see :mod:`daisy_nb.kernels.surface`),
+calls the kernels once per call (``acquire_block``/``release_block``) or once per
+batch (``acquire_blocks``/``release_blocks``), runs ``check_function`` prechecks, and
+keeps block tracking on disk in daisy 2.0.0's format. It does not run anything:
+the serial runner, the process pool and the dask executor drive it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import numpy as np
+
+from .block import Block, BlockStatus
+from .kernels import graph as kg
+from .kernels import surface as ks
+from .layout import pack_layouts
+from .task import Pipeline, Task, as_pipeline
+from .tracking import TrackingStore
+
+__all__ = ["BlockBatch", "DependencyGraph", "Scheduler", "TaskState", "WorkerCounters"]
+
+logger = logging.getLogger(__name__)
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class BlockBatch(NamedTuple):
+    """Blocks handed out together; ``index`` is each block's row in its task."""
+
+    task_id: str
+    index: np.ndarray  # int64[k]
+    spatial_id: np.ndarray  # int64[k]
+    read_offset: np.ndarray  # int64[k, nd]
+    read_shape: np.ndarray
+    write_offset: np.ndarray
+    write_shape: np.ndarray
+
+    def __len__(self):  # noqa: D105
+        return len(self.index)
+
+    def blocks(self) -> list[Block]:
+        make = Block._make
+        tid = self.task_id
+        return [
+            make(tid, i, (tuple(a), tuple(b)), (tuple(c), tuple(d)), r)
+            for i, a, b, c, d, r in zip(
+                self.spatial_id.tolist(), self.read_offset.tolist(), self.read_shape.tolist(),
+                self.write_offset.tolist(), self.write_shape.tolist(), self.index.tolist(),
+            )
+        ]
+
+
+class WorkerCounters:
+    """Per-task counters the runtime keeps (daisy 2.0 wheel's TaskState additions)."""
+
+    def __init__(self):
+        self.worker_failure_count = 0
+        self.worker_restart_count = 0
+        self.worker_start_count = 0
+        self.timeout_reclaim_count = 0
+        self.first_worker_error = None
+        self.last_worker_error = None
+
+
+class TaskState:
+    """A snapshot of one task's counters (daisy's ``TaskState``)."""
+
+    def __init__(self, task_id, total, cnt_row, counters: WorkerCounters, abandoned, abandon_reason, timeout_secs):
+        self.task_id = task_id
+        self.total_block_count = int(total)
+        self.ready_count = int(cnt_row[ks.C_READY])
+        self.processing_count = int(cnt_row[ks.C_PROC])
+        self.completed_count = int(cnt_row[ks.C_COMPLETED])
+        self.skipped_count = int(cnt_row[ks.C_SKIPPED])
+        self.failed_count = int(cnt_row[ks.C_FAILED])
+        self.orphaned_count = int(cnt_row[ks.C_ORPHANED])
+        self.started = bool(cnt_row[ks.C_STARTED])
+        self.worker_failure_count = counters.worker_failure_count
+        self.worker_restart_count = counters.worker_restart_count
+        self.worker_start_count = counters.worker_start_count
+        self.timeout_reclaim_count = counters.timeout_reclaim_count
+        self.first_worker_error = counters.first_worker_error
+        self.last_worker_error = counters.last_worker_error
+        self.abandoned = bool(abandoned)
+        self.abandon_reason = abandon_reason
+        self.timeout_secs = timeout_secs
+
+    @property
+    def pending_count(self) -> int:
+        return (
+            self.total_block_count - self.ready_count - self.processing_count - self.completed_count
+            - self.failed_count - self.orphaned_count
+        )
+
+    def is_done(self) -> bool:
+        return self.completed_count + self.failed_count + self.orphaned_count == self.total_block_count
+
+    def __repr__(self):
+        return (
+            f"Started: {self.started}\nTotal Blocks: {self.total_block_count}\nReady: {self.ready_count}\n"
+            f"Processing: {self.processing_count}\nPending: {self.pending_count}\nCompleted: {self.completed_count}\n"
+            f"Skipped: {self.skipped_count}\nFailed: {self.failed_count}\nOrphaned: {self.orphaned_count}"
+        )
+
+
+def _edge_tables(lu, ld):
+    """Per-axis interval tables of an edge U -> D (CORE.md section 4).
+
+    up[d]: for each D grid position j along axis d, the U grid interval [lo, hi) of
+    ``U.get_subgraph_blocks(D block's read ROI)`` (daisy 2.0's exact procedure);
+    dn[d]: for each U position i, the D interval {j : lo_j <= i < hi_j}, its exact
+    inverse (both endpoints are non-decreasing in j, so the inverse is an interval).
+    """
+    ups, dns = [], []
+    for d in range(lu.ndim):
+        j = np.arange(int(ld.grid_shape[d]), dtype=np.int64)
+        rb = ld.total_offset[d] + j * ld.write_shape[d]
+        re = rb + ld.read_shape[d]
+        if ld.fit == "shrink":
+            re = np.minimum(re, ld.total_offset[d] + ld.total_shape[d])
+        twb, twe = lu.tw_offset[d], lu.tw_offset[d] + lu.tw_shape[d]
+        b = np.maximum(rb, twb)
+        e = np.maximum(b, np.minimum(re, twe))
+        ws, gu = lu.write_shape[d], int(lu.grid_shape[d])
+        lo = np.clip((b - twb) // ws, 0, gu)
+        hi = np.clip(-(-(e - twb) // ws), 0, gu)
+        hi = np.maximum(hi, lo)
+        if len(j) > 1 and (np.any(np.diff(lo) < 0) or np.any(np.diff(hi) < 0)):
+            raise AssertionError("inter-task intervals must be monotone")  # geometry guarantees it
+        i = np.arange(gu, dtype=np.int64)
+        dlo = np.searchsorted(hi, i, side="right")
+        dhi = np.searchsorted(lo, i, side="right")
+        dhi = np.maximum(dhi, dlo)
+        ups.append(np.stack([lo, hi], axis=1))
+        dns.append(np.stack([dlo, dhi], axis=1))
+    return ups, dns
+
+
+class Scheduler:
+    """Hands out ready blocks of a pipeline and takes their results back.
+
+    ``Scheduler(pipeline_or_task_or_list, count_all_orphans=True, block_tracking=True)``.
+    Order and counters are daisy 2.0.0's (roots first, then FIFO; retries to the back;
+    ``max_retries + 1`` attempts; skipped blocks count as completed), with daisy's
+    defects fixed (CORE.md section 10; see the README).
+    """
+
+    def __init__(self, tasks, count_all_orphans: bool = True, block_tracking: bool = True):
+        pipeline: Pipeline = as_pipeline(tasks)
+        self.pipeline = pipeline
+        order = pipeline.validate()
+        by_id = {t.task_id: t for t in pipeline.tasks}
+        self.task_ids: list[str] = order
+        self.tasks: dict[str, Task] = {tid: by_id[tid] for tid in order}
+        self._tindex = {tid: i for i, tid in enumerate(order)}
+        T = len(order)
+        layouts = [self.tasks[tid].layout for tid in order]
+        self._layouts = layouts
+        self._tt = tt = pack_layouts(layouts)
+        self._ndim = np.array([lay.ndim for lay in layouts], dtype=np.int64)
+
+        # task DAG
+        edges = [(self._tindex[u.task_id], self._tindex[d.task_id]) for u, d in pipeline.edges]
+        self._edges = edges
+        self._up_tasks = [[u for u, d in edges if d == t] for t in range(T)]
+        self._down_tasks = [[d for u, d in edges if u == t] for t in range(T)]
+        maxnd = tt.geo.shape[2]
+        e_uv = np.array(edges, dtype=np.int64).reshape(len(edges), 2)
+        up_parts, dn_parts = [], []
+        e_up_off = np.zeros((len(edges), maxnd), dtype=np.int64)
+        e_dn_off = np.zeros((len(edges), maxnd), dtype=np.int64)
+        nup = ndn = 0
+        self._edge_max_down = np.zeros(len(edges), dtype=np.int64)
+        for k, (u, d) in enumerate(edges):
+            lu, ld = layouts[u], layouts[d]
+            if lu.ndim != ld.ndim:
+                raise ValueError(
+                    f"tasks {order[u]!r} and {order[d]!r} are connected but have {lu.ndim} and {ld.ndim} dimensions"
+                )
+            ups, dns = _edge_tables(lu, ld)
+            prod = 1
+            for ax in range(lu.ndim):
+                e_up_off[k, ax] = nup
+                e_dn_off[k, ax] = ndn
+                nup += len(ups[ax])
+                ndn += len(dns[ax])
+                up_parts.append(ups[ax])
+                dn_parts.append(dns[ax])
+                prod *= int((dns[ax][:, 1] - dns[ax][:, 0]).max()) if len(dns[ax]) else 0
+            self._edge_max_down[k] = prod
+        cat = lambda parts: np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, 2), np.int64), dtype=np.int64)  # noqa: E731
+        self._e = (e_uv, cat(up_parts), e_up_off, cat(dn_parts), e_dn_off)
+        in_ptr = np.zeros(T + 1, dtype=np.int64)
+        out_ptr = np.zeros(T + 1, dtype=np.int64)
+        in_e, out_e = [], []
+        for t in range(T):
+            in_e += [k for k, (u, d) in enumerate(edges) if d == t]
+            out_e += [k for k, (u, d) in enumerate(edges) if u == t]
+            in_ptr[t + 1] = len(in_e)
+            out_ptr[t + 1] = len(out_e)
+        self._tptr = (in_ptr, np.array(in_e, dtype=np.int64), out_ptr, np.array(out_e, dtype=np.int64))
+
+        # state
+        N = sum(lay.num_blocks for lay in layouts)
+        self.num_blocks_total = N
+        self.status = np.zeros(N, dtype=np.uint8)
+        self.n_met = np.zeros(N, dtype=np.int32)
+        self.retries = np.zeros(N, dtype=np.uint8)
+        self.preskip = np.zeros(N, dtype=np.uint8)
+        self.queue = np.empty(max(N, 1), dtype=np.int64)
+        self.cnt = np.zeros((T, ks.N_CNT), dtype=np.int64)
+        self.tcfg = np.zeros((T, ks.N_CFG), dtype=np.int64)
+        for t, tid in enumerate(order):
+            self.tcfg[t, ks.F_MAX_RETRIES] = self.tasks[tid].max_retries
+        # scratch for one block's downstream list: the exact maximum from the geometry
+        cap = 1
+        for t in range(T):
+            lay = layouts[t]
+            m = int(np.diff(lay.conf_indptr).max()) if lay.num_levels else 0
+            m += sum(int(self._edge_max_down[k]) for k in self._tptr[3][self._tptr[2][t] : self._tptr[2][t + 1]])
+            cap = max(cap, m)
+        self._buf = (np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64))
+        self._out1 = np.empty(1, np.int64)
+
+        self.counters = {tid: WorkerCounters() for tid in order}
+        self._abandon_reason: dict[str, str] = {}
+        self._check_warned: set[str] = set()
+
+        # block tracking (daisy 2.0.0 layout) and skip masks
+        self.tracking: dict[str, TrackingStore] = {}
+        if block_tracking:
+            for t, tid in enumerate(order):
+                task = self.tasks[tid]
+                path = task.resolved_tracking_path()
+                if path is None:
+                    continue
+                try:
+                    store = TrackingStore.open(path, task.total_roi, task.read_roi, task.write_roi, task.fit)
+                except RuntimeError as e:
+                    self.close()
+                    raise RuntimeError(f"invalid configuration: {e}") from None
+                self.tracking[tid] = store
+                lay = layouts[t]
+                n = ks.flag_grid_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, store.done.reshape(-1),
+                                       np.asarray(store.grid_shape, np.int64), lay.id_offset, self.preskip, np.uint8(1))
+                if n:
+                    logger.info("task %r: resumed — %d/%d blocks skipped via block tracking", tid, n, lay.num_blocks)
+        for t, tid in enumerate(order):
+            mask = self.tasks[tid].skip_mask
+            if mask is not None:
+                lay = layouts[t]
+                ks.flag_grid_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, mask.reshape(-1),
+                                   lay.grid_shape, np.zeros(lay.ndim, np.int64), self.preskip, np.uint8(2))
+
+        # roots: source tasks hand out level 0 lazily; downstream tasks start with the
+        # level-0 blocks that have no upstream block at all (daisy never runs them)
+        for t in range(T):
+            if not self._up_tasks[t]:
+                self.cnt[t, ks.C_ROOTS_LEFT] = layouts[t].num_roots
+                self.cnt[t, ks.C_READY] = layouts[t].num_roots
+            elif layouts[t].num_roots and self._may_have_free_blocks(t):
+                e = self._e
+                in_ptr, in_e, _, _ = self._tptr
+                ks.seed_free_blocks(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
+                                    e[1], e[2], in_ptr, in_e, self.status, self.queue, self.cnt, t)
+        self._dependency_graph = None
+
+    def _may_have_free_blocks(self, t: int) -> bool:
+        """False when every block of task t surely reads some upstream block."""
+        for k, (u, d) in enumerate(self._edges):
+            if d != t:
+                continue
+            for ax in range(self._layouts[t].ndim):
+                o = self._e[2][k, ax]
+                iv = self._e[1][o : o + int(self._layouts[t].grid_shape[ax])]
+                if np.any(iv[:, 1] <= iv[:, 0]):
+                    return True
+        return False
+
+    # -- kernel calls ---------------------------------------------------------------
+    def _kargs(self):
+        tt, e, p = self._tt, self._e, self._tptr
+        return (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
+                e[0], e[1], e[2], e[3], e[4], p[0], p[1], p[2], p[3])
+
+    def _t(self, task_id) -> int | None:
+        return self._tindex.get(task_id)
+
+    def _acquire_rows(self, t: int, max_n: int, out: np.ndarray) -> int:
+        n = ks.acquire(*self._kargs(), self.status, self.n_met, self.preskip, self.queue, self.cnt, self.tcfg, t, max_n, out, *self._buf)
+        if n < 0:
+            raise RuntimeError("internal error: scratch buffer too small")
+        return n
+
+    def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
+        n = ks.release(*self._kargs(), self.status, self.n_met, self.retries, self.queue, self.cnt, self.tcfg, t, rows, codes, *self._buf)
+        if n < 0:
+            raise RuntimeError("internal error: scratch buffer too small")
+
+    def _describe(self, t: int, rows: np.ndarray):
+        nd = int(self._ndim[t])
+        n = len(rows)
+        ids = np.empty(n, np.int64)
+        ro, wo, rs, ws = (np.empty((n, nd), np.int64) for _ in range(4))
+        tt = self._tt
+        kg.describe_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, rows, ids, ro, wo, rs, ws)
+        return ids, ro, rs, wo, ws
+
+    def _track(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
+        store = self.tracking.get(self.task_ids[t])
+        if store is None or len(rows) == 0:
+            return
+        lay = self._layouts[t]
+        cells = np.empty(len(rows), np.int64)
+        tt = self._tt
+        ks.rows_to_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, rows,
+                         np.asarray(store.grid_shape, np.int64), lay.id_offset, cells)
+        ok = cells >= 0
+        done = ok & ((codes == ks.R_SUCCESS) | (codes == ks.R_SKIPPED))
+        if done.any():
+            store.mark_done(cells[done])
+        failed = ok & (codes == ks.R_FAILED)
+        if failed.any():
+            store.add_failures(cells[failed])
+
+    def _check(self, t: int, block: Block) -> bool:
+        fn = self.tasks[self.task_ids[t]].check_function
+        try:
+            return bool(fn(block))
+        except Exception:
+            tid = self.task_ids[t]
+            if tid not in self._check_warned:
+                self._check_warned.add(tid)
+                logger.warning("check_function of task %r raised; treating blocks as not done", tid, exc_info=True)
+            return False
+
+    # -- daisy's per-block API --------------------------------------------------------
+    def acquire_block(self, task_id) -> Block | None:
+        """The next ready block of ``task_id`` (status CREATED), or None."""
+        t = self._t(task_id)
+        if t is None:
+            return None
+        check = self.tasks[task_id].check_function
+        out = self._out1
+        while True:
+            if self._acquire_rows(t, 1, out) == 0:
+                return None
+            rows = out.copy()
+            ids, ro, rs, wo, ws = self._describe(t, rows)
+            block = Block._make(task_id, int(ids[0]), (tuple(ro[0].tolist()), tuple(rs[0].tolist())),
+                                (tuple(wo[0].tolist()), tuple(ws[0].tolist())), int(rows[0]))
+            if check is not None and self._check(t, block):
+                codes = np.full(1, ks.R_SKIPPED, np.uint8)
+                self._release_rows(t, rows, codes)
+                self._track(t, rows, codes)
+                continue
+            return block
+
+    def release_block(self, block: Block) -> None:
+        """Take a block back: SUCCESS completes it, FAILED retries or fails it for good."""
+        t = self._t(block.task_id)
+        if t is None:
+            raise ValueError(f"block {block.block_id} belongs to no task of this scheduler")
+        status = block.status
+        if status == BlockStatus.SUCCESS:
+            code = ks.R_SUCCESS
+        elif status == BlockStatus.FAILED:
+            code = ks.R_FAILED
+        else:
+            raise ValueError(f"unexpected status for released block: {BlockStatus.name(status)} (set SUCCESS or FAILED)")
+        row = block.index
+        if row < 0 or row >= self._layouts[t].num_blocks:
+            row = self._row_of(t, block)
+        rows = np.full(1, row, np.int64)
+        codes = np.full(1, code, np.uint8)
+        self._release_rows(t, rows, codes)
+        self._track(t, rows, codes)
+
+    def _row_of(self, t: int, block: Block) -> int:
+        lay = self._layouts[t]
+        g = lay.grid_of_write_offset(block._write[0])
+        if g is None:
+            raise ValueError(f"block {block.block_id} is not a block of task {self.task_ids[t]!r}")
+        tt = self._tt
+        return int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, g))
+
+    # -- batch API (runtimes) ---------------------------------------------------------
+    def acquire_blocks(self, task_id, max_n: int) -> BlockBatch:
+        """Up to ``max_n`` ready blocks of ``task_id`` as arrays (same order and prechecks)."""
+        t = self._t(task_id)
+        if t is None or max_n <= 0:
+            return self._batch(task_id, 0, _EMPTY)
+        check = self.tasks[task_id].check_function
+        out = np.empty(max_n, np.int64)
+        n = self._acquire_rows(t, max_n, out)
+        if check is None or n == 0:
+            return self._batch(task_id, t, out[:n])
+        kept = []
+        rows = out[:n]
+        while len(rows):
+            batch = self._batch(task_id, t, rows)
+            skip = np.array([self._check(t, b) for b in batch.blocks()], dtype=bool)
+            if skip.any():
+                codes = np.full(int(skip.sum()), ks.R_SKIPPED, np.uint8)
+                self._release_rows(t, rows[skip], codes)
+                self._track(t, rows[skip], codes)
+            kept.append(rows[~skip])
+            need = max_n - sum(len(k) for k in kept)
+            if not skip.any() or need <= 0:
+                break
+            more = np.empty(need, np.int64)
+            rows = more[: self._acquire_rows(t, need, more)]
+        return self._batch(task_id, t, np.concatenate(kept) if kept else _EMPTY)
+
+    def _batch(self, task_id, t, rows) -> BlockBatch:
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            nd = int(self._ndim[t]) if isinstance(t, int) and t < len(self._ndim) and task_id in self._tindex else 0
+            z = np.zeros((0, nd), np.int64)
+            return BlockBatch(task_id, rows, _EMPTY, z, z, z, z)
+        ids, ro, rs, wo, ws = self._describe(t, rows)
+        return BlockBatch(task_id, rows, ids, ro, rs, wo, ws)
+
+    def release_blocks(self, task_id, index, status) -> None:
+        """Release many blocks: ``status`` per block is SUCCESS (2), FAILED (3), or
+        CREATED (0: never started, given back to the front of the queue uncounted)."""
+        t = self._t(task_id)
+        if t is None:
+            raise ValueError(f"unknown task {task_id!r}")
+        rows = np.ascontiguousarray(index, dtype=np.int64)
+        codes = np.ascontiguousarray(status, dtype=np.uint8)
+        if rows.shape != codes.shape:
+            raise ValueError("index and status must have the same length")
+        bad = ~np.isin(codes, (ks.R_GIVE_BACK, ks.R_SUCCESS, ks.R_FAILED))
+        if bad.any():
+            raise ValueError(f"unexpected status for released blocks: {sorted(set(codes[bad].tolist()))}")
+        self._release_rows(t, rows, codes)
+        self._track(t, rows, codes)
+
+    # -- state --------------------------------------------------------------------------
+    def ready_count(self, task_id) -> int:
+        return int(self.cnt[self._tindex[task_id], ks.C_READY])
+
+    def remaining_count(self, task_id) -> int:
+        t = self._tindex[task_id]
+        c = self.cnt[t]
+        return int(self._layouts[t].num_blocks - c[ks.C_COMPLETED] - c[ks.C_FAILED] - c[ks.C_ORPHANED])
+
+    def is_task_done(self, task_id) -> bool:
+        return self.remaining_count(task_id) <= 0
+
+    def is_done(self) -> bool:
+        return all(self.is_task_done(tid) for tid in self.task_ids)
+
+    def upstream_task_ids(self, task_id) -> list[str]:
+        return [self.task_ids[u] for u in self._up_tasks[self._tindex[task_id]]]
+
+    def downstream_task_ids(self, task_id) -> list[str]:
+        return [self.task_ids[d] for d in self._down_tasks[self._tindex[task_id]]]
+
+    def abandon_task(self, task_id, reason: str) -> list[str]:
+        """Abandon a task and every task downstream of it: remaining blocks become orphaned."""
+        out = []
+        stack = [(self._tindex[task_id], reason)]
+        while stack:
+            t, why = stack.pop()
+            if self.tcfg[t, ks.F_STATE] == ks.ABANDONED:
+                continue
+            tid = self.task_ids[t]
+            c = self.cnt[t]
+            c[ks.C_ORPHANED] += max(0, self._layouts[t].num_blocks - c[ks.C_COMPLETED] - c[ks.C_FAILED] - c[ks.C_ORPHANED])
+            c[ks.C_READY] = 0
+            c[ks.C_PROC] = 0
+            c[ks.C_ROOTS_LEFT] = 0
+            c[ks.C_QLEN] = 0
+            self.tcfg[t, ks.F_STATE] = ks.ABANDONED
+            self._abandon_reason[tid] = why
+            out.append(tid)
+            for d in self._down_tasks[t]:
+                stack.append((d, "upstream task abandoned"))
+        return out
+
+    @property
+    def task_states(self) -> dict[str, TaskState]:
+        return {
+            tid: TaskState(tid, self._layouts[t].num_blocks, self.cnt[t], self.counters[tid],
+                           self.tcfg[t, ks.F_STATE] == ks.ABANDONED, self._abandon_reason.get(tid),
+                           self.tasks[tid].timeout_secs)
+            for t, tid in enumerate(self.task_ids)
+        }
+
+    @property
+    def dependency_graph(self) -> DependencyGraph:
+        if self._dependency_graph is None:
+            self._dependency_graph = DependencyGraph(self)
+        return self._dependency_graph
+
+    def flush_tracking(self) -> None:
+        for store in self.tracking.values():
+            store.flush()
+
+    def close(self) -> None:
+        for store in self.tracking.values():
+            store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class DependencyGraph:
+    """Block dependencies across the tasks of a pipeline (``Scheduler.dependency_graph``).
+
+    ``downstream`` is the exact inverse of ``upstream``; both are sorted by spatial ID.
+    """
+
+    def __init__(self, scheduler: Scheduler):
+        self._s = scheduler
+
+    def downstream(self, block) -> list[Block]:
+        s = self._s
+        t = s._t(block.task_id)
+        row = s._row_of(t, block)
+        bt, br, bi = (np.empty(len(s._buf[0]), np.int64) for _ in range(3))
+        tt, e, p = s._tt, s._e, s._tptr
+        n = ks._downstream(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
+                           e[0], e[3], e[4], p[2], p[3], t, row, bt, br, bi)
+        return self._blocks(bt[:n], br[:n], bi[:n])
+
+    def upstream(self, block) -> list[Block]:
+        s = self._s
+        t = s._t(block.task_id)
+        row = s._row_of(t, block)
+        tt = s._tt
+        lay = s._layouts[t]
+        ts, rs, ids = [], [], []
+        out = np.empty(max(1, len(lay.conf_offsets)), np.int64)
+        n = kg.intra_neighbours(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, t, row, False, out)
+        rows = out[:n].copy()
+        ts.append(np.full(n, t, np.int64))
+        rs.append(rows)
+        ids.append(s._describe(t, rows)[0])
+        g = np.empty((1, lay.ndim), np.int64)
+        kg.rows_to_grid(tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.geo, t, np.array([row], np.int64), g)
+        for k, (u, d) in enumerate(s._edges):
+            if d != t:
+                continue
+            lo = np.array([s._e[1][s._e[2][k, ax] + g[0, ax], 0] for ax in range(lay.ndim)], np.int64)
+            hi = np.array([s._e[1][s._e[2][k, ax] + g[0, ax], 1] for ax in range(lay.ndim)], np.int64)
+            m = int(np.prod(np.maximum(hi - lo, 0)))
+            if m:
+                r2, i2 = np.empty(m, np.int64), np.empty(m, np.int64)
+                kg.grid_box_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, u, lo, hi, r2, i2)
+                ts.append(np.full(m, u, np.int64))
+                rs.append(r2)
+                ids.append(i2)
+        return self._blocks(np.concatenate(ts), np.concatenate(rs), np.concatenate(ids))
+
+    def _blocks(self, ts, rs, ids) -> list[Block]:
+        s = self._s
+        order = np.argsort(ids, kind="stable")
+        out = []
+        for k in order:
+            t = int(ts[k])
+            b = s._batch(s.task_ids[t], t, rs[k : k + 1]).blocks()[0]
+            out.append(b)
+        return out
