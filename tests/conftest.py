@@ -1,0 +1,24 @@
+"""Shared test set-up: import paths, hypothesis profiles, JIT warm-up."""
+
+import os
+import sys
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+for p in (HERE, os.path.join(HERE, "golden")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+# deadline=None: the first example of a test may pay for JIT compilation
+settings.register_profile("default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_kernels():
+    from daisy_nb.warmup import warmup
+
+    warmup()
