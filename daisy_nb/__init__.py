@@ -31,12 +31,15 @@ _LAZY = {
     "Context": "daisy_nb.runtime.context",
     "JsonProgressObserver": "daisy_nb.progress",
     "get_worker_log_basename": "daisy_nb.logging",
+    "plot_block_states": "daisy_nb.plot",
 }
 
 __all__ = ["Block", "BlockStatus", "Coordinate", "Roi", *_LAZY]
 
 
 def __getattr__(name):
+    if name == "logging":  # daisy.logging (the submodule, not the stdlib)
+        return import_module("daisy_nb.logging")
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'daisy_nb' has no attribute {name!r}")

@@ -60,6 +60,26 @@ def _apply_setup(setup: dict) -> None:
         dlog.set_log_mode(setup["log_mode"])
     if setup.get("log_level") is not None:
         dlog.set_log_level(setup["log_level"])
+    if setup.get("tee_files"):  # log mode "both": console and file
+        out_path, err_path = setup["tee_files"]
+        sys.stdout = _Tee(sys.stdout, open(out_path, "a", buffering=1))
+        sys.stderr = _Tee(sys.stderr, open(err_path, "a", buffering=1))
+
+
+class _Tee:
+    def __init__(self, stream, file):
+        self._stream, self._file = stream, file
+
+    def write(self, s):
+        self._file.write(s)
+        return self._stream.write(s)
+
+    def flush(self):
+        self._file.flush()
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def _run_worker_function(fn, wants_context: bool) -> int:
@@ -157,12 +177,15 @@ def main(argv=None) -> int:
     try:
         setup = pickle.loads(conn.recv_bytes())
         _apply_setup(setup)
-        fn = pickle.loads(conn.recv_bytes())  # cloudpickle output loads with pickle
+        payload = conn.recv_bytes()
     except (EOFError, OSError):
         return 0
+    fn, init_fn = pickle.loads(payload)  # cloudpickle output loads with pickle
     if setup["arity"] == 0:
         conn.close()
         return _run_worker_function(fn, setup.get("wants_context", False))
+    if init_fn is not None:
+        init_fn()  # raising is a dirty exit
     return _run_block_loop(conn, fn, setup)
 
 

@@ -1,0 +1,219 @@
+"""Runtime benchmark: daisy_nb's worker pool side by side with daisy 2.0.0's run_blockwise.
+
+    python benchmarks/bench_runtime.py --daisy-python /work/venvs/daisy2/bin/python [--quick]
+
+Every case runs in a fresh interpreter (the same script with ``--case``), for both
+libraries, with the same 1-D task (total = n * 10, block 10, no read/write
+conflict, ``max_retries=0``) as daisy's own ``bench_worker_scaling.py``. Times are
+wall-clock around ``run_blockwise`` (JIT warm-up for daisy_nb done before the
+clock starts, as in the other benchmarks; the latency row also gives the cold
+figure). Prints a markdown table.
+
+Cases:
+  noop      100k no-op blocks, 2 workers: blocks/s (target >= 5x daisy 2.0.0)
+  cpu1/cpu2 2k pure-Python ~1 ms blocks on 1 and 2 workers (target 2 workers >= 1.8x)
+  sleep     5k ``time.sleep(0.001)`` blocks, 2 workers: fraction of ideal (target >= 90 %)
+  latency   4 blocks, 1 worker: call -> first block running, last block done -> return
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+CPU_ITERS = int(os.environ.get("BENCH_CPU_ITERS", "0"))
+
+
+def noop(block):
+    pass
+
+
+def cpu_block(block, _n=None):
+    n = _n if _n is not None else CPU_ITERS
+    x = 0
+    for i in range(n):
+        x += i * i
+    return x
+
+
+def sleep_block(block):
+    time.sleep(0.001)
+
+
+def stamp_block(block):
+    path = os.environ["BENCH_STAMP_FILE"]
+    with open(path, "a") as f:
+        f.write(f"{time.time()}\n")
+
+
+def calibrate_cpu_iters(target=0.001) -> int:
+    n = 20000
+    for _ in range(5):
+        t = time.perf_counter()
+        cpu_block(None, n)
+        dt = time.perf_counter() - t
+        n = max(1000, int(n * target / dt))
+    return n
+
+
+FUNCS = {"noop": noop, "cpu": cpu_block, "sleep": sleep_block, "stamp": stamp_block}
+
+
+def run_case(lib: str, fn_name: str, n: int, workers: int) -> dict:
+    """Run one case in this interpreter; returns timings."""
+    if lib == "daisy":
+        import daisy
+        from funlib.geometry import Roi
+    else:
+        sys.path.insert(0, ROOT)
+        import daisy_nb as daisy
+        from funlib.geometry import Roi
+
+        if os.environ.get("BENCH_COLD") != "1":
+            from daisy_nb.warmup import warmup
+
+            warmup()
+    fn = FUNCS[fn_name]
+    if fn_name == "cpu":
+        iters = CPU_ITERS
+
+        def fn(block, _n=iters):  # noqa: F811 - carries the calibrated count to the workers
+            x = 0
+            for i in range(_n):
+                x += i * i
+
+    task = daisy.Task(
+        "bench",
+        total_roi=Roi((0,), (n * 10,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=fn,
+        read_write_conflict=False,
+        max_workers=workers,
+        max_retries=0,
+    )
+    t0 = time.time()
+    ok = daisy.run_blockwise([task], progress=False, summary=False)
+    t1 = time.time()
+    return {"secs": t1 - t0, "ok": bool(ok), "t0": t0, "t1": t1}
+
+
+def spawn_case(python: str, lib: str, fn_name: str, n: int, workers: int, env_extra=None) -> dict:
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    r = subprocess.run(
+        [python, os.path.abspath(__file__), "--case", lib, fn_name, str(n), str(workers)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tempfile.gettempdir(),
+        timeout=900,
+    )
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{lib} {fn_name} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+
+
+def latency(python: str, lib: str, cold: bool = False) -> tuple[float, float]:
+    with tempfile.NamedTemporaryFile("r", suffix=".stamps", delete=False) as f:
+        path = f.name
+    try:
+        res = spawn_case(python, lib, "stamp", 4, 1, {"BENCH_STAMP_FILE": path, "BENCH_COLD": "1" if cold else "0"})
+        stamps = [float(x) for x in open(path).read().split()]
+        return min(stamps) - res["t0"], res["t1"] - max(stamps)
+    finally:
+        os.unlink(path)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--daisy-python", default=None, help="a python with daisy==2.0.0 installed")
+    ap.add_argument("--quick", action="store_true", help="10x fewer blocks (smoke run)")
+    ap.add_argument("--case", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.case:
+        lib, fn_name, n, w = args.case
+        print("RESULT " + json.dumps(run_case(lib, fn_name, int(n), int(w))), flush=True)
+        return
+
+    me = sys.executable
+    ref = args.daisy_python
+    scale = 10 if args.quick else 1
+    iters = calibrate_cpu_iters()
+    os.environ["BENCH_CPU_ITERS"] = str(iters)
+    rows = []
+
+    n = 100_000 // scale
+    nb = spawn_case(me, "daisy_nb", "noop", n, 2)
+    line = {"case": f"no-op, {n:,} blocks, 2 workers", "daisy_nb": f"{n / nb['secs']:,.0f} blocks/s ({nb['secs']:.2f} s)"}
+    if ref:
+        d = spawn_case(ref, "daisy", "noop", n, 2)
+        line["daisy 2.0.0"] = f"{n / d['secs']:,.0f} blocks/s ({d['secs']:.2f} s)"
+        line["ratio"] = f"{d['secs'] / nb['secs']:.1f}x (target >= 5x)"
+    rows.append(line)
+
+    n = 2_000 // scale
+    c1 = spawn_case(me, "daisy_nb", "cpu", n, 1)
+    c2 = spawn_case(me, "daisy_nb", "cpu", n, 2)
+    line = {
+        "case": f"~1 ms pure-Python CPU, {n:,} blocks",
+        "daisy_nb": f"1 worker {c1['secs']:.2f} s, 2 workers {c2['secs']:.2f} s",
+        "ratio": f"{c1['secs'] / c2['secs']:.2f}x 2w/1w (target >= 1.8x)",
+    }
+    if ref:
+        d1 = spawn_case(ref, "daisy", "cpu", n, 1)
+        d2 = spawn_case(ref, "daisy", "cpu", n, 2)
+        line["daisy 2.0.0"] = f"1 worker {d1['secs']:.2f} s, 2 workers {d2['secs']:.2f} s"
+    rows.append(line)
+
+    n = 5_000 // scale
+    ideal = n * 0.001 / 2
+    # time.sleep(0.001) really sleeps longer (timer slack, wake-up latency): measure it, and give
+    # the fraction both of the nominal ideal and of what two back-to-back sleepers can achieve
+    t = time.perf_counter()
+    for _ in range(500):
+        time.sleep(0.001)
+    real_sleep = (time.perf_counter() - t) / 500
+    achievable = n * real_sleep / 2
+    s = spawn_case(me, "daisy_nb", "sleep", n, 2)
+    line = {
+        "case": f"1 ms sleep, {n:,} blocks, 2 workers (sleep(0.001) takes {real_sleep * 1000:.3f} ms here)",
+        "daisy_nb": f"{s['secs']:.2f} s = {ideal / s['secs']:.0%} of nominal ideal {ideal:.2f} s, "
+        f"{achievable / s['secs']:.0%} of achievable {achievable:.2f} s",
+        "ratio": "(target >= 90 %)",
+    }
+    if ref:
+        d = spawn_case(ref, "daisy", "sleep", n, 2)
+        line["daisy 2.0.0"] = f"{d['secs']:.2f} s = {ideal / d['secs']:.0%} nominal, {achievable / d['secs']:.0%} achievable"
+    rows.append(line)
+
+    a, b = latency(me, "daisy_nb")
+    ca, cb = latency(me, "daisy_nb", cold=True)
+    line = {
+        "case": "call -> first block / last block -> return (4 blocks, 1 worker)",
+        "daisy_nb": f"{a * 1000:.0f} ms / {b * 1000:.0f} ms (without JIT warm-up: {ca * 1000:.0f} ms / {cb * 1000:.0f} ms)",
+    }
+    if ref:
+        a, b = latency(ref, "daisy")
+        line["daisy 2.0.0"] = f"{a * 1000:.0f} ms / {b * 1000:.0f} ms"
+    rows.append(line)
+
+    cols = ["case", "daisy_nb", "daisy 2.0.0", "ratio"]
+    print(f"\nMachine: {os.cpu_count()} cores, Python {sys.version.split()[0]}; CPU block = {iters} iterations\n")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(r.get(c, "") for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()

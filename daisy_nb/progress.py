@@ -1,0 +1,231 @@
+"""What users see: tqdm bars per task, a JSON-lines observer, the execution summary.
+
+Observers get ``on_start/on_progress/on_finish(states)`` with a ``{task_id:
+TaskState}`` snapshot; the pool calls ``on_progress`` at most every 0.2 s and
+swallows observer exceptions. Looks follow daisy 2.0 (API.md 1.15/1.16); the
+summary adds time and blocks/s per task.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+__all__ = ["JsonProgressObserver", "TqdmObserver", "print_summary"]
+
+
+def _ordered(states, task_order):
+    if task_order is None:
+        return sorted(states)
+    seen = set(task_order)
+    return [t for t in task_order if t in states] + sorted(t for t in states if t not in seen)
+
+
+class TqdmObserver:
+    """One ``tqdm`` bar per task, in display order: ``"<task> ▶ ♻=<restarts>"``.
+
+    On a terminal bars refresh at most every 0.1 s; when stdout is not a terminal
+    (logs, CI) at most every 10 s, so a long run does not write a line per update.
+    """
+
+    def __init__(self, task_order=None, file=None):
+        self._order = list(task_order) if task_order else None
+        self._bars = {}
+        self._desc = {}
+        self._file = file
+
+    def _bar(self, tid, total):
+        bar = self._bars.get(tid)
+        if bar is None:
+            from tqdm.auto import tqdm
+
+            out = self._file if self._file is not None else sys.stderr
+            tty = getattr(out, "isatty", lambda: False)()
+            bar = tqdm(
+                total=total,
+                desc=f"{tid} ▶ ♻=0",
+                unit="block",
+                leave=True,
+                dynamic_ncols=True,
+                file=out,
+                mininterval=0.1 if tty else 10.0,
+                maxinterval=10.0 if tty else 60.0,
+            )
+            self._bars[tid] = bar
+            self._desc[tid] = f"{tid} ▶ ♻=0"
+        return bar
+
+    def _set_desc(self, tid, sym, restarts, refresh=False):
+        d = f"{tid} {sym} ♻={restarts}"
+        if self._desc.get(tid) != d:
+            self._bars[tid].set_description(d, refresh=refresh)
+            self._desc[tid] = d
+
+    def on_start(self, states):
+        for tid in _ordered(states, self._order):
+            self._bar(tid, int(states[tid].total_block_count))
+
+    def on_progress(self, states):
+        for tid in _ordered(states, self._order):
+            st = states[tid]
+            bar = self._bar(tid, int(st.total_block_count))
+            self._set_desc(tid, "▶", int(st.worker_restart_count))
+            bar.set_postfix(
+                {
+                    "⧗": int(st.pending_count),
+                    "▶": int(st.processing_count),
+                    "✔": int(st.completed_count),
+                    "✗": int(st.failed_count),
+                    "∅": int(st.orphaned_count),
+                },
+                refresh=False,
+            )
+            delta = int(st.completed_count) - bar.n
+            if delta > 0:
+                bar.update(delta)
+
+    def on_finish(self, states):
+        for tid in _ordered(states, self._order):
+            st = states[tid]
+            bar = self._bar(tid, int(st.total_block_count))
+            delta = int(st.completed_count) - bar.n
+            if delta > 0:
+                bar.update(delta)
+            sym = "✗" if st.failed_count else ("∅" if st.orphaned_count else "✔")
+            self._set_desc(tid, sym, int(st.worker_restart_count), refresh=True)
+            bar.close()
+
+
+class JsonProgressObserver:
+    """One JSON line per task per event (``start``/``progress``/``finish``), daisy 2.0's schema."""
+
+    def __init__(self, path=None, stream=None):
+        if path is not None and stream is not None:
+            raise ValueError("specify path OR stream, not both")
+        if path is not None:
+            self._sink = open(path, "w", buffering=1)
+            self._owns = True
+        else:
+            self._sink = stream if stream is not None else sys.stdout
+            self._owns = False
+
+    def _emit(self, event, states):
+        t = time.time()
+        for tid, st in states.items():
+            line = {
+                "t": t,
+                "event": event,
+                "task": tid,
+                "total": int(st.total_block_count),
+                "ready": int(st.ready_count),
+                "processing": int(st.processing_count),
+                "completed": int(st.completed_count),
+                "skipped": int(st.skipped_count),
+                "failed": int(st.failed_count),
+                "orphaned": int(st.orphaned_count),
+                "restarts": int(st.worker_restart_count),
+                "failures": int(st.worker_failure_count),
+            }
+            self._sink.write(json.dumps(line) + "\n")
+        try:
+            self._sink.flush()
+        except Exception:
+            pass
+
+    def on_start(self, states):
+        self._emit("start", states)
+
+    def on_progress(self, states):
+        self._emit("progress", states)
+
+    def on_finish(self, states):
+        self._emit("finish", states)
+        if self._owns:
+            try:
+                self._sink.close()
+            except Exception:
+                pass
+
+
+def print_summary(states, task_order=None, elapsed_per_task=None, *, interrupted=False, file=None):
+    """Print daisy's "Execution Summary" table, plus time and blocks/s per task.
+
+    Then the first failure's traceback (if any), timeout attribution, and where the
+    worker logs are. ``interrupted`` prefixes "Run interrupted; counts at shutdown:".
+    """
+    from daisy_nb import logging as dlog
+
+    out = file if file is not None else (sys.stdout or sys.__stdout__)
+
+    def p(s=""):
+        try:
+            print(s, file=out)
+        except ValueError:
+            pass
+
+    if interrupted:
+        p()
+        p("Run interrupted; counts at shutdown:")
+    p()
+    p("Execution Summary")
+    p("-----------------")
+    if not states:
+        return
+    elapsed_per_task = elapsed_per_task or {}
+    rows, failed_tasks = [], []
+    for tid in _ordered(states, task_order):
+        st = states[tid]
+        if st.failed_count > 0:
+            sym = "✗"
+            failed_tasks.append(tid)
+        elif st.orphaned_count > 0:
+            sym = "∅"
+        elif st.pending_count > 0 or st.processing_count > 0 or getattr(st, "ready_count", 0) > 0:
+            sym = "…"
+        else:
+            sym = "✔"
+        secs = float(elapsed_per_task.get(tid, 0.0) or 0.0)
+        ran = int(st.completed_count) - int(st.skipped_count) + int(st.failed_count)
+        rate = f"{ran / secs:,.0f}" if secs > 0 else "-"
+        rows.append((tid, sym, st.total_block_count, st.completed_count, st.skipped_count, st.failed_count,
+                     st.orphaned_count, f"{secs:.2f}s", rate))
+    name_w = max(len("task"), *(len(r[0]) for r in rows))
+    heads = [(name_w + 2, "task", "<"), (7, "blocks", ">"), (10, "completed", ">"), (7, "skipped", ">"),
+             (6, "failed", ">"), (8, "orphaned", ">"), (9, "time", ">"), (10, "blocks/s", ">")]
+    p()
+    p("    " + "  ".join(f"{h:{a}{w}}" for w, h, a in heads))
+    p("    " + "  ".join("─" * w for w, _, _ in heads))
+    for tid, sym, *vals in rows:
+        first = f"{tid} {sym}".ljust(name_w + 2)
+        p("    " + "  ".join([first] + [f"{v:>{w}}" for (w, _, _), v in zip(heads[1:], vals)]))
+    for tid in failed_tasks:
+        tb = getattr(states[tid], "first_worker_error", None)
+        if tb:
+            n_more = states[tid].failed_count - 1
+            p()
+            p(f"    First failure in task '{tid}':")
+            for line in str(tb).splitlines():
+                p(f"      {line}")
+            if n_more > 0:
+                p(f"      (+ {n_more} more failed blocks — see worker logs)")
+            break
+    for tid in _ordered(states, task_order):
+        st = states[tid]
+        reclaims = getattr(st, "timeout_reclaim_count", 0)
+        if reclaims:
+            t = getattr(st, "timeout_secs", None)
+            shown = f"{t:g}s" if t is not None else "the configured timeout"
+            default = " — the default" if t == 600.0 else ""
+            p()
+            p(f"    {reclaims} block attempt(s) in task '{tid}' exceeded the block timeout ({shown}{default}; "
+              "pass Task(timeout=...) to raise it for slow blocks)")
+    base = dlog.get_log_basedir()
+    if failed_tasks and base is not None and dlog.get_log_mode() != "console":
+        p()
+        if len(failed_tasks) == 1:
+            p(f"    See worker logs for details under {base / failed_tasks[0]}/")
+        else:
+            p(f"    See worker logs for failed tasks under {base}/")
+            for tid in failed_tasks:
+                p(f"      {base / tid}/")

@@ -1,0 +1,930 @@
+"""The worker pool: runs a :class:`daisy_nb.Scheduler` on worker processes.
+
+Design (numbers in ``benchmarks/bench_runtime.py``):
+
+* **Processes, exec'd.** Each worker is ``python -m daisy_nb.runtime.worker``
+  started with :class:`subprocess.Popen` in its own session (process group). This
+  is the ``spawn`` start method without ``multiprocessing``'s re-import of the
+  user's ``__main__``: daisy 2.0 scripts often have no ``if __name__ ==
+  "__main__"`` guard, and the wheel starts workers the same way. Never ``fork``:
+  this process runs numba and zarr threads. The user's function is serialized once
+  per task at run start (cloudpickle, else pickle); an unpicklable function fails
+  before any worker starts.
+* **Transport.** One shared-memory segment per block-function worker carries a
+  batch of block indices and ROI arrays one way and a status per block back
+  (layout in :mod:`._shm`); a socket pair per worker carries one-byte signals
+  ("run the batch", "done", "quit"). Nothing is pickled per block.
+* **Batching.** Per task, the batch size starts at 1 and follows the measured
+  per-block time so that a batch takes about ``batch_target_secs`` (x4 growth per
+  batch at most), capped by ``ceil(ready / workers)`` so that workers share the
+  ready blocks and dependent levels are not held back by one worker's batch.
+  Blocks slower than the target go one at a time.
+* **Failure detection.** The main loop waits on every worker's socket, a pidfd
+  per worker process (its "sentinel": readable when it exits) and a wake-up pipe
+  (SIGINT, new client connections) with a 0.1 s timeout. A dead worker is seen at
+  once: blocks it finished count, the block it was running fails (an attempt), and
+  blocks of its batch it never started are given back (status 0). Timeouts are
+  read off shared memory (``cur``/``cur_start_ns``): the worker is killed.
+* **0-argument worker functions** run their own ``daisy_nb.Client`` loop over an
+  authenticated ``multiprocessing.connection`` listener on 127.0.0.1 (started
+  only when such a task exists); its address and authkey travel in
+  ``DAISY_CONTEXT``, so programs the worker launches connect too.
+
+Not done here: topological ordering, dependency bookkeeping, retries and tracking
+(the scheduler's job), and printing (``daisy_nb.progress``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import pickle
+import queue
+import secrets
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing import connection as mpc
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from daisy_nb import logging as dlog
+from daisy_nb.runtime import _shm
+from daisy_nb.runtime.client import _RELEASE, pack_block
+from daisy_nb.runtime.context import Context
+
+__all__ = ["function_arity", "run_pool", "serialize_function"]
+
+logger = logging.getLogger("daisy")
+
+# workers run ``python -m daisy_nb.runtime.worker``: make sure they import this very package
+_PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CAPACITY = 4096  # blocks per shared-memory batch
+POLL_SECS = 0.1  # main loop wake-up: timeouts, Ctrl-C, progress
+PROGRESS_SECS = 0.2
+FLUSH_SECS = 1.0
+SHUTDOWN_GRACE_SECS = 2.0  # after "quit", before SIGKILL
+WORKER_FUNCTION_GRACE_SECS = 10.0  # a worker function may clean up after its loop
+MAX_GROWTH = 4
+
+# worker states
+STARTING, IDLE, BUSY, PARKED, QUITTING, DEAD = range(6)
+
+
+def function_arity(fn) -> tuple[int, bool]:
+    """``(number of positional args without self, wants keyword-only context)``."""
+    spec = inspect.getfullargspec(fn)
+    args = [a for a in spec.args if a != "self"]
+    return len(args), "context" in (spec.kwonlyargs or [])
+
+
+def serialize_function(fn, task_id: str) -> bytes:
+    """cloudpickle (pickle if absent) the function once; a clear error if impossible."""
+    try:
+        import cloudpickle
+
+        dumps, how = cloudpickle.dumps, "cloudpickle"
+    except ImportError:  # pragma: no cover - cloudpickle is a dependency
+        dumps, how = pickle.dumps, "pickle (cloudpickle is not installed: module-level functions only)"
+    try:
+        return dumps(fn)
+    except Exception as e:
+        raise RuntimeError(
+            f"daisy_nb could not serialize the process_function of task '{task_id}' with {how}: every "
+            "worker is a separate process, so the function travels there together with what it captures. "
+            "Define it at module level, create locks/file handles/connections inside it rather than "
+            "capturing them, or run in-process with run_blockwise(..., multiprocessing=False). "
+            f"Underlying error: {e!r}"
+        ) from e
+
+
+class _TaskRun:
+    """Per-task runtime bookkeeping (the scheduler owns the block state)."""
+
+    def __init__(self, task, payload: bytes, arity: int, wants_context: bool, ndim: int):
+        self.task = task
+        self.tid = task.task_id
+        self.payload = payload
+        self.arity = arity
+        self.wants_context = wants_context
+        self.ndim = ndim
+        self.requires = {k: int(v) for k, v in (getattr(task, "requires", None) or {}).items()}
+        self.max_workers = max(1, int(task.max_workers))
+        self.max_restarts = int(getattr(task, "max_worker_restarts", 10))
+        t = getattr(task, "timeout_secs", None)
+        self.timeout_ns = None if t is None or t <= 0 or t == float("inf") else int(t * 1e9)
+        self.workers: set[_Worker] = set()
+        self.inflight = 0
+        self.batch_k = 1
+        self.next_slot = 0
+        self.abandoned = False
+        self.t_first = None
+        self.t_done = None
+        self.log_dir = None
+
+
+class _Worker:
+    def __init__(self, wid: int, tr: _TaskRun, slot: int):
+        self.wid = wid
+        self.tr = tr
+        self.slot = slot
+        self.state = STARTING
+        self.proc: subprocess.Popen | None = None
+        self.conn = None
+        self.pidfd = None
+        self.shm = None
+        self.arr = None
+        self.off = None
+        self.batch_index = None
+        self.n = 0
+        self.expected_exit = False
+        self.timed_out = False
+        self.acquired = 0
+        self.err_path = None
+        self.err_offset = 0
+        self.t_spawn = time.monotonic()
+
+
+class _ClientConn:
+    def __init__(self, conn):
+        self.conn = conn
+        self.tr: _TaskRun | None = None
+        self.wid = -1
+        self.held: dict[int, int] = {}  # block index -> monotonic_ns when sent
+        self.parked = False
+
+
+class _Pool:
+    def __init__(self, scheduler, resources, observer, batch_target_secs):
+        self.s = scheduler
+        self.order = list(scheduler.task_ids)
+        self.budget = {k: int(v) for k, v in (resources or {}).items()}
+        self.used = dict.fromkeys(self.budget, 0)
+        self.observer = observer
+        self.target = float(batch_target_secs)
+        self.trs: dict[str, _TaskRun] = {}
+        self.workers: dict[int, _Worker] = {}
+        self.by_obj: dict = {}  # waitable -> ("w", worker) | ("pidfd", worker) | ("c", client)
+        self.clients: dict = {}
+        self.pgids: list[int] = []
+        self.next_wid = 0
+        self.interrupted = False
+        self.listener = None
+        self.listen_thread = None
+        self.new_conns: queue.SimpleQueue = queue.SimpleQueue()
+        self.authkey = secrets.token_bytes(16)
+        self.port = 0
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        self.t_start = time.monotonic()
+        self.t_first_block = None
+        self.t_last_done = None
+        self.aborting = False
+
+    # ------------------------------------------------------------------ setup
+    def prepare(self):
+        for tid in self.order:
+            task = self.s.tasks[tid]
+            fn = task.process_function
+            if fn is None:
+                raise RuntimeError(
+                    f'invalid configuration: task "{tid}" has no process_function; distributed runs need one '
+                    "(daisy 2.0 would wait forever)"
+                )
+            try:
+                arity, wants_ctx = function_arity(fn)
+            except TypeError:  # builtins without a signature
+                arity, wants_ctx = 1, False
+            arity = getattr(task, "arity", None) if getattr(task, "arity", None) is not None else arity
+            arity = 1 if arity >= 1 else 0
+            # init_fn (daisy_nb extension): called once per block-function worker before its first block
+            payload = serialize_function((fn, getattr(task, "init_fn", None)), tid)
+            ndim = len(task.total_roi.shape) if getattr(task, "total_roi", None) is not None else 1
+            tr = _TaskRun(task, payload, arity, wants_ctx, ndim)
+            for k, v in tr.requires.items():
+                if v > self.budget.get(k, 0):
+                    raise ValueError(
+                        f'task "{tid}" requires {{{k}: {v}}} but the global budget only has '
+                        f"{{{k}: {self.budget.get(k, 0)}}}"
+                    )
+            self.trs[tid] = tr
+        if any(tr.arity == 0 for tr in self.trs.values()):
+            self._start_listener()
+
+    def _start_listener(self):
+        self.listener = mpc.Listener(("127.0.0.1", 0), authkey=self.authkey)
+        self.port = self.listener.address[1]
+        self.stop_listening = False
+
+        def accept_loop():
+            while not self.stop_listening:
+                try:
+                    conn = self.listener.accept()
+                except Exception:
+                    if self.stop_listening:
+                        return
+                    continue  # failed authentication or a poke
+                if self.stop_listening:
+                    conn.close()
+                    return
+                self.new_conns.put(conn)
+                self._wake()
+
+        self.listen_thread = threading.Thread(target=accept_loop, name="daisy_nb-listener", daemon=True)
+        self.listen_thread.start()
+
+    def _wake(self):
+        fd = self.wake_w
+        if fd is None:
+            return
+        try:
+            os.write(fd, b"x")
+        except OSError:
+            pass
+
+    # ----------------------------------------------------------------- workers
+    def _context(self, tr: _TaskRun, wid: int) -> Context:
+        base = dlog.get_log_basedir()
+        return Context(
+            hostname="127.0.0.1",
+            port=self.port,
+            task_id=tr.tid,
+            worker_id=wid,
+            logdir="" if base is None else str(base),
+            resource_tracking=0,
+            authkey=self.authkey.hex(),
+        )
+
+    def _spawn(self, tr: _TaskRun) -> None:
+        c = self.s.counters[tr.tid]
+        if c.worker_failure_count > c.worker_restart_count:
+            c.worker_restart_count += 1
+        c.worker_start_count += 1
+        wid = self.next_wid
+        self.next_wid += 1
+        w = _Worker(wid, tr, tr.next_slot)
+        tr.next_slot += 1
+        for k, v in tr.requires.items():
+            self.used[k] = self.used.get(k, 0) + v
+        setup = {
+            "sys_path": list(sys.path),
+            "log_basedir": None if dlog.get_log_basedir() is None else str(dlog.get_log_basedir()),
+            "log_mode": dlog.get_log_mode(),
+            "log_level": dlog.get_log_level(),
+            "task_id": tr.tid,
+            "worker_id": wid,
+            "arity": tr.arity,
+            "wants_context": tr.wants_context,
+            "capacity": CAPACITY,
+            "ndim": tr.ndim,
+        }
+        if tr.arity:
+            w.shm = shared_memory.SharedMemory(create=True, size=8 * _shm.words(CAPACITY, tr.ndim))
+            w.arr = np.ndarray((_shm.words(CAPACITY, tr.ndim),), dtype=np.int64, buffer=w.shm.buf)
+            w.off = _shm.offsets(CAPACITY, tr.ndim)
+            w.arr[: _shm.HDR] = 0
+            w.arr[_shm.H_CUR] = -1
+            setup["shm_name"] = w.shm.name
+        parent_end, child_end = mpc.Pipe(duplex=True)
+        logs = dlog.open_worker_logs(tr.tid, w.slot)
+        tee = logs is not None and dlog.get_log_mode() == "both"
+        if tee:  # console stays fd 1/2; the worker copies Python-level writes into the files
+            setup["tee_files"] = (logs[0].name, logs[1].name)
+        env = dict(os.environ)
+        env[Context.ENV_VARIABLE] = self._context(tr, wid).to_env()
+        env["PYTHONPATH"] = _PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        fd = child_end.fileno()
+        try:
+            w.proc = subprocess.Popen(
+                [sys.executable, "-m", "daisy_nb.runtime.worker", str(fd), str(os.getpid())],
+                pass_fds=(fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=logs[0] if logs and not tee else None,
+                stderr=logs[1] if logs and not tee else None,
+                env=env,
+                start_new_session=True,  # own process group: Ctrl-C is ours to handle, killpg reaps helpers
+            )
+        finally:
+            child_end.close()
+            if logs:
+                w.err_path = logs[1].name
+                w.err_offset = logs[1].tell()
+                logs[0].close()
+                logs[1].close()
+        self.pgids.append(w.proc.pid)
+        w.conn = parent_end
+        try:
+            parent_end.send_bytes(pickle.dumps(setup))
+            parent_end.send_bytes(tr.payload)
+        except OSError:
+            pass  # died already: its pidfd says so
+        if hasattr(os, "pidfd_open"):
+            try:
+                w.pidfd = os.pidfd_open(w.proc.pid)
+                self.by_obj[w.pidfd] = ("pidfd", w)
+            except OSError:
+                w.pidfd = None
+        if tr.arity:
+            self.by_obj[w.conn] = ("w", w)
+        else:
+            w.conn.close()  # worker functions talk through Client connections
+            w.conn = None
+            w.state = BUSY
+        self.workers[wid] = w
+        tr.workers.add(w)
+
+    def _kill(self, w: _Worker) -> None:
+        try:
+            os.killpg(w.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:
+                w.proc.kill()
+            except OSError:
+                pass
+
+    def _quit(self, w: _Worker) -> None:
+        w.expected_exit = True
+        if w.state == DEAD:
+            return
+        w.state = QUITTING
+        w.t_quit = time.monotonic()
+        if w.conn is not None:
+            try:
+                w.conn.send_bytes(b"Q")
+            except OSError:
+                pass
+
+    def _release_resources(self, tr: _TaskRun) -> None:
+        for k, v in tr.requires.items():
+            self.used[k] -= v
+
+    def _can_allocate(self, tr: _TaskRun) -> bool:
+        return all(self.used.get(k, 0) + v <= self.budget.get(k, 0) for k, v in tr.requires.items())
+
+    def _alive(self, tr: _TaskRun) -> int:
+        return sum(1 for w in tr.workers if w.state != QUITTING)
+
+    def _on_exit(self, w: _Worker) -> None:
+        """A worker process ended: account for its batch, decide dirty/clean, clean up."""
+        if w.state == DEAD:
+            return
+        tr = w.tr
+        rc = w.proc.wait()
+        if w.conn is not None:  # results it sent before dying still count
+            try:
+                while w.state == BUSY and w.conn.poll(0):
+                    self._on_worker_msg(w, w.conn.recv_bytes(), redispatch=False)
+            except (EOFError, OSError):
+                pass
+        was_busy = w.state == BUSY
+        if tr.arity and w.state == BUSY and w.n:
+            st = w.arr[w.off["status"] : w.off["status"] + w.n].copy()
+            # the block it was running fails (an attempt), except on Ctrl-C: then it is given back
+            st[st == 1] = 0 if self.aborting else 3
+            self.s.release_blocks(tr.tid, w.batch_index, st.astype(np.uint8))
+            tr.inflight -= w.n
+            w.n = 0
+        msg = None
+        if w.timed_out:
+            dirty = True
+        elif w.expected_exit or self.aborting:
+            dirty = False  # we asked it to quit, or killed it (shutdown, abandonment)
+        elif tr.arity:
+            dirty = True  # block workers only exit when told to
+        elif rc != 0:
+            dirty = True
+        else:
+            # a worker function that returns without asking for work would be respawned forever
+            dirty = w.acquired == 0 and self.s.ready_count(tr.tid) > 0
+            if dirty:
+                msg = "worker function returned without acquiring any block while blocks were ready"
+        w.state = DEAD
+        for obj in (w.conn, w.pidfd):
+            if obj is not None:
+                self.by_obj.pop(obj, None)
+        if w.conn is not None:
+            w.conn.close()
+        if w.pidfd is not None:
+            os.close(w.pidfd)
+        if w.shm is not None:
+            w.arr = None
+            w.shm.close()
+            w.shm.unlink()
+            w.shm = None
+        tr.workers.discard(w)
+        self.workers.pop(w.wid, None)
+        self._release_resources(tr)
+        if dirty:
+            self._kill(w)  # helpers it launched go too
+            c = self.s.counters[tr.tid]
+            c.worker_failure_count += 1
+            if msg is None:
+                if w.timed_out:
+                    msg = f"daisy worker process killed after a block exceeded timeout={tr.task.timeout_secs:g}s"
+                else:
+                    msg = f"daisy worker process exited with code {rc}" + (" while processing blocks" if was_busy else "")
+                tail = self._err_tail(w)
+                if tail:
+                    msg += "\nworker stderr tail:\n" + tail
+            c.last_worker_error = msg
+            if c.first_worker_error is None:
+                c.first_worker_error = msg
+            logger.warning("task %r: %s", tr.tid, msg.splitlines()[0])
+
+    def _err_tail(self, w: _Worker) -> str:
+        if not w.err_path:
+            return ""
+        try:
+            with open(w.err_path, "rb") as f:
+                f.seek(w.err_offset)
+                data = f.read()[-8192:]
+            return "\n".join(data.decode("utf-8", "replace").strip().splitlines()[-50:])
+        except OSError:
+            return ""
+
+    # ---------------------------------------------------------------- dispatch
+    def _batch_size(self, tr: _TaskRun, ready: int) -> int:
+        n = max(1, sum(1 for w in tr.workers if w.state in (IDLE, BUSY, PARKED)))
+        return max(1, min(tr.batch_k, -(-ready // n), CAPACITY))
+
+    def _nothing_left(self, tr: _TaskRun) -> bool:
+        return tr.abandoned or self.s.remaining_count(tr.tid) - tr.inflight <= 0
+
+    def _dispatch(self, w: _Worker) -> None:
+        tr = w.tr
+        if tr.abandoned or self.s.is_task_done(tr.tid):
+            self._quit(w)
+            return
+        ready = self.s.ready_count(tr.tid)
+        if ready > 0:
+            b = self.s.acquire_blocks(tr.tid, self._batch_size(tr, ready))
+            n = len(b.index)
+            if n:
+                a, o, nd = w.arr, w.off, tr.ndim
+                a[o["index"] : o["index"] + n] = b.index
+                a[o["spatial"] : o["spatial"] + n] = b.spatial_id
+                a[o["status"] : o["status"] + n] = 0
+                m = n * nd
+                a[o["read_offset"] : o["read_offset"] + m] = b.read_offset.reshape(-1)
+                a[o["read_shape"] : o["read_shape"] + m] = b.read_shape.reshape(-1)
+                a[o["write_offset"] : o["write_offset"] + m] = b.write_offset.reshape(-1)
+                a[o["write_shape"] : o["write_shape"] + m] = b.write_shape.reshape(-1)
+                a[_shm.H_N] = n
+                a[_shm.H_CUR] = -1
+                w.batch_index = np.array(b.index, dtype=np.int64)
+                w.n = n
+                tr.inflight += n
+                w.state = BUSY
+                if tr.t_first is None:
+                    tr.t_first = time.monotonic()
+                    if self.t_first_block is None:
+                        self.t_first_block = tr.t_first
+                try:
+                    w.conn.send_bytes(b"R")
+                except OSError:
+                    pass  # dead: the pidfd/EOF path accounts for the batch
+                return
+        if self._nothing_left(tr):
+            self._quit(w)
+        else:
+            w.state = PARKED
+
+    def _on_worker_msg(self, w: _Worker, msg: bytes, redispatch: bool = True) -> None:
+        tr = w.tr
+        kind = msg[:1]
+        if kind == b"I":
+            if w.state == STARTING:
+                w.state = IDLE
+                if redispatch:
+                    self._dispatch(w)
+        elif kind == b"D" and w.state == BUSY:
+            n = w.n
+            st = w.arr[w.off["status"] : w.off["status"] + n].astype(np.uint8)
+            st[st < 2] = 3  # cannot happen (the worker writes every status); be safe
+            elapsed = int(w.arr[_shm.H_ELAPSED])
+            self.s.release_blocks(tr.tid, w.batch_index, st)
+            tr.inflight -= n
+            w.n = 0
+            per_block = elapsed / n / 1e9
+            if per_block > 0:
+                want = int(self.target / per_block)
+                tr.batch_k = max(1, min(want, tr.batch_k * MAX_GROWTH, CAPACITY))
+            else:
+                tr.batch_k = min(tr.batch_k * MAX_GROWTH, CAPACITY)
+            if len(msg) > 1:
+                text = msg[1:].decode("utf-8", "replace")
+                c = self.s.counters[tr.tid]
+                c.last_worker_error = text
+                if c.first_worker_error is None:
+                    c.first_worker_error = text
+            w.state = IDLE
+            if redispatch:
+                self._dispatch(w)
+
+    # ----------------------------------------------------------------- clients
+    def _on_client_msg(self, cc: _ClientConn, msg: bytes) -> None:
+        kind = msg[:1]
+        if kind == b"H":
+            tid, wid = msg[1:].decode().split("\n")
+            cc.tr = self.trs.get(tid)
+            cc.wid = int(wid)
+            if cc.tr is None:
+                self._drop_client(cc)
+            return
+        tr = cc.tr
+        if tr is None:
+            self._drop_client(cc)
+            return
+        if kind == b"A":
+            cc.parked = True
+            self._serve_client(cc)
+        elif kind in (b"R", b"F"):
+            if kind == b"R":
+                index, status = _RELEASE.unpack_from(msg, 1)
+            else:
+                (index,) = struct.unpack_from("<q", msg, 1)
+                status = 3
+                text = msg[9:].decode("utf-8", "replace")
+                c = self.s.counters[tr.tid]
+                c.last_worker_error = text
+                if c.first_worker_error is None:
+                    c.first_worker_error = text
+            if cc.held.pop(index, None) is not None:  # else: reclaimed after a timeout
+                self.s.release_blocks(tr.tid, np.array([index], np.int64), np.array([2 if status == 2 else 3], np.uint8))
+                tr.inflight -= 1
+
+    def _serve_client(self, cc: _ClientConn) -> None:
+        tr = cc.tr
+        if not tr.abandoned and self.s.ready_count(tr.tid) > 0:
+            b = self.s.acquire_blocks(tr.tid, 1)
+            if len(b.index):
+                i = int(b.index[0])
+                msg = pack_block(
+                    i,
+                    int(b.spatial_id[0]),
+                    b.read_offset[0].tolist(),
+                    b.read_shape[0].tolist(),
+                    b.write_offset[0].tolist(),
+                    b.write_shape[0].tolist(),
+                )
+                cc.held[i] = time.monotonic_ns()
+                tr.inflight += 1
+                cc.parked = False
+                w = self.workers.get(cc.wid)
+                if w is not None:
+                    w.acquired += 1
+                if tr.t_first is None:
+                    tr.t_first = time.monotonic()
+                    if self.t_first_block is None:
+                        self.t_first_block = tr.t_first
+                try:
+                    cc.conn.send_bytes(msg)
+                except OSError:
+                    self._drop_client(cc)
+                return
+        if self._nothing_left(tr):
+            cc.parked = False
+            try:
+                cc.conn.send_bytes(b"N")
+            except OSError:
+                self._drop_client(cc)
+
+    def _drop_client(self, cc: _ClientConn) -> None:
+        self.by_obj.pop(cc.conn, None)
+        self.clients.pop(cc.conn, None)
+        try:
+            cc.conn.close()
+        except OSError:
+            pass
+        if cc.held and cc.tr is not None:
+            idx = np.array(list(cc.held), np.int64)
+            self.s.release_blocks(cc.tr.tid, idx, np.full(len(idx), 3, np.uint8))
+            cc.tr.inflight -= len(idx)
+            cc.held.clear()
+
+    # ------------------------------------------------------------------- loop
+    def _spawn_pass(self) -> None:
+        progress = True
+        while progress:
+            progress = False
+            for tid in self.order:
+                tr = self.trs[tid]
+                if tr.abandoned or self.s.is_task_done(tid) or self._alive(tr) >= tr.max_workers:
+                    continue
+                ready = self.s.ready_count(tid)
+                # block workers: only if the ready blocks are more than the idle/starting ones can take
+                waiting = sum(1 for w in tr.workers if w.state in (STARTING, PARKED, IDLE))
+                if ready <= waiting:
+                    continue
+                c = self.s.counters[tid]
+                if c.worker_failure_count > c.worker_restart_count and c.worker_restart_count >= tr.max_restarts:
+                    continue
+                if not self._can_allocate(tr):
+                    self._free_parked_for(tr)
+                    continue
+                self._spawn(tr)
+                progress = True
+
+    def _free_parked_for(self, tr: _TaskRun) -> None:
+        """A parked worker of another task must not hold budget a task with ready work needs."""
+        for w in list(self.workers.values()):
+            if w.tr is not tr and w.state == PARKED and set(w.tr.requires) & set(tr.requires):
+                self._quit(w)
+                return
+
+    def _check_abandon(self) -> None:
+        for tid in self.order:
+            tr = self.trs[tid]
+            if tr.abandoned or self.s.is_task_done(tid) or tr.workers:
+                continue
+            c = self.s.counters[tid]
+            if c.worker_failure_count > c.worker_restart_count and c.worker_restart_count >= tr.max_restarts:
+                for a in self.s.abandon_task(tid, "worker restart cap exhausted"):
+                    atr = self.trs[a]
+                    atr.abandoned = True
+                    for w in list(atr.workers):
+                        self._quit(w)
+                        if w.state != DEAD:
+                            self._kill(w)
+                    for cc in list(self.clients.values()):
+                        if cc.tr is atr:
+                            self._drop_client(cc)
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic_ns()
+        for w in list(self.workers.values()):
+            tr = w.tr
+            if tr.timeout_ns is None or w.timed_out:
+                continue
+            if w.state == BUSY and tr.arity:
+                cur = int(w.arr[_shm.H_CUR])
+                if cur >= 0 and now - int(w.arr[_shm.H_START]) > tr.timeout_ns:
+                    w.timed_out = True
+                    self.s.counters[tr.tid].timeout_reclaim_count += 1
+                    self._kill(w)
+        for cc in list(self.clients.values()):
+            tr = cc.tr
+            if tr is None or tr.timeout_ns is None:
+                continue
+            late = [i for i, t in cc.held.items() if now - t > tr.timeout_ns]
+            if not late:
+                continue
+            for i in late:
+                del cc.held[i]
+                self.s.counters[tr.tid].timeout_reclaim_count += 1
+            self.s.release_blocks(tr.tid, np.array(late, np.int64), np.full(len(late), 3, np.uint8))
+            tr.inflight -= len(late)
+            w = self.workers.get(cc.wid)
+            if w is not None and w.tr is tr:
+                w.timed_out = True
+                self._kill(w)
+            else:
+                self._drop_client(cc)
+
+    def _notify(self, what: str) -> None:
+        if self.observer is None:
+            return
+        try:
+            getattr(self.observer, what)(self.s.task_states)
+        except Exception:
+            pass  # observers never break a run
+
+    def _on_sigint(self, signum, frame):
+        self.interrupted = True
+        self._wake()
+
+    def run(self) -> None:
+        s = self.s
+        last_progress = last_flush = time.monotonic()
+        self._notify("on_start")
+        stalled = 0
+        draining_since = None
+        while True:
+            if self.interrupted:
+                raise KeyboardInterrupt("run aborted by SIGINT")
+            while not self.new_conns.empty():
+                conn = self.new_conns.get()
+                cc = _ClientConn(conn)
+                self.clients[conn] = cc
+                self.by_obj[conn] = ("c", cc)
+            done = s.is_done()
+            if not done:
+                for w in list(self.workers.values()):
+                    if w.state == PARKED:
+                        self._dispatch(w)
+                for cc in list(self.clients.values()):
+                    if cc.parked and cc.tr is not None:
+                        self._serve_client(cc)
+                self._check_abandon()
+                self._spawn_pass()
+                done = s.is_done()
+            now = time.monotonic()
+            for tid, tr in self.trs.items():
+                if tr.t_done is None and s.is_task_done(tid):
+                    tr.t_done = now
+            if done:
+                if draining_since is None:
+                    draining_since = now
+                    self.t_last_done = now
+                    self._notify("on_progress")
+                for w in list(self.workers.values()):
+                    if w.state in (IDLE, PARKED, STARTING):
+                        self._quit(w)
+                for cc in list(self.clients.values()):
+                    if cc.parked:
+                        self._serve_client(cc)
+                if not self.workers:
+                    break
+                for w in list(self.workers.values()):
+                    grace = SHUTDOWN_GRACE_SECS if w.tr.arity else WORKER_FUNCTION_GRACE_SECS
+                    if now - draining_since > grace:
+                        w.expected_exit = True
+                        self._kill(w)
+            elif not self.workers and not any(cc.held for cc in self.clients.values()):
+                if not any(s.ready_count(t) for t in self.order):
+                    stalled += 1
+                    if stalled > 20:
+                        raise RuntimeError("daisy_nb: the run stalled (no workers, no ready blocks, tasks not done)")
+            else:
+                stalled = 0
+            objs = list(self.by_obj)
+            objs.append(self.wake_r)
+            for obj in mpc.wait(objs, timeout=POLL_SECS):
+                if obj == self.wake_r:
+                    try:
+                        os.read(self.wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                    continue
+                entry = self.by_obj.get(obj)
+                if entry is None:
+                    continue
+                kind, x = entry
+                if kind == "w":
+                    try:
+                        while x.state != DEAD and obj in self.by_obj and obj.poll(0):
+                            self._on_worker_msg(x, obj.recv_bytes())
+                    except (EOFError, OSError):
+                        self.by_obj.pop(obj, None)  # the pidfd (or poll below) reports the exit
+                        if x.pidfd is None:
+                            self._on_exit(x)
+                elif kind == "pidfd":
+                    self._on_exit(x)
+                else:
+                    try:
+                        while obj in self.by_obj and obj.poll(0):
+                            self._on_client_msg(x, obj.recv_bytes())
+                    except (EOFError, OSError):
+                        self._drop_client(x)
+            for w in list(self.workers.values()):
+                if w.pidfd is None and w.proc.poll() is not None:
+                    self._on_exit(w)
+            self._check_timeouts()
+            now = time.monotonic()
+            if now - last_progress >= PROGRESS_SECS:
+                last_progress = now
+                self._notify("on_progress")
+            if now - last_flush >= FLUSH_SECS:
+                last_flush = now
+                s.flush_tracking()
+
+    def shutdown(self) -> None:
+        """End every worker (quit, then SIGKILL), close connections, unlink shared memory."""
+        for w in list(self.workers.values()):
+            if w.state != DEAD:
+                w.expected_exit = True
+                self._kill(w)
+        for w in list(self.workers.values()):
+            try:
+                w.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self._on_exit(w)
+        for cc in list(self.clients.values()):
+            self._drop_client(cc)
+        for pgid in self.pgids:  # helpers a worker function launched and left behind
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.listener is not None:
+            self.stop_listening = True
+            try:  # poke accept() so the thread sees the flag
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    pass
+            except OSError:
+                pass
+            self.listen_thread.join(timeout=2)
+            self.listener.close()
+        while not self.new_conns.empty():
+            try:
+                self.new_conns.get().close()
+            except OSError:
+                pass
+        wake_w, self.wake_w = self.wake_w, None
+        os.close(wake_w)
+        os.close(self.wake_r)
+
+
+def _resolve_observer(progress, task_order):
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        from daisy_nb.progress import TqdmObserver
+
+        return TqdmObserver(task_order=task_order)
+    return progress
+
+
+def run_pool(
+    scheduler,
+    *,
+    resources=None,
+    progress=True,
+    summary=True,
+    log_dir=None,
+    batch_target_secs: float = 0.01,
+):
+    """Run every task of ``scheduler`` on worker processes; returns ``{task_id: TaskState}``.
+
+    ``log_dir`` overrides ``daisy_nb.logging``'s basedir for this run. On SIGINT the
+    workers are ended, tracking is flushed, the partial summary printed and
+    ``KeyboardInterrupt`` raised with ``daisy_states``/``daisy_task_order``
+    attached. Abandoned tasks do not raise here (see :func:`raise_if_abandoned`).
+    """
+    from daisy_nb.progress import print_summary
+
+    saved_base = dlog.get_log_basedir()
+    if log_dir is not None:
+        dlog.set_log_basedir(log_dir)
+    pool = _Pool(scheduler, resources, _resolve_observer(progress, list(scheduler.task_ids)), batch_target_secs)
+    old_handler = None
+    in_main = threading.current_thread() is threading.main_thread()
+    interrupted = False
+    try:
+        try:
+            pool.prepare()
+            if in_main:
+                old_handler = signal.signal(signal.SIGINT, pool._on_sigint)
+            pool.run()
+        except KeyboardInterrupt:
+            interrupted = pool.aborting = True
+        except BaseException:
+            pool.aborting = True
+            raise
+        finally:
+            pool.shutdown()
+            scheduler.flush_tracking()
+            if in_main and old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
+        states = scheduler.task_states
+        pool._notify("on_finish")
+        elapsed = {}
+        for tid, tr in pool.trs.items():
+            t1 = tr.t_done or time.monotonic()
+            elapsed[tid] = (t1 - tr.t_first) if tr.t_first is not None else 0.0
+        if summary:
+            print_summary(states, pool.order, elapsed, interrupted=interrupted)
+        if interrupted:
+            e = KeyboardInterrupt("run aborted by SIGINT")
+            e.daisy_states = states
+            e.daisy_task_order = pool.order
+            raise e
+        run_pool.last_timing = {
+            "start_to_first_block": (pool.t_first_block - pool.t_start) if pool.t_first_block else None,
+            "last_block_to_exit": (time.monotonic() - pool.t_last_done) if pool.t_last_done else None,
+        }
+        return states
+    finally:
+        if log_dir is not None:
+            dlog.set_log_basedir(saved_base)
+
+
+run_pool.last_timing = {}
+
+
+def raise_if_abandoned(states, task_order) -> None:
+    """daisy 2.0 wheel: ``run_blockwise`` raises ``RuntimeError`` when a task was abandoned."""
+    for tid in task_order:
+        st = states[tid]
+        if getattr(st, "abandoned", False) and getattr(st, "abandon_reason", "") == "worker restart cap exhausted":
+            msg = (
+                f"task '{tid}' was abandoned (worker restart cap exhausted): workers failed "
+                f"{st.worker_failure_count} times, {st.worker_restart_count} restarts performed; "
+                f"{st.orphaned_count} of {st.total_block_count} blocks were orphaned."
+            )
+            if getattr(st, "last_worker_error", None):
+                msg += f" Last worker error: {st.last_worker_error}"
+            err = RuntimeError(msg)
+            err.daisy_states = states
+            err.daisy_task_order = list(task_order)
+            err.daisy_run_stats = None
+            raise err

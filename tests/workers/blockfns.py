@@ -1,0 +1,174 @@
+"""Block and worker functions for the runtime tests (imported by worker processes: keep light).
+
+Outputs go to files under ``$DAISY_NB_TEST_OUT`` (workers are separate processes).
+"""
+import os
+import signal
+import sys
+import time
+
+
+def out_dir():
+    return os.environ["DAISY_NB_TEST_OUT"]
+
+
+def _touch(name, text=""):
+    with open(os.path.join(out_dir(), name), "a") as f:
+        f.write(text)
+
+
+def attempt(block):
+    """Record one attempt; return how many attempts this block has had (1-based)."""
+    name = f"attempt_{block.task_id}_{block.spatial_id}"
+    _touch(name, "x")
+    return os.path.getsize(os.path.join(out_dir(), name))
+
+
+def done(block, extra=""):
+    r, w = block.read_roi, block.write_roi
+    _touch(f"done_{block.task_id}_{block.spatial_id}", f"{os.getpid()} {r.offset[0]} {w.shape[0]} {extra}\n")
+
+
+def noop(block):
+    pass
+
+
+def mark(block):
+    attempt(block)
+    done(block)
+
+
+def mark_and_print(block):
+    print(f"hello from block {block.spatial_id}")
+    mark(block)
+
+
+def check_numba(block):
+    done(block, "numba" if "numba" in sys.modules else "clean")
+
+
+def raise_first_attempt_and_block3(block):
+    n = attempt(block)
+    if block.spatial_id == 3:
+        raise ValueError(f"block 3 always fails (attempt {n})")
+    if n == 1 and block.spatial_id % 2 == 1:
+        raise RuntimeError("odd blocks fail on their first attempt")
+    done(block)
+
+
+def status_failed(block):
+    attempt(block)
+    if block.spatial_id == 0:
+        block.status = 3
+        return
+    done(block)
+
+
+def exit_once_on_5(block):
+    n = attempt(block)
+    if block.spatial_id == 5 and n == 1:
+        os._exit(1)
+    done(block)
+
+
+def sigkill_once_on_5(block):
+    n = attempt(block)
+    if block.spatial_id == 5 and n == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    done(block)
+
+
+def hang_on_2(block):
+    attempt(block)
+    if block.spatial_id == 2:
+        time.sleep(1000)
+    done(block)
+
+
+def always_exit(block):
+    attempt(block)
+    os._exit(3)
+
+
+def slow_mark(block):
+    """~50 ms block; records start/end timestamps to measure concurrency."""
+    t0 = time.time()
+    time.sleep(0.05)
+    _touch(f"span_{block.task_id}_{block.spatial_id}", f"{t0} {time.time()} {os.getpid()}\n")
+    done(block)
+
+
+def sleepy(block):
+    attempt(block)
+    time.sleep(0.2)
+    done(block)
+
+
+# ---- 0-argument worker functions -------------------------------------------------
+
+
+def client_loop():
+    import daisy_nb.runtime.client as c
+
+    client = c.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            mark(block)
+
+
+def client_loop_with_context(*, context):
+    import daisy_nb.runtime.client as c
+
+    _touch(f"context_{context['worker_id']}", context.to_env())
+    client = c.Client(context)
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            mark(block)
+
+
+def client_loop_raising():
+    import daisy_nb.runtime.client as c
+
+    client = c.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            n = attempt(block)
+            if block.spatial_id == 1 and n == 1:
+                raise ValueError("client block failed")
+            done(block)
+
+
+def launch_external():
+    import subprocess
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+    subprocess.run([sys.executable, script], check=True)
+
+
+def segfault_once_on_5(block):
+    n = attempt(block)
+    if block.spatial_id == 5 and n == 1:
+        import ctypes
+
+        ctypes.string_at(0)
+    done(block)
+
+
+def client_loop_hang_on_2():
+    import daisy_nb.runtime.client as c
+
+    client = c.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            attempt(block)
+            if block.spatial_id == 2:
+                time.sleep(1000)
+            done(block)
