@@ -1,0 +1,96 @@
+"""Command line: ``python -m daisy_nb`` / ``daisy-nb``.
+
+Subcommands:
+
+* ``status PATH [PATH...]``: counts of done / failed / never-finished blocks from
+  block tracking (:mod:`daisy_nb.status`), optionally ``--png FILE``;
+* ``demo``: the demo in :mod:`daisy_nb.demo`, imported only when asked for (it
+  brings its own options and optional dependencies).
+
+Exit codes: 0 success (``status``: every block done), 1 not complete, 2 bad
+input or a missing optional part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["build_parser", "main"]
+
+
+def _load_demo():
+    """The demo module, or an error message if it cannot be imported."""
+    try:
+        from . import demo
+    except ModuleNotFoundError as e:
+        if e.name in ("daisy_nb.demo", f"{__package__}.demo"):
+            return None, "the demo is not available in this version of daisy_nb (no module daisy_nb.demo)"
+        return None, (f"the demo needs {e.name!r}, which is not installed: "
+                      "pip install 'daisy_nb[demo]'")
+    if not (hasattr(demo, "add_arguments") and hasattr(demo, "main")):
+        return None, "daisy_nb.demo does not provide add_arguments(parser) and main(args)"
+    return demo, None
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from .status import main as status_main
+
+    return status_main(args)
+
+
+def build_parser(demo_module=None) -> argparse.ArgumentParser:
+    """The argument parser; the ``demo`` options are added only if ``demo_module`` is given."""
+    from . import __version__
+    from .status import add_arguments as status_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="python -m daisy_nb",
+        description="daisy_nb: a daisy-compatible blockwise task scheduler with Numba kernels.",
+    )
+    parser.add_argument("--version", action="version", version=f"daisy_nb {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p_status = sub.add_parser(
+        "status",
+        help="show done / failed / never-finished blocks from block tracking",
+        description=(
+            "Per task: grid shape, blocks done, blocks with failures and not done, blocks never "
+            "finished, percent done and the recorded failure counts. Reads stores written by "
+            "daisy_nb or daisy 2.0.0. Exit code 0 only if every block of every task is done, "
+            "1 otherwise, 2 for a bad path. Without the task layout options, every cell of the "
+            "tracking grid (ceil(total_roi / write_roi)) is counted as a block."
+        ),
+    )
+    status_arguments(p_status)
+    p_status.set_defaults(func=_run_status)
+    p_demo = sub.add_parser("demo", help="run the daisy_nb demo (daisy_nb[demo] extra)",
+                            add_help=demo_module is not None)
+    if demo_module is not None:
+        demo_module.add_arguments(p_demo)
+        p_demo.set_defaults(func=demo_module.main)
+    else:
+        p_demo.add_argument("demo_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        p_demo.set_defaults(func=None)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Entry point of ``python -m daisy_nb`` and the ``daisy-nb`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    demo_module = None
+    if argv and argv[0] == "demo":
+        demo_module, err = _load_demo()
+        if err:
+            print(f"daisy_nb demo: {err}", file=sys.stderr)
+            return 2
+    parser = build_parser(demo_module)
+    args = parser.parse_args(argv)
+    if args.command is None or args.func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    rc = args.func(args)
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
