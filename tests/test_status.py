@@ -471,6 +471,8 @@ def test_missing_matplotlib_and_demo(monkeypatch, tmp_path, capsys):
     assert main(["status", str(FIXTURE / "t2d"), "--png", str(tmp_path / "x.png")]) == 2
     assert "matplotlib" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "daisy_nb.demo", None)  # as if demo.py did not exist
+    monkeypatch.delattr(daisy_nb, "demo", raising=False)  # else `from . import demo` finds it
+    monkeypatch.chdir(tmp_path)  # never let a real demo run write into the checkout
     assert main(["demo"]) == 2
     assert "demo is not available" in capsys.readouterr().err
     assert main([]) == 2
