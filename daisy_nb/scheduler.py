@@ -477,6 +477,7 @@ class Scheduler:
             c[ks.C_PROC] = 0
             c[ks.C_ROOTS_LEFT] = 0
             c[ks.C_QLEN] = 0
+            c[ks.C_GIVEN] = 0
             self.tcfg[t, ks.F_STATE] = ks.ABANDONED
             self._abandon_reason[tid] = why
             out.append(tid)

@@ -48,8 +48,8 @@ PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED = 0, 1, 2, 3, 4, 5
 # release codes
 R_GIVE_BACK, R_SUCCESS, R_FAILED, R_SKIPPED = 0, 2, 3, 4
 # counters
-C_READY, C_PROC, C_COMPLETED, C_SKIPPED, C_FAILED, C_ORPHANED, C_QHEAD, C_QLEN, C_NEXT_ROOT, C_ROOTS_LEFT, C_STARTED = range(11)
-N_CNT = 11
+C_READY, C_PROC, C_COMPLETED, C_SKIPPED, C_FAILED, C_ORPHANED, C_QHEAD, C_QLEN, C_NEXT_ROOT, C_ROOTS_LEFT, C_STARTED, C_GIVEN = range(12)
+N_CNT = 12
 # task settings
 F_MAX_RETRIES, F_STATE = 0, 1
 N_CFG = 2
@@ -118,8 +118,11 @@ def _push_front(queue, cnt, info, t, row):
 
 @kernel
 def _pop(queue, cnt, info, t):
-    """Next block of task ``t``: roots first (lazily, in order), then the FIFO; -1 if none."""
-    if cnt[t, C_ROOTS_LEFT] > 0:
+    """Next block of task ``t``: given-back blocks (the first ``C_GIVEN`` FIFO entries),
+    then roots (lazily, in order), then the FIFO; -1 if none."""
+    if cnt[t, C_GIVEN] > 0:
+        cnt[t, C_GIVEN] -= 1
+    elif cnt[t, C_ROOTS_LEFT] > 0:
         row = cnt[t, C_NEXT_ROOT]
         cnt[t, C_NEXT_ROOT] += 1
         cnt[t, C_ROOTS_LEFT] -= 1
@@ -298,9 +301,11 @@ def release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
     for i in range(rows.shape[0]):
         r = rows[i]
         gi = info[t, I_BLOCK_BASE] + r
+        code = codes[i]
+        if code != R_SUCCESS and code != R_SKIPPED and code != R_FAILED:
+            continue  # give back: below
         if status[gi] != PROCESSING or tcfg[t, F_STATE] != RUNNING:
             continue
-        code = codes[i]
         if code == R_SUCCESS or code == R_SKIPPED:
             if _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
                            t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, r, buf_t, buf_row, buf_id) < 0:
@@ -325,11 +330,20 @@ def release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
                 _push_back(queue, cnt, info, t, r)
                 cnt[t, C_PROC] -= 1
                 cnt[t, C_READY] += 1
-        else:  # give back
-            status[gi] = READY
-            _push_front(queue, cnt, info, t, r)
-            cnt[t, C_PROC] -= 1
-            cnt[t, C_READY] += 1
+    # give-backs last and in reverse, so that they come out next and in their order
+    for i in range(rows.shape[0] - 1, -1, -1):
+        code = codes[i]
+        if code == R_SUCCESS or code == R_SKIPPED or code == R_FAILED:
+            continue
+        r = rows[i]
+        gi = info[t, I_BLOCK_BASE] + r
+        if status[gi] != PROCESSING or tcfg[t, F_STATE] != RUNNING:
+            continue
+        status[gi] = READY
+        _push_front(queue, cnt, info, t, r)
+        cnt[t, C_GIVEN] += 1  # handed out before the remaining roots (see _pop)
+        cnt[t, C_PROC] -= 1
+        cnt[t, C_READY] += 1
     return rows.shape[0]
 
 
@@ -361,6 +375,7 @@ def acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
                 # scratch buffers too small (cannot happen with the sizes the scheduler
                 # computes): undo the pop and report
                 _push_front(queue, cnt, info, t, r)
+                cnt[t, C_GIVEN] += 1
                 cnt[t, C_READY] += 1
                 cnt[t, C_PROC] -= 1
                 return -(1 + n)
