@@ -177,9 +177,16 @@ class Block:
         return (_rebuild_block, (self._task_id, self._spatial_id, self._read, self._write, self._status, self.index))
 
     def __repr__(self):
-        return f"{self._task_id}/{self._spatial_id} read={self.read_roi!r} write={self.write_roi!r}"
+        # daisy 2.0.0's format: ``t/4 read=Roi((10, 10), (20, 20)) write=Roi((15, 15), (10, 10))``
+        # (1-D: ``Roi((5), (10))``), not funlib's ``[10:30, 10:30] (20, 20)``
+        return f"{self._task_id}/{self._spatial_id} read={_roi_repr(self._read)} write={_roi_repr(self._write)}"
 
     __str__ = __repr__
+
+
+def _roi_repr(roi) -> str:
+    offset, shape = roi
+    return f"Roi(({', '.join(map(str, offset))}), ({', '.join(map(str, shape))}))"
 
 
 def _rebuild_block(task_id, spatial_id, read, write, status, index):

@@ -20,6 +20,7 @@ from .layout import BlockLayout, pack_layouts, roi_tuple
 __all__ = ["BlockwiseDependencyGraph", "GraphArrays"]
 
 _CHUNK = 4096
+_FIRST_CHUNK = 16
 _EMPTY1 = np.zeros(0, dtype=np.int64)
 
 
@@ -54,8 +55,15 @@ class _LazyBlocks(Sequence):
         return self._n
 
     def __iter__(self) -> Iterator:
-        for start in range(0, self._n, _CHUNK):
-            yield from self._make_chunk(start, min(self._n, start + _CHUNK))
+        # Chunks grow from _FIRST_CHUNK to _CHUNK: a first chunk of 4096 blocks allocates
+        # enough objects to trigger a full garbage collection, which takes 0.2-2 s in a
+        # process holding numba's compiled kernels, so the first block would not come "at once".
+        start, size = 0, _FIRST_CHUNK
+        while start < self._n:
+            stop = min(self._n, start + size)
+            yield from self._make_chunk(start, stop)
+            start = stop
+            size = min(2 * size, _CHUNK)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
