@@ -32,6 +32,7 @@ _LAZY = {
     "JsonProgressObserver": "daisy_nb.progress",
     "get_worker_log_basename": "daisy_nb.logging",
     "plot_block_states": "daisy_nb.plot",
+    "worker_state": "daisy_nb.dask",
 }
 
 __all__ = ["Block", "BlockStatus", "Coordinate", "Roi", *_LAZY]

@@ -20,6 +20,12 @@ def _serial(scheduler: Scheduler, progress, summary: bool):
                 f"invalid configuration: task {tid!r} has no 1-argument process_function; serial mode "
                 "(multiprocessing=False) calls process_function(block)"
             )
+    from .dask import set_worker_state
+
+    for tid in order:
+        init_fn = scheduler.tasks[tid].init_fn
+        if init_fn is not None and scheduler.tasks[tid].layout.num_blocks:
+            set_worker_state(tid, init_fn())
     t0 = {}
     t1 = {}
     try:

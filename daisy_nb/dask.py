@@ -1,0 +1,963 @@
+"""Run a pipeline on a ``dask.distributed`` cluster: ``run_blockwise(pipeline, executor=client)``.
+
+The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
+"driver") and owns all dependency state; dask only ever sees independent
+**batches** of ready blocks, never the block graph.
+
+* **Batches.** Each dask future runs :func:`_run_batch` on a batch of ready blocks
+  of one task, shipped as one small int64 array (index, spatial id, read/write
+  offsets and shapes); the worker rebuilds :class:`daisy_nb.Block` objects from it
+  (workers import ``daisy_nb.block`` and this module, never numba or the
+  scheduler). Per task the batch size starts at 1 and follows the measured
+  per-block time so that a batch carries about ``batch_target_secs`` of work (x4
+  growth per batch at most); blocks slower than that go one per future. A batch
+  never takes more than its share of the ready blocks (``ready / slots``), so a
+  narrow level of a conflict task is spread over the cluster.
+* **Keeping the cluster busy.** ``futures_per_thread`` futures per dask worker
+  thread are in flight (re-read when workers come or go); results are consumed
+  with :class:`distributed.as_completed` and replaced at once.
+* **Failures.** A block whose function raises (or sets ``block.status =
+  FAILED``) is released as failed (retried up to ``max_retries``, then a
+  permanent failure that orphans its dependents); the first traceback goes to the
+  summary. Futures are submitted with ``retries=0`` and ``pure=False``.
+* **Lost workers.** Every batch announces its start (worker address, pid) through
+  a dask event topic. When the scheduler reports a worker removed unexpectedly
+  (``remove-worker`` on the ``"all"`` topic), the batches that *started* there are
+  cancelled (so dask does not silently rerun them) and their blocks fail once and
+  are retried; batches that were merely queued there are left to dask, which runs
+  them elsewhere. A future that errors (``KilledWorker``, ``CancelledError``, a
+  deserialization error on the worker) fails its blocks once too. Each lost worker
+  counts as a worker failure of the task (``worker_failure_count``); after
+  ``max_worker_restarts`` of them the task is abandoned, as with the local pool.
+* **Timeouts.** A batch that has been running longer than ``timeout × its size``
+  is cancelled and its blocks fail (``timeout_reclaim_count``, and a worker
+  failure, as when the pool kills a worker). dask cannot stop a running Python
+  thread: the batch stops at its next block boundary (it checks whether its
+  future was cancelled before every block), but a block that never returns keeps
+  its worker thread busy until the worker is restarted. Until such a batch ends
+  (it says so with an event; the driver also asks the worker every 0.5 s), a
+  worker whose every thread is stuck gets no new batches (loose ``workers=``
+  restrictions, ``allow_other_workers=True``) and batches queued there are taken
+  back and resubmitted.
+* **Per-worker setup.** ``Task(init_fn=...)``: ``init_fn()`` runs once per dask
+  worker process per run (the first time a batch of the task runs there); the
+  block function gets its return value with :func:`worker_state`.
+* **Tracking, progress, Ctrl-C.** Successes are recorded in block tracking as they
+  are released (flushed about once a second and at the end). On Ctrl-C the
+  finished results are recorded, the other futures are cancelled and their blocks
+  given back, tracking is flushed, the partial summary printed and
+  ``KeyboardInterrupt`` raised.
+
+Not supported on dask: 0-argument worker functions (``daisy_nb.Client`` loops)
+and ``max_workers`` (the cluster's size is the parallelism). ``Task(requires=...)``
+becomes dask resource restrictions (``client.submit(..., resources=...)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+
+__all__ = ["run_dask", "worker_state"]
+
+logger = logging.getLogger("daisy")
+
+MAX_BATCH = 4096  # blocks per future
+MAX_GROWTH = 4
+PROGRESS_SECS = 0.2
+FLUSH_SECS = 1.0
+POLL_SECS = 0.05
+INLINE_PAYLOAD_BYTES = 1 << 20  # larger functions are scattered to the workers once
+TB_CAP_LINES = 50
+TB_CAP_BYTES = 8192
+
+# ============================================================================ worker side
+# Everything here runs inside dask worker processes: standard library, numpy (to
+# unpack the batch) and daisy_nb.block only.
+
+_RUNS: OrderedDict = OrderedDict()  # run token -> _WorkerRun
+_RUNS_LOCK = threading.Lock()
+_KEEP_RUNS = 8
+_current = threading.local()  # .run, .task_id while a batch runs in this thread
+_PROCESS_STATES: dict = {}  # task_id -> state, for runtimes other than dask
+
+
+class _WorkerRun:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.fns: dict = {}  # task_id -> (process_function, init_fn)
+        self.states: dict = {}  # task_id -> init_fn() result
+        self.init_locks: dict = {}
+
+
+def _cap(tb: str) -> str:
+    return "\n".join(tb.splitlines()[-TB_CAP_LINES:])[-TB_CAP_BYTES:]
+
+
+def _format_exc(e: BaseException) -> str:
+    from daisy_nb import logging as dlog
+
+    return dlog.format_traceback(type(e), e, e.__traceback__)
+
+
+def worker_state(task_id=None):
+    """What the task's ``init_fn()`` returned in this worker process.
+
+    Call it from a block function run by ``run_blockwise(..., executor=client)``;
+    ``task_id`` defaults to the task whose block is running. ``init_fn`` ran once
+    in this dask worker process (per run), before the first block of the task::
+
+        def open_volume():
+            return zarr.open("volume.zarr", mode="r+")
+
+        def process(block):
+            vol = daisy_nb.dask.worker_state()      # opened once per worker
+            ...
+
+        task = daisy_nb.Task(..., process_function=process, init_fn=open_volume)
+
+    Raises ``LookupError`` outside such a block function when no state is known.
+    """
+    run = getattr(_current, "run", None)
+    tid = task_id if task_id is not None else getattr(_current, "task_id", None)
+    if run is not None and tid in run.states:
+        return run.states[tid]
+    if tid is not None and tid in _PROCESS_STATES:
+        return _PROCESS_STATES[tid]
+    if tid is None and len(_PROCESS_STATES) == 1:  # a pool worker serves one task
+        return next(iter(_PROCESS_STATES.values()))
+    if tid is None:
+        raise LookupError("daisy_nb.dask.worker_state() was called outside a block function run by daisy_nb")
+    raise LookupError(f"no worker state for task {tid!r}: the task has no init_fn, or none ran in this process")
+
+
+def set_worker_state(task_id: str, state) -> None:
+    """Make ``worker_state(task_id)`` return ``state`` in this process (for other runtimes)."""
+    _PROCESS_STATES[task_id] = state
+
+
+def _worker_run(token: str) -> _WorkerRun:
+    with _RUNS_LOCK:
+        run = _RUNS.get(token)
+        if run is None:
+            run = _RUNS[token] = _WorkerRun()
+            while len(_RUNS) > _KEEP_RUNS:
+                _RUNS.popitem(last=False)
+        else:
+            _RUNS.move_to_end(token)
+        return run
+
+
+def _forget_run(token: str) -> None:
+    """Drop a finished run's functions and init states."""
+    with _RUNS_LOCK:
+        _RUNS.pop(token, None)
+
+
+def _executing_keys(dask_worker=None) -> list:
+    """Keys of the tasks running in this worker's threads (cancelled ones included)."""
+    try:
+        return [str(ts.key) for ts in dask_worker.state.executing]
+    except Exception:
+        return []
+
+
+async def _forget_run_async(token: str) -> None:
+    """``client.run(..., wait=False)`` at the end of a run (coroutines only)."""
+    _forget_run(token)
+
+
+def _setup(run: _WorkerRun, task_id: str, payload):
+    """The task's block function, running ``init_fn`` the first time (once per process)."""
+    entry = run.fns.get(task_id)
+    if entry is None:
+        with run.lock:
+            entry = run.fns.get(task_id)
+            if entry is None:
+                import pickle
+
+                entry = run.fns[task_id] = pickle.loads(payload)  # cloudpickle output loads with pickle
+                run.init_locks[task_id] = threading.Lock()
+    fn, init_fn = entry
+    if init_fn is not None and task_id not in run.states:
+        with run.init_locks[task_id]:  # threads of one worker: init once
+            if task_id not in run.states:
+                run.states[task_id] = init_fn()
+    return fn
+
+
+def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, nd: int) -> dict:
+    """Run one batch of blocks on a dask worker; a status per block and error texts back."""
+    from daisy_nb.block import Block
+
+    worker = key = wstate = None
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        key = worker.get_current_task()
+        wstate = worker.state.tasks
+    except Exception:  # not on a dask worker (direct call): no start event, no cancel check
+        worker = None
+    addr = worker.address if worker is not None else ""
+    pid = os.getpid()
+    if worker is not None:
+        try:
+            worker.log_event(topic, {"bid": bid, "worker": addr, "pid": pid})
+        except Exception:
+            pass
+    out = {"status": b"", "elapsed_ns": 0, "first_error": None, "last_error": None, "n_errors": 0,
+           "init_error": None, "worker": addr, "pid": pid}
+    run = _worker_run(token)
+    try:
+        fn = _setup(run, task_id, payload)
+    except Exception as e:
+        where = f"dask worker {addr} (pid {pid})"
+        out["init_error"] = f"init_fn of task {task_id!r} failed on {where}:\n" + _cap(_format_exc(e))
+        import sys
+
+        sys.stderr.write(out["init_error"] + "\n")
+        return out
+    rows = packed.tolist()
+    n = len(rows)
+    status = bytearray(n)
+    make = Block._make
+    a, b, c = 2 + nd, 2 + 2 * nd, 2 + 3 * nd
+    prev_run, prev_tid = getattr(_current, "run", None), getattr(_current, "task_id", None)
+    _current.run, _current.task_id = run, task_id
+    t0 = time.monotonic_ns()
+    cancelled = False
+    try:
+        for i, r in enumerate(rows):
+            if wstate is not None:
+                ts = wstate.get(key)
+                if ts is None or ts.state == "cancelled":
+                    cancelled = True  # the driver gave up on this batch (timeout, lost worker, Ctrl-C)
+                    break
+            blk = make(task_id, r[1], (tuple(r[2:a]), tuple(r[a:b])), (tuple(r[b:c]), tuple(r[c:])), r[0])
+            blk._status = 1
+            try:
+                fn(blk)
+                s = 3 if blk._status == 3 else 2
+            except Exception as e:
+                s = 3
+                tb = _format_exc(e)
+                import sys
+
+                sys.stderr.write(f"block {blk.block_id} failed:\n{tb}")
+                text = f"block {blk.block_id} failed on dask worker {addr} (pid {pid}):\n" + _cap(tb)
+                if out["first_error"] is None:
+                    out["first_error"] = text
+                out["last_error"] = text
+                out["n_errors"] += 1
+            status[i] = s
+    finally:
+        _current.run, _current.task_id = prev_run, prev_tid
+        if wstate is not None and not cancelled:
+            ts = wstate.get(key)
+            cancelled = ts is None or ts.state == "cancelled"
+        if cancelled:  # a batch the driver cancelled while it ran: its thread is free again
+            try:
+                worker.log_event(topic, {"bid": bid, "worker": addr, "pid": pid, "end": 1})
+            except Exception:
+                pass
+    out["elapsed_ns"] = time.monotonic_ns() - t0
+    out["status"] = bytes(status)
+    return out
+
+
+# ============================================================================ driver side
+
+
+class _Batch:
+    __slots__ = ("bid", "tid", "future", "index", "n", "t_submit", "t_start", "worker", "pid")
+
+    def __init__(self, bid, tid, future, index, t_submit):
+        self.bid = bid
+        self.tid = tid
+        self.future = future
+        self.index = index
+        self.n = len(index)
+        self.t_submit = t_submit
+        self.t_start = None
+        self.worker = None
+        self.pid = None
+
+
+class _TaskRun:
+    def __init__(self, task, payload: bytes):
+        self.task = task
+        self.tid = task.task_id
+        self.payload = payload
+        self.payload_arg = payload  # bytes, or a scattered future for large functions
+        self.ndim = len(task.total_roi.shape)
+        self.resources = {k: v for k, v in task.requires.items() if v} or None
+        t = task.timeout_secs
+        self.timeout = None if t is None or t <= 0 or t == float("inf") else float(t)
+        self.batch_k = 1
+        self.inflight = 0
+        self.abandoned = False
+        self.t_first = None
+        self.t_done = None
+        self.workers_seen: set = set()
+
+
+def _serialize(fn, init_fn, task_id: str) -> bytes:
+    try:
+        import cloudpickle
+
+        dumps, how = cloudpickle.dumps, "cloudpickle"
+    except ImportError:  # pragma: no cover - cloudpickle is a dependency
+        import pickle
+
+        dumps, how = pickle.dumps, "pickle (cloudpickle is not installed: module-level functions only)"
+    try:
+        return dumps((fn, init_fn))
+    except Exception as e:
+        raise RuntimeError(
+            f"daisy_nb could not serialize the process_function/init_fn of task '{task_id}' with {how}: "
+            "dask workers are separate processes (often on other machines), so the function travels there "
+            "together with what it captures. Define it at module level, create locks/file handles/connections "
+            f"inside it (or in init_fn) rather than capturing them. Underlying error: {e!r}"
+        ) from e
+
+
+def _ignore_event(event) -> None:
+    pass
+
+
+def _resolve_observer(progress, task_order):
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        from daisy_nb.progress import TqdmObserver
+
+        return TqdmObserver(task_order=task_order)
+    return progress
+
+
+class _DaskRun:
+    def __init__(self, scheduler, client, observer, batch_target_secs, futures_per_thread, max_batch):
+        from distributed import as_completed
+
+        self.s = scheduler
+        self.client = client
+        self.observer = observer
+        self.target = float(batch_target_secs)
+        self.per_thread = max(1, int(futures_per_thread))
+        self.max_batch = max(1, int(max_batch))
+        self.order = list(scheduler.task_ids)
+        self.token = uuid.uuid4().hex
+        self.topic = f"daisy_nb-start-{self.token}"
+        self.trs: dict[str, _TaskRun] = {}
+        self.inflight: dict[int, _Batch] = {}
+        self.by_key: dict = {}  # future key -> bid
+        self.next_bid = 0
+        self.rr = 0  # round-robin start over tasks
+        self.events: deque = deque()
+        self.ac = as_completed(with_results=True, raise_errors=False)
+        self.cond = self.ac.thread_condition
+        self.nthreads = 0
+        self.worker_threads: dict = {}  # address -> threads
+        self.zombies: dict = {}  # address -> {bid: key} of cancelled batches still running there
+        self.last_pullback = 0.0
+        self.pass_failures: dict = {}  # task id -> error text of futures that erred in this pass
+        self.workers_changed = True
+        self.interrupted = False
+        self.prev_all_handler = None
+        self.subscribed = False
+        self.t_start = time.monotonic()
+        self.t_first_block = None
+        self.t_last_done = None
+
+    # ------------------------------------------------------------------ setup
+    def prepare(self) -> None:
+        for tid in self.order:
+            task = self.s.tasks[tid]
+            if task.layout.num_blocks == 0:
+                continue
+            if task.process_function is None:
+                raise RuntimeError(
+                    f'invalid configuration: task "{tid}" has no process_function; distributed runs need one'
+                )
+            if task.arity != 1:
+                raise ValueError(
+                    f"invalid configuration: task {tid!r} has a 0-argument worker function (a daisy_nb.Client "
+                    "loop). run_blockwise(executor=dask_client) runs 1-argument block functions only: write "
+                    "process_function(block) (use Task(init_fn=...) and daisy_nb.dask.worker_state() for "
+                    "per-worker setup), or run this task with the local pool (no executor)."
+                )
+            tr = _TaskRun(task, _serialize(task.process_function, task.init_fn, tid))
+            self.trs[tid] = tr
+        for tr in self.trs.values():
+            if len(tr.payload) > INLINE_PAYLOAD_BYTES:
+                logger.warning(
+                    "task %r: the pickled process_function is %.1f MB; it is scattered to every dask worker. "
+                    "Load large objects in Task(init_fn=...) instead.", tr.tid, len(tr.payload) / 1e6,
+                )
+                tr.payload_arg = self.client.scatter(tr.payload, broadcast=True, hash=False)
+        self._refresh_nthreads()
+        needed = {k for tr in self.trs.values() for k in (tr.resources or {})}
+        if needed:
+            try:
+                info = self.client.scheduler_info(n_workers=-1)
+                have = {k for w in info.get("workers", {}).values() for k in (w.get("resources") or {})}
+            except Exception:
+                have = needed
+            missing = needed - have
+            if missing:
+                logger.warning(
+                    "tasks require dask worker resources %s that no current worker has: their blocks wait "
+                    "until workers started with --resources join the cluster", sorted(missing),
+                )
+
+    def subscribe(self) -> None:
+        client = self.client
+        handlers = getattr(client, "_event_handlers", {})
+        for topic in [t for t, h in handlers.items() if h is _ignore_event and t.startswith("daisy_nb-start-")]:
+            handlers.pop(topic, None)  # what earlier runs left behind
+        client.subscribe_topic(self.topic, self._on_start_event)
+        prev = handlers.get("all")
+        if getattr(prev, "_daisy_nb", False) or prev is _ignore_event:
+            prev = None  # left behind by an earlier run (unsubscribe_topic keeps the handler)
+        self.prev_all_handler = prev
+
+        def on_all(event):
+            self._on_cluster_event(event)
+            if prev is not None:
+                try:
+                    prev(event)
+                except Exception:
+                    pass
+
+        on_all._daisy_nb = True
+        client.subscribe_topic("all", on_all)
+        self.subscribed = True
+
+    def unsubscribe(self) -> None:
+        if not self.subscribed:
+            return
+        self.subscribed = False
+        client = self.client
+        handlers = getattr(client, "_event_handlers", {})
+        for topic in (self.topic, "all"):
+            try:
+                if topic == "all" and self.prev_all_handler is not None:
+                    client.subscribe_topic("all", self.prev_all_handler)
+                else:
+                    client.unsubscribe_topic(topic)
+                    # events already on their way still find a handler; a later run replaces it
+                    handlers[topic] = _ignore_event
+            except Exception:
+                pass
+
+    # -------------------------------------------------- event loop thread callbacks
+    def _wake(self) -> None:
+        with self.cond:
+            self.cond.notify()
+
+    def _on_start_event(self, event) -> None:
+        self.events.append(("start", time.monotonic(), event[1]))
+        self._wake()
+
+    def _on_cluster_event(self, event) -> None:
+        msg = event[1]
+        if not isinstance(msg, dict):
+            return
+        action = msg.get("action")
+        if action in ("add-worker", "remove-worker"):
+            self.events.append((action, time.monotonic(), msg))
+            self._wake()
+
+    # ---------------------------------------------------------------- helpers
+    def _refresh_nthreads(self) -> None:
+        self.workers_changed = False
+        try:
+            self.worker_threads = {k: int(v) for k, v in self.client.nthreads().items()}
+            self.nthreads = sum(self.worker_threads.values())
+        except Exception:
+            pass
+
+    def _slots(self) -> int:
+        busy = sum(min(len(z), self.worker_threads.get(a, 0)) for a, z in self.zombies.items())
+        return max(1, self.nthreads - busy) * self.per_thread
+
+    def _tainted(self) -> list:
+        """Workers whose every thread still runs a batch we cancelled (a hung block)."""
+        return [a for a, z in self.zombies.items() if z and len(z) >= self.worker_threads.get(a, 1)]
+
+    def _pull_back(self, now: float) -> None:
+        """Batches queued on a worker whose threads are all stuck: take them back."""
+        if not self.zombies or now - self.last_pullback < 0.5:
+            return
+        self.last_pullback = now
+        try:  # which cancelled batches still run (one may have ended just before its cancel)
+            running = self.client.run(_executing_keys, workers=list(self.zombies))
+        except Exception:
+            running = None
+        if running is not None:
+            for addr in list(self.zombies):
+                keys = set(running.get(addr, ()))
+                z = {bid: key for bid, key in self.zombies[addr].items() if key in keys}
+                if z:
+                    self.zombies[addr] = z
+                else:
+                    del self.zombies[addr]
+        tainted = self._tainted()
+        if not tainted:
+            return
+        try:
+            proc = self.client.processing(workers=tainted)
+        except Exception:
+            return
+        for keys in proc.values():
+            for key in keys:
+                bid = self.by_key.get(key)
+                b = self.inflight.get(bid) if bid is not None else None
+                if b is not None and b.t_start is None:
+                    self._drop(b, cancel=True)
+                    self._release(b, 0)  # never started: given back uncounted
+
+    def _notify(self, what: str) -> None:
+        if self.observer is None:
+            return
+        try:
+            getattr(self.observer, what)(self.s.task_states)
+        except Exception:
+            pass  # observers never break a run
+
+    def _record_error(self, tid: str, text: str) -> None:
+        c = self.s.counters[tid]
+        c.last_worker_error = text
+        if c.first_worker_error is None:
+            c.first_worker_error = text
+
+    def _worker_failure(self, tid: str, text: str) -> None:
+        """A batch lost to its worker (death, timeout, init_fn): the pool's dirty exit."""
+        c = self.s.counters[tid]
+        c.worker_failure_count += 1
+        self._record_error(tid, text)
+        logger.warning("task %r: %s", tid, text.splitlines()[0])
+        tr = self.trs[tid]
+        if tr.abandoned:
+            return
+        if c.worker_failure_count > tr.task.max_worker_restarts:
+            for a in self.s.abandon_task(tid, "worker restart cap exhausted"):
+                atr = self.trs.get(a)
+                if atr is None:
+                    continue
+                atr.abandoned = True
+                gone = [b for b in self.inflight.values() if b.tid == a]
+                for b in gone:
+                    self._drop(b, cancel=False)  # the scheduler counted them orphaned already
+                if gone:
+                    try:
+                        self.client.cancel([b.future for b in gone])
+                    except Exception:
+                        pass
+        else:
+            c.worker_restart_count += 1
+
+    def _drop(self, b: _Batch, cancel: bool) -> None:
+        self.inflight.pop(b.bid, None)
+        self.by_key.pop(b.future.key, None)
+        self.trs[b.tid].inflight -= b.n
+        if cancel:
+            try:
+                b.future.cancel()
+            except Exception:
+                pass
+
+    def _release(self, b: _Batch, status) -> None:
+        import numpy as np
+
+        st = np.asarray(status, dtype=np.uint8)
+        if st.ndim == 0:
+            st = np.full(b.n, int(st), np.uint8)
+        if not self.trs[b.tid].abandoned:
+            self.s.release_blocks(b.tid, b.index, st)
+
+    # ------------------------------------------------------------------ submit
+    def _submit_pass(self) -> None:
+        import numpy as np
+
+        free = self._slots() - len(self.inflight)
+        if free <= 0:
+            return
+        slots = self._slots()
+        T = len(self.order)
+        tainted = self._tainted()
+        healthy = None
+        if tainted:  # prefer workers with a free thread (loose: any worker if they go away)
+            healthy = [a for a in self.worker_threads if a not in tainted] or None
+        placement = {"workers": healthy, "allow_other_workers": True} if healthy else {}
+        progressed = True
+        while free > 0 and progressed:
+            progressed = False
+            for j in range(T):
+                if free <= 0:
+                    break
+                tid = self.order[(self.rr + j) % T]
+                tr = self.trs.get(tid)
+                if tr is None or tr.abandoned:
+                    continue
+                ready = self.s.ready_count(tid)
+                if ready <= 0:
+                    continue
+                k = max(1, min(tr.batch_k, -(-ready // slots), self.max_batch))
+                batch = self.s.acquire_blocks(tid, k)
+                n = len(batch.index)
+                if n == 0:
+                    progressed = True  # check_function may have skipped them all: look again
+                    continue
+                packed = np.concatenate(
+                    [batch.index[:, None], batch.spatial_id[:, None], batch.read_offset, batch.read_shape,
+                     batch.write_offset, batch.write_shape], axis=1,
+                ).astype(np.int64, copy=False)
+                bid = self.next_bid
+                self.next_bid += 1
+                fut = self.client.submit(
+                    _run_batch, self.token, self.topic, bid, tid, tr.payload_arg, packed, tr.ndim,
+                    key=f"daisy_nb-{tid}-{self.token[:8]}-{bid}", pure=False, retries=0,
+                    resources=tr.resources, **placement,
+                )
+                now = time.monotonic()
+                b = _Batch(bid, tid, fut, np.array(batch.index, dtype=np.int64), now)
+                self.inflight[bid] = b
+                self.by_key[fut.key] = bid
+                tr.inflight += n
+                if tr.t_first is None:
+                    tr.t_first = now
+                    if self.t_first_block is None:
+                        self.t_first_block = now
+                self.ac.add(fut)
+                free -= 1
+                progressed = True
+            self.rr = (self.rr + 1) % max(1, T)
+
+    # ----------------------------------------------------------------- results
+    def _on_result(self, fut, result) -> None:
+        bid = self.by_key.get(fut.key)
+        if bid is None:
+            return  # already accounted for (timeout, lost worker, abandonment)
+        b = self.inflight[bid]
+        tr = self.trs[b.tid]
+        self._drop(b, cancel=False)
+        if fut.status == "finished" and isinstance(result, dict):
+            import numpy as np
+
+            if result.get("worker"):
+                tr.workers_seen.add(result["worker"])
+                self.s.counters[b.tid].worker_start_count = len(tr.workers_seen)
+            if result.get("init_error"):
+                self._release(b, 0)  # never started: given back uncounted
+                self._worker_failure(b.tid, result["init_error"])
+                return
+            st = np.frombuffer(result["status"], dtype=np.uint8).copy()
+            if len(st) != b.n:  # cannot happen; be safe
+                st = np.resize(st, b.n)
+            st[(st != 2) & (st != 3)] = 0
+            self._release(b, st)
+            if result.get("first_error"):
+                c = self.s.counters[b.tid]
+                if c.first_worker_error is None:
+                    c.first_worker_error = result["first_error"]
+                c.last_worker_error = result["last_error"]
+            ran = int(np.count_nonzero(st))
+            if ran:
+                per_block = result["elapsed_ns"] / ran / 1e9
+                want = int(self.target / per_block) if per_block > 0 else self.max_batch
+                tr.batch_k = max(1, min(want, tr.batch_k * MAX_GROWTH, self.max_batch))
+            return
+        # the future erred or was cancelled behind our back: its blocks fail once
+        where = f" on dask worker {b.worker} (pid {b.pid})" if b.worker else ""
+        exc = result
+        if isinstance(result, tuple) and len(result) == 3:
+            exc = result[1]
+        name = type(exc).__name__ if isinstance(exc, BaseException) else str(fut.status)
+        if isinstance(exc, BaseException):
+            detail = _cap(_format_exc(exc)) if exc.__traceback__ is not None else f"{name}: {exc}"
+        else:
+            detail = repr(exc)
+        text = f"dask future of a batch of {b.n} block(s) of task {b.tid!r} failed{where} ({name}):\n{detail}"
+        self._release(b, 3)
+        if tr.payload_arg is not tr.payload and getattr(tr.payload_arg, "status", "finished") != "finished":
+            try:  # the scattered function was lost with its workers: scatter it again
+                tr.payload_arg = self.client.scatter(tr.payload, broadcast=True, hash=False)
+            except Exception:
+                pass
+        # one cluster event (a worker or the scheduler going away) errs many futures at
+        # once: count one worker failure per task per pass of the loop
+        self.pass_failures.setdefault(b.tid, text)
+
+    # ------------------------------------------------------------------ events
+    def _drain_events(self) -> None:
+        while self.events:
+            kind, t, msg = self.events.popleft()
+            if kind == "start":
+                if not isinstance(msg, dict):
+                    continue
+                if msg.get("end"):
+                    z = self.zombies.get(msg.get("worker"))
+                    if z is not None:
+                        z.pop(msg.get("bid"), None)
+                        if not z:
+                            del self.zombies[msg.get("worker")]
+                    continue
+                b = self.inflight.get(msg.get("bid"))
+                if b is not None:
+                    b.t_start = t  # a dask-side rerun restarts the clock
+                    b.worker = msg.get("worker")
+                    b.pid = msg.get("pid")
+            elif kind == "add-worker":
+                self.workers_changed = True
+            elif kind == "remove-worker":
+                self.workers_changed = True
+                self.zombies.pop(msg.get("worker"), None)
+                if msg.get("expected"):
+                    continue  # retired on purpose: dask reruns its tasks, nothing counted
+                addr = msg.get("worker")
+                lost = [b for b in self.inflight.values() if b.worker == addr and b.t_start is not None]
+                by_task: dict[str, list[_Batch]] = {}
+                for b in lost:
+                    by_task.setdefault(b.tid, []).append(b)
+                for tid, bs in by_task.items():
+                    pid = bs[0].pid
+                    nblk = sum(b.n for b in bs)
+                    for b in bs:
+                        self._drop(b, cancel=True)  # no silent rerun by dask
+                        self._release(b, 3)
+                    self._worker_failure(
+                        tid, f"dask worker {addr} (pid {pid}) was lost while running {nblk} block(s) of task {tid!r}"
+                    )
+
+    def _check_timeouts(self, now: float) -> None:
+        late = []
+        for b in self.inflight.values():
+            tr = self.trs[b.tid]
+            if tr.timeout is not None and b.t_start is not None and now - b.t_start > tr.timeout * b.n:
+                late.append(b)
+        for b in late:
+            if b.bid not in self.inflight:
+                continue  # dropped by an abandonment meanwhile
+            tr = self.trs[b.tid]
+            self._drop(b, cancel=True)
+            self._release(b, 3)
+            if b.worker:
+                self.zombies.setdefault(b.worker, {})[b.bid] = b.future.key
+                self.last_pullback = 0.0  # look for batches queued behind it at once
+            self.s.counters[b.tid].timeout_reclaim_count += 1
+            self._worker_failure(
+                b.tid,
+                f"a batch of {b.n} block(s) of task {b.tid!r} exceeded timeout={tr.timeout:g}s per block on dask "
+                f"worker {b.worker} (pid {b.pid}) and was cancelled",
+            )
+
+    # -------------------------------------------------------------------- loop
+    def run(self) -> None:
+        s = self.s
+        self._notify("on_start")
+        last_progress = last_flush = time.monotonic()
+        idle_since = None
+        while True:
+            if self.interrupted:
+                raise KeyboardInterrupt("run aborted by SIGINT")
+            if self.client.status in ("closing", "closed"):
+                raise RuntimeError("daisy_nb: the dask client was closed during the run")
+            self._consume()
+            self._drain_events()
+            if self.workers_changed:
+                self._refresh_nthreads()
+            now = time.monotonic()
+            self._check_timeouts(now)
+            self._pull_back(now)
+            done = s.is_done()
+            for tid, tr in self.trs.items():
+                if tr.t_done is None and s.is_task_done(tid):
+                    tr.t_done = now
+            if done:
+                self.t_last_done = now
+                break
+            self._submit_pass()
+            if not self.inflight:
+                if not any(s.ready_count(t) for t in self.trs):
+                    idle_since = idle_since or now
+                    if now - idle_since > 1.0:
+                        raise RuntimeError(
+                            "daisy_nb: the run stalled (nothing in flight, no ready blocks, tasks not done)"
+                        )
+            else:
+                idle_since = None
+            if now - last_progress >= PROGRESS_SECS:
+                last_progress = now
+                self._notify("on_progress")
+            if now - last_flush >= FLUSH_SECS:
+                last_flush = now
+                s.flush_tracking()
+            with self.cond:
+                if self.ac.queue.empty() and not self.events and not self.interrupted:
+                    self.cond.wait(POLL_SECS)
+        self._notify("on_progress")
+
+    def _consume(self) -> None:
+        for fut, result in self.ac.next_batch(block=False):
+            self._on_result(fut, result)
+        failures, self.pass_failures = self.pass_failures, {}
+        for tid, text in failures.items():
+            self._worker_failure(tid, text)
+
+    def shutdown(self, aborting: bool) -> None:
+        """Record finished results, cancel the rest (blocks given back), clean up."""
+        if aborting:
+            try:
+                self._consume()
+            except Exception:
+                pass
+        left = list(self.inflight.values())
+        if left:
+            try:
+                self.client.cancel([b.future for b in left])
+            except Exception:
+                pass
+            for b in left:
+                self._drop(b, cancel=False)
+                try:
+                    self._release(b, 0)
+                except Exception:
+                    pass
+        self.unsubscribe()
+        if self.next_bid:
+            try:
+                self.client.run(_forget_run_async, self.token, wait=False)
+            except Exception:
+                pass
+        for tr in self.trs.values():
+            if tr.payload_arg is not tr.payload:
+                try:
+                    tr.payload_arg.release()
+                except Exception:
+                    pass
+
+    def _on_sigint(self, signum, frame):
+        if self.interrupted:  # a second Ctrl-C: the driver may be stuck talking to the cluster
+            raise KeyboardInterrupt("run aborted by SIGINT")
+        self.interrupted = True
+
+
+def _as_client(executor):
+    """``(client, owned)`` from a Client, a Cluster object or a scheduler address."""
+    from distributed import Client
+
+    if isinstance(executor, Client):
+        return executor, False
+    if isinstance(executor, str) or hasattr(executor, "scheduler_address"):
+        return Client(executor), True
+    raise TypeError(
+        "executor must be a dask.distributed.Client, a dask Cluster or a scheduler address, "
+        f"got {type(executor).__name__}"
+    )
+
+
+def run_dask(
+    scheduler,
+    client,
+    *,
+    progress=True,
+    summary=True,
+    batch_target_secs: float = 0.1,
+    futures_per_thread: int = 2,
+    max_batch: int = MAX_BATCH,
+    raise_on_abandon: bool = True,
+):
+    """Run every task of ``scheduler`` on a dask cluster; returns ``{task_id: TaskState}``.
+
+    ``client`` is a ``distributed.Client`` (or a Cluster object / scheduler address:
+    a Client is opened and closed here). ``batch_target_secs`` is the work per
+    future, ``futures_per_thread`` the futures in flight per dask worker thread.
+    On SIGINT the futures are cancelled, tracking is flushed, the partial summary
+    printed and ``KeyboardInterrupt`` raised with ``daisy_states``/``daisy_task_order``
+    attached. A task abandoned after ``max_worker_restarts`` lost workers raises
+    ``RuntimeError`` (``raise_on_abandon``), like the local pool.
+    """
+    try:
+        import distributed  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "run_blockwise(executor=...) needs dask.distributed: pip install 'daisy_nb[dask]'"
+        ) from e
+    from daisy_nb.progress import print_summary
+
+    client, owned = _as_client(client)
+    run = _DaskRun(scheduler, client, _resolve_observer(progress, list(scheduler.task_ids)),
+                   batch_target_secs, futures_per_thread, max_batch)
+    in_main = threading.current_thread() is threading.main_thread()
+    old_handler = None
+    interrupted = False
+    import signal
+
+    try:
+        try:
+            run.prepare()
+            run.subscribe()
+            if in_main:
+                old_handler = signal.signal(signal.SIGINT, run._on_sigint)
+            run.run()
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            if in_main and old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
+            try:
+                run.shutdown(aborting=True)
+            finally:
+                scheduler.flush_tracking()
+        states = scheduler.task_states
+        run._notify("on_finish")
+        elapsed = {}
+        for tid in run.order:
+            tr = run.trs.get(tid)
+            if tr is None or tr.t_first is None:
+                elapsed[tid] = 0.0
+            else:
+                elapsed[tid] = (tr.t_done or time.monotonic()) - tr.t_first
+        if summary:
+            print_summary(states, run.order, elapsed, interrupted=interrupted)
+        if interrupted:
+            e = KeyboardInterrupt("run aborted by SIGINT")
+            e.daisy_states = states
+            e.daisy_task_order = run.order
+            raise e
+        run_dask.last_timing = {
+            "start_to_first_block": (run.t_first_block - run.t_start) if run.t_first_block else None,
+            "futures": run.next_bid,
+        }
+        if raise_on_abandon:
+            _raise_if_abandoned(states, run.order)
+        return states
+    finally:
+        if owned:
+            client.close()
+
+
+run_dask.last_timing = {}
+
+
+def _raise_if_abandoned(states, task_order) -> None:
+    for tid in task_order:
+        st = states[tid]
+        if st.abandoned and st.abandon_reason == "worker restart cap exhausted":
+            msg = (
+                f"task '{tid}' was abandoned (worker restart cap exhausted): dask workers failed "
+                f"{st.worker_failure_count} times running its blocks; {st.orphaned_count} of "
+                f"{st.total_block_count} blocks were orphaned."
+            )
+            if st.last_worker_error:
+                msg += f" Last worker error: {st.last_worker_error}"
+            err = RuntimeError(msg)
+            err.daisy_states = states
+            err.daisy_task_order = list(task_order)
+            raise err
