@@ -268,6 +268,7 @@ class Scheduler:
                 ks.seed_free_blocks(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
                                     e[1], e[2], in_ptr, in_e, self.status, self.queue, self.cnt, t)
         self._dependency_graph = None
+        self._fast_setup()
 
     def _may_have_free_blocks(self, t: int) -> bool:
         """False when every block of task t surely reads some upstream block."""
@@ -287,17 +288,35 @@ class Scheduler:
         return (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
                 e[0], e[1], e[2], e[3], e[4], p[0], p[1], p[2], p[3])
 
+    def _fast_setup(self):
+        # argument tuples and one-block buffers reused by the per-block API (each
+        # allocation or tuple build costs about as much as the kernel call itself)
+        k = self._kargs()
+        self._acq_args = k + (self.status, self.n_met, self.preskip, self.queue, self.cnt, self.tcfg)
+        self._rel_args = k + (self.status, self.n_met, self.retries, self.queue, self.cnt, self.tcfg)
+        tt = self._tt
+        self._desc_args = (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start)
+        maxnd = tt.geo.shape[2]
+        self._one = [
+            (np.empty(1, np.int64), np.empty((1, nd), np.int64), np.empty((1, nd), np.int64),
+             np.empty((1, nd), np.int64), np.empty((1, nd), np.int64))
+            for nd in self._ndim.tolist()
+        ]
+        self._row1 = np.empty(1, np.int64)
+        self._code1 = np.empty(1, np.uint8)
+        del maxnd
+
     def _t(self, task_id) -> int | None:
         return self._tindex.get(task_id)
 
     def _acquire_rows(self, t: int, max_n: int, out: np.ndarray) -> int:
-        n = ks.acquire(*self._kargs(), self.status, self.n_met, self.preskip, self.queue, self.cnt, self.tcfg, t, max_n, out, *self._buf)
+        n = ks.acquire(*self._acq_args, t, max_n, out, *self._buf)
         if n < 0:
             raise RuntimeError("internal error: scratch buffer too small")
         return n
 
     def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
-        n = ks.release(*self._kargs(), self.status, self.n_met, self.retries, self.queue, self.cnt, self.tcfg, t, rows, codes, *self._buf)
+        n = ks.release(*self._rel_args, t, rows, codes, *self._buf)
         if n < 0:
             raise RuntimeError("internal error: scratch buffer too small")
 
@@ -346,14 +365,16 @@ class Scheduler:
             return None
         check = self.tasks[task_id].check_function
         out = self._out1
+        ids, ro, rs, wo, ws = self._one[t]
         while True:
             if self._acquire_rows(t, 1, out) == 0:
                 return None
-            rows = out.copy()
-            ids, ro, rs, wo, ws = self._describe(t, rows)
+            kg.describe_rows(*self._desc_args, t, out, ids, ro, wo, rs, ws)
+            row = int(out[0])
             block = Block._make(task_id, int(ids[0]), (tuple(ro[0].tolist()), tuple(rs[0].tolist())),
-                                (tuple(wo[0].tolist()), tuple(ws[0].tolist())), int(rows[0]))
+                                (tuple(wo[0].tolist()), tuple(ws[0].tolist())), row)
             if check is not None and self._check(t, block):
+                rows = np.full(1, row, np.int64)
                 codes = np.full(1, ks.R_SKIPPED, np.uint8)
                 self._release_rows(t, rows, codes)
                 self._track(t, rows, codes)
@@ -375,10 +396,12 @@ class Scheduler:
         row = block.index
         if row < 0 or row >= self._layouts[t].num_blocks:
             row = self._row_of(t, block)
-        rows = np.full(1, row, np.int64)
-        codes = np.full(1, code, np.uint8)
+        rows, codes = self._row1, self._code1
+        rows[0] = row
+        codes[0] = code
         self._release_rows(t, rows, codes)
-        self._track(t, rows, codes)
+        if self.tracking:
+            self._track(t, rows, codes)
 
     def _row_of(self, t: int, block: Block) -> int:
         lay = self._layouts[t]

@@ -205,43 +205,170 @@ def _downstream(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_u
 
 
 @kernel
+def _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, lev, j):
+    """Upstream count of the block at level ``lev`` with in-level counter ``j`` (no allocation)."""
+    nd = info[t, I_NDIM]
+    lb = info[t, I_LEVEL_BASE]
+    n = 0
+    if lev > 0:
+        pl = lb + lev - 1
+        for c in range(conf_ptr[lb + t + lev], conf_ptr[lb + t + lev + 1]):
+            ok = True
+            for d in range(nd):
+                jj = j[d] + conf_jump[c, d]
+                if jj < 0 or jj >= lvl_cnt[pl, d]:
+                    ok = False
+                    break
+            if ok:
+                n += 1
+    for k in range(t_in_ptr[t], t_in_ptr[t + 1]):
+        e = t_in_e[k]
+        p = 1
+        for d in range(nd):
+            o = e_up_off[e, d] + lvl_off[lb + lev, d] + j[d] * geo[t, G_PERIOD, d]
+            p *= e_up[o, 1] - e_up[o, 0]
+            if p == 0:
+                break
+        n += p
+    return n
+
+
+@kernel
+def _down_lj(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row,
+             scr, out_t, out_row, out_lev, out_j):
+    """Downstream blocks of ``row`` as (task, row, level, in-level counter); like
+    :func:`_downstream` but without IDs and without allocating (``scr``: int64[8, maxnd])."""
+    nd = info[t, I_NDIM]
+    lb = info[t, I_LEVEL_BASE]
+    L = info[t, I_NLEVELS]
+    j = scr[0]
+    lev = row_to_counter(info, lvl_cnt, lvl_start, t, row, j)
+    cap = out_row.shape[0]
+    n = 0
+    jj = scr[2]
+    if lev + 1 < L:
+        nl = lb + lev + 1
+        for c in range(conf_ptr[lb + t + lev + 1], conf_ptr[lb + t + lev + 2]):
+            ok = True
+            for d in range(nd):
+                jj[d] = j[d] - conf_jump[c, d]
+                if jj[d] < 0 or jj[d] >= lvl_cnt[nl, d]:
+                    ok = False
+                    break
+            if ok:
+                if n < cap:
+                    out_t[n] = t
+                    out_lev[n] = lev + 1
+                    for d in range(nd):
+                        out_j[n, d] = jj[d]
+                    out_row[n] = counter_to_row(info, lvl_cnt, lvl_start, t, lev + 1, jj)
+                n += 1
+    if t_out_ptr[t] < t_out_ptr[t + 1]:
+        g = scr[1]
+        for d in range(nd):
+            g[d] = lvl_off[lb + lev, d] + j[d] * geo[t, G_PERIOD, d]
+        lo = scr[3]
+        hi = scr[4]
+        gv = scr[5]
+        for k in range(t_out_ptr[t], t_out_ptr[t + 1]):
+            e = t_out_e[k]
+            v = e_uv[e, 1]
+            vnd = info[v, I_NDIM]
+            vlb = info[v, I_LEVEL_BASE]
+            vL = info[v, I_NLEVELS]
+            total = 1
+            for d in range(vnd):
+                o = e_dn_off[e, d] + g[d]
+                lo[d] = e_dn[o, 0]
+                hi[d] = e_dn[o, 1]
+                gv[d] = lo[d]
+                total *= max(0, hi[d] - lo[d])
+            for _ in range(total):
+                if n < cap:
+                    idx = 0
+                    for d in range(vnd):
+                        kk = geo[v, G_PERIOD, d]
+                        idx = idx * kk + gv[d] % kk
+                    vlev = vL - 1 - idx
+                    rank = 0
+                    for d in range(vnd):
+                        jd = (gv[d] - lvl_off[vlb + vlev, d]) // geo[v, G_PERIOD, d]
+                        out_j[n, d] = jd
+                        rank = rank * lvl_cnt[vlb + vlev, d] + jd
+                    out_t[n] = v
+                    out_lev[n] = vlev
+                    out_row[n] = lvl_start[vlb + v + vlev] + rank
+                n += 1
+                for d in range(vnd - 1, -1, -1):
+                    gv[d] += 1
+                    if gv[d] < hi[d]:
+                        break
+                    gv[d] = lo[d]
+    if n > cap:
+        return -n
+    return n
+
+
+@kernel
 def _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-                t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, row, buf_t, buf_row, buf_id):
+                t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, row,
+                scr, buf_t, buf_row, buf_lev, buf_j, buf_id):
     """Propagate a success: count it at every downstream block; queue those now ready.
 
-    Newly ready blocks are appended to their task's FIFO in increasing spatial ID
-    order (daisy sorts ``downstream()`` by spatial ID). Returns 0, or -needed when the
-    scratch buffers are too small (nothing was changed then).
+    ``n_met[gi]`` holds 0 until a block is first reached, then (unmet upstream
+    blocks + 1): the upstream count is computed once per block, not once per
+    upstream success. Newly ready blocks are appended to their task's FIFO in
+    increasing spatial ID order (daisy sorts ``downstream()`` by spatial ID).
+    Returns 0, or -needed when the scratch buffers are too small (nothing changed then).
     """
-    n = _downstream(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row, buf_t, buf_row, buf_id)
+    n = _down_lj(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row,
+                 scr, buf_t, buf_row, buf_lev, buf_j)
     if n < 0:
         return n
     m = 0
     for i in range(n):
         v = buf_t[i]
-        r = buf_row[i]
-        gi = info[v, I_BLOCK_BASE] + r
-        n_met[gi] += 1
-        if status[gi] == PENDING and tcfg[v, F_STATE] == RUNNING:
-            need = n_upstream(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, v, r)
-            if n_met[gi] == need:
-                buf_t[m] = v
-                buf_row[m] = r
-                buf_id[m] = buf_id[i]
-                m += 1
+        gi = info[v, I_BLOCK_BASE] + buf_row[i]
+        if status[gi] != PENDING or tcfg[v, F_STATE] != RUNNING:
+            continue
+        rem = n_met[gi]
+        if rem == 0:
+            rem = _n_up_lj(tt_geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, v, buf_lev[i], buf_j[i]) + 1
+        rem -= 1
+        n_met[gi] = rem
+        if rem == 1:
+            buf_t[m] = v
+            buf_row[m] = buf_row[i]
+            buf_lev[m] = buf_lev[i]
+            for d in range(info[v, I_NDIM]):
+                buf_j[m, d] = buf_j[i, d]
+            m += 1
     if m > 1:
-        # order by (task, spatial id); m is small (the blocks freed by one success)
-        order = np.argsort(buf_id[:m], kind="mergesort")
-        tmp_t = buf_t[:m][order]
-        tmp_r = buf_row[:m][order]
-        order2 = np.argsort(tmp_t, kind="mergesort")
+        # order by (task, spatial id): IDs only for the few blocks that became ready
+        x = scr[6]
         for i in range(m):
-            buf_t[i] = tmp_t[order2[i]]
-            buf_row[i] = tmp_r[order2[i]]
+            v = buf_t[i]
+            vnd = info[v, I_NDIM]
+            vlb = info[v, I_LEVEL_BASE]
+            for d in range(vnd):
+                x[d] = lvl_off[vlb + buf_lev[i], d] + buf_j[i, d] * tt_geo[v, G_PERIOD, d] + tt_geo[v, G_IDOFF, d]
+            buf_id[i] = cantor(x, vnd)
+        for i in range(1, m):  # insertion sort: m is small
+            kt = buf_t[i]
+            kid = buf_id[i]
+            kr = buf_row[i]
+            p = i - 1
+            while p >= 0 and (buf_t[p] > kt or (buf_t[p] == kt and buf_id[p] > kid)):
+                buf_t[p + 1] = buf_t[p]
+                buf_id[p + 1] = buf_id[p]
+                buf_row[p + 1] = buf_row[p]
+                p -= 1
+            buf_t[p + 1] = kt
+            buf_id[p + 1] = kid
+            buf_row[p + 1] = kr
     for i in range(m):
         v = buf_t[i]
-        gi = info[v, I_BLOCK_BASE] + buf_row[i]
-        status[gi] = READY
+        status[info[v, I_BLOCK_BASE] + buf_row[i]] = READY
         _push_back(queue, cnt, info, v, buf_row[i])
         cnt[v, C_READY] += 1
     return 0
@@ -249,12 +376,11 @@ def _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, 
 
 @kernel
 def _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e,
-            status, cnt, tcfg, t, row, buf_t, buf_row, buf_id):
+            status, cnt, tcfg, t, row, scr, buf_t, buf_row, buf_lev, buf_j):
     """Orphan every PENDING block that transitively depends on ``row``. Returns the count,
     or -needed when the scratch buffers are too small for one block's downstream list."""
     stack_t = np.empty(16, dtype=np.int64)
     stack_r = np.empty(16, dtype=np.int64)
-    sp = 0
     stack_t[0] = t
     stack_r[0] = row
     sp = 1
@@ -263,7 +389,8 @@ def _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
         sp -= 1
         u = stack_t[sp]
         r = stack_r[sp]
-        n = _downstream(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, u, r, buf_t, buf_row, buf_id)
+        n = _down_lj(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, u, r,
+                     scr, buf_t, buf_row, buf_lev, buf_j)
         if n < 0:
             return n
         for i in range(n):
@@ -298,6 +425,10 @@ def release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
     too small for block ``i``'s downstream list (blocks before ``i`` are released; the
     scheduler sizes the buffers from the geometry so that this cannot happen).
     """
+    maxnd = tt_geo.shape[2]
+    scr = np.empty((8, maxnd), dtype=np.int64)
+    buf_lev = np.empty(buf_row.shape[0], dtype=np.int64)
+    buf_j = np.empty((buf_row.shape[0], maxnd), dtype=np.int64)
     for i in range(rows.shape[0]):
         r = rows[i]
         gi = info[t, I_BLOCK_BASE] + r
@@ -308,7 +439,7 @@ def release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
             continue
         if code == R_SUCCESS or code == R_SKIPPED:
             if _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-                           t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, r, buf_t, buf_row, buf_id) < 0:
+                           t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, r, scr, buf_t, buf_row, buf_lev, buf_j, buf_id) < 0:
                 return -(1 + i)
             status[gi] = DONE
             cnt[t, C_PROC] -= 1
@@ -318,7 +449,7 @@ def release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
         elif code == R_FAILED:
             if retries[gi] >= tcfg[t, F_MAX_RETRIES]:
                 if _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e,
-                           status, cnt, tcfg, t, r, buf_t, buf_row, buf_id) < 0:
+                           status, cnt, tcfg, t, r, scr, buf_t, buf_row, buf_lev, buf_j) < 0:
                     return -(1 + i)
                 status[gi] = FAILED
                 cnt[t, C_PROC] -= 1
@@ -360,6 +491,10 @@ def acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
     """
     if tcfg[t, F_STATE] != RUNNING:
         return 0
+    maxnd = tt_geo.shape[2]
+    scr = np.empty((8, maxnd), dtype=np.int64)
+    buf_lev = np.empty(buf_row.shape[0], dtype=np.int64)
+    buf_j = np.empty((buf_row.shape[0], maxnd), dtype=np.int64)
     n = 0
     while n < max_n:
         r = _pop(queue, cnt, info, t)
@@ -371,7 +506,7 @@ def acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
         cnt[t, C_STARTED] = 1
         if preskip[gi] != 0:
             if _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-                           t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, r, buf_t, buf_row, buf_id) < 0:
+                           t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, r, scr, buf_t, buf_row, buf_lev, buf_j, buf_id) < 0:
                 # scratch buffers too small (cannot happen with the sizes the scheduler
                 # computes): undo the pop and report
                 _push_front(queue, cnt, info, t, r)
