@@ -297,11 +297,7 @@ class Scheduler:
         tt = self._tt
         self._desc_args = (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start)
         maxnd = tt.geo.shape[2]
-        self._one = [
-            (np.empty(1, np.int64), np.empty((1, nd), np.int64), np.empty((1, nd), np.int64),
-             np.empty((1, nd), np.int64), np.empty((1, nd), np.int64))
-            for nd in self._ndim.tolist()
-        ]
+        self._one = [np.empty(2 + 4 * nd, np.int64) for nd in self._ndim.tolist()]
         self._row1 = np.empty(1, np.int64)
         self._code1 = np.empty(1, np.uint8)
         del maxnd
@@ -364,15 +360,18 @@ class Scheduler:
         if t is None:
             return None
         check = self.tasks[task_id].check_function
-        out = self._out1
-        ids, ro, rs, wo, ws = self._one[t]
+        out = self._one[t]
+        nd = int(self._ndim[t])
         while True:
-            if self._acquire_rows(t, 1, out) == 0:
+            n = ks.acquire_one(*self._acq_args, t, out, *self._buf)
+            if n <= 0:
+                if n < 0:
+                    raise RuntimeError("internal error: scratch buffer too small")
                 return None
-            kg.describe_rows(*self._desc_args, t, out, ids, ro, wo, rs, ws)
-            row = int(out[0])
-            block = Block._make(task_id, int(ids[0]), (tuple(ro[0].tolist()), tuple(rs[0].tolist())),
-                                (tuple(wo[0].tolist()), tuple(ws[0].tolist())), row)
+            v = out.tolist()
+            row = v[0]
+            block = Block._make(task_id, v[1], (tuple(v[2 : 2 + nd]), tuple(v[2 + nd : 2 + 2 * nd])),
+                                (tuple(v[2 + 2 * nd : 2 + 3 * nd]), tuple(v[2 + 3 * nd :])), row)
             if check is not None and self._check(t, block):
                 rows = np.full(1, row, np.int64)
                 codes = np.full(1, ks.R_SKIPPED, np.uint8)
@@ -383,10 +382,10 @@ class Scheduler:
 
     def release_block(self, block: Block) -> None:
         """Take a block back: SUCCESS completes it, FAILED retries or fails it for good."""
-        t = self._t(block.task_id)
+        t = self._tindex.get(block._task_id)
         if t is None:
             raise ValueError(f"block {block.block_id} belongs to no task of this scheduler")
-        status = block.status
+        status = block._status
         if status == BlockStatus.SUCCESS:
             code = ks.R_SUCCESS
         elif status == BlockStatus.FAILED:
@@ -399,7 +398,8 @@ class Scheduler:
         rows, codes = self._row1, self._code1
         rows[0] = row
         codes[0] = code
-        self._release_rows(t, rows, codes)
+        if ks.release(*self._rel_args, t, rows, codes, *self._buf) < 0:
+            raise RuntimeError("internal error: scratch buffer too small")
         if self.tracking:
             self._track(t, rows, codes)
 

@@ -30,6 +30,7 @@ import numpy as np
 from ._jit import kernel
 from .graph import (
     G_GRID,
+    describe_rows,
     G_PERIOD,
     I_BLOCK_BASE,
     I_LEVEL_BASE,
@@ -242,7 +243,19 @@ def _down_lj(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, 
     lb = info[t, I_LEVEL_BASE]
     L = info[t, I_NLEVELS]
     j = scr[0]
-    lev = row_to_counter(info, lvl_cnt, lvl_start, t, row, j)
+    memo = scr[7]  # (task, row, level) whose counter scr[0] holds: batches release runs of rows
+    if memo[0] == t and memo[1] + 1 == row and row < lvl_start[lb + t + memo[2] + 1]:
+        lev = memo[2]
+        for d in range(nd - 1, -1, -1):
+            j[d] += 1
+            if j[d] < lvl_cnt[lb + lev, d]:
+                break
+            j[d] = 0
+    else:
+        lev = row_to_counter(info, lvl_cnt, lvl_start, t, row, j)
+    memo[0] = t
+    memo[1] = row
+    memo[2] = lev
     cap = out_row.shape[0]
     n = 0
     jj = scr[2]
@@ -426,7 +439,8 @@ def release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
     scheduler sizes the buffers from the geometry so that this cannot happen).
     """
     maxnd = tt_geo.shape[2]
-    scr = np.empty((8, maxnd), dtype=np.int64)
+    scr = np.empty((8, max(maxnd, 3)), dtype=np.int64)
+    scr[7, 0] = -1
     buf_lev = np.empty(buf_row.shape[0], dtype=np.int64)
     buf_j = np.empty((buf_row.shape[0], maxnd), dtype=np.int64)
     for i in range(rows.shape[0]):
@@ -492,7 +506,8 @@ def acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
     if tcfg[t, F_STATE] != RUNNING:
         return 0
     maxnd = tt_geo.shape[2]
-    scr = np.empty((8, maxnd), dtype=np.int64)
+    scr = np.empty((8, max(maxnd, 3)), dtype=np.int64)
+    scr[7, 0] = -1
     buf_lev = np.empty(buf_row.shape[0], dtype=np.int64)
     buf_j = np.empty((buf_row.shape[0], maxnd), dtype=np.int64)
     n = 0
@@ -590,3 +605,27 @@ def rows_to_cells(tt_geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, cell_shape
             lin = lin * cell_shape[d] + cd
         out[i] = lin
     return rows.shape[0]
+
+
+@kernel
+def acquire_one(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+                t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, preskip, queue, cnt, tcfg, t, out, buf_t, buf_row, buf_id):
+    """The per-block API in one call: :func:`acquire` one block and describe it.
+
+    out: int64[2 + 4 * nd], written as (row, spatial id, read offset, read shape,
+    write offset, write shape). Returns 1, 0 when nothing is ready, or < 0 as acquire.
+    """
+    rows = out[:1]
+    n = acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+                t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, preskip, queue, cnt, tcfg, t, 1, rows, buf_t, buf_row, buf_id)
+    if n != 1:
+        return n
+    nd = info[t, I_NDIM]
+    ids = np.empty(1, dtype=np.int64)
+    geo4 = np.empty((4, 1, nd), dtype=np.int64)
+    describe_rows(tt_geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, ids, geo4[0], geo4[2], geo4[1], geo4[3])
+    out[1] = ids[0]
+    for a in range(4):
+        for d in range(nd):
+            out[2 + a * nd + d] = geo4[a, 0, d]
+    return 1

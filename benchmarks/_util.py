@@ -1,0 +1,168 @@
+"""Shared helpers of the benchmark scripts (subprocesses, memory probes, tables).
+
+Every figure a benchmark reports is measured in a child interpreter started by
+:func:`spawn` (the same script with ``--worker ...``), which prints one
+``RESULT {json}`` line. The parent only schedules the children and prints tables,
+so that daisy 2.0.0 (in its own virtual environment) and daisy_nb are timed the
+same way, in the same run.
+
+Memory: :func:`reset_peak` writes ``5`` to ``/proc/self/clear_refs``, which resets
+the kernel's peak-RSS mark (``VmHWM``, and with it ``ru_maxrss``) to the current
+RSS, so ``peak_rss() - rss()`` measured around a call is that call's own peak,
+not the interpreter's earlier high-water mark (imports, JIT warm-up). Where the
+file is not writable the delta is an upper bound and is flagged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+# -- child processes ----------------------------------------------------------------
+def child_env(extra: dict | None = None) -> dict:
+    """Environment for a child: daisy_nb from this checkout, no stray threads."""
+    env = dict(os.environ)
+    pp = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = ROOT + (os.pathsep + pp if pp else "")
+    # one thread per library: the machine is small and shared
+    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "RAYON_NUM_THREADS"):
+        env.setdefault(k, "1")
+    env.update(extra or {})
+    return env
+
+
+def spawn(python: str, script: str, args: list[str], env_extra: dict | None = None, timeout: float = 1800) -> dict:
+    """Run ``python script --worker args...`` in a fresh interpreter; return its RESULT dict."""
+    cmd = [python, script, "--worker", *map(str, args)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=child_env(env_extra), cwd=tempfile.gettempdir(), timeout=timeout)
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"child failed ({' '.join(cmd)}), rc={r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+
+
+def emit(result: dict) -> None:
+    """Child side: print the one RESULT line the parent parses."""
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# -- memory ---------------------------------------------------------------------------
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def rss() -> int:
+    """Current resident set size in bytes."""
+    return _status_kb("VmRSS") * 1024
+
+
+def peak_rss() -> int:
+    """``ru_maxrss`` in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak() -> bool:
+    """Reset the peak-RSS mark to the current RSS; False if the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakRss:
+    """``with PeakRss() as m: ...`` then ``m.delta``: the block's peak RSS above the RSS at entry."""
+
+    def __enter__(self):
+        self.exact = reset_peak()
+        self.before = rss()
+        return self
+
+    def __exit__(self, *exc):
+        self.delta = max(0, peak_rss() - self.before)
+        self.after = rss()
+
+
+# -- statistics and formatting ---------------------------------------------------------
+def stats(xs: list[float]) -> dict:
+    """best / median / worst of repeated timings and the spread (worst/best - 1)."""
+    xs = sorted(xs)
+    return {"best": xs[0], "median": statistics.median(xs), "worst": xs[-1], "n": len(xs),
+            "spread": xs[-1] / xs[0] - 1 if xs[0] > 0 else 0.0, "all": xs}
+
+
+def fmt_secs(s: float) -> str:
+    if s >= 100:
+        return f"{s:.0f} s"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.0f} µs"
+
+
+def fmt_timing(st: dict) -> str:
+    """``best (median, +spread% over n)``."""
+    if st["n"] == 1:
+        return fmt_secs(st["best"])
+    return f"{fmt_secs(st['best'])} (med {fmt_secs(st['median'])}, ±{st['spread'] * 100:.0f}% over {st['n']})"
+
+
+def fmt_rate(blocks: int, st: dict) -> str:
+    """Blocks/s at the best time, with the range over the repeats."""
+    best = blocks / st["best"]
+    if st["n"] == 1:
+        return f"{best:,.0f}/s"
+    worst = blocks / st["worst"]
+    return f"{best:,.0f}/s (worst {worst:,.0f}, n={st['n']})"
+
+
+def fmt_ratio(x: float, lo: float | None = None, hi: float | None = None) -> str:
+    s = f"{x:,.1f}x" if x < 100 else f"{x:,.0f}x"
+    if lo is not None and hi is not None:
+        s += f" [{lo:,.1f}–{hi:,.1f}]" if hi < 100 else f" [{lo:,.0f}–{hi:,.0f}]"
+    return s
+
+
+def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
+    ok = value >= target if higher_is_better else value < target
+    return "met" if ok else "**MISSED**"
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(out)
+
+
+def machine_note() -> str:
+    """One line about the machine and its load when the run started (the figures are noisy)."""
+    try:
+        load = os.getloadavg()
+        la = f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
+    except OSError:
+        la = "load average n/a"
+    return f"{os.cpu_count()} CPUs, {la}, python {sys.version.split()[0]}"
+
+
+def warm_daisy_nb() -> float:
+    """Compile or load every daisy_nb kernel (before any clock starts); returns its seconds."""
+    sys.path.insert(0, ROOT)
+    import daisy_nb.warmup
+
+    return daisy_nb.warmup.warmup()
