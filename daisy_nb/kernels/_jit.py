@@ -53,8 +53,3 @@ if CACHE:
     _drop_stale_cache()
 
 kernel = functools.partial(numba.njit, nogil=True, cache=CACHE)
-
-# For small helpers called per block from inside other kernels: numba passes every
-# array argument of a kernel-to-kernel call as a 7-word struct, which costs more
-# than the helper's work; inlining at the IR level removes the call.
-inline_kernel = functools.partial(numba.njit, nogil=True, cache=CACHE, inline="always")

@@ -9,7 +9,7 @@ its grid position ``g`` (per axis, in blocks from the total write ROI's begin) i
 
 import numpy as np
 
-from ._jit import inline_kernel, kernel
+from ._jit import kernel
 from .block_id import cantor
 
 # keep in sync with daisy_nb.layout (kernels do not import the Python layer)
@@ -66,7 +66,7 @@ def grid_to_row(geo, info, lvl_off, lvl_cnt, lvl_start, t, g):
     return lvl_start[lb + t + lev] + rank
 
 
-@inline_kernel
+@kernel
 def counter_to_row(info, lvl_cnt, lvl_start, t, lev, j):
     nd = info[t, I_NDIM]
     lb = info[t, I_LEVEL_BASE]

@@ -27,7 +27,7 @@ depend on it; a block is orphaned at most once (fixes CORE.md 10.2/10.7).
 
 import numpy as np
 
-from ._jit import inline_kernel, kernel
+from ._jit import kernel
 from .graph import (
     G_GRID,
     describe_rows,
@@ -99,7 +99,7 @@ def n_upstream(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_up
     return n
 
 
-@inline_kernel
+@kernel
 def _push_back(queue, cnt, info, t, row):
     nt = info[t, I_NBLOCKS]
     base = info[t, I_BLOCK_BASE]
@@ -205,7 +205,7 @@ def _downstream(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_u
     return n
 
 
-@inline_kernel
+@kernel
 def _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, lev, j):
     """Upstream count of the block at level ``lev`` with in-level counter ``j`` (no allocation)."""
     nd = info[t, I_NDIM]
@@ -322,123 +322,40 @@ def _down_lj(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, 
     return n
 
 
-@inline_kernel
-def _touch(tt_geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, status, n_met, tcfg,
-           v, r, lev, j, m, buf_t, buf_row, buf_lev, buf_j):
-    """Count one upstream success at block ``r`` of task ``v`` (level ``lev``, counter ``j``).
-
-    ``n_met[gi]`` holds 0 until a block is first reached, then (unmet upstream
-    blocks + 1), so the upstream count is computed once per block. A block that
-    became ready is appended to the buffers at ``m``; returns the new ``m``.
-    """
-    gi = info[v, I_BLOCK_BASE] + r
-    if status[gi] != PENDING or tcfg[v, F_STATE] != RUNNING:
-        return m
-    rem = n_met[gi]
-    if rem == 0:
-        rem = _n_up_lj(tt_geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, v, lev, j) + 1
-    rem -= 1
-    n_met[gi] = rem
-    if rem != 1:
-        return m
-    buf_t[m] = v
-    buf_row[m] = r
-    buf_lev[m] = lev
-    for d in range(info[v, I_NDIM]):
-        buf_j[m, d] = j[d]
-    return m + 1
-
-
 @kernel
 def _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
                 t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, row,
                 scr, buf_t, buf_row, buf_lev, buf_j, buf_id):
     """Propagate a success: count it at every downstream block; queue those now ready.
 
-    One pass over the downstream blocks (intra-task through the next level's
-    conflict offsets, inter-task through the per-axis interval tables), each
-    counted where it is found. Newly ready blocks are appended to their task's
-    FIFO in increasing spatial ID order (daisy sorts ``downstream()`` by spatial ID).
-    Returns 0, or -needed when the buffers are too small (cannot happen with the
-    sizes the scheduler computes from the geometry).
+    ``n_met[gi]`` holds 0 until a block is first reached, then (unmet upstream
+    blocks + 1): the upstream count is computed once per block, not once per
+    upstream success. Newly ready blocks are appended to their task's FIFO in
+    increasing spatial ID order (daisy sorts ``downstream()`` by spatial ID).
+    Returns 0, or -needed when the scratch buffers are too small (nothing changed then).
     """
-    nd = info[t, I_NDIM]
-    lb = info[t, I_LEVEL_BASE]
-    L = info[t, I_NLEVELS]
-    cap = buf_row.shape[0]
-    j = scr[0]
-    memo = scr[7]  # (task, row, level) whose counter scr[0] holds: batches release runs of rows
-    if memo[0] == t and memo[1] + 1 == row and row < lvl_start[lb + t + memo[2] + 1]:
-        lev = memo[2]
-        for d in range(nd - 1, -1, -1):
-            j[d] += 1
-            if j[d] < lvl_cnt[lb + lev, d]:
-                break
-            j[d] = 0
-    else:
-        lev = row_to_counter(info, lvl_cnt, lvl_start, t, row, j)
-    memo[0] = t
-    memo[1] = row
-    memo[2] = lev
+    n = _down_lj(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row,
+                 scr, buf_t, buf_row, buf_lev, buf_j)
+    if n < 0:
+        return n
     m = 0
-    jj = scr[2]
-    if lev + 1 < L:
-        nl = lb + lev + 1
-        for c in range(conf_ptr[lb + t + lev + 1], conf_ptr[lb + t + lev + 2]):
-            ok = True
-            for d in range(nd):
-                jj[d] = j[d] - conf_jump[c, d]
-                if jj[d] < 0 or jj[d] >= lvl_cnt[nl, d]:
-                    ok = False
-                    break
-            if ok:
-                if m >= cap:
-                    return -(cap + 1)
-                r = counter_to_row(info, lvl_cnt, lvl_start, t, lev + 1, jj)
-                m = _touch(tt_geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, status, n_met, tcfg,
-                           t, r, lev + 1, jj, m, buf_t, buf_row, buf_lev, buf_j)
-    if t_out_ptr[t] < t_out_ptr[t + 1]:
-        g = scr[1]
-        for d in range(nd):
-            g[d] = lvl_off[lb + lev, d] + j[d] * tt_geo[t, G_PERIOD, d]
-        lo = scr[3]
-        hi = scr[4]
-        gv = scr[5]
-        jv = scr[6]
-        for k in range(t_out_ptr[t], t_out_ptr[t + 1]):
-            e = t_out_e[k]
-            v = e_uv[e, 1]
-            vnd = info[v, I_NDIM]
-            vlb = info[v, I_LEVEL_BASE]
-            vL = info[v, I_NLEVELS]
-            total = 1
-            for d in range(vnd):
-                o = e_dn_off[e, d] + g[d]
-                lo[d] = e_dn[o, 0]
-                hi[d] = e_dn[o, 1]
-                gv[d] = lo[d]
-                total *= max(0, hi[d] - lo[d])
-            for _ in range(total):
-                if m >= cap:
-                    return -(cap + 1)
-                idx = 0
-                for d in range(vnd):
-                    kk = tt_geo[v, G_PERIOD, d]
-                    idx = idx * kk + gv[d] % kk
-                vlev = vL - 1 - idx
-                rank = 0
-                for d in range(vnd):
-                    jd = (gv[d] - lvl_off[vlb + vlev, d]) // tt_geo[v, G_PERIOD, d]
-                    jv[d] = jd
-                    rank = rank * lvl_cnt[vlb + vlev, d] + jd
-                r = lvl_start[vlb + v + vlev] + rank
-                m = _touch(tt_geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, status, n_met, tcfg,
-                           v, r, vlev, jv, m, buf_t, buf_row, buf_lev, buf_j)
-                for d in range(vnd - 1, -1, -1):
-                    gv[d] += 1
-                    if gv[d] < hi[d]:
-                        break
-                    gv[d] = lo[d]
+    for i in range(n):
+        v = buf_t[i]
+        gi = info[v, I_BLOCK_BASE] + buf_row[i]
+        if status[gi] != PENDING or tcfg[v, F_STATE] != RUNNING:
+            continue
+        rem = n_met[gi]
+        if rem == 0:
+            rem = _n_up_lj(tt_geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, v, buf_lev[i], buf_j[i]) + 1
+        rem -= 1
+        n_met[gi] = rem
+        if rem == 1:
+            buf_t[m] = v
+            buf_row[m] = buf_row[i]
+            buf_lev[m] = buf_lev[i]
+            for d in range(info[v, I_NDIM]):
+                buf_j[m, d] = buf_j[i, d]
+            m += 1
     if m > 1:
         # order by (task, spatial id): IDs only for the few blocks that became ready
         x = scr[6]
