@@ -889,7 +889,7 @@ def run_dask(
         raise ImportError(
             "run_blockwise(executor=...) needs dask.distributed: pip install 'daisy_nb[dask]'"
         ) from e
-    from daisy_nb.progress import print_summary
+    from daisy_nb.progress import finish_run, raise_if_abandoned
 
     client, owned = _as_client(client)
     run = _DaskRun(scheduler, client, _resolve_observer(progress, list(scheduler.task_ids)),
@@ -924,19 +924,13 @@ def run_dask(
                 elapsed[tid] = 0.0
             else:
                 elapsed[tid] = (tr.t_done or time.monotonic()) - tr.t_first
-        if summary:
-            print_summary(states, run.order, elapsed, interrupted=interrupted)
-        if interrupted:
-            e = KeyboardInterrupt("run aborted by SIGINT")
-            e.daisy_states = states
-            e.daisy_task_order = run.order
-            raise e
+        finish_run(states, run.order, elapsed, summary=summary, interrupted=interrupted)
         run_dask.last_timing = {
             "start_to_first_block": (run.t_first_block - run.t_start) if run.t_first_block else None,
             "futures": run.next_bid,
         }
         if raise_on_abandon:
-            _raise_if_abandoned(states, run.order)
+            raise_if_abandoned(states, run.order, "dask workers")
         return states
     finally:
         if owned:
@@ -946,18 +940,3 @@ def run_dask(
 run_dask.last_timing = {}
 
 
-def _raise_if_abandoned(states, task_order) -> None:
-    for tid in task_order:
-        st = states[tid]
-        if st.abandoned and st.abandon_reason == "worker restart cap exhausted":
-            msg = (
-                f"task '{tid}' was abandoned (worker restart cap exhausted): dask workers failed "
-                f"{st.worker_failure_count} times running its blocks; {st.orphaned_count} of "
-                f"{st.total_block_count} blocks were orphaned."
-            )
-            if st.last_worker_error:
-                msg += f" Last worker error: {st.last_worker_error}"
-            err = RuntimeError(msg)
-            err.daisy_states = states
-            err.daisy_task_order = list(task_order)
-            raise err

@@ -229,3 +229,35 @@ def print_summary(states, task_order=None, elapsed_per_task=None, *, interrupted
             p(f"    See worker logs for failed tasks under {base}/")
             for tid in failed_tasks:
                 p(f"      {base / tid}/")
+
+
+def finish_run(states, task_order, elapsed, *, summary: bool, interrupted: bool):
+    """End of a run, shared by every runtime: print the summary, then re-raise a Ctrl-C
+    as ``KeyboardInterrupt`` carrying the states (daisy 2.0 wheel behaviour)."""
+    if summary:
+        print_summary(states, task_order, elapsed, interrupted=interrupted)
+    if interrupted:
+        e = KeyboardInterrupt("run aborted by SIGINT")
+        e.daisy_states = states
+        e.daisy_task_order = list(task_order)
+        raise e
+
+
+def raise_if_abandoned(states, task_order, workers: str = "workers") -> None:
+    """daisy 2.0 wheel: a run with a task abandoned after its worker restart cap raises
+    ``RuntimeError`` with the states attached."""
+    for tid in task_order:
+        st = states[tid]
+        if getattr(st, "abandoned", False) and getattr(st, "abandon_reason", "") == "worker restart cap exhausted":
+            msg = (
+                f"task '{tid}' was abandoned (worker restart cap exhausted): {workers} failed "
+                f"{st.worker_failure_count} times, {st.worker_restart_count} restarts performed; "
+                f"{st.orphaned_count} of {st.total_block_count} blocks were orphaned."
+            )
+            if getattr(st, "last_worker_error", None):
+                msg += f" Last worker error: {st.last_worker_error}"
+            err = RuntimeError(msg)
+            err.daisy_states = states
+            err.daisy_task_order = list(task_order)
+            err.daisy_run_stats = None
+            raise err

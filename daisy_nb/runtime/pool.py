@@ -860,7 +860,7 @@ def run_pool(
     ``KeyboardInterrupt`` raised with ``daisy_states``/``daisy_task_order``
     attached. Abandoned tasks do not raise here (see :func:`raise_if_abandoned`).
     """
-    from daisy_nb.progress import print_summary
+    from daisy_nb.progress import finish_run
 
     saved_base = dlog.get_log_basedir()
     if log_dir is not None:
@@ -891,13 +891,7 @@ def run_pool(
         for tid, tr in pool.trs.items():
             t1 = tr.t_done or time.monotonic()
             elapsed[tid] = (t1 - tr.t_first) if tr.t_first is not None else 0.0
-        if summary:
-            print_summary(states, pool.order, elapsed, interrupted=interrupted)
-        if interrupted:
-            e = KeyboardInterrupt("run aborted by SIGINT")
-            e.daisy_states = states
-            e.daisy_task_order = pool.order
-            raise e
+        finish_run(states, pool.order, elapsed, summary=summary, interrupted=interrupted)
         run_pool.last_timing = {
             "start_to_first_block": (pool.t_first_block - pool.t_start) if pool.t_first_block else None,
             "last_block_to_exit": (time.monotonic() - pool.t_last_done) if pool.t_last_done else None,
@@ -913,18 +907,6 @@ run_pool.last_timing = {}
 
 def raise_if_abandoned(states, task_order) -> None:
     """daisy 2.0 wheel: ``run_blockwise`` raises ``RuntimeError`` when a task was abandoned."""
-    for tid in task_order:
-        st = states[tid]
-        if getattr(st, "abandoned", False) and getattr(st, "abandon_reason", "") == "worker restart cap exhausted":
-            msg = (
-                f"task '{tid}' was abandoned (worker restart cap exhausted): workers failed "
-                f"{st.worker_failure_count} times, {st.worker_restart_count} restarts performed; "
-                f"{st.orphaned_count} of {st.total_block_count} blocks were orphaned."
-            )
-            if getattr(st, "last_worker_error", None):
-                msg += f" Last worker error: {st.last_worker_error}"
-            err = RuntimeError(msg)
-            err.daisy_states = states
-            err.daisy_task_order = list(task_order)
-            err.daisy_run_stats = None
-            raise err
+    from daisy_nb.progress import raise_if_abandoned as _raise
+
+    _raise(states, task_order, "workers")
