@@ -18,7 +18,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _warm_kernels():
+def _warm_kernels(tmp_path_factory):
+    from daisy_nb import logging as dlog
     from daisy_nb.warmup import warmup
 
     warmup()
+    # worker logs of runs that do not choose a log directory go to a temp dir,
+    # not ./daisy_logs in the checkout
+    dlog.set_log_basedir(tmp_path_factory.mktemp("daisy_logs"))
