@@ -330,15 +330,6 @@ def _ignore_event(event) -> None:
     pass
 
 
-def _resolve_observer(progress, task_order):
-    if progress is None or progress is False:
-        return None
-    if progress is True:
-        from daisy_nb.progress import TqdmObserver
-
-        return TqdmObserver(task_order=task_order)
-    return progress
-
 
 class _DaskRun:
     def __init__(self, scheduler, client, observer, batch_target_secs, futures_per_thread, max_batch):
@@ -889,10 +880,10 @@ def run_dask(
         raise ImportError(
             "run_blockwise(executor=...) needs dask.distributed: pip install 'daisy_nb[dask]'"
         ) from e
-    from daisy_nb.progress import finish_run, raise_if_abandoned
+    from daisy_nb.progress import finish_run, raise_if_abandoned, resolve_observer
 
     client, owned = _as_client(client)
-    run = _DaskRun(scheduler, client, _resolve_observer(progress, list(scheduler.task_ids)),
+    run = _DaskRun(scheduler, client, resolve_observer(progress, list(scheduler.task_ids)),
                    batch_target_secs, futures_per_thread, max_batch)
     in_main = threading.current_thread() is threading.main_thread()
     old_handler = None

@@ -261,3 +261,12 @@ def raise_if_abandoned(states, task_order, workers: str = "workers") -> None:
             err.daisy_task_order = list(task_order)
             err.daisy_run_stats = None
             raise err
+
+
+def resolve_observer(progress, task_order):
+    """``progress=`` of run_blockwise: True -> tqdm bars, False/None -> none, else the object."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return TqdmObserver(task_order=task_order)
+    return progress

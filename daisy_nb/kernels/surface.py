@@ -72,31 +72,9 @@ def _grid_of_row(geo, info, lvl_off, lvl_cnt, lvl_start, t, row, j, g):
 @kernel
 def n_upstream(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, row):
     """Number of upstream blocks (intra-task + every upstream task) of ``row`` in task ``t``."""
-    nd = info[t, I_NDIM]
-    lb = info[t, I_LEVEL_BASE]
-    j = np.empty(nd, dtype=np.int64)
-    g = np.empty(nd, dtype=np.int64)
-    lev = _grid_of_row(geo, info, lvl_off, lvl_cnt, lvl_start, t, row, j, g)
-    n = 0
-    if lev > 0:
-        pl = lb + lev - 1
-        for c in range(conf_ptr[lb + t + lev], conf_ptr[lb + t + lev + 1]):
-            ok = True
-            for d in range(nd):
-                jj = j[d] + conf_jump[c, d]
-                if jj < 0 or jj >= lvl_cnt[pl, d]:
-                    ok = False
-                    break
-            if ok:
-                n += 1
-    for k in range(t_in_ptr[t], t_in_ptr[t + 1]):
-        e = t_in_e[k]
-        p = 1
-        for d in range(nd):
-            o = e_up_off[e, d] + g[d]
-            p *= e_up[o, 1] - e_up[o, 0]
-        n += p
-    return n
+    j = np.empty(info[t, I_NDIM], dtype=np.int64)
+    lev = row_to_counter(info, lvl_cnt, lvl_start, t, row, j)
+    return _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, lev, j)
 
 
 @kernel

@@ -834,16 +834,6 @@ class _Pool:
         os.close(self.wake_r)
 
 
-def _resolve_observer(progress, task_order):
-    if progress is None or progress is False:
-        return None
-    if progress is True:
-        from daisy_nb.progress import TqdmObserver
-
-        return TqdmObserver(task_order=task_order)
-    return progress
-
-
 def run_pool(
     scheduler,
     *,
@@ -860,12 +850,12 @@ def run_pool(
     ``KeyboardInterrupt`` raised with ``daisy_states``/``daisy_task_order``
     attached. Abandoned tasks do not raise here (see :func:`raise_if_abandoned`).
     """
-    from daisy_nb.progress import finish_run
+    from daisy_nb.progress import finish_run, resolve_observer
 
     saved_base = dlog.get_log_basedir()
     if log_dir is not None:
         dlog.set_log_basedir(log_dir)
-    pool = _Pool(scheduler, resources, _resolve_observer(progress, list(scheduler.task_ids)), batch_target_secs)
+    pool = _Pool(scheduler, resources, resolve_observer(progress, list(scheduler.task_ids)), batch_target_secs)
     old_handler = None
     in_main = threading.current_thread() is threading.main_thread()
     interrupted = False
