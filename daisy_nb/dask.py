@@ -62,6 +62,8 @@ import time
 import uuid
 from collections import OrderedDict, deque
 
+from daisy_nb.progress import notify
+
 __all__ = ["run_dask", "worker_state"]
 
 logger = logging.getLogger("daisy")
@@ -514,12 +516,7 @@ class _DaskRun:
                     self._release(b, 0)  # never started: given back uncounted
 
     def _notify(self, what: str) -> None:
-        if self.observer is None:
-            return
-        try:
-            getattr(self.observer, what)(self.s.task_states)
-        except Exception:
-            pass  # observers never break a run
+        notify(self.observer, what, self.s)
 
     def _record_error(self, tid: str, text: str) -> None:
         c = self.s.counters[tid]

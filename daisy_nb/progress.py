@@ -270,3 +270,13 @@ def resolve_observer(progress, task_order):
     if progress is True:
         return TqdmObserver(task_order=task_order)
     return progress
+
+
+def notify(observer, what: str, scheduler) -> None:
+    """Call ``observer.<what>(states)``; observers never break a run (exceptions swallowed)."""
+    if observer is None:
+        return
+    try:
+        getattr(observer, what)(scheduler.task_states)
+    except Exception:
+        pass

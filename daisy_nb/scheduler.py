@@ -551,11 +551,20 @@ class DependencyGraph:
         s = self._s
         t = s._t(block.task_id)
         row = s._row_of(t, block)
-        bt, br, bi = (np.empty(len(s._buf[0]), np.int64) for _ in range(3))
+        cap = len(s._buf[0])
+        maxnd = s._tt.geo.shape[2]
+        bt, br, bl = (np.empty(cap, np.int64) for _ in range(3))
+        bj = np.empty((cap, maxnd), np.int64)
+        scr = np.empty((8, max(maxnd, 3)), np.int64)
+        scr[7, 0] = -1
         tt, e, p = s._tt, s._e, s._tptr
-        n = ks._downstream(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
-                           e[0], e[3], e[4], p[2], p[3], t, row, bt, br, bi)
-        return self._blocks(bt[:n], br[:n], bi[:n])
+        n = ks._down_lj(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
+                        e[0], e[3], e[4], p[2], p[3], t, row, scr, bt, br, bl, bj)
+        ids = np.empty(n, np.int64)
+        for u in set(bt[:n].tolist()):
+            sel = bt[:n] == u
+            ids[sel] = s._describe(u, br[:n][sel])[0]
+        return self._blocks(bt[:n], br[:n], ids)
 
     def upstream(self, block) -> list[Block]:
         s = self._s

@@ -116,74 +116,6 @@ def _pop(queue, cnt, info, t):
 
 
 @kernel
-def _downstream(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row, out_t, out_row, out_id):
-    """All downstream blocks of ``row`` (intra-task, then per downstream task).
-
-    Writes task, row and spatial ID into the out arrays (grown by the caller if
-    too small: returns -needed when they are). Returns the count.
-    """
-    nd = info[t, I_NDIM]
-    lb = info[t, I_LEVEL_BASE]
-    L = info[t, I_NLEVELS]
-    j = np.empty(nd, dtype=np.int64)
-    g = np.empty(nd, dtype=np.int64)
-    lev = _grid_of_row(geo, info, lvl_off, lvl_cnt, lvl_start, t, row, j, g)
-    cap = out_row.shape[0]
-    n = 0
-    jj = np.empty(nd, dtype=np.int64)
-    x = np.empty(nd, dtype=np.int64)
-    if lev + 1 < L:
-        nl = lb + lev + 1
-        for c in range(conf_ptr[lb + t + lev + 1], conf_ptr[lb + t + lev + 2]):
-            ok = True
-            for d in range(nd):
-                jj[d] = j[d] - conf_jump[c, d]
-                if jj[d] < 0 or jj[d] >= lvl_cnt[nl, d]:
-                    ok = False
-                    break
-            if ok:
-                if n < cap:
-                    out_t[n] = t
-                    out_row[n] = counter_to_row(info, lvl_cnt, lvl_start, t, lev + 1, jj)
-                    for d in range(nd):
-                        x[d] = lvl_off[nl, d] + jj[d] * geo[t, G_PERIOD, d] + geo[t, G_IDOFF, d]
-                    out_id[n] = cantor(x, nd)
-                n += 1
-    for k in range(t_out_ptr[t], t_out_ptr[t + 1]):
-        e = t_out_e[k]
-        v = e_uv[e, 1]
-        vnd = info[v, I_NDIM]
-        lo = np.empty(vnd, dtype=np.int64)
-        hi = np.empty(vnd, dtype=np.int64)
-        total = 1
-        for d in range(vnd):
-            o = e_dn_off[e, d] + g[d]
-            lo[d] = e_dn[o, 0]
-            hi[d] = e_dn[o, 1]
-            total *= max(0, hi[d] - lo[d])
-        if total == 0:
-            continue
-        gv = lo.copy()
-        xv = np.empty(vnd, dtype=np.int64)
-        for _ in range(total):
-            if n < cap:
-                out_t[n] = v
-                out_row[n] = grid_to_row(geo, info, lvl_off, lvl_cnt, lvl_start, v, gv)
-                for d in range(vnd):
-                    xv[d] = gv[d] + geo[v, G_IDOFF, d]
-                out_id[n] = cantor(xv, vnd)
-            n += 1
-            for d in range(vnd - 1, -1, -1):
-                gv[d] += 1
-                if gv[d] < hi[d]:
-                    break
-                gv[d] = lo[d]
-    if n > cap:
-        return -n
-    return n
-
-
-@kernel
 def _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, lev, j):
     """Upstream count of the block at level ``lev`` with in-level counter ``j`` (no allocation)."""
     nd = info[t, I_NDIM]
@@ -215,8 +147,11 @@ def _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t
 @kernel
 def _down_lj(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row,
              scr, out_t, out_row, out_lev, out_j):
-    """Downstream blocks of ``row`` as (task, row, level, in-level counter); like
-    :func:`_downstream` but without IDs and without allocating (``scr``: int64[8, maxnd])."""
+    """All downstream blocks of ``row``: intra-task, then per downstream task.
+
+    Writes (task, row, level, in-level counter) of each into the out arrays without
+    allocating (``scr``: int64[8, maxnd] scratch, row 7 a memo of the last row).
+    Returns the count, or -needed when the out arrays are too small."""
     nd = info[t, I_NDIM]
     lb = info[t, I_LEVEL_BASE]
     L = info[t, I_NLEVELS]

@@ -55,6 +55,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from daisy_nb import logging as dlog
+from daisy_nb.progress import notify
 from daisy_nb.runtime import _shm
 from daisy_nb.runtime.client import _RELEASE, pack_block
 from daisy_nb.runtime.context import Context
@@ -690,12 +691,7 @@ class _Pool:
                 self._drop_client(cc)
 
     def _notify(self, what: str) -> None:
-        if self.observer is None:
-            return
-        try:
-            getattr(self.observer, what)(self.s.task_states)
-        except Exception:
-            pass  # observers never break a run
+        notify(self.observer, what, self.s)
 
     def _on_sigint(self, signum, frame):
         self.interrupted = True
