@@ -107,6 +107,29 @@ class TaskState:
         )
 
 
+def _pack_int64(tables, shapes, n_blocks):
+    """One zeroed int64 buffer holding the kernels' arrays (``kernels/surface.py``,
+    packed state): a header of (offset, shape) per array, then the arrays. The first
+    ``len(tables)`` arrays are copied in; the rest start at zero. Returns the buffer
+    and a view of each array."""
+    assert len(shapes) == ks.N_PACKED
+    sizes = [int(np.prod(sh)) for sh in shapes]
+    offsets = np.cumsum([ks.P_HEADER] + sizes)
+    b = np.zeros(int(offsets[-1]), dtype=np.int64)  # calloc: untouched pages cost nothing
+    views = []
+    for k, sh in enumerate(shapes):
+        o = int(offsets[k])
+        b[4 * k] = o
+        b[4 * k + 1 : 4 * k + 1 + len(sh)] = sh
+        b[4 * k + 1 + len(sh) : 4 * k + 4] = 1
+        v = b[o : o + sizes[k]].reshape(sh)
+        if k < len(tables):
+            v[...] = tables[k]
+        views.append(v)
+    b[ks.P_N] = n_blocks
+    return b, views
+
+
 def _edge_tables(lu, ld):
     """Per-axis interval tables of an edge U -> D (CORE.md section 4).
 
@@ -204,18 +227,6 @@ class Scheduler:
             out_ptr[t + 1] = len(out_e)
         self._tptr = (in_ptr, np.array(in_e, dtype=np.int64), out_ptr, np.array(out_e, dtype=np.int64))
 
-        # state
-        N = sum(lay.num_blocks for lay in layouts)
-        self.num_blocks_total = N
-        self.status = np.zeros(N, dtype=np.uint8)
-        self.n_met = np.zeros(N, dtype=np.int32)
-        self.retries = np.zeros(N, dtype=np.uint8)
-        self.preskip = np.zeros(N, dtype=np.uint8)
-        self.queue = np.empty(max(N, 1), dtype=np.int64)
-        self.cnt = np.zeros((T, ks.N_CNT), dtype=np.int64)
-        self.tcfg = np.zeros((T, ks.N_CFG), dtype=np.int64)
-        for t, tid in enumerate(order):
-            self.tcfg[t, ks.F_MAX_RETRIES] = self.tasks[tid].max_retries
         # scratch for one block's downstream list: the exact maximum from the geometry
         cap = 1
         for t in range(T):
@@ -223,8 +234,27 @@ class Scheduler:
             m = int(np.diff(lay.conf_indptr).max()) if lay.num_levels else 0
             m += sum(int(self._edge_max_down[k]) for k in self._tptr[3][self._tptr[2][t] : self._tptr[2][t + 1]])
             cap = max(cap, m)
-        self._buf = (np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64))
-        self._out1 = np.empty(1, np.int64)
+
+        # state: packed into one int64 and one uint8 buffer (see kernels/surface.py);
+        # the attributes below are views into them
+        N = sum(lay.num_blocks for lay in layouts)
+        self.num_blocks_total = N
+        e, p = self._e, self._tptr
+        tables = [tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
+                  e[0], e[1], e[2], e[3], e[4], p[0], p[1], p[2], p[3]]
+        shapes = [a.shape for a in tables] + [
+            (max(N, 1),), (T, ks.N_CNT), (T, ks.N_CFG), (cap,), (cap,), (cap,), (cap,), (cap, maxnd),
+            (8, max(maxnd, 3)), (1,)]
+        self._b, views = _pack_int64(tables, shapes, N)
+        (self.queue, self.cnt, self.tcfg, buf_t, buf_row, buf_id) = views[ks.P_QUEUE : ks.P_BUF_ID + 1]
+        self._buf = (buf_t, buf_row, buf_id)
+        self._u8 = np.zeros(3 * N + 1, dtype=np.uint8)
+        self.status = self._u8[:N]
+        self.retries = self._u8[N : 2 * N]
+        self.preskip = self._u8[2 * N : 3 * N]
+        self.n_met = np.zeros(N, dtype=np.int32)
+        for t, tid in enumerate(order):
+            self.tcfg[t, ks.F_MAX_RETRIES] = self.tasks[tid].max_retries
 
         self.counters = {tid: WorkerCounters() for tid in order}
         self._abandon_reason: dict[str, str] = {}
@@ -283,36 +313,25 @@ class Scheduler:
         return False
 
     # -- kernel calls ---------------------------------------------------------------
-    def _kargs(self):
-        tt, e, p = self._tt, self._e, self._tptr
-        return (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
-                e[0], e[1], e[2], e[3], e[4], p[0], p[1], p[2], p[3])
-
     def _fast_setup(self):
-        # argument tuples and one-block buffers reused by the per-block API (each
-        # allocation or tuple build costs about as much as the kernel call itself)
-        k = self._kargs()
-        self._acq_args = k + (self.status, self.n_met, self.preskip, self.queue, self.cnt, self.tcfg)
-        self._rel_args = k + (self.status, self.n_met, self.retries, self.queue, self.cnt, self.tcfg)
-        tt = self._tt
-        self._desc_args = (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start)
-        maxnd = tt.geo.shape[2]
+        # one-block buffers and bound values reused by the per-block API (each
+        # allocation or lookup costs about as much as the kernel call itself)
         self._one = [np.empty(2 + 4 * nd, np.int64) for nd in self._ndim.tolist()]
-        self._row1 = np.empty(1, np.int64)
-        self._code1 = np.empty(1, np.uint8)
-        del maxnd
+        self._ndim_list = self._ndim.tolist()
+        self._nblocks = [lay.num_blocks for lay in self._layouts]
+        self._checks = {tid: self.tasks[tid].check_function for tid in self.task_ids}
 
     def _t(self, task_id) -> int | None:
         return self._tindex.get(task_id)
 
     def _acquire_rows(self, t: int, max_n: int, out: np.ndarray) -> int:
-        n = ks.acquire(*self._acq_args, t, max_n, out, *self._buf)
+        n = ks.acquire_packed(self._b, self._u8, self.n_met, t, max_n, out)
         if n < 0:
             raise RuntimeError("internal error: scratch buffer too small")
         return n
 
     def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
-        n = ks.release(*self._rel_args, t, rows, codes, *self._buf)
+        n = ks.release_packed(self._b, self._u8, self.n_met, t, rows, codes)
         if n < 0:
             raise RuntimeError("internal error: scratch buffer too small")
 
@@ -356,14 +375,14 @@ class Scheduler:
     # -- daisy's per-block API --------------------------------------------------------
     def acquire_block(self, task_id) -> Block | None:
         """The next ready block of ``task_id`` (status CREATED), or None."""
-        t = self._t(task_id)
+        t = self._tindex.get(task_id)
         if t is None:
             return None
-        check = self.tasks[task_id].check_function
+        check = self._checks[task_id]
         out = self._one[t]
-        nd = int(self._ndim[t])
+        nd = self._ndim_list[t]
         while True:
-            n = ks.acquire_one(*self._acq_args, t, out, *self._buf)
+            n = ks.acquire_one(self._b, self._u8, self.n_met, t, out)
             if n <= 0:
                 if n < 0:
                     raise RuntimeError("internal error: scratch buffer too small")
@@ -386,22 +405,19 @@ class Scheduler:
         if t is None:
             raise ValueError(f"block {block.block_id} belongs to no task of this scheduler")
         status = block._status
-        if status == BlockStatus.SUCCESS:
+        if status == 2:  # BlockStatus.SUCCESS
             code = ks.R_SUCCESS
-        elif status == BlockStatus.FAILED:
+        elif status == 3:  # BlockStatus.FAILED
             code = ks.R_FAILED
         else:
             raise ValueError(f"unexpected status for released block: {BlockStatus.name(status)} (set SUCCESS or FAILED)")
         row = block.index
-        if row < 0 or row >= self._layouts[t].num_blocks:
+        if row < 0 or row >= self._nblocks[t]:
             row = self._row_of(t, block)
-        rows, codes = self._row1, self._code1
-        rows[0] = row
-        codes[0] = code
-        if ks.release(*self._rel_args, t, rows, codes, *self._buf) < 0:
+        if ks.release_one(self._b, self._u8, self.n_met, t, row, code) < 0:
             raise RuntimeError("internal error: scratch buffer too small")
         if self.tracking:
-            self._track(t, rows, codes)
+            self._track(t, np.full(1, row, np.int64), np.full(1, code, np.uint8))
 
     def _row_of(self, t: int, block: Block) -> int:
         lay = self._layouts[t]

@@ -337,8 +337,9 @@ def _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
 
 
 @kernel
-def release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-            t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, retries, queue, cnt, tcfg, t, rows, codes, buf_t, buf_row, buf_id):
+def _release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+             t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, retries, queue, cnt, tcfg, t, rows, codes, buf_t, buf_row, buf_id,
+             scr, buf_lev, buf_j):
     """Release blocks ``rows`` (int64[k]) of task ``t`` with ``codes`` (uint8[k]).
 
     Codes: R_SUCCESS, R_SKIPPED (success, also counted as skipped), R_FAILED (an attempt
@@ -351,11 +352,7 @@ def release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
     too small for block ``i``'s downstream list (blocks before ``i`` are released; the
     scheduler sizes the buffers from the geometry so that this cannot happen).
     """
-    maxnd = tt_geo.shape[2]
-    scr = np.empty((8, max(maxnd, 3)), dtype=np.int64)
-    scr[7, 0] = -1
-    buf_lev = np.empty(buf_row.shape[0], dtype=np.int64)
-    buf_j = np.empty((buf_row.shape[0], maxnd), dtype=np.int64)
+    scr[7, 0] = -1  # no memo of a previous row
     for i in range(rows.shape[0]):
         r = rows[i]
         gi = info[t, I_BLOCK_BASE] + r
@@ -406,8 +403,9 @@ def release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
 
 
 @kernel
-def acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-            t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, preskip, queue, cnt, tcfg, t, max_n, out_rows, buf_t, buf_row, buf_id):
+def _acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+             t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, preskip, queue, cnt, tcfg, t, max_n, out_rows, buf_t, buf_row, buf_id,
+             scr, buf_lev, buf_j):
     """Hand out up to ``max_n`` ready blocks of task ``t`` (rows written to ``out_rows``).
 
     Order: roots first, then FIFO (daisy's ProcessingQueue). Blocks flagged in
@@ -418,11 +416,7 @@ def acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
     """
     if tcfg[t, F_STATE] != RUNNING:
         return 0
-    maxnd = tt_geo.shape[2]
-    scr = np.empty((8, max(maxnd, 3)), dtype=np.int64)
     scr[7, 0] = -1
-    buf_lev = np.empty(buf_row.shape[0], dtype=np.int64)
-    buf_j = np.empty((buf_row.shape[0], maxnd), dtype=np.int64)
     n = 0
     while n < max_n:
         r = _pop(queue, cnt, info, t)
@@ -520,25 +514,94 @@ def rows_to_cells(tt_geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, cell_shape
     return rows.shape[0]
 
 
+# -- packed state: the scheduler's entry points --------------------------------------
+#
+# numba unboxes every array argument on each call (~60 ns each), and the state above
+# is 28 arrays: that alone cost more than the work of acquiring or releasing one
+# block. The scheduler therefore keeps every int64 array (tables, FIFO, counters,
+# scratch) in one buffer ``b`` and the uint8 state (status, retries, preskip, one
+# release code) in another ``u8``; the entry points below take those two plus
+# ``n_met`` and rebuild the views inside the kernel (a slice and a reshape each).
+# ``b`` starts with a header: for array k, ``b[4k] = offset`` and ``b[4k+1:4k+4]`` its
+# shape (unused dimensions 1); ``b[P_N]`` is N, the number of blocks.
+(P_GEO, P_INFO, P_LVL_OFF, P_LVL_CNT, P_LVL_START, P_CONF_PTR, P_CONF_JUMP, P_E_UV, P_E_UP, P_E_UP_OFF, P_E_DN,
+ P_E_DN_OFF, P_TIN_PTR, P_TIN_E, P_TOUT_PTR, P_TOUT_E, P_QUEUE, P_CNT, P_TCFG, P_BUF_T, P_BUF_ROW, P_BUF_ID,
+ P_BUF_LEV, P_BUF_J, P_SCR, P_ROW1) = range(26)
+N_PACKED = 26
+P_N = 4 * N_PACKED
+P_HEADER = P_N + 4
+
+
 @kernel
-def acquire_one(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-                t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, preskip, queue, cnt, tcfg, t, out, buf_t, buf_row, buf_id):
-    """The per-block API in one call: :func:`acquire` one block and describe it.
+def _v1(b, k):
+    o = b[4 * k]
+    return b[o : o + b[4 * k + 1]]
+
+
+@kernel
+def _v2(b, k):
+    o = b[4 * k]
+    n0 = b[4 * k + 1]
+    n1 = b[4 * k + 2]
+    return b[o : o + n0 * n1].reshape((n0, n1))
+
+
+@kernel
+def _v3(b, k):
+    o = b[4 * k]
+    n0 = b[4 * k + 1]
+    n1 = b[4 * k + 2]
+    n2 = b[4 * k + 3]
+    return b[o : o + n0 * n1 * n2].reshape((n0, n1, n2))
+
+
+@kernel
+def acquire_packed(b, u8, n_met, t, max_n, out_rows):
+    """:func:`_acquire` on packed state: up to ``max_n`` rows of task ``t`` into ``out_rows``."""
+    N = b[P_N]
+    return _acquire(_v3(b, P_GEO), _v2(b, P_INFO), _v2(b, P_LVL_OFF), _v2(b, P_LVL_CNT), _v1(b, P_LVL_START),
+                    _v1(b, P_CONF_PTR), _v2(b, P_CONF_JUMP), _v2(b, P_E_UV), _v2(b, P_E_UP), _v2(b, P_E_UP_OFF),
+                    _v2(b, P_E_DN), _v2(b, P_E_DN_OFF), _v1(b, P_TIN_PTR), _v1(b, P_TIN_E), _v1(b, P_TOUT_PTR),
+                    _v1(b, P_TOUT_E), u8[:N], n_met, u8[2 * N : 3 * N], _v1(b, P_QUEUE), _v2(b, P_CNT), _v2(b, P_TCFG),
+                    t, max_n, out_rows, _v1(b, P_BUF_T), _v1(b, P_BUF_ROW), _v1(b, P_BUF_ID),
+                    _v2(b, P_SCR), _v1(b, P_BUF_LEV), _v2(b, P_BUF_J))
+
+
+@kernel
+def release_packed(b, u8, n_met, t, rows, codes):
+    """:func:`_release` on packed state: ``rows`` (int64[k]) of task ``t`` with ``codes`` (uint8[k])."""
+    N = b[P_N]
+    return _release(_v3(b, P_GEO), _v2(b, P_INFO), _v2(b, P_LVL_OFF), _v2(b, P_LVL_CNT), _v1(b, P_LVL_START),
+                    _v1(b, P_CONF_PTR), _v2(b, P_CONF_JUMP), _v2(b, P_E_UV), _v2(b, P_E_UP), _v2(b, P_E_UP_OFF),
+                    _v2(b, P_E_DN), _v2(b, P_E_DN_OFF), _v1(b, P_TIN_PTR), _v1(b, P_TIN_E), _v1(b, P_TOUT_PTR),
+                    _v1(b, P_TOUT_E), u8[:N], n_met, u8[N : 2 * N], _v1(b, P_QUEUE), _v2(b, P_CNT), _v2(b, P_TCFG),
+                    t, rows, codes, _v1(b, P_BUF_T), _v1(b, P_BUF_ROW), _v1(b, P_BUF_ID),
+                    _v2(b, P_SCR), _v1(b, P_BUF_LEV), _v2(b, P_BUF_J))
+
+
+@kernel
+def release_one(b, u8, n_met, t, row, code):
+    """The per-block release: :func:`release_packed` of one row (no arrays to pass)."""
+    N = b[P_N]
+    rows = _v1(b, P_ROW1)
+    rows[0] = row
+    codes = u8[3 * N : 3 * N + 1]
+    codes[0] = code
+    return release_packed(b, u8, n_met, t, rows, codes)
+
+
+@kernel
+def acquire_one(b, u8, n_met, t, out):
+    """The per-block acquire in one call: one block of task ``t``, described.
 
     out: int64[2 + 4 * nd], written as (row, spatial id, read offset, read shape,
     write offset, write shape). Returns 1, 0 when nothing is ready, or < 0 as acquire.
     """
-    rows = out[:1]
-    n = acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-                t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, preskip, queue, cnt, tcfg, t, 1, rows, buf_t, buf_row, buf_id)
+    n = acquire_packed(b, u8, n_met, t, 1, out[:1])
     if n != 1:
         return n
-    nd = info[t, I_NDIM]
-    ids = np.empty(1, dtype=np.int64)
-    geo4 = np.empty((4, 1, nd), dtype=np.int64)
-    describe_rows(tt_geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, ids, geo4[0], geo4[2], geo4[1], geo4[3])
-    out[1] = ids[0]
-    for a in range(4):
-        for d in range(nd):
-            out[2 + a * nd + d] = geo4[a, 0, d]
+    nd = _v2(b, P_INFO)[t, I_NDIM]
+    describe_rows(_v3(b, P_GEO), _v2(b, P_INFO), _v2(b, P_LVL_OFF), _v2(b, P_LVL_CNT), _v1(b, P_LVL_START), t, out[:1],
+                  out[1:2], out[2 : 2 + nd].reshape((1, nd)), out[2 + 2 * nd : 2 + 3 * nd].reshape((1, nd)),
+                  out[2 + nd : 2 + 2 * nd].reshape((1, nd)), out[2 + 3 * nd : 2 + 4 * nd].reshape((1, nd)))
     return 1
