@@ -331,8 +331,19 @@ class Scheduler:
         return n
 
     def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
-        n = ks.release_packed(self._b, self._u8, self.n_met, t, rows, codes)
-        if n < 0:
+        start = 0
+        while True:
+            n = ks.release_packed(self._b, self._u8, self.n_met, t, rows, codes, start)
+            if n >= 0:
+                return
+            if n == -1:
+                raise RuntimeError("internal error: scratch buffer too small")
+            start = -n - 2  # this block failed for good: orphan its dependents, go on after it
+            self._fail(t, int(rows[start]))
+            start += 1
+
+    def _fail(self, t: int, row: int) -> None:
+        if ks.fail_block(self._b, self._u8, self.n_met, t, row) < 0:
             raise RuntimeError("internal error: scratch buffer too small")
 
     def _describe(self, t: int, rows: np.ndarray):
@@ -414,8 +425,11 @@ class Scheduler:
         row = block.index
         if row < 0 or row >= self._nblocks[t]:
             row = self._row_of(t, block)
-        if ks.release_one(self._b, self._u8, self.n_met, t, row, code) < 0:
-            raise RuntimeError("internal error: scratch buffer too small")
+        n = ks.release_one(self._b, self._u8, self.n_met, t, row, code)
+        if n < 0:
+            if n == -1:
+                raise RuntimeError("internal error: scratch buffer too small")
+            self._fail(t, row)
         if self.tracking:
             self._track(t, np.full(1, row, np.int64), np.full(1, code, np.uint8))
 

@@ -497,14 +497,18 @@ def check_rows_to_grid(g, ref, rng):
     assert [tuple(x) for x in out.tolist()] == [blocks[r].grid for r in rows]
 
 
-def check_describe_rows(g, ref, rng):
+def check_describe_rows(g, ref, rng, scratch=False):
     tt = _tables(g)
     blocks, _ = _twin_rows(ref)
     rows = np.array([rng.randrange(len(blocks)) for _ in range(2 * len(blocks))], dtype=np.int64)
     n, nd = len(rows), ref.ndim
     ids = np.zeros(n, np.int64)
     ro, wo, rs, ws = (np.zeros((n, nd), np.int64) for _ in range(4))
-    assert kg.describe_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, rows, ids, ro, wo, rs, ws) == n
+    args = (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, rows, ids, ro, wo, rs, ws)
+    if scratch:  # caller-provided scratch, wider than needed and full of garbage
+        assert kg.describe_rows_into(*args, np.full((2, nd + 2), -7, np.int64)) == n
+    else:
+        assert kg.describe_rows(*args) == n
     got = [[int(i), a, b, c, d] for i, a, b, c, d in zip(ids, ro.tolist(), rs.tolist(), wo.tolist(), ws.tolist())]
     assert got == [ref_entry(ref, blocks[r])[:5] for r in rows]
 
@@ -574,6 +578,7 @@ REFERENCE = {
     "daisy_nb.kernels.graph.grid_to_row": check_grid_to_row,  # twin: RefGraph.blocks / RefBlock.grid
     "daisy_nb.kernels.graph.rows_to_grid": check_rows_to_grid,  # twin: RefBlock.grid
     "daisy_nb.kernels.graph.describe_rows": check_describe_rows,  # twin: RefGraph.blocks (ids, ROIs after fit)
+    "daisy_nb.kernels.graph.describe_rows_into": lambda g, ref, rng: check_describe_rows(g, ref, rng, scratch=True),
     "daisy_nb.kernels.graph.fill_rows": check_fill_rows,  # twin: RefGraph.blocks + RefGraph.upstream
     "daisy_nb.kernels.graph.intra_neighbours": check_intra_neighbours,  # twin: RefGraph.upstream / downstream
     "daisy_nb.kernels.graph.grid_box_rows": check_grid_box_rows,  # twin: RefGraph.block_at_grid

@@ -53,3 +53,17 @@ if CACHE:
     _drop_stale_cache()
 
 kernel = functools.partial(numba.njit, nogil=True, cache=CACHE)
+
+# Small helpers on the per-block hot path (level/counter arithmetic, FIFO, neighbour
+# lists) are inlined into their callers at numba's IR level: a call between kernels
+# passes every array as its expanded struct and touches reference counts, which cost
+# more than these helpers' work.
+inline_kernel = functools.partial(numba.njit, nogil=True, cache=CACHE, inline="always")
+
+# The scheduler's per-call entry points (``kernels/surface.py``: ``acquire_packed``,
+# ``release_packed``, ``acquire_one``, ``release_one``) are compiled without numba's
+# reference-counting runtime: every array variable bound inside a loop (an inlined
+# helper's argument, a row view) otherwise costs two atomic updates, and those were
+# three quarters of a release. Such a kernel and everything it calls must not
+# allocate; they work on views of buffers the caller owns for the whole call.
+flat_kernel = functools.partial(numba.njit, nogil=True, cache=CACHE, _nrt=False)

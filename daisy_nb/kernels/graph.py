@@ -9,7 +9,7 @@ its grid position ``g`` (per axis, in blocks from the total write ROI's begin) i
 
 import numpy as np
 
-from ._jit import kernel
+from ._jit import inline_kernel, kernel
 from .block_id import cantor
 
 # keep in sync with daisy_nb.layout (kernels do not import the Python layer)
@@ -18,7 +18,7 @@ I_NDIM, I_FIT, I_NLEVELS, I_LEVEL_BASE, I_NBLOCKS, I_BLOCK_BASE, I_NROOTS = rang
 FIT_SHRINK = 2
 
 
-@kernel
+@inline_kernel
 def row_level(info, lvl_start, t, row):
     """Level of ``row`` in task ``t`` (binary search over the level start rows)."""
     L = info[t, I_NLEVELS]
@@ -34,7 +34,7 @@ def row_level(info, lvl_start, t, row):
     return lo
 
 
-@kernel
+@inline_kernel
 def row_to_counter(info, lvl_cnt, lvl_start, t, row, out_j):
     """Level and in-level counter (int64[nd], written to ``out_j``) of ``row``."""
     nd = info[t, I_NDIM]
@@ -66,7 +66,7 @@ def grid_to_row(geo, info, lvl_off, lvl_cnt, lvl_start, t, g):
     return lvl_start[lb + t + lev] + rank
 
 
-@kernel
+@inline_kernel
 def counter_to_row(info, lvl_cnt, lvl_start, t, lev, j):
     nd = info[t, I_NDIM]
     lb = info[t, I_LEVEL_BASE]
@@ -262,11 +262,20 @@ def rows_to_grid(info, lvl_off, lvl_cnt, lvl_start, geo, t, rows, out_g):
 @kernel
 def describe_rows(geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, out_id, out_read_off, out_write_off, out_read_shape, out_write_shape):
     """IDs and ROIs of arbitrary rows (int64[n]); outputs as in :func:`fill_rows`, all written."""
+    scr = np.zeros((2, info[t, I_NDIM]), dtype=np.int64)
+    return describe_rows_into(geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, out_id, out_read_off, out_write_off,
+                              out_read_shape, out_write_shape, scr)
+
+
+@inline_kernel
+def describe_rows_into(geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, out_id, out_read_off, out_write_off, out_read_shape,
+                       out_write_shape, scr):
+    """:func:`describe_rows` with caller-provided scratch ``scr`` (int64[2, >= nd]): allocates nothing."""
     nd = info[t, I_NDIM]
     lb = info[t, I_LEVEL_BASE]
     shrink = info[t, I_FIT] == FIT_SHRINK
-    j = np.zeros(nd, dtype=np.int64)
-    x = np.zeros(nd, dtype=np.int64)
+    j = scr[0]
+    x = scr[1]
     for i in range(rows.shape[0]):
         lev = row_to_counter(info, lvl_cnt, lvl_start, t, rows[i], j)
         for d in range(nd):

@@ -27,10 +27,10 @@ depend on it; a block is orphaned at most once (fixes CORE.md 10.2/10.7).
 
 import numpy as np
 
-from ._jit import kernel
+from ._jit import flat_kernel, inline_kernel, kernel
 from .graph import (
     G_GRID,
-    describe_rows,
+    describe_rows_into,
     G_PERIOD,
     I_BLOCK_BASE,
     I_LEVEL_BASE,
@@ -41,6 +41,7 @@ from .graph import (
     cantor,
     counter_to_row,
     grid_to_row,
+    row_level,
     row_to_counter,
 )
 
@@ -72,12 +73,12 @@ def _grid_of_row(geo, info, lvl_off, lvl_cnt, lvl_start, t, row, j, g):
 @kernel
 def n_upstream(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, row):
     """Number of upstream blocks (intra-task + every upstream task) of ``row`` in task ``t``."""
-    j = np.empty(info[t, I_NDIM], dtype=np.int64)
-    lev = row_to_counter(info, lvl_cnt, lvl_start, t, row, j)
-    return _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, lev, j)
+    j = np.empty((1, info[t, I_NDIM]), dtype=np.int64)
+    lev = row_to_counter(info, lvl_cnt, lvl_start, t, row, j[0])
+    return _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, lev, j, 0)
 
 
-@kernel
+@inline_kernel
 def _push_back(queue, cnt, info, t, row):
     nt = info[t, I_NBLOCKS]
     base = info[t, I_BLOCK_BASE]
@@ -85,7 +86,7 @@ def _push_back(queue, cnt, info, t, row):
     cnt[t, C_QLEN] += 1
 
 
-@kernel
+@inline_kernel
 def _push_front(queue, cnt, info, t, row):
     nt = info[t, I_NBLOCKS]
     base = info[t, I_BLOCK_BASE]
@@ -95,7 +96,7 @@ def _push_front(queue, cnt, info, t, row):
     cnt[t, C_QLEN] += 1
 
 
-@kernel
+@inline_kernel
 def _pop(queue, cnt, info, t):
     """Next block of task ``t``: given-back blocks (the first ``C_GIVEN`` FIFO entries),
     then roots (lazily, in order), then the FIFO; -1 if none."""
@@ -115,9 +116,9 @@ def _pop(queue, cnt, info, t):
     return -1
 
 
-@kernel
-def _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, lev, j):
-    """Upstream count of the block at level ``lev`` with in-level counter ``j`` (no allocation)."""
+@inline_kernel
+def _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, lev, jarr, ji):
+    """Upstream count of the block at level ``lev`` with in-level counter ``jarr[ji]`` (no allocation)."""
     nd = info[t, I_NDIM]
     lb = info[t, I_LEVEL_BASE]
     n = 0
@@ -126,7 +127,7 @@ def _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t
         for c in range(conf_ptr[lb + t + lev], conf_ptr[lb + t + lev + 1]):
             ok = True
             for d in range(nd):
-                jj = j[d] + conf_jump[c, d]
+                jj = jarr[ji, d] + conf_jump[c, d]
                 if jj < 0 or jj >= lvl_cnt[pl, d]:
                     ok = False
                     break
@@ -136,7 +137,7 @@ def _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t
         e = t_in_e[k]
         p = 1
         for d in range(nd):
-            o = e_up_off[e, d] + lvl_off[lb + lev, d] + j[d] * geo[t, G_PERIOD, d]
+            o = e_up_off[e, d] + lvl_off[lb + lev, d] + jarr[ji, d] * geo[t, G_PERIOD, d]
             p *= e_up[o, 1] - e_up[o, 0]
             if p == 0:
                 break
@@ -144,58 +145,63 @@ def _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t
     return n
 
 
-@kernel
+@inline_kernel
 def _down_lj(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row,
              scr, out_t, out_row, out_lev, out_j):
     """All downstream blocks of ``row``: intra-task, then per downstream task.
 
     Writes (task, row, level, in-level counter) of each into the out arrays without
-    allocating (``scr``: int64[8, maxnd] scratch, row 7 a memo of the last row).
-    Returns the count, or -needed when the out arrays are too small."""
+    allocating. ``scr``: int64[8, maxnd] scratch; row 0 holds the counter of the
+    last row seen and row 7 its (task, row, level) memo (batches release runs of
+    rows). Scratch rows are indexed in place, never sliced: every array view costs
+    two atomic reference-count updates. Returns the count, or -needed when the out
+    arrays are too small."""
     nd = info[t, I_NDIM]
     lb = info[t, I_LEVEL_BASE]
     L = info[t, I_NLEVELS]
-    j = scr[0]
-    memo = scr[7]  # (task, row, level) whose counter scr[0] holds: batches release runs of rows
-    if memo[0] == t and memo[1] + 1 == row and row < lvl_start[lb + t + memo[2] + 1]:
-        lev = memo[2]
+    if scr[7, 0] == t and scr[7, 1] + 1 == row and row < lvl_start[lb + t + scr[7, 2] + 1]:
+        lev = scr[7, 2]
         for d in range(nd - 1, -1, -1):
-            j[d] += 1
-            if j[d] < lvl_cnt[lb + lev, d]:
+            scr[0, d] += 1
+            if scr[0, d] < lvl_cnt[lb + lev, d]:
                 break
-            j[d] = 0
+            scr[0, d] = 0
     else:
-        lev = row_to_counter(info, lvl_cnt, lvl_start, t, row, j)
-    memo[0] = t
-    memo[1] = row
-    memo[2] = lev
+        lev = row_level(info, lvl_start, t, row)
+        rank = row - lvl_start[lb + t + lev]
+        for d in range(nd - 1, -1, -1):
+            c = lvl_cnt[lb + lev, d]
+            scr[0, d] = rank % c
+            rank //= c
+    scr[7, 0] = t
+    scr[7, 1] = row
+    scr[7, 2] = lev
     cap = out_row.shape[0]
     n = 0
-    jj = scr[2]
     if lev + 1 < L:
         nl = lb + lev + 1
+        st = lvl_start[lb + t + lev + 1]
         for c in range(conf_ptr[lb + t + lev + 1], conf_ptr[lb + t + lev + 2]):
             ok = True
+            rank = 0
             for d in range(nd):
-                jj[d] = j[d] - conf_jump[c, d]
-                if jj[d] < 0 or jj[d] >= lvl_cnt[nl, d]:
+                jd = scr[0, d] - conf_jump[c, d]
+                if jd < 0 or jd >= lvl_cnt[nl, d]:
                     ok = False
                     break
+                rank = rank * lvl_cnt[nl, d] + jd
             if ok:
                 if n < cap:
                     out_t[n] = t
                     out_lev[n] = lev + 1
                     for d in range(nd):
-                        out_j[n, d] = jj[d]
-                    out_row[n] = counter_to_row(info, lvl_cnt, lvl_start, t, lev + 1, jj)
+                        out_j[n, d] = scr[0, d] - conf_jump[c, d]
+                    out_row[n] = st + rank
                 n += 1
     if t_out_ptr[t] < t_out_ptr[t + 1]:
-        g = scr[1]
+        # scratch rows: 1 grid position, 3 lo, 4 hi, 5 running position
         for d in range(nd):
-            g[d] = lvl_off[lb + lev, d] + j[d] * geo[t, G_PERIOD, d]
-        lo = scr[3]
-        hi = scr[4]
-        gv = scr[5]
+            scr[1, d] = lvl_off[lb + lev, d] + scr[0, d] * geo[t, G_PERIOD, d]
         for k in range(t_out_ptr[t], t_out_ptr[t + 1]):
             e = t_out_e[k]
             v = e_uv[e, 1]
@@ -204,21 +210,21 @@ def _down_lj(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, 
             vL = info[v, I_NLEVELS]
             total = 1
             for d in range(vnd):
-                o = e_dn_off[e, d] + g[d]
-                lo[d] = e_dn[o, 0]
-                hi[d] = e_dn[o, 1]
-                gv[d] = lo[d]
-                total *= max(0, hi[d] - lo[d])
+                o = e_dn_off[e, d] + scr[1, d]
+                scr[3, d] = e_dn[o, 0]
+                scr[4, d] = e_dn[o, 1]
+                scr[5, d] = scr[3, d]
+                total *= max(0, scr[4, d] - scr[3, d])
             for _ in range(total):
                 if n < cap:
                     idx = 0
                     for d in range(vnd):
                         kk = geo[v, G_PERIOD, d]
-                        idx = idx * kk + gv[d] % kk
+                        idx = idx * kk + scr[5, d] % kk
                     vlev = vL - 1 - idx
                     rank = 0
                     for d in range(vnd):
-                        jd = (gv[d] - lvl_off[vlb + vlev, d]) // geo[v, G_PERIOD, d]
+                        jd = (scr[5, d] - lvl_off[vlb + vlev, d]) // geo[v, G_PERIOD, d]
                         out_j[n, d] = jd
                         rank = rank * lvl_cnt[vlb + vlev, d] + jd
                     out_t[n] = v
@@ -226,16 +232,16 @@ def _down_lj(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, 
                     out_row[n] = lvl_start[vlb + v + vlev] + rank
                 n += 1
                 for d in range(vnd - 1, -1, -1):
-                    gv[d] += 1
-                    if gv[d] < hi[d]:
+                    scr[5, d] += 1
+                    if scr[5, d] < scr[4, d]:
                         break
-                    gv[d] = lo[d]
+                    scr[5, d] = scr[3, d]
     if n > cap:
         return -n
     return n
 
 
-@kernel
+@inline_kernel
 def _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
                 t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, row,
                 scr, buf_t, buf_row, buf_lev, buf_j, buf_id):
@@ -259,7 +265,7 @@ def _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, 
             continue
         rem = n_met[gi]
         if rem == 0:
-            rem = _n_up_lj(tt_geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, v, buf_lev[i], buf_j[i]) + 1
+            rem = _n_up_lj(tt_geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, v, buf_lev[i], buf_j, i) + 1
         rem -= 1
         n_met[gi] = rem
         if rem == 1:
@@ -338,9 +344,9 @@ def _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
 
 @kernel
 def _release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-             t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, retries, queue, cnt, tcfg, t, rows, codes, buf_t, buf_row, buf_id,
-             scr, buf_lev, buf_j):
-    """Release blocks ``rows`` (int64[k]) of task ``t`` with ``codes`` (uint8[k]).
+             t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, retries, queue, cnt, tcfg, t, rows, codes, start, buf_t, buf_row,
+             buf_id, scr, buf_lev, buf_j):
+    """Release blocks ``rows[start:]`` (int64[k]) of task ``t`` with ``codes`` (uint8[k]).
 
     Codes: R_SUCCESS, R_SKIPPED (success, also counted as skipped), R_FAILED (an attempt
     failed: retried at the back of the FIFO until ``max_retries`` is used up, then
@@ -348,12 +354,16 @@ def _release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_u
     back to the front of the FIFO, no attempt counted). Releases of blocks not in
     PROCESSING, or of an abandoned task, are ignored (daisy's typestate gate).
 
-    Returns the number of blocks processed, or ``-(1 + i)`` if the scratch buffers were
-    too small for block ``i``'s downstream list (blocks before ``i`` are released; the
-    scheduler sizes the buffers from the geometry so that this cannot happen).
+    A block that fails for good stops the release: it returns ``-(2 + i)`` with block
+    ``i`` still PROCESSING, and the caller runs :func:`fail_block` on it (the orphan
+    walk needs a stack this allocation-free kernel cannot grow), then calls again
+    with ``start = i + 1``. Give-backs are handled once every other block is
+    released. Returns the number of blocks, or -1 if the scratch buffers were too
+    small for a downstream list (the scheduler sizes them from the geometry so that
+    this cannot happen).
     """
     scr[7, 0] = -1  # no memo of a previous row
-    for i in range(rows.shape[0]):
+    for i in range(start, rows.shape[0]):
         r = rows[i]
         gi = info[t, I_BLOCK_BASE] + r
         code = codes[i]
@@ -364,7 +374,7 @@ def _release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_u
         if code == R_SUCCESS or code == R_SKIPPED:
             if _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
                            t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, r, scr, buf_t, buf_row, buf_lev, buf_j, buf_id) < 0:
-                return -(1 + i)
+                return -1
             status[gi] = DONE
             cnt[t, C_PROC] -= 1
             cnt[t, C_COMPLETED] += 1
@@ -372,12 +382,7 @@ def _release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_u
                 cnt[t, C_SKIPPED] += 1
         elif code == R_FAILED:
             if retries[gi] >= tcfg[t, F_MAX_RETRIES]:
-                if _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e,
-                           status, cnt, tcfg, t, r, scr, buf_t, buf_row, buf_lev, buf_j) < 0:
-                    return -(1 + i)
-                status[gi] = FAILED
-                cnt[t, C_PROC] -= 1
-                cnt[t, C_FAILED] += 1
+                return -(2 + i)
             else:
                 if retries[gi] < 255:
                     retries[gi] += 1
@@ -532,13 +537,13 @@ P_N = 4 * N_PACKED
 P_HEADER = P_N + 4
 
 
-@kernel
+@inline_kernel
 def _v1(b, k):
     o = b[4 * k]
     return b[o : o + b[4 * k + 1]]
 
 
-@kernel
+@inline_kernel
 def _v2(b, k):
     o = b[4 * k]
     n0 = b[4 * k + 1]
@@ -546,7 +551,7 @@ def _v2(b, k):
     return b[o : o + n0 * n1].reshape((n0, n1))
 
 
-@kernel
+@inline_kernel
 def _v3(b, k):
     o = b[4 * k]
     n0 = b[4 * k + 1]
@@ -555,7 +560,7 @@ def _v3(b, k):
     return b[o : o + n0 * n1 * n2].reshape((n0, n1, n2))
 
 
-@kernel
+@flat_kernel
 def acquire_packed(b, u8, n_met, t, max_n, out_rows):
     """:func:`_acquire` on packed state: up to ``max_n`` rows of task ``t`` into ``out_rows``."""
     N = b[P_N]
@@ -567,19 +572,20 @@ def acquire_packed(b, u8, n_met, t, max_n, out_rows):
                     _v2(b, P_SCR), _v1(b, P_BUF_LEV), _v2(b, P_BUF_J))
 
 
-@kernel
-def release_packed(b, u8, n_met, t, rows, codes):
-    """:func:`_release` on packed state: ``rows`` (int64[k]) of task ``t`` with ``codes`` (uint8[k])."""
+@flat_kernel
+def release_packed(b, u8, n_met, t, rows, codes, start):
+    """:func:`_release` on packed state: ``rows[start:]`` (int64[k]) of task ``t`` with
+    ``codes`` (uint8[k]). Returns as :func:`_release` (``<= -2``: call :func:`fail_block`)."""
     N = b[P_N]
     return _release(_v3(b, P_GEO), _v2(b, P_INFO), _v2(b, P_LVL_OFF), _v2(b, P_LVL_CNT), _v1(b, P_LVL_START),
                     _v1(b, P_CONF_PTR), _v2(b, P_CONF_JUMP), _v2(b, P_E_UV), _v2(b, P_E_UP), _v2(b, P_E_UP_OFF),
                     _v2(b, P_E_DN), _v2(b, P_E_DN_OFF), _v1(b, P_TIN_PTR), _v1(b, P_TIN_E), _v1(b, P_TOUT_PTR),
                     _v1(b, P_TOUT_E), u8[:N], n_met, u8[N : 2 * N], _v1(b, P_QUEUE), _v2(b, P_CNT), _v2(b, P_TCFG),
-                    t, rows, codes, _v1(b, P_BUF_T), _v1(b, P_BUF_ROW), _v1(b, P_BUF_ID),
+                    t, rows, codes, start, _v1(b, P_BUF_T), _v1(b, P_BUF_ROW), _v1(b, P_BUF_ID),
                     _v2(b, P_SCR), _v1(b, P_BUF_LEV), _v2(b, P_BUF_J))
 
 
-@kernel
+@flat_kernel
 def release_one(b, u8, n_met, t, row, code):
     """The per-block release: :func:`release_packed` of one row (no arrays to pass)."""
     N = b[P_N]
@@ -587,10 +593,30 @@ def release_one(b, u8, n_met, t, row, code):
     rows[0] = row
     codes = u8[3 * N : 3 * N + 1]
     codes[0] = code
-    return release_packed(b, u8, n_met, t, rows, codes)
+    return release_packed(b, u8, n_met, t, rows, codes, 0)
 
 
 @kernel
+def fail_block(b, u8, n_met, t, row):
+    """Fail ``row`` of task ``t`` for good (it is PROCESSING): orphan every PENDING block
+    that transitively depends on it, then count it failed. Returns the orphan count,
+    or -1 if the scratch buffers were too small."""
+    N = b[P_N]
+    status = u8[:N]
+    cnt = _v2(b, P_CNT)
+    n = _orphan(_v3(b, P_GEO), _v2(b, P_INFO), _v2(b, P_LVL_OFF), _v2(b, P_LVL_CNT), _v1(b, P_LVL_START),
+                _v1(b, P_CONF_PTR), _v2(b, P_CONF_JUMP), _v2(b, P_E_UV), _v2(b, P_E_DN), _v2(b, P_E_DN_OFF),
+                _v1(b, P_TOUT_PTR), _v1(b, P_TOUT_E), status, cnt, _v2(b, P_TCFG), t, row,
+                _v2(b, P_SCR), _v1(b, P_BUF_T), _v1(b, P_BUF_ROW), _v1(b, P_BUF_LEV), _v2(b, P_BUF_J))
+    if n < 0:
+        return -1
+    status[_v2(b, P_INFO)[t, I_BLOCK_BASE] + row] = FAILED
+    cnt[t, C_PROC] -= 1
+    cnt[t, C_FAILED] += 1
+    return n
+
+
+@flat_kernel
 def acquire_one(b, u8, n_met, t, out):
     """The per-block acquire in one call: one block of task ``t``, described.
 
@@ -600,8 +626,10 @@ def acquire_one(b, u8, n_met, t, out):
     n = acquire_packed(b, u8, n_met, t, 1, out[:1])
     if n != 1:
         return n
-    nd = _v2(b, P_INFO)[t, I_NDIM]
-    describe_rows(_v3(b, P_GEO), _v2(b, P_INFO), _v2(b, P_LVL_OFF), _v2(b, P_LVL_CNT), _v1(b, P_LVL_START), t, out[:1],
-                  out[1:2], out[2 : 2 + nd].reshape((1, nd)), out[2 + 2 * nd : 2 + 3 * nd].reshape((1, nd)),
-                  out[2 + nd : 2 + 2 * nd].reshape((1, nd)), out[2 + 3 * nd : 2 + 4 * nd].reshape((1, nd)))
+    info = _v2(b, P_INFO)
+    nd = info[t, I_NDIM]
+    describe_rows_into(_v3(b, P_GEO), info, _v2(b, P_LVL_OFF), _v2(b, P_LVL_CNT), _v1(b, P_LVL_START), t, out[:1],
+                       out[1:2], out[2 : 2 + nd].reshape((1, nd)), out[2 + 2 * nd : 2 + 3 * nd].reshape((1, nd)),
+                       out[2 + nd : 2 + 2 * nd].reshape((1, nd)), out[2 + 3 * nd : 2 + 4 * nd].reshape((1, nd)),
+                       _v2(b, P_SCR)[:2])
     return 1
