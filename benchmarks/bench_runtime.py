@@ -1,6 +1,7 @@
 """Runtime benchmark: daisy_nb's worker pool side by side with daisy 2.0.0's run_blockwise.
 
     python benchmarks/bench_runtime.py --daisy-python /work/venvs/daisy2/bin/python [--quick]
+        [--cases noop,cpu,sleep,latency] [--repeat N]
 
 Every case runs in a fresh interpreter (the same script with ``--case``), for both
 libraries, with the same 1-D task (total = n * 10, block 10, no read/write
@@ -9,9 +10,10 @@ wall-clock around ``run_blockwise`` (JIT warm-up for daisy_nb done before the
 clock starts, as in the other benchmarks; the latency row also gives the cold
 figure). Prints a markdown table.
 
-Cases:
+Cases (``--cases`` picks some, comma-separated; ``--repeat N`` runs each daisy_nb
+measurement N times and prints every run, the daisy side once):
   noop      100k no-op blocks, 2 workers: blocks/s (target >= 5x daisy 2.0.0)
-  cpu1/cpu2 2k pure-Python ~1 ms blocks on 1 and 2 workers (target 2 workers >= 1.8x)
+  cpu       2k pure-Python ~1 ms blocks on 1 and 2 workers (target 2 workers >= 1.8x)
   sleep     5k ``time.sleep(0.001)`` blocks, 2 workers: fraction of ideal (target >= 90 %)
   latency   4 blocks, 1 worker: call -> first block running, last block done -> return
 """
@@ -65,6 +67,7 @@ def calibrate_cpu_iters(target=0.001) -> int:
 
 
 FUNCS = {"noop": noop, "cpu": cpu_block, "sleep": sleep_block, "stamp": stamp_block}
+CASES = ("noop", "cpu", "sleep", "latency")
 
 
 def run_case(lib: str, fn_name: str, n: int, workers: int) -> dict:
@@ -138,6 +141,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--daisy-python", default=None, help="a python with daisy==2.0.0 installed")
     ap.add_argument("--quick", action="store_true", help="10x fewer blocks (smoke run)")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    ap.add_argument("--repeat", type=int, default=1, help="daisy_nb runs per case (each one is printed)")
     ap.add_argument("--case", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.case:
@@ -145,67 +150,83 @@ def main():
         print("RESULT " + json.dumps(run_case(lib, fn_name, int(n), int(w))), flush=True)
         return
 
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        ap.error(f"unknown case(s) {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}")
     me = sys.executable
     ref = args.daisy_python
     scale = 10 if args.quick else 1
+    reps = max(1, args.repeat)
     iters = calibrate_cpu_iters()
     os.environ["BENCH_CPU_ITERS"] = str(iters)
     rows = []
 
-    n = 100_000 // scale
-    nb = spawn_case(me, "daisy_nb", "noop", n, 2)
-    line = {"case": f"no-op, {n:,} blocks, 2 workers", "daisy_nb": f"{n / nb['secs']:,.0f} blocks/s ({nb['secs']:.2f} s)"}
-    if ref:
-        d = spawn_case(ref, "daisy", "noop", n, 2)
-        line["daisy 2.0.0"] = f"{n / d['secs']:,.0f} blocks/s ({d['secs']:.2f} s)"
-        line["ratio"] = f"{d['secs'] / nb['secs']:.1f}x (target >= 5x)"
-    rows.append(line)
+    def each(fmt, values):
+        return "; ".join(fmt(v) for v in values)
 
-    n = 2_000 // scale
-    c1 = spawn_case(me, "daisy_nb", "cpu", n, 1)
-    c2 = spawn_case(me, "daisy_nb", "cpu", n, 2)
-    line = {
-        "case": f"~1 ms pure-Python CPU, {n:,} blocks",
-        "daisy_nb": f"1 worker {c1['secs']:.2f} s, 2 workers {c2['secs']:.2f} s",
-        "ratio": f"{c1['secs'] / c2['secs']:.2f}x 2w/1w (target >= 1.8x)",
-    }
-    if ref:
-        d1 = spawn_case(ref, "daisy", "cpu", n, 1)
-        d2 = spawn_case(ref, "daisy", "cpu", n, 2)
-        line["daisy 2.0.0"] = f"1 worker {d1['secs']:.2f} s, 2 workers {d2['secs']:.2f} s"
-    rows.append(line)
+    if "noop" in cases:
+        n = 100_000 // scale
+        nbs = [spawn_case(me, "daisy_nb", "noop", n, 2) for _ in range(reps)]
+        line = {"case": f"no-op, {n:,} blocks, 2 workers",
+                "daisy_nb": each(lambda r: f"{n / r['secs']:,.0f} blocks/s ({r['secs']:.2f} s)", nbs)}
+        if ref:
+            d = spawn_case(ref, "daisy", "noop", n, 2)
+            line["daisy 2.0.0"] = f"{n / d['secs']:,.0f} blocks/s ({d['secs']:.2f} s)"
+            line["ratio"] = each(lambda r: f"{d['secs'] / r['secs']:.1f}x", nbs) + " (target >= 5x)"
+        rows.append(line)
 
-    n = 5_000 // scale
-    ideal = n * 0.001 / 2
-    # time.sleep(0.001) really sleeps longer (timer slack, wake-up latency): measure it, and give
-    # the fraction both of the nominal ideal and of what two back-to-back sleepers can achieve
-    t = time.perf_counter()
-    for _ in range(500):
-        time.sleep(0.001)
-    real_sleep = (time.perf_counter() - t) / 500
-    achievable = n * real_sleep / 2
-    s = spawn_case(me, "daisy_nb", "sleep", n, 2)
-    line = {
-        "case": f"1 ms sleep, {n:,} blocks, 2 workers (sleep(0.001) takes {real_sleep * 1000:.3f} ms here)",
-        "daisy_nb": f"{s['secs']:.2f} s = {ideal / s['secs']:.0%} of nominal ideal {ideal:.2f} s, "
-        f"{achievable / s['secs']:.0%} of achievable {achievable:.2f} s",
-        "ratio": "(target >= 90 %)",
-    }
-    if ref:
-        d = spawn_case(ref, "daisy", "sleep", n, 2)
-        line["daisy 2.0.0"] = f"{d['secs']:.2f} s = {ideal / d['secs']:.0%} nominal, {achievable / d['secs']:.0%} achievable"
-    rows.append(line)
+    if "cpu" in cases:
+        n = 2_000 // scale
+        pairs = [(spawn_case(me, "daisy_nb", "cpu", n, 1), spawn_case(me, "daisy_nb", "cpu", n, 2)) for _ in range(reps)]
+        line = {
+            "case": f"~1 ms pure-Python CPU, {n:,} blocks",
+            "daisy_nb": each(lambda p: f"1 worker {p[0]['secs']:.2f} s, 2 workers {p[1]['secs']:.2f} s", pairs),
+            "ratio": each(lambda p: f"{p[0]['secs'] / p[1]['secs']:.2f}x", pairs) + " 2w/1w (target >= 1.8x)",
+        }
+        if ref:
+            d1 = spawn_case(ref, "daisy", "cpu", n, 1)
+            d2 = spawn_case(ref, "daisy", "cpu", n, 2)
+            line["daisy 2.0.0"] = f"1 worker {d1['secs']:.2f} s, 2 workers {d2['secs']:.2f} s ({d1['secs'] / d2['secs']:.2f}x)"
+        rows.append(line)
 
-    a, b = latency(me, "daisy_nb")
-    ca, cb = latency(me, "daisy_nb", cold=True)
-    line = {
-        "case": "call -> first block / last block -> return (4 blocks, 1 worker)",
-        "daisy_nb": f"{a * 1000:.0f} ms / {b * 1000:.0f} ms (without JIT warm-up: {ca * 1000:.0f} ms / {cb * 1000:.0f} ms)",
-    }
-    if ref:
-        a, b = latency(ref, "daisy")
-        line["daisy 2.0.0"] = f"{a * 1000:.0f} ms / {b * 1000:.0f} ms"
-    rows.append(line)
+    if "sleep" in cases:
+        n = 5_000 // scale
+        ideal = n * 0.001 / 2
+        # time.sleep(0.001) really sleeps longer (timer slack, wake-up latency): measure it, and give
+        # the fraction both of the nominal ideal and of what two back-to-back sleepers can achieve
+        t = time.perf_counter()
+        for _ in range(500):
+            time.sleep(0.001)
+        real_sleep = (time.perf_counter() - t) / 500
+        achievable = n * real_sleep / 2
+        runs = [spawn_case(me, "daisy_nb", "sleep", n, 2) for _ in range(reps)]
+        line = {
+            "case": f"1 ms sleep, {n:,} blocks, 2 workers (sleep(0.001) takes {real_sleep * 1000:.3f} ms here)",
+            "daisy_nb": each(
+                lambda r: f"{r['secs']:.2f} s = {ideal / r['secs']:.0%} of nominal ideal {ideal:.2f} s, "
+                f"{achievable / r['secs']:.0%} of achievable {achievable:.2f} s",
+                runs,
+            ),
+            "ratio": "(target >= 90 %)",
+        }
+        if ref:
+            d = spawn_case(ref, "daisy", "sleep", n, 2)
+            line["daisy 2.0.0"] = f"{d['secs']:.2f} s = {ideal / d['secs']:.0%} nominal, {achievable / d['secs']:.0%} achievable"
+        rows.append(line)
+
+    if "latency" in cases:
+        warm = [latency(me, "daisy_nb") for _ in range(reps)]
+        ca, cb = latency(me, "daisy_nb", cold=True)
+        line = {
+            "case": "call -> first block / last block -> return (4 blocks, 1 worker)",
+            "daisy_nb": each(lambda ab: f"{ab[0] * 1000:.0f} ms / {ab[1] * 1000:.0f} ms", warm)
+            + f" (without JIT warm-up: {ca * 1000:.0f} ms / {cb * 1000:.0f} ms)",
+        }
+        if ref:
+            a, b = latency(ref, "daisy")
+            line["daisy 2.0.0"] = f"{a * 1000:.0f} ms / {b * 1000:.0f} ms"
+        rows.append(line)
 
     cols = ["case", "daisy_nb", "daisy 2.0.0", "ratio"]
     print(f"\nMachine: {os.cpu_count()} cores, Python {sys.version.split()[0]}; CPU block = {iters} iterations\n")
