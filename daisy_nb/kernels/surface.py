@@ -86,7 +86,7 @@ def _push_back(queue, cnt, info, t, row):
     cnt[t, C_QLEN] += 1
 
 
-@inline_kernel
+@kernel
 def _push_front(queue, cnt, info, t, row):
     nt = info[t, I_NBLOCKS]
     base = info[t, I_BLOCK_BASE]
@@ -241,10 +241,8 @@ def _down_lj(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, 
     return n
 
 
-@inline_kernel
-def _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-                t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, row,
-                scr, buf_t, buf_row, buf_lev, buf_j, buf_id):
+@kernel
+def _on_success(T, S, W, t, row):
     """Propagate a success: count it at every downstream block; queue those now ready.
 
     ``n_met[gi]`` holds 0 until a block is first reached, then (unmet upstream
@@ -253,6 +251,10 @@ def _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, 
     increasing spatial ID order (daisy sorts ``downstream()`` by spatial ID).
     Returns 0, or -needed when the scratch buffers are too small (nothing changed then).
     """
+    (tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+     t_in_ptr, t_in_e, t_out_ptr, t_out_e) = T
+    status, n_met, retries, preskip, queue, cnt, tcfg = S
+    scr, buf_t, buf_row, buf_id, buf_lev, buf_j = W
     n = _down_lj(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row,
                  scr, buf_t, buf_row, buf_lev, buf_j)
     if n < 0:
@@ -343,9 +345,7 @@ def _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
 
 
 @kernel
-def _release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-             t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, retries, queue, cnt, tcfg, t, rows, codes, start, buf_t, buf_row,
-             buf_id, scr, buf_lev, buf_j):
+def _release(T, S, W, t, rows, codes, start):
     """Release blocks ``rows[start:]`` (int64[k]) of task ``t`` with ``codes`` (uint8[k]).
 
     Codes: R_SUCCESS, R_SKIPPED (success, also counted as skipped), R_FAILED (an attempt
@@ -362,6 +362,10 @@ def _release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_u
     small for a downstream list (the scheduler sizes them from the geometry so that
     this cannot happen).
     """
+    (tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+     t_in_ptr, t_in_e, t_out_ptr, t_out_e) = T
+    status, n_met, retries, preskip, queue, cnt, tcfg = S
+    scr, buf_t, buf_row, buf_id, buf_lev, buf_j = W
     scr[7, 0] = -1  # no memo of a previous row
     for i in range(start, rows.shape[0]):
         r = rows[i]
@@ -372,8 +376,7 @@ def _release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_u
         if status[gi] != PROCESSING or tcfg[t, F_STATE] != RUNNING:
             continue
         if code == R_SUCCESS or code == R_SKIPPED:
-            if _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-                           t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, r, scr, buf_t, buf_row, buf_lev, buf_j, buf_id) < 0:
+            if _on_success(T, S, W, t, r) < 0:
                 return -1
             status[gi] = DONE
             cnt[t, C_PROC] -= 1
@@ -408,9 +411,7 @@ def _release(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_u
 
 
 @kernel
-def _acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-             t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, preskip, queue, cnt, tcfg, t, max_n, out_rows, buf_t, buf_row, buf_id,
-             scr, buf_lev, buf_j):
+def _acquire(T, S, W, t, max_n, out_rows):
     """Hand out up to ``max_n`` ready blocks of task ``t`` (rows written to ``out_rows``).
 
     Order: roots first, then FIFO (daisy's ProcessingQueue). Blocks flagged in
@@ -419,6 +420,10 @@ def _acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_u
     Returns the count, or -(1 + count) when the scratch buffers must grow (the
     block that needed them is given back first; call again).
     """
+    (tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+     t_in_ptr, t_in_e, t_out_ptr, t_out_e) = T
+    status, n_met, retries, preskip, queue, cnt, tcfg = S
+    scr, buf_t, buf_row, buf_id, buf_lev, buf_j = W
     if tcfg[t, F_STATE] != RUNNING:
         return 0
     scr[7, 0] = -1
@@ -432,8 +437,7 @@ def _acquire(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_u
         cnt[t, C_PROC] += 1
         cnt[t, C_STARTED] = 1
         if preskip[gi] != 0:
-            if _on_success(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
-                           t_in_ptr, t_in_e, t_out_ptr, t_out_e, status, n_met, queue, cnt, tcfg, t, r, scr, buf_t, buf_row, buf_lev, buf_j, buf_id) < 0:
+            if _on_success(T, S, W, t, r) < 0:
                 # scratch buffers too small (cannot happen with the sizes the scheduler
                 # computes): undo the pop and report
                 _push_front(queue, cnt, info, t, r)
@@ -527,8 +531,10 @@ def rows_to_cells(tt_geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, cell_shape
 # scratch) in one buffer ``b`` and the uint8 state (status, retries, preskip, one
 # release code) in another ``u8``; the entry points below take those two plus
 # ``n_met`` and rebuild the views inside the kernel (a slice and a reshape each).
-# ``b`` starts with a header: for array k, ``b[4k] = offset`` and ``b[4k+1:4k+4]`` its
-# shape (unused dimensions 1); ``b[P_N]`` is N, the number of blocks.
+# ``b`` starts with a header: for array k, ``b[4k]`` and ``b[4k+1]`` are where it starts
+# and ends and ``b[4k+2:4k+4]`` its trailing dimensions (unused ones 1); ``b[P_N]`` is
+# N, the number of blocks. The views are written out where they are needed: an inlined
+# helper returning one would cost ~60 ms of compile time per use.
 (P_GEO, P_INFO, P_LVL_OFF, P_LVL_CNT, P_LVL_START, P_CONF_PTR, P_CONF_JUMP, P_E_UV, P_E_UP, P_E_UP_OFF, P_E_DN,
  P_E_DN_OFF, P_TIN_PTR, P_TIN_E, P_TOUT_PTR, P_TOUT_E, P_QUEUE, P_CNT, P_TCFG, P_BUF_T, P_BUF_ROW, P_BUF_ID,
  P_BUF_LEV, P_BUF_J, P_SCR, P_ROW1) = range(26)
@@ -537,63 +543,69 @@ P_N = 4 * N_PACKED
 P_HEADER = P_N + 4
 
 
-@inline_kernel
-def _v1(b, k):
-    o = b[4 * k]
-    return b[o : o + b[4 * k + 1]]
-
-
-@inline_kernel
-def _v2(b, k):
-    o = b[4 * k]
-    n0 = b[4 * k + 1]
-    n1 = b[4 * k + 2]
-    return b[o : o + n0 * n1].reshape((n0, n1))
-
-
-@inline_kernel
-def _v3(b, k):
-    o = b[4 * k]
-    n0 = b[4 * k + 1]
-    n1 = b[4 * k + 2]
-    n2 = b[4 * k + 3]
-    return b[o : o + n0 * n1 * n2].reshape((n0, n1, n2))
+# operations of :func:`step`
+OP_ACQUIRE, OP_RELEASE, OP_ACQUIRE_ONE, OP_RELEASE_ONE = range(4)
 
 
 @flat_kernel
-def acquire_packed(b, u8, n_met, t, max_n, out_rows):
-    """:func:`_acquire` on packed state: up to ``max_n`` rows of task ``t`` into ``out_rows``."""
+def step(b, u8, n_met, op, t, x, y, rows, codes):
+    """The scheduler's one entry point, on packed state (one compiled body, one call per step).
+
+    * ``OP_ACQUIRE``: up to ``x`` ready rows of task ``t`` into ``rows``; returns the count
+      (as :func:`_acquire`).
+    * ``OP_RELEASE``: release ``rows[x:]`` with ``codes``; returns as :func:`_release`
+      (``<= -2``: run :func:`fail_block` on that block, then step again after it).
+    * ``OP_ACQUIRE_ONE``: one block, described in ``rows`` = int64[2 + 4 * nd] as (row,
+      spatial id, read offset, read shape, write offset, write shape); returns 1, 0 when
+      nothing is ready, or < 0 as acquire.
+    * ``OP_RELEASE_ONE``: release row ``x`` with code ``y`` (no arrays to build).
+    """
     N = b[P_N]
-    return _acquire(_v3(b, P_GEO), _v2(b, P_INFO), _v2(b, P_LVL_OFF), _v2(b, P_LVL_CNT), _v1(b, P_LVL_START),
-                    _v1(b, P_CONF_PTR), _v2(b, P_CONF_JUMP), _v2(b, P_E_UV), _v2(b, P_E_UP), _v2(b, P_E_UP_OFF),
-                    _v2(b, P_E_DN), _v2(b, P_E_DN_OFF), _v1(b, P_TIN_PTR), _v1(b, P_TIN_E), _v1(b, P_TOUT_PTR),
-                    _v1(b, P_TOUT_E), u8[:N], n_met, u8[2 * N : 3 * N], _v1(b, P_QUEUE), _v2(b, P_CNT), _v2(b, P_TCFG),
-                    t, max_n, out_rows, _v1(b, P_BUF_T), _v1(b, P_BUF_ROW), _v1(b, P_BUF_ID),
-                    _v2(b, P_SCR), _v1(b, P_BUF_LEV), _v2(b, P_BUF_J))
-
-
-@flat_kernel
-def release_packed(b, u8, n_met, t, rows, codes, start):
-    """:func:`_release` on packed state: ``rows[start:]`` (int64[k]) of task ``t`` with
-    ``codes`` (uint8[k]). Returns as :func:`_release` (``<= -2``: call :func:`fail_block`)."""
-    N = b[P_N]
-    return _release(_v3(b, P_GEO), _v2(b, P_INFO), _v2(b, P_LVL_OFF), _v2(b, P_LVL_CNT), _v1(b, P_LVL_START),
-                    _v1(b, P_CONF_PTR), _v2(b, P_CONF_JUMP), _v2(b, P_E_UV), _v2(b, P_E_UP), _v2(b, P_E_UP_OFF),
-                    _v2(b, P_E_DN), _v2(b, P_E_DN_OFF), _v1(b, P_TIN_PTR), _v1(b, P_TIN_E), _v1(b, P_TOUT_PTR),
-                    _v1(b, P_TOUT_E), u8[:N], n_met, u8[N : 2 * N], _v1(b, P_QUEUE), _v2(b, P_CNT), _v2(b, P_TCFG),
-                    t, rows, codes, start, _v1(b, P_BUF_T), _v1(b, P_BUF_ROW), _v1(b, P_BUF_ID),
-                    _v2(b, P_SCR), _v1(b, P_BUF_LEV), _v2(b, P_BUF_J))
-
-
-@flat_kernel
-def release_one(b, u8, n_met, t, row, code):
-    """The per-block release: :func:`release_packed` of one row (no arrays to pass)."""
-    N = b[P_N]
-    rows = _v1(b, P_ROW1)
-    rows[0] = row
-    codes = u8[3 * N : 3 * N + 1]
-    codes[0] = code
-    return release_packed(b, u8, n_met, t, rows, codes, 0)
+    geo = b[b[4 * P_GEO] : b[4 * P_GEO + 1]].reshape((-1, b[4 * P_GEO + 2], b[4 * P_GEO + 3]))
+    info = b[b[4 * P_INFO] : b[4 * P_INFO + 1]].reshape((-1, b[4 * P_INFO + 2]))
+    lvl_off = b[b[4 * P_LVL_OFF] : b[4 * P_LVL_OFF + 1]].reshape((-1, b[4 * P_LVL_OFF + 2]))
+    lvl_cnt = b[b[4 * P_LVL_CNT] : b[4 * P_LVL_CNT + 1]].reshape((-1, b[4 * P_LVL_CNT + 2]))
+    lvl_start = b[b[4 * P_LVL_START] : b[4 * P_LVL_START + 1]]
+    conf_ptr = b[b[4 * P_CONF_PTR] : b[4 * P_CONF_PTR + 1]]
+    conf_jump = b[b[4 * P_CONF_JUMP] : b[4 * P_CONF_JUMP + 1]].reshape((-1, b[4 * P_CONF_JUMP + 2]))
+    e_uv = b[b[4 * P_E_UV] : b[4 * P_E_UV + 1]].reshape((-1, b[4 * P_E_UV + 2]))
+    e_up = b[b[4 * P_E_UP] : b[4 * P_E_UP + 1]].reshape((-1, b[4 * P_E_UP + 2]))
+    e_up_off = b[b[4 * P_E_UP_OFF] : b[4 * P_E_UP_OFF + 1]].reshape((-1, b[4 * P_E_UP_OFF + 2]))
+    e_dn = b[b[4 * P_E_DN] : b[4 * P_E_DN + 1]].reshape((-1, b[4 * P_E_DN + 2]))
+    e_dn_off = b[b[4 * P_E_DN_OFF] : b[4 * P_E_DN_OFF + 1]].reshape((-1, b[4 * P_E_DN_OFF + 2]))
+    t_in_ptr = b[b[4 * P_TIN_PTR] : b[4 * P_TIN_PTR + 1]]
+    t_in_e = b[b[4 * P_TIN_E] : b[4 * P_TIN_E + 1]]
+    t_out_ptr = b[b[4 * P_TOUT_PTR] : b[4 * P_TOUT_PTR + 1]]
+    t_out_e = b[b[4 * P_TOUT_E] : b[4 * P_TOUT_E + 1]]
+    queue = b[b[4 * P_QUEUE] : b[4 * P_QUEUE + 1]]
+    cnt = b[b[4 * P_CNT] : b[4 * P_CNT + 1]].reshape((-1, b[4 * P_CNT + 2]))
+    tcfg = b[b[4 * P_TCFG] : b[4 * P_TCFG + 1]].reshape((-1, b[4 * P_TCFG + 2]))
+    buf_t = b[b[4 * P_BUF_T] : b[4 * P_BUF_T + 1]]
+    buf_row = b[b[4 * P_BUF_ROW] : b[4 * P_BUF_ROW + 1]]
+    buf_id = b[b[4 * P_BUF_ID] : b[4 * P_BUF_ID + 1]]
+    scr = b[b[4 * P_SCR] : b[4 * P_SCR + 1]].reshape((-1, b[4 * P_SCR + 2]))
+    buf_lev = b[b[4 * P_BUF_LEV] : b[4 * P_BUF_LEV + 1]]
+    buf_j = b[b[4 * P_BUF_J] : b[4 * P_BUF_J + 1]].reshape((-1, b[4 * P_BUF_J + 2]))
+    T = (geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+         t_in_ptr, t_in_e, t_out_ptr, t_out_e)
+    S = (u8[:N], n_met, u8[N : 2 * N], u8[2 * N : 3 * N], queue, cnt, tcfg)
+    W = (scr, buf_t, buf_row, buf_id, buf_lev, buf_j)
+    if op == OP_ACQUIRE or op == OP_ACQUIRE_ONE:
+        n = _acquire(T, S, W, t, x if op == OP_ACQUIRE else 1, rows)
+        if op == OP_ACQUIRE or n != 1:
+            return n
+        nd = info[t, I_NDIM]
+        describe_rows_into(geo, info, lvl_off, lvl_cnt, lvl_start, t, rows[:1], rows[1:2], rows[2 : 2 + nd].reshape((1, nd)),
+                           rows[2 + 2 * nd : 2 + 3 * nd].reshape((1, nd)), rows[2 + nd : 2 + 2 * nd].reshape((1, nd)),
+                           rows[2 + 3 * nd : 2 + 4 * nd].reshape((1, nd)), scr[:2])
+        return 1
+    if op == OP_RELEASE_ONE:
+        one = b[b[4 * P_ROW1] : b[4 * P_ROW1 + 1]]
+        one[0] = x
+        code = u8[3 * N : 3 * N + 1]
+        code[0] = y
+        return _release(T, S, W, t, one, code, 0)
+    return _release(T, S, W, t, rows, codes, x)
 
 
 @kernel
@@ -602,34 +614,31 @@ def fail_block(b, u8, n_met, t, row):
     that transitively depends on it, then count it failed. Returns the orphan count,
     or -1 if the scratch buffers were too small."""
     N = b[P_N]
+    geo = b[b[4 * P_GEO] : b[4 * P_GEO + 1]].reshape((-1, b[4 * P_GEO + 2], b[4 * P_GEO + 3]))
+    info = b[b[4 * P_INFO] : b[4 * P_INFO + 1]].reshape((-1, b[4 * P_INFO + 2]))
+    lvl_off = b[b[4 * P_LVL_OFF] : b[4 * P_LVL_OFF + 1]].reshape((-1, b[4 * P_LVL_OFF + 2]))
+    lvl_cnt = b[b[4 * P_LVL_CNT] : b[4 * P_LVL_CNT + 1]].reshape((-1, b[4 * P_LVL_CNT + 2]))
+    lvl_start = b[b[4 * P_LVL_START] : b[4 * P_LVL_START + 1]]
+    conf_ptr = b[b[4 * P_CONF_PTR] : b[4 * P_CONF_PTR + 1]]
+    conf_jump = b[b[4 * P_CONF_JUMP] : b[4 * P_CONF_JUMP + 1]].reshape((-1, b[4 * P_CONF_JUMP + 2]))
+    e_uv = b[b[4 * P_E_UV] : b[4 * P_E_UV + 1]].reshape((-1, b[4 * P_E_UV + 2]))
+    e_dn = b[b[4 * P_E_DN] : b[4 * P_E_DN + 1]].reshape((-1, b[4 * P_E_DN + 2]))
+    e_dn_off = b[b[4 * P_E_DN_OFF] : b[4 * P_E_DN_OFF + 1]].reshape((-1, b[4 * P_E_DN_OFF + 2]))
+    t_out_ptr = b[b[4 * P_TOUT_PTR] : b[4 * P_TOUT_PTR + 1]]
+    t_out_e = b[b[4 * P_TOUT_E] : b[4 * P_TOUT_E + 1]]
+    cnt = b[b[4 * P_CNT] : b[4 * P_CNT + 1]].reshape((-1, b[4 * P_CNT + 2]))
+    tcfg = b[b[4 * P_TCFG] : b[4 * P_TCFG + 1]].reshape((-1, b[4 * P_TCFG + 2]))
+    scr = b[b[4 * P_SCR] : b[4 * P_SCR + 1]].reshape((-1, b[4 * P_SCR + 2]))
+    buf_t = b[b[4 * P_BUF_T] : b[4 * P_BUF_T + 1]]
+    buf_row = b[b[4 * P_BUF_ROW] : b[4 * P_BUF_ROW + 1]]
+    buf_lev = b[b[4 * P_BUF_LEV] : b[4 * P_BUF_LEV + 1]]
+    buf_j = b[b[4 * P_BUF_J] : b[4 * P_BUF_J + 1]].reshape((-1, b[4 * P_BUF_J + 2]))
     status = u8[:N]
-    cnt = _v2(b, P_CNT)
-    n = _orphan(_v3(b, P_GEO), _v2(b, P_INFO), _v2(b, P_LVL_OFF), _v2(b, P_LVL_CNT), _v1(b, P_LVL_START),
-                _v1(b, P_CONF_PTR), _v2(b, P_CONF_JUMP), _v2(b, P_E_UV), _v2(b, P_E_DN), _v2(b, P_E_DN_OFF),
-                _v1(b, P_TOUT_PTR), _v1(b, P_TOUT_E), status, cnt, _v2(b, P_TCFG), t, row,
-                _v2(b, P_SCR), _v1(b, P_BUF_T), _v1(b, P_BUF_ROW), _v1(b, P_BUF_LEV), _v2(b, P_BUF_J))
+    n = _orphan(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e,
+                status, cnt, tcfg, t, row, scr, buf_t, buf_row, buf_lev, buf_j)
     if n < 0:
         return -1
-    status[_v2(b, P_INFO)[t, I_BLOCK_BASE] + row] = FAILED
+    status[info[t, I_BLOCK_BASE] + row] = FAILED
     cnt[t, C_PROC] -= 1
     cnt[t, C_FAILED] += 1
     return n
-
-
-@flat_kernel
-def acquire_one(b, u8, n_met, t, out):
-    """The per-block acquire in one call: one block of task ``t``, described.
-
-    out: int64[2 + 4 * nd], written as (row, spatial id, read offset, read shape,
-    write offset, write shape). Returns 1, 0 when nothing is ready, or < 0 as acquire.
-    """
-    n = acquire_packed(b, u8, n_met, t, 1, out[:1])
-    if n != 1:
-        return n
-    info = _v2(b, P_INFO)
-    nd = info[t, I_NDIM]
-    describe_rows_into(_v3(b, P_GEO), info, _v2(b, P_LVL_OFF), _v2(b, P_LVL_CNT), _v1(b, P_LVL_START), t, out[:1],
-                       out[1:2], out[2 : 2 + nd].reshape((1, nd)), out[2 + 2 * nd : 2 + 3 * nd].reshape((1, nd)),
-                       out[2 + nd : 2 + 2 * nd].reshape((1, nd)), out[2 + 3 * nd : 2 + 4 * nd].reshape((1, nd)),
-                       _v2(b, P_SCR)[:2])
-    return 1
