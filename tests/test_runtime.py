@@ -415,3 +415,45 @@ def test_run_blockwise_raises_on_abandonment(out, capsys):
     assert ei.value.daisy_states["crashy"].worker_failure_count == 2
     assert ei.value.daisy_task_order == ["crashy"]
     assert "Execution Summary" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- worker start-up: memfd segments, light imports
+def test_block_worker_imports_stay_light(out):
+    run([make_task("li", 4, blockfns.light_imports)])
+    texts = [f.read_text().split()[3] for f in done_files(out, "li")]
+    assert texts == ["none"] * 4
+
+
+def test_named_shared_memory_fallback(out, monkeypatch):
+    # platforms without memfd: a named POSIX segment, mapped by name, unlinked at the end (no_leaks checks)
+    monkeypatch.delattr(os, "memfd_create")
+    before = harness.shm_segments()
+    states = run([make_task("nm", 300, blockfns.quick_mark, max_workers=2)])
+    assert states["nm"].completed_count == 300
+    assert all(attempts(out, "nm", i) == 1 for i in range(300))
+    assert not (harness.shm_segments() - before)
+
+
+def test_worker_pipe_frames_match_multiprocessing_connection():
+    import socket
+
+    from multiprocessing.connection import Connection
+
+    from daisy_nb.runtime.worker import _Pipe
+
+    a, b = socket.socketpair()
+    parent, child = Connection(a.detach()), _Pipe(b.detach())
+    try:
+        for size in (0, 1, 16384, 16385, 3_000_000):
+            data = os.urandom(size)
+            sender = threading.Thread(target=parent.send_bytes, args=(data,))
+            sender.start()
+            assert child.recv_bytes() == data
+            sender.join()
+            sender = threading.Thread(target=child.send_bytes, args=(data,))
+            sender.start()
+            assert parent.recv_bytes() == data
+            sender.join()
+    finally:
+        parent.close()
+        child.close()

@@ -21,8 +21,10 @@ pytestmark = [pytest.mark.mp, pytest.mark.timeout(90)]
 
 SCRIPT = textwrap.dedent(
     """
-    import sys
+    import os, sys
     sys.path.insert(0, {workers!r}); sys.path.insert(0, {root!r})
+    if {named!r} and hasattr(os, "memfd_create"):
+        del os.memfd_create  # the named-segment path of platforms without memfd
     import blockfns
     import daisy_nb
     from funlib.geometry import Roi
@@ -36,12 +38,13 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_resume_after_sigkill(tmp_path, monkeypatch):
+@pytest.mark.parametrize("named", [False, True], ids=["memfd", "named_shm"])
+def test_resume_after_sigkill(tmp_path, monkeypatch, named):
     out = tmp_path / "out"
     out.mkdir()
     monkeypatch.setenv("DAISY_NB_TEST_OUT", str(out))
     script = tmp_path / "run.py"
-    kw = dict(workers=str(HERE / "workers"), root=str(HERE.parent), tracking=str(tmp_path / "track"))
+    kw = dict(workers=str(HERE / "workers"), root=str(HERE.parent), tracking=str(tmp_path / "track"), named=named)
     script.write_text(SCRIPT.format(fn="slow_mark", **kw))
     shm_before = harness.shm_segments()
     p = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

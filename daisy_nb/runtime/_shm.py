@@ -2,7 +2,7 @@
 
 ::
 
-    header[8]   n, cur, cur_start_ns, batch_elapsed_ns, n_done, -, -, -
+    header[8]   n, cur, cur_start_ns, batch_elapsed_ns, -, -, -, -
     index[C]    task-local block index          (parent writes)
     spatial[C]  spatial block id                 (parent writes)
     status[C]   0 not started, 1 running, 2 success, 3 failed   (worker writes)
@@ -10,17 +10,23 @@
 
 ``cur``/``cur_start_ns`` (``time.monotonic_ns``, one clock for all processes on a
 machine) let the parent find the block a worker is running and enforce the task's
-timeout without asking the worker. Only the parent creates and unlinks segments;
-workers attach by name without registering with a resource tracker.
+timeout without asking the worker; the worker writes ``cur_start_ns`` before
+``cur``, so a parent that sees ``cur >= 0`` never pairs it with a stale start.
+Only the parent creates segments (:class:`Segment`: an inherited ``memfd`` on
+Linux, a named segment elsewhere); workers map them (:func:`attach`) without a
+resource tracker and, on Linux, without importing ``multiprocessing``, which is
+a good part of a worker's start-up time.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from multiprocessing import shared_memory
 
 HDR = 8
-H_N, H_CUR, H_START, H_ELAPSED, H_DONE = 0, 1, 2, 3, 4
+NAME_PREFIX = "dnb_"  # named segments (no memfd): /dev/shm/dnb_<random> on Linux
+MEMFD_NAME = "daisy_nb_worker"  # memfd segments: "/memfd:daisy_nb_worker (deleted)" in /proc/<pid>/maps
+H_N, H_CUR, H_START, H_ELAPSED = 0, 1, 2, 3
 
 
 def words(capacity: int, ndim: int) -> int:
@@ -37,20 +43,118 @@ def offsets(capacity: int, ndim: int) -> dict[str, int]:
     return o
 
 
-def attach(name: str) -> shared_memory.SharedMemory:
-    """Attach to an existing segment without resource-tracker registration.
+class Segment:
+    """The parent's side of one worker's segment.
 
-    On Python < 3.13 attaching registers the segment with a resource tracker that
-    this (child) process would start, which unlinks the segment when the child
-    exits and warns about a "leak". The parent owns the segment, so skip that.
+    On Linux an anonymous ``memfd`` that the worker inherits (``pass_fds``): it
+    has no name, so nothing can leak when any process dies, and no
+    ``multiprocessing`` resource tracker is needed. Starting that tracker is a
+    whole interpreter start-up, which on a small machine competes for the CPUs
+    with the workers that are starting at the same moment. Elsewhere a named
+    ``multiprocessing.shared_memory`` segment, unlinked by :meth:`close`.
     """
+
+    def __init__(self, nbytes: int):
+        self.fd = -1
+        self.name = None
+        self._shm = None
+        self._mmap = None
+        if hasattr(os, "memfd_create"):
+            import mmap
+
+            fd = os.memfd_create(MEMFD_NAME)  # close-on-exec; Popen(pass_fds=) hands it to the worker
+            try:
+                os.ftruncate(fd, nbytes)
+                self._mmap = mmap.mmap(fd, nbytes)
+            except BaseException:
+                os.close(fd)
+                raise
+            self.fd = fd
+            self.buf = self._mmap
+        else:  # not Linux (tests force this path)
+            import secrets
+            from multiprocessing import shared_memory
+
+            while self._shm is None:
+                try:  # a recognisable name (NAME_PREFIX): leak checks look for these
+                    self._shm = shared_memory.SharedMemory(NAME_PREFIX + secrets.token_hex(8), create=True, size=nbytes)
+                except FileExistsError:  # pragma: no cover - 64 random bits
+                    pass
+            self.name = self._shm.name
+            self.buf = self._shm.buf
+
+    def worker_setup(self) -> dict:
+        """What the worker needs to map the segment (``attach(**worker_setup())``)."""
+        return {"shm_fd": self.fd} if self.fd >= 0 else {"shm_name": self.name}
+
+    def close_fd(self) -> None:
+        """The worker has its own copy of the fd (after spawning): the mapping keeps the memory."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -2  # mapped, fd closed
+
+    def close(self) -> None:
+        """Unmap (views of ``buf`` must be gone) and, for a named segment, unlink."""
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+        try:
+            if self._mmap is not None:
+                self._mmap.close()
+            if self._shm is not None:
+                self._shm.close()
+        except BufferError:  # a numpy view is still alive: unmapped when it goes
+            pass
+        self._mmap = self.buf = None
+        if self._shm is not None:
+            self._shm.unlink()
+            self._shm = None
+
+
+class _Mapped:
+    """A worker's mapping of its segment, from the inherited memfd or from ``/dev/shm``."""
+
+    def __init__(self, fd: int):
+        import mmap
+
+        try:
+            self._mmap = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._mmap)
+
+    def close(self) -> None:
+        try:
+            self.buf.release()
+            self._mmap.close()
+        except BufferError:  # a view is still alive: the mapping goes with the process
+            pass
+
+
+def attach(shm_name: str | None = None, shm_fd: int | None = None):
+    """Map the segment in a worker; returns an object with ``buf`` (a memoryview) and ``close()``.
+
+    Never registers with a resource tracker: on Python < 3.13 attaching with
+    ``SharedMemory`` registers the segment with a tracker that this (child)
+    process would start, which unlinks the segment when the child exits and warns
+    about a "leak". The parent owns the segment.
+    """
+    if shm_fd is not None:
+        return _Mapped(shm_fd)
+    if sys.platform.startswith("linux") and "/" not in shm_name and os.path.isdir("/dev/shm"):
+        try:
+            return _Mapped(os.open(os.path.join("/dev/shm", shm_name), os.O_RDWR))
+        except OSError:
+            pass
+    from multiprocessing import shared_memory
+
     if sys.version_info >= (3, 13):
-        return shared_memory.SharedMemory(name=name, track=False)
+        return shared_memory.SharedMemory(name=shm_name, track=False)
     from multiprocessing import resource_tracker
 
     orig = resource_tracker.register
     resource_tracker.register = lambda *a, **k: None
     try:
-        return shared_memory.SharedMemory(name=name)
+        return shared_memory.SharedMemory(name=shm_name)
     finally:
         resource_tracker.register = orig

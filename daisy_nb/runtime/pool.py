@@ -50,7 +50,6 @@ import sys
 import threading
 import time
 from multiprocessing import connection as mpc
-from multiprocessing import shared_memory
 
 import numpy as np
 
@@ -287,13 +286,16 @@ class _Pool:
             "capacity": CAPACITY,
             "ndim": tr.ndim,
         }
+        keep_fds = []
         if tr.arity:
-            w.shm = shared_memory.SharedMemory(create=True, size=8 * _shm.words(CAPACITY, tr.ndim))
+            w.shm = _shm.Segment(8 * _shm.words(CAPACITY, tr.ndim))
             w.arr = np.ndarray((_shm.words(CAPACITY, tr.ndim),), dtype=np.int64, buffer=w.shm.buf)
             w.off = _shm.offsets(CAPACITY, tr.ndim)
             w.arr[: _shm.HDR] = 0
             w.arr[_shm.H_CUR] = -1
-            setup["shm_name"] = w.shm.name
+            setup.update(w.shm.worker_setup())
+            if w.shm.fd >= 0:
+                keep_fds.append(w.shm.fd)
         parent_end, child_end = mpc.Pipe(duplex=True)
         logs = dlog.open_worker_logs(tr.tid, w.slot)
         tee = logs is not None and dlog.get_log_mode() == "both"
@@ -306,7 +308,7 @@ class _Pool:
         try:
             w.proc = subprocess.Popen(
                 [sys.executable, "-m", "daisy_nb.runtime.worker", str(fd), str(os.getpid())],
-                pass_fds=(fd,),
+                pass_fds=(fd, *keep_fds),
                 stdin=subprocess.DEVNULL,
                 stdout=logs[0] if logs and not tee else None,
                 stderr=logs[1] if logs and not tee else None,
@@ -315,6 +317,8 @@ class _Pool:
             )
         finally:
             child_end.close()
+            if w.shm is not None:
+                w.shm.close_fd()  # the worker has its own
             if logs:
                 w.err_path = logs[1].name
                 w.err_offset = logs[1].tell()
@@ -418,7 +422,6 @@ class _Pool:
         if w.shm is not None:
             w.arr = None
             w.shm.close()
-            w.shm.unlink()
             w.shm = None
         tr.workers.discard(w)
         self.workers.pop(w.wid, None)

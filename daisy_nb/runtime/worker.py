@@ -8,14 +8,17 @@ travel through a shared-memory segment (layout in :mod:`._shm`).
 Protocol (parent -> worker): one pickled setup dict, then the function bytes
 (cloudpickle, loadable with plain pickle), then ``b"R"`` = "run the batch that is
 in shared memory now" or ``b"Q"`` = quit. Worker -> parent: ``b"I"`` = ready,
-``b"D" + first_traceback`` = batch done (statuses are in shared memory).
+``b"D" + first_traceback`` = batch done (statuses are in shared memory). Frames
+are ``multiprocessing.connection``'s (4-byte big-endian length, then the bytes),
+written here with plain ``os.read``/``os.write``.
 
 A 1-argument ``process_function(block)`` is called once per block; an exception
 fails that block (traceback to stderr, i.e. the ``.err`` log) and the worker goes
 on. A 0-argument worker function is called once, with ``context=`` when it asks
 for it, and runs its own ``daisy_nb.Client()`` loop; raising is a dirty exit.
 
-Deliberately imports nothing heavy: no numpy, numba, scheduler or kernels.
+Deliberately imports nothing heavy: no numpy, numba, scheduler or kernels, and on
+Linux not even ``multiprocessing`` (start-up time is on every run's critical path).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import struct
 import sys
 import time
 
@@ -99,12 +103,56 @@ def _run_worker_function(fn, wants_context: bool) -> int:
     return 0
 
 
+class _Pipe:
+    """This worker's end of the socket pair, framed like ``multiprocessing.connection``."""
+
+    _LEN = struct.Struct("!i")
+    _LEN64 = struct.Struct("!Q")
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def send_bytes(self, data: bytes) -> None:
+        n = len(data)
+        head = self._LEN.pack(n) if n <= 0x7FFFFFFF else self._LEN.pack(-1) + self._LEN64.pack(n)
+        view = memoryview(head + data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def _read(self, n: int) -> bytes:
+        data = os.read(self.fd, n)
+        if len(data) == n:
+            return data
+        if not data:
+            raise EOFError
+        parts = [data]
+        n -= len(data)
+        while n:
+            data = os.read(self.fd, n)
+            if not data:
+                raise EOFError
+            parts.append(data)
+            n -= len(data)
+        return b"".join(parts)
+
+    def recv_bytes(self) -> bytes:
+        (n,) = self._LEN.unpack(self._read(4))
+        if n == -1:
+            (n,) = self._LEN64.unpack(self._read(8))
+        return self._read(n) if n else b""
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def _run_block_loop(conn, fn, setup: dict) -> int:
     from daisy_nb import logging as dlog
     from daisy_nb.block import Block
     from daisy_nb.runtime import _shm
 
-    shm = _shm.attach(setup["shm_name"])
+    shm = _shm.attach(setup.get("shm_name"), setup.get("shm_fd"))
     cap, nd = setup["capacity"], setup["ndim"]
     o = _shm.offsets(cap, nd)
     q = shm.buf.cast("q")
@@ -138,8 +186,8 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 b = make(task_id, sp[i], (tuple(ro[j:k]), tuple(rs[j:k])), (tuple(wo[j:k]), tuple(ws[j:k])), idx[i])
                 b._status = 1
                 q[o_st + i] = 1
+                q[H_START] = mono()  # before cur: the parent reads cur, then its start
                 q[H_CUR] = i
-                q[H_START] = mono()
                 try:
                     fn(b)
                     s = 3 if b._status == 3 else 2
@@ -171,9 +219,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends workers
     fd, parent_pid = int(argv[0]), int(argv[1])
     _die_with_parent(parent_pid)
-    from multiprocessing.connection import Connection
-
-    conn = Connection(fd)
+    conn = _Pipe(fd)
     try:
         setup = pickle.loads(conn.recv_bytes())
         _apply_setup(setup)

@@ -172,3 +172,16 @@ def client_loop_hang_on_2():
             if block.spatial_id == 2:
                 time.sleep(1000)
             done(block)
+
+
+def quick_mark(block):
+    """~2 ms block."""
+    attempt(block)
+    time.sleep(0.002)
+    done(block)
+
+
+def light_imports(block):
+    """Which heavy modules the worker process has loaded."""
+    heavy = [m for m in ("numba", "numpy", "multiprocessing") if m in sys.modules]
+    done(block, ",".join(heavy) or "none")

@@ -9,10 +9,24 @@ except ImportError:  # pragma: no cover
 
 
 def shm_segments():
+    """Named segments made by daisy_nb (only where it cannot use a memfd; tests force that path)."""
+    from daisy_nb.runtime._shm import NAME_PREFIX
+
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+        return {n for n in os.listdir("/dev/shm") if n.startswith(NAME_PREFIX)}
     except FileNotFoundError:  # pragma: no cover - not Linux
         return set()
+
+
+def memfd_mappings():
+    """This process's mappings of worker segments (memfd), which the pool must unmap when a worker ends."""
+    from daisy_nb.runtime._shm import MEMFD_NAME
+
+    try:
+        with open("/proc/self/maps") as f:
+            return [line for line in f if MEMFD_NAME in line]
+    except FileNotFoundError:  # pragma: no cover - not Linux
+        return []
 
 
 def _is_tracker(p):
@@ -45,6 +59,8 @@ def assert_no_leaks(before_children, before_shm, wait=3.0):
         time.sleep(0.05)
     assert not left, f"child processes left behind: {left}"
     assert not shm, f"shared-memory segments left behind: {shm}"
+    maps = memfd_mappings()
+    assert not maps, f"worker segments still mapped: {maps}"
 
 
 def pid_alive(pid):
