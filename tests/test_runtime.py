@@ -337,8 +337,8 @@ CTRL_C_SCRIPT = textwrap.dedent(
     import blockfns
     import daisy_nb
     from funlib.geometry import Roi
-    task = daisy_nb.Task("slow", total_roi=Roi((0,), (4000,)), read_roi=Roi((0,), (10,)), write_roi=Roi((0,), (10,)),
-                         process_function=blockfns.sleepy, read_write_conflict=False, max_workers=2)
+    task = daisy_nb.Task("slow", total_roi=Roi((0,), ({size},)), read_roi=Roi((0,), (10,)), write_roi=Roi((0,), (10,)),
+                         process_function=blockfns.{fn}, read_write_conflict=False, max_workers=2)
     try:
         daisy_nb.run_blockwise(task, progress=False, summary=True)
     except KeyboardInterrupt as e:
@@ -348,13 +348,18 @@ CTRL_C_SCRIPT = textwrap.dedent(
 )
 
 
-def test_ctrl_c_stops_within_two_seconds(out, tmp_path):
+@pytest.mark.parametrize(
+    "fn,size,started",
+    [("sleepy", 4000, 2), ("quick_mark", 400_000, 300)],
+    ids=["slow_blocks", "fast_blocks_prefetched"],
+)
+def test_ctrl_c_stops_within_two_seconds(out, tmp_path, fn, size, started):
     script = tmp_path / "run.py"
-    script.write_text(CTRL_C_SCRIPT.format(workers=str(HERE / "workers"), root=str(HERE.parent)))
+    script.write_text(CTRL_C_SCRIPT.format(workers=str(HERE / "workers"), root=str(HERE.parent), fn=fn, size=size))
     before = harness.shm_segments()
     p = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 20
-    while len(list(out.glob("attempt_slow_*"))) < 2:
+    while len(list(out.glob("attempt_slow_*"))) < started:
         assert time.monotonic() < deadline and p.poll() is None
         time.sleep(0.05)
     worker_pids = {int(f.read_text().split()[0]) for f in out.glob("done_slow_*")} if list(out.glob("done_slow_*")) else set()
@@ -417,7 +422,102 @@ def test_run_blockwise_raises_on_abandonment(out, capsys):
     assert "Execution Summary" in capsys.readouterr().out
 
 
-# ---------------------------------------------------------------- worker start-up: memfd segments, light imports
+# ---------------------------------------------------------------- prefetch (a second batch queued per worker)
+@pytest.fixture
+def queue_depth(monkeypatch):
+    """Record, per dispatch, how many batches the worker then had queued and how many blocks."""
+    import daisy_nb.runtime.pool as pool_mod
+
+    seen = []
+    orig_send, orig_exit = pool_mod._Pool._send_batch, pool_mod._Pool._on_exit
+
+    def send(self, w, max_n):
+        n = orig_send(self, w, max_n)
+        if n:
+            seen.append(("send", len(w.queue), n))
+        return n
+
+    def on_exit(self, w):
+        if w.state != pool_mod.DEAD:
+            seen.append(("exit", len(w.queue), sum(len(i) for _, i in w.queue)))
+        orig_exit(self, w)
+
+    monkeypatch.setattr(pool_mod._Pool, "_send_batch", send)
+    monkeypatch.setattr(pool_mod._Pool, "_on_exit", on_exit)
+    return seen
+
+
+def test_fast_blocks_are_prefetched_and_run_once(out, queue_depth):
+    n_fds = len(os.listdir("/proc/self/fd"))
+    states = run([make_task("pf", 600, blockfns.quick_mark, max_workers=2)])
+    st = states["pf"]
+    assert st.completed_count == 600 and st.failed_count == 0
+    assert all(attempts(out, "pf", i) == 1 for i in range(600))
+    assert len(done_files(out, "pf")) == 600
+    assert max(depth for kind, depth, _ in queue_depth if kind == "send") == 2  # prefetching happened
+    # the shared-memory mappings and descriptors of both workers are gone
+    assert not harness.memfd_mappings()
+    assert len(os.listdir("/proc/self/fd")) == n_fds
+
+
+def test_slow_blocks_are_never_prefetched(out, queue_depth):
+    # ~50 ms blocks are slower than the 10 ms batch target: one block at a time, nothing queued behind
+    states = run([make_task("sl", 12, blockfns.slow_mark, max_workers=2)])
+    assert states["sl"].completed_count == 12
+    sends = [(depth, n) for kind, depth, n in queue_depth if kind == "send"]
+    assert sends and all(depth == 1 and n == 1 for depth, n in sends)
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_sigkill_with_prefetched_batch_retries_all_its_blocks(out, queue_depth, retries):
+    n_fds = len(os.listdir("/proc/self/fd"))
+    states = run([make_task("pk", 1500, blockfns.sigkill_once_on_300, max_workers=2, max_retries=retries)])
+    st = states["pk"]
+    # the worker died holding its running batch and a prefetched one
+    deaths = [(depth, n) for kind, depth, n in queue_depth if kind == "exit" and depth]
+    assert len(deaths) == 1 and deaths[0][0] == 2 and deaths[0][1] > 2, deaths
+    # the block it was running failed (an attempt: retried, or failed for good without retries); every
+    # block it had not started (the rest of its batch and the whole prefetched batch) was given back
+    # uncounted, so it ran exactly once, later or on another worker, even with max_retries=0
+    if retries:
+        assert st.completed_count == 1500 and st.failed_count == 0
+        assert attempts(out, "pk", 300) == 2
+    else:
+        assert st.completed_count == 1499 and st.failed_count == 1
+        assert attempts(out, "pk", 300) == 1
+    assert st.orphaned_count == 0
+    assert all(attempts(out, "pk", i) == 1 for i in range(1500) if i != 300)
+    assert len(done_files(out, "pk")) == 1499 + (retries > 0)
+    assert st.worker_failure_count == 1 and st.worker_restart_count == 1
+    assert st.worker_start_count == 3
+    assert "exited with code" in st.last_worker_error
+    assert not harness.memfd_mappings()
+    assert len(os.listdir("/proc/self/fd")) == n_fds
+
+
+def test_timeout_counts_from_block_start_not_from_queueing(out, queue_depth):
+    # batches of ~0.6 s of 2 ms blocks: a prefetched batch waits far longer than the timeout before it runs,
+    # yet no block runs longer than it
+    t = make_task("tq", 1200, blockfns.quick_mark, max_workers=2, timeout=0.25, max_retries=0)
+    states = run([t], batch_target_secs=0.6)
+    st = states["tq"]
+    assert st.completed_count == 1200 and st.failed_count == 0
+    assert st.timeout_reclaim_count == 0 and st.worker_failure_count == 0
+    assert max(depth for kind, depth, _ in queue_depth if kind == "send") == 2
+
+
+def test_hang_with_prefetched_batch_times_out_and_gives_back_the_rest(out, queue_depth):
+    t0 = time.monotonic()
+    states = run([make_task("hq", 1000, blockfns.hang_on_300, max_workers=2, max_retries=1, timeout=0.5)])
+    st = states["hq"]
+    assert st.failed_count == 1 and st.completed_count == 999
+    assert st.timeout_reclaim_count == 2 and st.worker_failure_count == 2
+    assert attempts(out, "hq", 300) == 2
+    assert all(attempts(out, "hq", i) == 1 for i in range(1000) if i != 300)
+    assert any(kind == "exit" and depth == 2 for kind, depth, _ in queue_depth)
+    assert time.monotonic() - t0 < 15
+
+
 def test_block_worker_imports_stay_light(out):
     run([make_task("li", 4, blockfns.light_imports)])
     texts = [f.read_text().split()[3] for f in done_files(out, "li")]

@@ -1,6 +1,8 @@
 """Layout of one worker's shared-memory segment (int64 words, no numpy needed).
 
-::
+The segment holds ``SLOTS`` batch slots of ``words(capacity, ndim)`` words each, so
+that the parent can queue the next batch while the worker runs the current one
+(slots are used round-robin and run in the order they were sent). One slot::
 
     header[8]   n, cur, cur_start_ns, batch_elapsed_ns, -, -, -, -
     index[C]    task-local block index          (parent writes)
@@ -23,6 +25,7 @@ from __future__ import annotations
 import os
 import sys
 
+SLOTS = 2
 HDR = 8
 NAME_PREFIX = "dnb_"  # named segments (no memfd): /dev/shm/dnb_<random> on Linux
 MEMFD_NAME = "daisy_nb_worker"  # memfd segments: "/memfd:daisy_nb_worker (deleted)" in /proc/<pid>/maps
@@ -30,11 +33,16 @@ H_N, H_CUR, H_START, H_ELAPSED = 0, 1, 2, 3
 
 
 def words(capacity: int, ndim: int) -> int:
+    """Words of one slot."""
     return HDR + 3 * capacity + 4 * capacity * ndim
 
 
+def segment_bytes(capacity: int, ndim: int) -> int:
+    return 8 * SLOTS * words(capacity, ndim)
+
+
 def offsets(capacity: int, ndim: int) -> dict[str, int]:
-    """Word offsets of each array."""
+    """Word offsets of each array within a slot."""
     c, cn = capacity, capacity * ndim
     o = {"index": HDR, "spatial": HDR + c, "status": HDR + 2 * c}
     base = HDR + 3 * c

@@ -6,9 +6,11 @@ socket pair to the parent, used only for small signals; blocks and their results
 travel through a shared-memory segment (layout in :mod:`._shm`).
 
 Protocol (parent -> worker): one pickled setup dict, then the function bytes
-(cloudpickle, loadable with plain pickle), then ``b"R"`` = "run the batch that is
-in shared memory now" or ``b"Q"`` = quit. Worker -> parent: ``b"I"`` = ready,
-``b"D" + first_traceback`` = batch done (statuses are in shared memory). Frames
+(cloudpickle, loadable with plain pickle), then ``b"R" + slot`` = "run the batch
+that is in shared-memory slot ``slot``" or ``b"Q"`` = quit. Worker -> parent:
+``b"I"`` = ready, ``b"D" + slot + first_traceback`` = that batch is done (statuses
+are in shared memory). The parent may send the next ``R`` while a batch runs (two
+slots): the worker finds it waiting in the socket and starts it at once. Frames
 are ``multiprocessing.connection``'s (4-byte big-endian length, then the bytes),
 written here with plain ``os.read``/``os.write``.
 
@@ -155,7 +157,10 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
     shm = _shm.attach(setup.get("shm_name"), setup.get("shm_fd"))
     cap, nd = setup["capacity"], setup["ndim"]
     o = _shm.offsets(cap, nd)
-    q = shm.buf.cast("q")
+    base = shm.buf.cast("q")
+    w = _shm.words(cap, nd)
+    slots = [base[k * w : (k + 1) * w] for k in range(setup.get("slots", 1))]
+    q = slots[0]
     task_id = setup["task_id"]
     make = Block._make
     mono = time.monotonic_ns
@@ -171,6 +176,8 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 return 0  # parent gone
             if msg[:1] != b"R":
                 return 0
+            slot = msg[1] if len(msg) > 1 else 0
+            q = slots[slot]
             n = q[_shm.H_N]
             m = n * nd
             idx = q[o_idx : o_idx + n].tolist()
@@ -208,9 +215,12 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 sys.stdout.flush()
             except Exception:
                 pass
-            conn.send_bytes(b"D" + (first_err or "").encode("utf-8", "replace"))
+            conn.send_bytes(b"D" + bytes((slot,)) + (first_err or "").encode("utf-8", "replace"))
     finally:
-        del q
+        for v in slots:
+            v.release()
+        base.release()
+        del q, slots, base
         shm.close()
 
 

@@ -174,10 +174,28 @@ def client_loop_hang_on_2():
             done(block)
 
 
+# ---- fast blocks: the pool prefetches a second batch for each worker --------------
+
+
 def quick_mark(block):
-    """~2 ms block."""
+    """~2 ms block: fast enough for batches of several blocks, and so for prefetching."""
     attempt(block)
     time.sleep(0.002)
+    done(block)
+
+
+def sigkill_once_on_300(block):
+    """Fast blocks; the worker running block 300 dies (first attempt) with a prefetched batch queued."""
+    n = attempt(block)
+    if block.spatial_id == 300 and n == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    done(block)
+
+
+def hang_on_300(block):
+    attempt(block)
+    if block.spatial_id == 300:
+        time.sleep(1000)
     done(block)
 
 
