@@ -30,6 +30,9 @@ repeats are interleaved in rounds (daisy, daisy_nb per-block, daisy_nb batch, th
 again), so a load burst on the shared machine hits all sides alike. Speedups are
 best / best; the bracket is the range of the per-round ratios.
 
+``--huge`` runs only a complete batch run of a 10^8-block task (400 x 500 x 500
+blocks) and reports its peak RSS and time.
+
 Memory: a 10^7-block task (200 x 200 x 250 blocks, context 1, conflict) in a fresh
 child: Scheduler construction plus a complete batch run, peak RSS above the RSS
 before (peak mark reset, see ``_util.py``) and, in a second child, the tracemalloc
@@ -68,6 +71,7 @@ QUICK_CASES = {
     "chain 3x16³ (complete)": dict(grid=5, c=1, tasks=3, window=None),
 }
 BIG_GRID = (200, 200, 250)  # 10^7 blocks
+HUGE_GRID = (400, 500, 500)  # 10^8 blocks (--huge)
 QUICK_BIG_GRID = (20, 20, 25)
 
 
@@ -246,6 +250,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=None, help="rounds of measurements (default 3, quick 1)")
     ap.add_argument("--only", default=None, help="comma-separated case names")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--huge", action="store_true", help="only: a complete batch run of a 10^8-block task (memory, time)")
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -256,11 +261,21 @@ def main():
             U.emit({f"{api}/{case}": worker_run(lib, api, case, quick == "1") for api in apis.split(",") for case in names})
         elif kind == "memory":
             quick, *methods = rest
-            grid = QUICK_BIG_GRID if quick == "1" else BIG_GRID
+            grid = {"1": QUICK_BIG_GRID, "huge": HUGE_GRID}.get(quick, BIG_GRID)
             U.emit({m: worker_memory(m, grid) for m in methods})
         elif kind == "daisy_construct":
             (quick,) = rest
             U.emit(worker_daisy_construct(QUICK_BIG_GRID if quick == "1" else BIG_GRID))
+        return
+
+    if args.huge:
+        r = U.spawn(sys.executable, SCRIPT, ["memory", "huge", "rss"])["rss"]
+        n = r["blocks"]
+        print(f"# bench_scheduler --huge ({U.machine_note()})\n")
+        print(f"One task of {n:,} blocks (3-D, context 1, conflict), construction + a complete batch run: "
+              f"peak RSS above the start {r['rss_peak'] / n:.1f} bytes/block ({r['rss_peak'] / 2**30:.2f} GiB), "
+              f"construction {U.fmt_secs(r['construct'])}, run {U.fmt_secs(r['secs'])} = {r['n'] / r['secs']:,.0f} blocks/s, "
+              f"{r['n']:,} blocks completed.")
         return
 
     repeat = args.repeat or (1 if args.quick else 3)

@@ -9,7 +9,7 @@ its grid position ``g`` (per axis, in blocks from the total write ROI's begin) i
 
 import numpy as np
 
-from ._jit import inline_kernel, kernel
+from ._jit import kernel
 from .block_id import cantor
 
 # keep in sync with daisy_nb.layout (kernels do not import the Python layer)
@@ -18,7 +18,7 @@ I_NDIM, I_FIT, I_NLEVELS, I_LEVEL_BASE, I_NBLOCKS, I_BLOCK_BASE, I_NROOTS = rang
 FIT_SHRINK = 2
 
 
-@inline_kernel
+@kernel
 def row_level(info, lvl_start, t, row):
     """Level of ``row`` in task ``t`` (binary search over the level start rows)."""
     L = info[t, I_NLEVELS]
@@ -34,7 +34,7 @@ def row_level(info, lvl_start, t, row):
     return lo
 
 
-@inline_kernel
+@kernel
 def row_to_counter(info, lvl_cnt, lvl_start, t, row, out_j):
     """Level and in-level counter (int64[nd], written to ``out_j``) of ``row``."""
     nd = info[t, I_NDIM]
@@ -66,7 +66,7 @@ def grid_to_row(geo, info, lvl_off, lvl_cnt, lvl_start, t, g):
     return lvl_start[lb + t + lev] + rank
 
 
-@inline_kernel
+@kernel
 def counter_to_row(info, lvl_cnt, lvl_start, t, lev, j):
     nd = info[t, I_NDIM]
     lb = info[t, I_LEVEL_BASE]
@@ -267,7 +267,7 @@ def describe_rows(geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, out_id, out_r
                               out_read_shape, out_write_shape, scr)
 
 
-@inline_kernel
+@kernel
 def describe_rows_into(geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, out_id, out_read_off, out_write_off, out_read_shape,
                        out_write_shape, scr):
     """:func:`describe_rows` with caller-provided scratch ``scr`` (int64[2, >= nd]): allocates nothing."""

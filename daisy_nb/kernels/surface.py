@@ -23,6 +23,10 @@ and far-edge defects (CORE.md 10.1, 10.5) by construction.
 
 Orphans: a permanent failure orphans exactly the PENDING blocks that transitively
 depend on it; a block is orphaned at most once (fixes CORE.md 10.2/10.7).
+
+The Scheduler calls :func:`step` (acquire, release, and their one-block forms) and
+:func:`fail_block`; the arrays above are views into two packed buffers (see the
+section "packed state" below for why).
 """
 
 import numpy as np
@@ -39,7 +43,6 @@ from .graph import (
     I_NLEVELS,
     I_NROOTS,
     cantor,
-    counter_to_row,
     grid_to_row,
     row_level,
     row_to_counter,
