@@ -53,6 +53,7 @@ import os
 import pickle
 import queue
 import secrets
+import selectors
 import signal
 import socket
 import struct
@@ -186,6 +187,8 @@ class _Pool:
         self.trs: dict[str, _TaskRun] = {}
         self.workers: dict[int, _Worker] = {}
         self.by_obj: dict = {}  # waitable -> ("w", worker) | ("pidfd", worker) | ("c", client)
+        self._sel = None  # cached poll selector over by_obj (see _wait)
+        self._sel_set: set = set()
         self.clients: dict = {}
         self.pgids: list[int] = []
         self.next_wid = 0
@@ -806,9 +809,7 @@ class _Pool:
                         raise RuntimeError("daisy_nb: the run stalled (no workers, no ready blocks, tasks not done)")
             else:
                 stalled = 0
-            objs = list(self.by_obj)
-            objs.append(self.wake_r)
-            for obj in mpc.wait(objs, timeout=POLL_SECS):
+            for obj in self._wait(POLL_SECS):
                 if obj == self.wake_r:
                     try:
                         os.read(self.wake_r, 4096)
@@ -820,8 +821,8 @@ class _Pool:
                     continue
                 kind, x = entry
                 if kind == "w":
-                    try:
-                        while x.state != DEAD and obj in self.by_obj and obj.poll(0):
+                    try:  # one message per wake-up: Connection.poll(0) builds a selector per call
+                        if x.state != DEAD:
                             self._on_worker_msg(x, obj.recv_bytes())
                     except (EOFError, OSError):
                         self.by_obj.pop(obj, None)  # the pidfd (or poll below) reports the exit
@@ -831,8 +832,7 @@ class _Pool:
                     self._on_exit(x)
                 else:
                     try:
-                        while obj in self.by_obj and obj.poll(0):
-                            self._on_client_msg(x, obj.recv_bytes())
+                        self._on_client_msg(x, obj.recv_bytes())
                     except (EOFError, OSError):
                         self._drop_client(x)
             for w in list(self.workers.values()):
@@ -846,6 +846,24 @@ class _Pool:
             if now - last_flush >= FLUSH_SECS:
                 last_flush = now
                 s.flush_tracking()
+
+    def _wait(self, timeout: float) -> list:
+        """The waitables (``by_obj`` keys and the wake pipe) that are ready to read.
+
+        Like ``multiprocessing.connection.wait``, but the poll selector is kept until
+        the set of waitables changes: building one per loop (a register call per
+        waitable) was a third of this process's CPU time on small batches.
+        """
+        cur = set(self.by_obj)
+        if self._sel is None or cur != self._sel_set:
+            sel = selectors.PollSelector()
+            sel.register(self.wake_r, selectors.EVENT_READ)
+            for obj in cur:
+                sel.register(obj, selectors.EVENT_READ)
+            if self._sel is not None:
+                self._sel.close()
+            self._sel, self._sel_set = sel, cur
+        return [key.fileobj for key, _ in self._sel.select(timeout)]
 
     def shutdown(self) -> None:
         """End every worker (quit, then SIGKILL), close connections, unlink shared memory."""
@@ -880,6 +898,9 @@ class _Pool:
                 self.new_conns.get().close()
             except OSError:
                 pass
+        if self._sel is not None:
+            self._sel.close()
+            self._sel = None
         wake_w, self.wake_w = self.wake_w, None
         os.close(wake_w)
         os.close(self.wake_r)
