@@ -222,15 +222,22 @@ def test_status_failed_without_raising(out):
     [blockfns.exit_once_on_5, blockfns.sigkill_once_on_5, blockfns.segfault_once_on_5],
     ids=["os_exit", "sigkill", "segfault"],
 )
-def test_dead_worker_is_replaced_and_block_retried(out, fn):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_dead_worker_is_replaced_and_block_retried(out, fn, workers):
     t0 = time.monotonic()
-    states = run([make_task("d", 40, fn, max_workers=2)])
+    states = run([make_task("d", 40, fn, max_workers=workers)])
     st = states["d"]
     assert st.completed_count == 40 and st.failed_count == 0
     assert attempts(out, "d", 5) == 2
     # blocks of the dead worker's batch it never started are given back, not counted as attempts
     assert all(attempts(out, "d", i) == 1 for i in range(40) if i != 5)
-    assert st.worker_failure_count == 1 and st.worker_restart_count == 1
+    assert st.worker_failure_count == 1
+    if workers == 1:
+        assert st.worker_restart_count == 1  # the only worker died: it must be replaced
+    else:
+        # replaced only if work was left for a second worker: the survivor may already
+        # hold every remaining block (fast blocks come in growing batches)
+        assert st.worker_restart_count in (0, 1)
     assert "exited with code" in st.last_worker_error
     assert time.monotonic() - t0 < 10
 
