@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 
 from .block import BlockStatus
 from .scheduler import Scheduler
@@ -76,6 +78,14 @@ def run_blockwise(
     of a block function. With worker processes, a task abandoned after
     ``max_worker_restarts`` raises ``RuntimeError`` with the states attached.
     """
+    host = host if host is not None else os.environ.get("DAISY_HOST")
+    if host not in (None, "", "127.0.0.1", "localhost", "::1") and multiprocessing and executor is None:
+        warnings.warn(
+            f"host={host!r} is ignored: the worker pool listens on 127.0.0.1 only (workers run on this machine); "
+            "to use other machines, pass executor= (a dask cluster)",
+            UserWarning,
+            stacklevel=2,
+        )
     scheduler = Scheduler(tasks, block_tracking=block_tracking)
     try:
         if not multiprocessing:

@@ -470,3 +470,32 @@ def test_valid_edge_values():
 
 def test_status_constants():
     assert (BlockStatus.CREATED, BlockStatus.PROCESSING, BlockStatus.SUCCESS, BlockStatus.FAILED) == (0, 1, 2, 3)
+
+
+def test_resource_tracking_is_accepted_with_a_warning():
+    """daisy 2.0 scripts pass resource_tracking=True; daisy_nb runs them but says it measures nothing."""
+    with pytest.warns(UserWarning, match="resource_tracking=True is accepted"):
+        t = mk(resource_tracking=True)
+    assert t.resource_tracking is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert mk(resource_tracking=False).resource_tracking is False
+
+
+def _noop(block):
+    pass
+
+
+def test_non_local_host_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    """The pool only listens on loopback: a remote host= (or DAISY_HOST) warns and the run still works."""
+    t = daisy.Task("h", Roi((0,), (20,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=_noop,
+                   read_write_conflict=False, tracking_path=False)
+    with pytest.warns(UserWarning, match="host='192.0.2.2' is ignored"):
+        assert daisy.run_blockwise(t, host="192.0.2.2", progress=False, summary=False)
+    monkeypatch.setenv("DAISY_HOST", "10.0.0.7")
+    with pytest.warns(UserWarning, match="host='10.0.0.7' is ignored"):
+        assert daisy.run_blockwise(t, progress=False, summary=False) is True
+    monkeypatch.delenv("DAISY_HOST")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert daisy.run_blockwise(t, host="127.0.0.1", progress=False, summary=False)
