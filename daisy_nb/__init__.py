@@ -33,6 +33,8 @@ _LAZY = {
     "get_worker_log_basename": "daisy_nb.logging",
     "plot_block_states": "daisy_nb.plot",
     "worker_state": "daisy_nb.dask",
+    "profile_block": "daisy_nb.profiling",
+    "BlockStats": "daisy_nb.profiling",
 }
 
 __all__ = ["Block", "BlockStatus", "Coordinate", "Roi", *_LAZY]

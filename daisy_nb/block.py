@@ -74,7 +74,7 @@ class Block:
     ``block_id`` only.
     """
 
-    __slots__ = ("_task_id", "_spatial_id", "_read", "_write", "_read_roi", "_write_roi", "_status", "index", "__weakref__")
+    __slots__ = ("_task_id", "_spatial_id", "_read", "_write", "_read_roi", "_write_roi", "_status", "index", "_stats", "__weakref__")
 
     def __init__(self, total_roi, read_roi, write_roi, block_id=None, task_id=None):
         if isinstance(block_id, str) and task_id is None:
@@ -172,9 +172,24 @@ class Block:
             raise ValueError(f"invalid status value: {value!r}")
         self._status = int(v)
 
+    # --- resource tracking (daisy 2.0 wheel) ----------------------------------------
+    @property
+    def stats(self):
+        """The ``BlockStats`` attached by ``daisy.profile_block`` (first one wins), else None."""
+        try:  # the slot stays unset until someone profiles: nothing to pay per block otherwise
+            return self._stats
+        except AttributeError:
+            return None
+
+    @stats.setter
+    def stats(self, value):
+        self._stats = value
+
     # --- misc ---------------------------------------------------------------------
     def __reduce__(self):
-        return (_rebuild_block, (self._task_id, self._spatial_id, self._read, self._write, self._status, self.index))
+        args = (self._task_id, self._spatial_id, self._read, self._write, self._status, self.index)
+        s = self.stats
+        return (_rebuild_block, args if s is None else (*args, s))
 
     def __repr__(self):
         # daisy 2.0.0's format: ``t/4 read=Roi((10, 10), (20, 20)) write=Roi((15, 15), (10, 10))``
@@ -189,7 +204,9 @@ def _roi_repr(roi) -> str:
     return f"Roi(({', '.join(map(str, offset))}), ({', '.join(map(str, shape))}))"
 
 
-def _rebuild_block(task_id, spatial_id, read, write, status, index):
+def _rebuild_block(task_id, spatial_id, read, write, status, index, stats=None):
     b = Block._make(task_id, spatial_id, read, write, index)
     b._status = status
+    if stats is not None:
+        b._stats = stats
     return b
