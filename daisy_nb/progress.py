@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-__all__ = ["JsonProgressObserver", "TqdmObserver", "print_summary"]
+__all__ = ["JsonProgressObserver", "TqdmObserver", "print_resource_utilization", "print_summary"]
 
 
 def _ordered(states, task_order):
@@ -229,11 +229,79 @@ def print_summary(states, task_order=None, elapsed_per_task=None, *, interrupted
             p(f"    See worker logs for failed tasks under {base}/")
             for tid in failed_tasks:
                 p(f"      {base / tid}/")
+    print_resource_utilization(states, task_order, file=out)
+
+
+def _bytes(n) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def print_resource_utilization(states, task_order=None, *, file=None) -> bool:
+    """daisy 2.0 wheel's "Resource Utilization" panel, for tasks with ``resource_tracking=True``.
+
+    Reads ``TaskState.resource_stats`` (a :class:`daisy_nb.profiling.TaskResourceStats`,
+    None for untracked tasks); prints nothing, and returns False, when no task has
+    one. ``mean ms ∠ slope``: mean block duration and the OLS slope of the duration
+    (ms per block) against the release index, over successful blocks. Peak RSS is
+    the largest worker-process peak seen (``ru_maxrss``), not a sum over workers.
+    """
+    tracked = [(tid, states[tid].resource_stats) for tid in _ordered(states, task_order)
+               if getattr(states[tid], "resource_stats", None) is not None]
+    if not tracked:
+        return False
+    out = file if file is not None else (sys.stdout or sys.__stdout__)
+
+    def p(s=""):
+        try:
+            print(s, file=out)
+        except ValueError:
+            pass
+
+    rs = [r for _, r in tracked]
+    blocks = sum(r.blocks for r in rs)
+    cpu = sum(r.cpu_seconds for r in rs)
+    wall = sum(r.wall_seconds for r in rs)
+    per = f"{cpu / wall:.2f}" if wall > 0 else "-"
+    p()
+    p("Resource Utilization")
+    p("--------------------")
+    for label, value in (
+        ("blocks measured", f"{blocks:,}"),
+        ("CPU time", f"{cpu:.2f}s"),
+        ("in-block time", f"{wall:.2f}s"),
+        ("CPU per block-s", per),
+        ("peak RSS", _bytes(max(r.peak_rss_bytes for r in rs))),
+        ("IO read", _bytes(sum(r.io_read_bytes for r in rs))),
+        ("IO write", _bytes(sum(r.io_write_bytes for r in rs))),
+    ):
+        p(f"    {label:<16}{value:>12}")
+    rows = []
+    for tid, r in tracked:
+        mean, slope = r.mean_block_ms, r.block_ms_slope
+        ms = "-" if mean != mean else (f"{mean:.1f} ∠ " + ("-" if slope != slope else f"{slope:+.3f}"))
+        rows.append((tid, f"{r.blocks:,}", f"{r.failed:,}", ms, f"{r.cpu_seconds:.2f}", _bytes(r.peak_rss_bytes)))
+    name_w = max(len("task"), *(len(r[0]) for r in rows))
+    heads = [(name_w, "task", "<"), (8, "blocks", ">"), (6, "fails", ">"), (18, "mean ms ∠ slope", ">"),
+             (8, "cpu s", ">"), (10, "peak RSS", ">")]
+    p()
+    p("    " + "  ".join(f"{h:{a}{w}}" for w, h, a in heads))
+    p("    " + "  ".join("─" * w for w, _, _ in heads))
+    for row in rows:
+        p("    " + "  ".join(f"{v:{a}{w}}" for (w, _, a), v in zip(heads, row)))
+    return True
 
 
 def finish_run(states, task_order, elapsed, *, summary: bool, interrupted: bool):
     """End of a run, shared by every runtime: print the summary, then re-raise a Ctrl-C
     as ``KeyboardInterrupt`` carrying the states (daisy 2.0 wheel behaviour)."""
+    for st in states.values():  # runtimes that measure nothing (dask) still answer the attribute
+        if not hasattr(st, "resource_stats"):
+            st.resource_stats = None
     if summary:
         print_summary(states, task_order, elapsed, interrupted=interrupted)
     if interrupted:

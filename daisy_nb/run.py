@@ -28,6 +28,12 @@ def _serial(scheduler: Scheduler, progress, summary: bool):
         init_fn = scheduler.tasks[tid].init_fn
         if init_fn is not None and scheduler.tasks[tid].layout.num_blocks:
             set_worker_state(tid, init_fn())
+    res = {}  # resource_tracking: task id -> TaskResourceStats
+    for tid in order:
+        if getattr(scheduler.tasks[tid], "resource_tracking", False):
+            from .profiling import TaskResourceStats
+
+            res[tid] = TaskResourceStats(tid)
     t0 = {}
     t1 = {}
     try:
@@ -39,7 +45,16 @@ def _serial(scheduler: Scheduler, progress, summary: bool):
                     continue
                 t0.setdefault(tid, time.monotonic())
                 block.status = BlockStatus.PROCESSING
-                scheduler.tasks[tid].process_function(block)
+                acc = res.get(tid)
+                if acc is None:
+                    scheduler.tasks[tid].process_function(block)
+                else:
+                    from .profiling import measured_stats, profile_block
+
+                    prof = profile_block(block)
+                    with prof:
+                        scheduler.tasks[tid].process_function(block)
+                    acc.add_one(measured_stats(prof, block), block.status == BlockStatus.FAILED)
                 if block.status != BlockStatus.FAILED:
                     block.status = BlockStatus.SUCCESS
                 scheduler.release_block(block)
@@ -51,6 +66,8 @@ def _serial(scheduler: Scheduler, progress, summary: bool):
     finally:
         scheduler.flush_tracking()
     states = scheduler.task_states
+    for tid in order:
+        states[tid].resource_stats = res.get(tid)
     if summary:
         from .progress import print_summary
 

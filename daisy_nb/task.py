@@ -161,14 +161,8 @@ class Task:
         if init_fn is not None and not callable(init_fn):
             raise TypeError(f"init_fn must be callable, got {type(init_fn).__name__}")
         self.init_fn = init_fn
+        # per-block wall/CPU/RSS/IO measured by the runtimes (daisy_nb.profiling), summed per task
         self.resource_tracking = bool(resource_tracking)
-        if self.resource_tracking:
-            warnings.warn(
-                "resource_tracking=True is accepted for daisy 2.0 compatibility but daisy_nb does not measure "
-                "per-block resources yet; the run proceeds without a Resource Utilization panel",
-                UserWarning,
-                stacklevel=2,
-            )
 
         self._v1_upstream_tasks = []
         if upstream_tasks is not None:

@@ -472,9 +472,10 @@ def test_status_constants():
     assert (BlockStatus.CREATED, BlockStatus.PROCESSING, BlockStatus.SUCCESS, BlockStatus.FAILED) == (0, 1, 2, 3)
 
 
-def test_resource_tracking_is_accepted_with_a_warning():
-    """daisy 2.0 scripts pass resource_tracking=True; daisy_nb runs them but says it measures nothing."""
-    with pytest.warns(UserWarning, match="resource_tracking=True is accepted"):
+def test_resource_tracking_is_accepted_without_a_warning():
+    """resource_tracking=True is measured now (tests/test_resource_tracking.py): no warning either way."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         t = mk(resource_tracking=True)
     assert t.resource_tracking is True
     with warnings.catch_warnings():

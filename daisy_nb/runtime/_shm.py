@@ -9,6 +9,11 @@ that the parent can queue the next batch while the worker runs the current one
     spatial[C]  spatial block id                 (parent writes)
     status[C]   0 not started, 1 running, 2 success, 3 failed   (worker writes)
     read_offset[C*nd] read_shape[C*nd] write_offset[C*nd] write_shape[C*nd]
+    stats[C*NSTATS]   float64 per block, only for a Task(resource_tracking=True):
+                      wall s, cpu s, peak RSS bytes, IO read, IO write   (worker writes)
+
+The worker writes a block's stats before its status, so a block whose status is 2
+or 3 has its stats in place (also when the worker dies later in the batch).
 
 ``cur``/``cur_start_ns`` (``time.monotonic_ns``, one clock for all processes on a
 machine) let the parent find the block a worker is running and enforce the task's
@@ -32,22 +37,27 @@ MEMFD_NAME = "daisy_nb_worker"  # memfd segments: "/memfd:daisy_nb_worker (delet
 H_N, H_CUR, H_START, H_ELAPSED = 0, 1, 2, 3
 
 
-def words(capacity: int, ndim: int) -> int:
-    """Words of one slot."""
-    return HDR + 3 * capacity + 4 * capacity * ndim
+NSTATS = 5  # per-block stats words: BlockStats' first five fields
 
 
-def segment_bytes(capacity: int, ndim: int) -> int:
-    return 8 * SLOTS * words(capacity, ndim)
+def words(capacity: int, ndim: int, stats: bool = False) -> int:
+    """Words of one slot (with the stats region when ``stats``)."""
+    return HDR + 3 * capacity + 4 * capacity * ndim + (NSTATS * capacity if stats else 0)
 
 
-def offsets(capacity: int, ndim: int) -> dict[str, int]:
-    """Word offsets of each array within a slot."""
+def segment_bytes(capacity: int, ndim: int, stats: bool = False) -> int:
+    return 8 * SLOTS * words(capacity, ndim, stats)
+
+
+def offsets(capacity: int, ndim: int, stats: bool = False) -> dict[str, int]:
+    """Word offsets of each array within a slot (``"stats"`` only when ``stats``)."""
     c, cn = capacity, capacity * ndim
     o = {"index": HDR, "spatial": HDR + c, "status": HDR + 2 * c}
     base = HDR + 3 * c
     for i, name in enumerate(("read_offset", "read_shape", "write_offset", "write_shape")):
         o[name] = base + i * cn
+    if stats:
+        o["stats"] = base + 4 * cn
     return o
 
 

@@ -7,7 +7,10 @@ carried in the context) and hands out one block per ``acquire_block()``.
 
 Messages are tiny ``struct``-packed frames, never pickles: ``H`` hello, ``A``
 acquire, ``R`` release, ``F`` failure + traceback; the pool answers ``B`` + block
-or ``N`` (no more work). Blocks held by a connection that drops are failed (and
+or ``N`` (no more work). For a ``Task(resource_tracking=True)`` (``resource_tracking=1``
+in the context) the body of ``with client.acquire_block()`` is measured with
+``profile_block`` and the stats ride on the block's own release frame (``R`` with
+five float64 appended; ``E`` instead of ``F``): still one message per block. Blocks held by a connection that drops are failed (and
 retried) by the pool.
 """
 
@@ -27,6 +30,7 @@ logger = logging.getLogger("daisy")
 
 _BLOCK_HDR = struct.Struct("<qqq")  # index, spatial_id, ndim
 _RELEASE = struct.Struct("<qq")  # index, status
+_STATS = struct.Struct("<5d")  # wall s, cpu s, peak RSS, IO read, IO write (resource_tracking)
 
 
 def pack_block(index: int, spatial_id: int, ro, rs, wo, ws) -> bytes:
@@ -61,6 +65,7 @@ class Client:
         self.port = int(context["port"])
         self.worker_id = int(context["worker_id"])
         self.task_id = context["task_id"]
+        self._track = context.get("resource_tracking", "0") == "1"
         authkey = bytes.fromhex(context.get("authkey", ""))
         from multiprocessing.connection import Client as _MPClient
 
@@ -101,6 +106,11 @@ class Client:
             yield None
             return
         reported = False
+        prof = None
+        if self._track:
+            from daisy_nb.profiling import profile_block
+
+            prof = profile_block(block).start()
         try:
             yield block
             if block.status == BlockStatus.PROCESSING:
@@ -117,7 +127,10 @@ class Client:
                 from daisy_nb.runtime.worker import _cap
 
                 text = f"block {block.block_id} failed:\n" + _cap(tb)
-                self._conn.send_bytes(b"F" + struct.pack("<q", block.index) + text.encode("utf-8", "replace"))
+                head = b"F" + struct.pack("<q", block.index)
+                if prof is not None:
+                    head = b"E" + struct.pack("<q", block.index) + self._stats_bytes(prof, block)
+                self._conn.send_bytes(head + text.encode("utf-8", "replace"))
                 reported = True
             except Exception:
                 pass
@@ -126,7 +139,14 @@ class Client:
             if block.status != BlockStatus.SUCCESS:
                 block.status = BlockStatus.FAILED
             if not reported:
-                self._conn.send_bytes(b"R" + _RELEASE.pack(block.index, block.status))
+                tail = b"" if prof is None else self._stats_bytes(prof, block)
+                self._conn.send_bytes(b"R" + _RELEASE.pack(block.index, block.status) + tail)
+
+    @staticmethod
+    def _stats_bytes(prof, block) -> bytes:
+        from daisy_nb.profiling import measured_stats
+
+        return _STATS.pack(*(float(v) for v in measured_stats(prof, block)[:5]))
 
     def _disconnect(self):
         if self._conn is not None:

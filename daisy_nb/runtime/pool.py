@@ -69,7 +69,7 @@ import numpy as np
 from daisy_nb import logging as dlog
 from daisy_nb.progress import notify
 from daisy_nb.runtime import _shm
-from daisy_nb.runtime.client import _RELEASE, pack_block
+from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block
 from daisy_nb.runtime.context import Context
 
 __all__ = ["function_arity", "run_pool", "serialize_function"]
@@ -143,6 +143,13 @@ class _TaskRun:
         self.t_first = None
         self.t_done = None
         self.log_dir = None
+        # resource_tracking: per-block stats come back in the workers' segments (or Client releases)
+        self.track = bool(getattr(task, "resource_tracking", False))
+        self.res = None
+        if self.track:
+            from daisy_nb.profiling import TaskResourceStats
+
+            self.res = TaskResourceStats(self.tid)
 
 
 class _Worker:
@@ -156,6 +163,7 @@ class _Worker:
         self.pidfd = None
         self.shm = None
         self.bufs: list | None = None  # one int64 array per batch slot of its shared memory
+        self.fbufs: list | None = None  # the same slots as float64 (stats region), when tracking
         self.off = None
         self.queue: deque = deque()  # (batch slot, block indices) sent to the worker, in run order
         self.next_buf = 0
@@ -276,7 +284,7 @@ class _Pool:
             task_id=tr.tid,
             worker_id=wid,
             logdir="" if base is None else str(base),
-            resource_tracking=0,
+            resource_tracking=int(tr.track),
             authkey=self.authkey.hex(),
         )
 
@@ -305,13 +313,16 @@ class _Pool:
         }
         keep_fds = []
         if tr.arity:
-            w.shm = _shm.Segment(_shm.segment_bytes(CAPACITY, tr.ndim))
-            nw = _shm.words(CAPACITY, tr.ndim)
+            w.shm = _shm.Segment(_shm.segment_bytes(CAPACITY, tr.ndim, tr.track))
+            nw = _shm.words(CAPACITY, tr.ndim, tr.track)
             arr = np.ndarray((_shm.SLOTS, nw), dtype=np.int64, buffer=w.shm.buf)
             arr[:, : _shm.HDR] = 0
             arr[:, _shm.H_CUR] = -1
             w.bufs = list(arr)
-            w.off = _shm.offsets(CAPACITY, tr.ndim)
+            w.off = _shm.offsets(CAPACITY, tr.ndim, tr.track)
+            if tr.track:
+                w.fbufs = list(np.ndarray((_shm.SLOTS, nw), dtype=np.float64, buffer=w.shm.buf))
+                setup["resource_tracking"] = True
             setup.update(w.shm.worker_setup())
             setup["slots"] = _shm.SLOTS
             if w.shm.fd >= 0:
@@ -415,6 +426,8 @@ class _Pool:
             for k, index in w.queue:  # the running batch, then a prefetched one (all 0: given back)
                 n = len(index)
                 st = w.bufs[k][o_st : o_st + n].astype(np.uint8)
+                if tr.res is not None:  # blocks it finished have their stats written
+                    self._add_stats(w, k, n, st, (st == 2) | (st == 3))
                 # the block it was running fails (an attempt), except on Ctrl-C: then it is given back
                 st[st == 1] = 0 if self.aborting else 3
                 self.s.release_blocks(tr.tid, index, st)
@@ -443,7 +456,7 @@ class _Pool:
         if w.pidfd is not None:
             os.close(w.pidfd)
         if w.shm is not None:
-            w.bufs = None
+            w.bufs = w.fbufs = None
             w.shm.close()
             w.shm = None
         tr.workers.discard(w)
@@ -563,6 +576,8 @@ class _Pool:
             st = a[w.off["status"] : w.off["status"] + n].astype(np.uint8)
             st[st < 2] = 3  # cannot happen (the worker writes every status); be safe
             elapsed = int(a[_shm.H_ELAPSED])
+            if tr.res is not None:
+                self._add_stats(w, k, n, st)
             self.s.release_blocks(tr.tid, index, st)
             tr.inflight -= n
             per_block = elapsed / n / 1e9
@@ -585,6 +600,15 @@ class _Pool:
                 if redispatch:
                     self._dispatch(w)
 
+    def _add_stats(self, w: _Worker, k: int, n: int, st, measured=None) -> None:
+        """Fold the per-block stats of slot ``k``'s first ``n`` blocks into the task's totals."""
+        o = w.off["stats"]
+        rows = w.fbufs[k][o : o + n * _shm.NSTATS].reshape(n, _shm.NSTATS)
+        failed = st == 3
+        if measured is not None:
+            rows, failed = rows[measured], failed[measured]
+        w.tr.res.add(rows, failed)
+
     # ----------------------------------------------------------------- clients
     def _on_client_msg(self, cc: _ClientConn, msg: bytes) -> None:
         kind = msg[:1]
@@ -602,18 +626,27 @@ class _Pool:
         if kind == b"A":
             cc.parked = True
             self._serve_client(cc)
-        elif kind in (b"R", b"F"):
+        elif kind in (b"R", b"F", b"E"):
+            stats = None
             if kind == b"R":
                 index, status = _RELEASE.unpack_from(msg, 1)
+                if len(msg) >= 1 + _RELEASE.size + _STATS.size:  # a tracked release carries its stats
+                    stats = _STATS.unpack_from(msg, 1 + _RELEASE.size)
             else:
                 (index,) = struct.unpack_from("<q", msg, 1)
                 status = 3
-                text = msg[9:].decode("utf-8", "replace")
+                t0 = 9
+                if kind == b"E":  # a failure with stats (resource_tracking)
+                    stats = _STATS.unpack_from(msg, 9)
+                    t0 += _STATS.size
+                text = msg[t0:].decode("utf-8", "replace")
                 c = self.s.counters[tr.tid]
                 c.last_worker_error = text
                 if c.first_worker_error is None:
                     c.first_worker_error = text
             if cc.held.pop(index, None) is not None:  # else: reclaimed after a timeout
+                if stats is not None and tr.res is not None:
+                    tr.res.add_one(stats, status != 2)
                 self.s.release_blocks(tr.tid, np.array([index], np.int64), np.array([2 if status == 2 else 3], np.uint8))
                 tr.inflight -= 1
 
@@ -948,6 +981,8 @@ def run_pool(
             if in_main and old_handler is not None:
                 signal.signal(signal.SIGINT, old_handler)
         states = scheduler.task_states
+        for tid, tr in pool.trs.items():
+            states[tid].resource_stats = tr.res  # None unless the task tracks resources
         pool._notify("on_finish")
         elapsed = {}
         for tid, tr in pool.trs.items():

@@ -14,6 +14,10 @@ slots): the worker finds it waiting in the socket and starts it at once. Frames
 are ``multiprocessing.connection``'s (4-byte big-endian length, then the bytes),
 written here with plain ``os.read``/``os.write``.
 
+With ``resource_tracking`` in the setup, each call is wrapped in
+:func:`daisy_nb.profiling.profile_block` and the block's stats are written to the
+slot's stats region (``_shm``) before its status: no message per block.
+
 A 1-argument ``process_function(block)`` is called once per block; an exception
 fails that block (traceback to stderr, i.e. the ``.err`` log) and the worker goes
 on. A 0-argument worker function is called once, with ``context=`` when it asks
@@ -149,6 +153,26 @@ class _Pipe:
             self.fd = -1
 
 
+def _tracked(fn, pos: list):
+    """``fn`` wrapped in ``profile_block``: each block's stats go to ``pos = [float view, word offset]``
+    (the batch slot's stats region, reset per batch), written before the block's status."""
+    from daisy_nb.profiling import measured_stats, profile_block
+
+    def call(b):
+        p = profile_block(b)
+        try:
+            with p:
+                fn(b)
+        finally:
+            s = measured_stats(p, b)  # the block function's own profile_block wins
+            v, j = pos
+            v[j], v[j + 1], v[j + 2], v[j + 3], v[j + 4] = (
+                float(s[0]), float(s[1]), float(s[2]), float(s[3]), float(s[4]))
+            pos[1] = j + 5
+
+    return call
+
+
 def _run_block_loop(conn, fn, setup: dict) -> int:
     from daisy_nb import logging as dlog
     from daisy_nb.block import Block
@@ -156,11 +180,19 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
 
     shm = _shm.attach(setup.get("shm_name"), setup.get("shm_fd"))
     cap, nd = setup["capacity"], setup["ndim"]
-    o = _shm.offsets(cap, nd)
+    track = bool(setup.get("resource_tracking"))
+    o = _shm.offsets(cap, nd, track)
     base = shm.buf.cast("q")
-    w = _shm.words(cap, nd)
-    slots = [base[k * w : (k + 1) * w] for k in range(setup.get("slots", 1))]
+    w = _shm.words(cap, nd, track)
+    n_slots = setup.get("slots", 1)
+    slots = [base[k * w : (k + 1) * w] for k in range(n_slots)]
     q = slots[0]
+    fbase, fslots, pos = None, [], None
+    if track:  # the same words seen as float64, for the per-block stats
+        fbase = shm.buf.cast("d")
+        fslots = [fbase[k * w : (k + 1) * w] for k in range(n_slots)]
+        pos = [fslots[0], o["stats"]]
+        fn = _tracked(fn, pos)
     task_id = setup["task_id"]
     make = Block._make
     mono = time.monotonic_ns
@@ -178,6 +210,8 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 return 0
             slot = msg[1] if len(msg) > 1 else 0
             q = slots[slot]
+            if pos is not None:  # once per batch; untracked workers pay nothing per block
+                pos[0], pos[1] = fslots[slot], o["stats"]
             n = q[_shm.H_N]
             m = n * nd
             idx = q[o_idx : o_idx + n].tolist()
@@ -217,10 +251,14 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 pass
             conn.send_bytes(b"D" + bytes((slot,)) + (first_err or "").encode("utf-8", "replace"))
     finally:
-        for v in slots:
+        if pos is not None:
+            pos.clear()
+        for v in (*slots, *fslots):
             v.release()
         base.release()
-        del q, slots, base
+        if fbase is not None:
+            fbase.release()
+        del q, slots, base, fslots, fbase
         shm.close()
 
 
