@@ -110,6 +110,16 @@ def run_blockwise(
         elif executor is not None:
             from .dask import run_dask  # optional extra
 
+            tracked = [t for t in scheduler.task_ids if getattr(scheduler.tasks[t], "resource_tracking", False)]
+            if tracked:
+                warnings.warn(
+                    f"resource_tracking=True is not measured under executor= (dask): tasks {tracked} get no "
+                    "per-block stats and no Resource Utilization panel; the worker pool and the serial runner "
+                    "measure them",
+                    UserWarning,
+                    stacklevel=2,
+                )
+
             states = run_dask(scheduler, executor, progress=progress, summary=summary)
         else:
             from .runtime.pool import raise_if_abandoned, run_pool

@@ -210,6 +210,25 @@ def test_client_worker_function_blocks_are_measured(out, no_leaks):
     assert r.cpu_seconds >= 0.8 * n * resfns.CPU_SECS
 
 
+@pytest.mark.mp
+@pytest.mark.timeout(60)
+def test_stats_of_a_dead_workers_finished_blocks_are_kept(out, no_leaks):
+    # 1 worker, batches of 1, 4, 16 blocks: it dies on block 7, after finishing 5 and 6 in that batch
+    n = 30
+    states = run([make_task("k", n, resfns.sigkill_once_on_7, resource_tracking=True, max_workers=1)])
+    st, r = states["k"], states["k"].resource_stats
+    assert st.completed_count == n and st.worker_failure_count == 1
+    assert r.blocks == n and r.failed == 0  # the killed attempt has no stats; every success has
+
+
+@pytest.mark.mp
+@pytest.mark.timeout(60)
+def test_named_segment_fallback_carries_stats(out, no_leaks, monkeypatch):
+    monkeypatch.delattr(os, "memfd_create")  # platforms without memfd: a named segment, mapped by name
+    states = run([make_task("nm", 6, resfns.burn, resource_tracking=True)])
+    assert states["nm"].resource_stats.blocks == 6
+
+
 # ------------------------------------------------------------------ serial runner
 def test_serial_runner_measures(out, capsys):
     n = 5
@@ -220,3 +239,10 @@ def test_serial_runner_measures(out, capsys):
     assert states["p"].resource_stats is None
     p = panel(capsys.readouterr().out)
     assert p and any(line.strip().startswith("ser") for line in p.splitlines())
+
+
+def test_dask_executor_warns_that_it_does_not_measure():
+    with pytest.warns(UserWarning, match="not measured under executor"):
+        with pytest.raises(Exception):  # noqa: B017 - not a dask client: fails after the warning
+            daisy_nb.run_blockwise(make_task("dk", 2, resfns.burn, resource_tracking=True), executor=object(),
+                                   progress=False, summary=False)

@@ -57,3 +57,14 @@ def client_burn():
             _burn(CPU_SECS)
             if block.spatial_id == 1:
                 raise ValueError("client block 1 failed")
+
+
+def sigkill_once_on_7(block):
+    """The worker dies on block 7's first attempt (mid-batch once batches grow)."""
+    import signal
+
+    name = os.path.join(os.environ["DAISY_NB_TEST_OUT"], f"attempt_{block.spatial_id}")
+    with open(name, "a") as f:
+        f.write("x")
+    if block.spatial_id == 7 and os.path.getsize(name) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
