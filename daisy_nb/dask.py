@@ -62,7 +62,7 @@ import time
 import uuid
 from collections import OrderedDict, deque
 
-from daisy_nb.progress import notify
+from daisy_nb.progress import Heartbeat, notify
 
 __all__ = ["run_dask", "worker_state"]
 
@@ -70,8 +70,6 @@ logger = logging.getLogger("daisy")
 
 MAX_BATCH = 4096  # blocks per future
 MAX_GROWTH = 4
-PROGRESS_SECS = 0.2
-FLUSH_SECS = 1.0
 POLL_SECS = 0.05
 INLINE_PAYLOAD_BYTES = 1 << 20  # larger functions are scattered to the workers once
 TB_CAP_LINES = 50
@@ -749,7 +747,7 @@ class _DaskRun:
     def run(self) -> None:
         s = self.s
         self._notify("on_start")
-        last_progress = last_flush = time.monotonic()
+        heartbeat = Heartbeat(self.observer, s)
         idle_since = None
         while True:
             if self.interrupted:
@@ -780,12 +778,7 @@ class _DaskRun:
                         )
             else:
                 idle_since = None
-            if now - last_progress >= PROGRESS_SECS:
-                last_progress = now
-                self._notify("on_progress")
-            if now - last_flush >= FLUSH_SECS:
-                last_flush = now
-                s.flush_tracking()
+            heartbeat(now)
             with self.cond:
                 if self.ac.queue.empty() and not self.events and not self.interrupted:
                     self.cond.wait(POLL_SECS)

@@ -55,17 +55,22 @@ class BlockStats(NamedTuple):
     gpu_mem_bytes: int = 0
 
 
+def _read_proc(path: str, size: int) -> bytes:
+    """One ``/proc`` file's first ``size`` bytes (raw ``os`` calls: this runs per block)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
 def _io() -> tuple[int, int]:
     """``(read_bytes, write_bytes)`` of this process so far, or ``(0, 0)``."""
     global _io_ok
     if not _io_ok:
         return 0, 0
     try:
-        fd = os.open(_IO_PATH, os.O_RDONLY)
-        try:
-            data = os.read(fd, 4096)
-        finally:
-            os.close(fd)
+        data = _read_proc(_IO_PATH, 4096)
         i = data.index(b"\nread_bytes:") + 12
         j = data.index(b"\nwrite_bytes:") + 13
         return int(data[i : data.index(b"\n", i)]), int(data[j : data.index(b"\n", j)])
@@ -84,11 +89,7 @@ def _peak_rss() -> int:
     global _hwm_ok
     if _hwm_ok:
         try:
-            fd = os.open(_STATUS_PATH, os.O_RDONLY)
-            try:
-                data = os.read(fd, 16384)
-            finally:
-                os.close(fd)
+            data = _read_proc(_STATUS_PATH, 16384)
             i = data.index(b"VmHWM:") + 6
             return int(data[i : data.index(b"kB", i)]) * 1024
         except (OSError, ValueError):

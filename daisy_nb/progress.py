@@ -340,6 +340,28 @@ def resolve_observer(progress, task_order):
     return progress
 
 
+PROGRESS_SECS = 0.2  # how often the runtimes call the observer's on_progress
+FLUSH_SECS = 1.0  # how often they flush block tracking to disk
+
+
+class Heartbeat:
+    """The runtimes' periodic chores, called from their loops with the current
+    ``time.monotonic()``: ``on_progress`` every ``PROGRESS_SECS`` and a tracking flush
+    every ``FLUSH_SECS``."""
+
+    def __init__(self, observer, scheduler):
+        self.observer, self.scheduler = observer, scheduler
+        self.last_progress = self.last_flush = time.monotonic()
+
+    def __call__(self, now: float) -> None:
+        if now - self.last_progress >= PROGRESS_SECS:
+            self.last_progress = now
+            notify(self.observer, "on_progress", self.scheduler)
+        if now - self.last_flush >= FLUSH_SECS:
+            self.last_flush = now
+            self.scheduler.flush_tracking()
+
+
 def notify(observer, what: str, scheduler) -> None:
     """Call ``observer.<what>(states)``; observers never break a run (exceptions swallowed)."""
     if observer is None:

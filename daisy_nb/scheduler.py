@@ -186,7 +186,7 @@ class Scheduler:
         layouts = [self.tasks[tid].layout for tid in order]
         self._layouts = layouts
         self._tt = tt = pack_layouts(layouts)
-        self._ndim = np.array([lay.ndim for lay in layouts], dtype=np.int64)
+        self._ndim = [lay.ndim for lay in layouts]
 
         # task DAG
         edges = [(self._tindex[u.task_id], self._tindex[d.task_id]) for u, d in pipeline.edges]
@@ -255,6 +255,11 @@ class Scheduler:
         self.retries = self._u8[N : 2 * N]
         self.preskip = self._u8[2 * N : 3 * N]
         self.n_met = np.zeros(N, dtype=np.int32)
+        # ks.fail_block's arguments (rare: one call per permanent failure, so views are fine)
+        self._fail_args = tuple(views[k] for k in (ks.P_GEO, ks.P_INFO, ks.P_LVL_OFF, ks.P_LVL_CNT, ks.P_LVL_START,
+                                                  ks.P_CONF_PTR, ks.P_CONF_JUMP, ks.P_E_UV, ks.P_E_DN, ks.P_E_DN_OFF,
+                                                  ks.P_TOUT_PTR, ks.P_TOUT_E)) + (self.status, self.cnt, self.tcfg)
+        self._fail_scratch = tuple(views[k] for k in (ks.P_SCR, ks.P_BUF_T, ks.P_BUF_ROW, ks.P_BUF_LEV, ks.P_BUF_J))
         for t, tid in enumerate(order):
             self.tcfg[t, ks.F_MAX_RETRIES] = self.tasks[tid].max_retries
 
@@ -318,8 +323,7 @@ class Scheduler:
     def _fast_setup(self):
         # one-block buffers and bound values reused by the per-block API (each
         # allocation or lookup costs about as much as the kernel call itself)
-        self._one = [np.empty(2 + 4 * nd, np.int64) for nd in self._ndim.tolist()]
-        self._ndim_list = self._ndim.tolist()
+        self._one = [np.empty(2 + 4 * nd, np.int64) for nd in self._ndim]
         self._nblocks = [lay.num_blocks for lay in self._layouts]
         self._checks = {tid: self.tasks[tid].check_function for tid in self.task_ids}
         self._no_rows = np.zeros(1, np.int64)  # placeholders for step()'s unused array arguments
@@ -347,11 +351,11 @@ class Scheduler:
             start += 1
 
     def _fail(self, t: int, row: int) -> None:
-        if ks.fail_block(self._b, self._u8, self.n_met, t, row) < 0:
+        if ks.fail_block(*self._fail_args, t, row, *self._fail_scratch) < 0:
             raise RuntimeError("internal error: scratch buffer too small")
 
     def _describe(self, t: int, rows: np.ndarray):
-        nd = int(self._ndim[t])
+        nd = self._ndim[t]
         n = len(rows)
         ids = np.empty(n, np.int64)
         ro, wo, rs, ws = (np.empty((n, nd), np.int64) for _ in range(4))
@@ -395,7 +399,7 @@ class Scheduler:
             return None
         check = self._checks[task_id]
         out = self._one[t]
-        nd = self._ndim_list[t]
+        nd = self._ndim[t]
         while True:
             n = ks.step(self._b, self._u8, self.n_met, 2, t, 0, 0, out, self._no_codes)  # OP_ACQUIRE_ONE
             if n <= 0:
@@ -476,7 +480,7 @@ class Scheduler:
     def _batch(self, task_id, t, rows) -> BlockBatch:
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         if len(rows) == 0:
-            nd = int(self._ndim[t]) if isinstance(t, int) and t < len(self._ndim) and task_id in self._tindex else 0
+            nd = self._ndim[t] if isinstance(t, int) and t < len(self._ndim) and task_id in self._tindex else 0
             z = np.zeros((0, nd), np.int64)
             return BlockBatch(task_id, rows, _EMPTY, z, z, z, z)
         ids, ro, rs, wo, ws = self._describe(t, rows)

@@ -1,6 +1,5 @@
 """Resume after the whole run (parent and workers) was killed with SIGKILL."""
 
-import os
 import signal
 import subprocess
 import sys

@@ -312,10 +312,16 @@ def _on_success(T, S, W, t, row):
 
 
 @kernel
-def _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e,
-            status, cnt, tcfg, t, row, scr, buf_t, buf_row, buf_lev, buf_j):
-    """Orphan every PENDING block that transitively depends on ``row``. Returns the count,
-    or -needed when the scratch buffers are too small for one block's downstream list."""
+def fail_block(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e,
+               status, cnt, tcfg, t, row, scr, buf_t, buf_row, buf_lev, buf_j):
+    """Fail ``row`` of task ``t`` for good (it is PROCESSING): orphan every PENDING block
+    that transitively depends on it, then count it failed. Returns the orphan count, or
+    -1 if the scratch buffers were too small (nothing is counted failed then).
+
+    Not part of :func:`step`: the walk needs a stack that grows, so this kernel keeps
+    numba's runtime. The Scheduler calls it with views of the packed buffers.
+    """
+    scr[7, 0] = -1  # no memo of a previous row
     stack_t = np.empty(16, dtype=np.int64)
     stack_r = np.empty(16, dtype=np.int64)
     stack_t[0] = t
@@ -329,7 +335,7 @@ def _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
         n = _down_lj(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, u, r,
                      scr, buf_t, buf_row, buf_lev, buf_j)
         if n < 0:
-            return n
+            return -1
         for i in range(n):
             v = buf_t[i]
             gi = info[v, I_BLOCK_BASE] + buf_row[i]
@@ -344,6 +350,9 @@ def _orphan(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv
                 stack_t[sp] = v
                 stack_r[sp] = buf_row[i]
                 sp += 1
+    status[info[t, I_BLOCK_BASE] + row] = FAILED
+    cnt[t, C_PROC] -= 1
+    cnt[t, C_FAILED] += 1
     return total
 
 
@@ -609,39 +618,3 @@ def step(b, u8, n_met, op, t, x, y, rows, codes):
         code[0] = y
         return _release(T, S, W, t, one, code, 0)
     return _release(T, S, W, t, rows, codes, x)
-
-
-@kernel
-def fail_block(b, u8, n_met, t, row):
-    """Fail ``row`` of task ``t`` for good (it is PROCESSING): orphan every PENDING block
-    that transitively depends on it, then count it failed. Returns the orphan count,
-    or -1 if the scratch buffers were too small."""
-    N = b[P_N]
-    geo = b[b[4 * P_GEO] : b[4 * P_GEO + 1]].reshape((-1, b[4 * P_GEO + 2], b[4 * P_GEO + 3]))
-    info = b[b[4 * P_INFO] : b[4 * P_INFO + 1]].reshape((-1, b[4 * P_INFO + 2]))
-    lvl_off = b[b[4 * P_LVL_OFF] : b[4 * P_LVL_OFF + 1]].reshape((-1, b[4 * P_LVL_OFF + 2]))
-    lvl_cnt = b[b[4 * P_LVL_CNT] : b[4 * P_LVL_CNT + 1]].reshape((-1, b[4 * P_LVL_CNT + 2]))
-    lvl_start = b[b[4 * P_LVL_START] : b[4 * P_LVL_START + 1]]
-    conf_ptr = b[b[4 * P_CONF_PTR] : b[4 * P_CONF_PTR + 1]]
-    conf_jump = b[b[4 * P_CONF_JUMP] : b[4 * P_CONF_JUMP + 1]].reshape((-1, b[4 * P_CONF_JUMP + 2]))
-    e_uv = b[b[4 * P_E_UV] : b[4 * P_E_UV + 1]].reshape((-1, b[4 * P_E_UV + 2]))
-    e_dn = b[b[4 * P_E_DN] : b[4 * P_E_DN + 1]].reshape((-1, b[4 * P_E_DN + 2]))
-    e_dn_off = b[b[4 * P_E_DN_OFF] : b[4 * P_E_DN_OFF + 1]].reshape((-1, b[4 * P_E_DN_OFF + 2]))
-    t_out_ptr = b[b[4 * P_TOUT_PTR] : b[4 * P_TOUT_PTR + 1]]
-    t_out_e = b[b[4 * P_TOUT_E] : b[4 * P_TOUT_E + 1]]
-    cnt = b[b[4 * P_CNT] : b[4 * P_CNT + 1]].reshape((-1, b[4 * P_CNT + 2]))
-    tcfg = b[b[4 * P_TCFG] : b[4 * P_TCFG + 1]].reshape((-1, b[4 * P_TCFG + 2]))
-    scr = b[b[4 * P_SCR] : b[4 * P_SCR + 1]].reshape((-1, b[4 * P_SCR + 2]))
-    buf_t = b[b[4 * P_BUF_T] : b[4 * P_BUF_T + 1]]
-    buf_row = b[b[4 * P_BUF_ROW] : b[4 * P_BUF_ROW + 1]]
-    buf_lev = b[b[4 * P_BUF_LEV] : b[4 * P_BUF_LEV + 1]]
-    buf_j = b[b[4 * P_BUF_J] : b[4 * P_BUF_J + 1]].reshape((-1, b[4 * P_BUF_J + 2]))
-    status = u8[:N]
-    n = _orphan(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e,
-                status, cnt, tcfg, t, row, scr, buf_t, buf_row, buf_lev, buf_j)
-    if n < 0:
-        return -1
-    status[info[t, I_BLOCK_BASE] + row] = FAILED
-    cnt[t, C_PROC] -= 1
-    cnt[t, C_FAILED] += 1
-    return n

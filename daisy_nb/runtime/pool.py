@@ -67,7 +67,7 @@ from multiprocessing import connection as mpc
 import numpy as np
 
 from daisy_nb import logging as dlog
-from daisy_nb.progress import notify
+from daisy_nb.progress import Heartbeat, notify
 from daisy_nb.runtime import _shm
 from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block
 from daisy_nb.runtime.context import Context
@@ -81,8 +81,6 @@ _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__
 
 CAPACITY = 4096  # blocks per shared-memory batch
 POLL_SECS = 0.1  # main loop wake-up: timeouts, Ctrl-C, progress
-PROGRESS_SECS = 0.2
-FLUSH_SECS = 1.0
 SHUTDOWN_GRACE_SECS = 2.0  # after "quit", before SIGKILL
 WORKER_FUNCTION_GRACE_SECS = 10.0  # a worker function may clean up after its loop
 MAX_GROWTH = 4
@@ -790,8 +788,8 @@ class _Pool:
 
     def run(self) -> None:
         s = self.s
-        last_progress = last_flush = time.monotonic()
         self._notify("on_start")
+        heartbeat = Heartbeat(self.observer, s)
         stalled = 0
         draining_since = None
         while True:
@@ -873,12 +871,7 @@ class _Pool:
                     self._on_exit(w)
             self._check_timeouts()
             now = time.monotonic()
-            if now - last_progress >= PROGRESS_SECS:
-                last_progress = now
-                self._notify("on_progress")
-            if now - last_flush >= FLUSH_SECS:
-                last_flush = now
-                s.flush_tracking()
+            heartbeat(now)
 
     def _wait(self, timeout: float) -> list:
         """The waitables (``by_obj`` keys and the wake pipe) that are ready to read.
