@@ -21,8 +21,9 @@ The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
   permanent failure that orphans its dependents); the first traceback goes to the
   summary. Futures are submitted with ``retries=0`` and ``pure=False``.
 * **Lost workers.** Every batch announces its start (worker address, pid) through
-  a dask event topic. When the scheduler reports a worker removed unexpectedly
-  (``remove-worker`` on the ``"all"`` topic), the batches that *started* there are
+  the run's own dask event topic. A small scheduler plugin forwards the
+  scheduler's worker events to that topic; when a worker is removed unexpectedly
+  (``remove-worker``, not ``expected``), the batches that *started* there are
   cancelled (so dask does not silently rerun them) and their blocks fail once and
   are retried; batches that were merely queued there are left to dask, which runs
   them elsewhere. A future that errors (``KilledWorker``, ``CancelledError``, a
@@ -32,8 +33,8 @@ The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
 * **Timeouts.** A batch that has been running longer than ``timeout × its size``
   is cancelled and its blocks fail (``timeout_reclaim_count``, and a worker
   failure, as when the pool kills a worker). dask cannot stop a running Python
-  thread: the batch stops at its next block boundary (it checks whether its
-  future was cancelled before every block), but a block that never returns keeps
+  thread: the batch stops at its next block boundary (the driver tells the
+  worker with ``client.run``; the batch checks before every block), but a block that never returns keeps
   its worker thread busy until the worker is restarted. Until such a batch ends
   (it says so with an event; the driver also asks the worker every 0.5 s), a
   worker whose every thread is stuck gets no new batches (loose ``workers=``
@@ -47,6 +48,11 @@ The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
   finished results are recorded, the other futures are cancelled and their blocks
   given back, tracking is flushed, the partial summary printed and
   ``KeyboardInterrupt`` raised.
+
+Only public ``distributed`` APIs are used: ``submit``/``cancel``/``run``/
+``scatter``/``processing``/``nthreads``, ``as_completed``, event topics
+(``subscribe_topic``/``log_event``), ``register_plugin`` with a ``SchedulerPlugin``
+and ``get_worker``.
 
 Not supported on dask: 0-argument worker functions (``daisy_nb.Client`` loops)
 and ``max_workers`` (the cluster's size is the parallelism). ``Task(requires=...)``
@@ -92,6 +98,8 @@ class _WorkerRun:
         self.fns: dict = {}  # task_id -> (process_function, init_fn)
         self.states: dict = {}  # task_id -> init_fn() result
         self.init_locks: dict = {}
+        self.running: set = set()  # batch ids running in this process's threads
+        self.cancelled: set = set()  # batch ids the driver gave up on (see _cancel_batches)
 
 
 def _cap(tb: str) -> str:
@@ -153,17 +161,26 @@ def _worker_run(token: str) -> _WorkerRun:
 
 
 def _forget_run(token: str) -> None:
-    """Drop a finished run's functions and init states."""
+    """Drop a finished run's functions and init states; its batches still running stop."""
     with _RUNS_LOCK:
-        _RUNS.pop(token, None)
+        run = _RUNS.pop(token, None)
+    if run is not None:
+        run.cancelled.update(run.running)
 
 
-def _executing_keys(dask_worker=None) -> list:
-    """Keys of the tasks running in this worker's threads (cancelled ones included)."""
-    try:
-        return [str(ts.key) for ts in dask_worker.state.executing]
-    except Exception:
-        return []
+def _running_batches(token: str) -> list:
+    """``client.run`` target: the batch ids of this run that run in this worker's threads now."""
+    return sorted(_worker_run(token).running)
+
+
+def _cancel_batches(token: str, bids) -> None:
+    """``client.run`` target: batches the driver gave up on stop at their next block boundary.
+
+    ``Future.cancel()`` does not reach a task that already runs, so the driver says it
+    here too; a batch checks this set before each block.
+    """
+    run = _worker_run(token)
+    run.cancelled.update(bids)
 
 
 async def _forget_run_async(token: str) -> None:
@@ -194,14 +211,12 @@ def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, 
     """Run one batch of blocks on a dask worker; a status per block and error texts back."""
     from daisy_nb.block import Block
 
-    worker = key = wstate = None
+    worker = None
     try:
         from distributed import get_worker
 
         worker = get_worker()
-        key = worker.get_current_task()
-        wstate = worker.state.tasks
-    except Exception:  # not on a dask worker (direct call): no start event, no cancel check
+    except Exception:  # not on a dask worker (direct call): no start event
         worker = None
     addr = worker.address if worker is not None else ""
     pid = os.getpid()
@@ -229,15 +244,13 @@ def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, 
     a, b, c = 2 + nd, 2 + 2 * nd, 2 + 3 * nd
     prev_run, prev_tid = getattr(_current, "run", None), getattr(_current, "task_id", None)
     _current.run, _current.task_id = run, task_id
+    gone = run.cancelled
+    run.running.add(bid)
     t0 = time.monotonic_ns()
-    cancelled = False
     try:
         for i, r in enumerate(rows):
-            if wstate is not None:
-                ts = wstate.get(key)
-                if ts is None or ts.state == "cancelled":
-                    cancelled = True  # the driver gave up on this batch (timeout, lost worker, Ctrl-C)
-                    break
+            if bid in gone:
+                break  # the driver gave up on this batch (timeout, lost worker, Ctrl-C)
             blk = make(task_id, r[1], (tuple(r[2:a]), tuple(r[a:b])), (tuple(r[b:c]), tuple(r[c:])), r[0])
             blk._status = 1
             try:
@@ -257,10 +270,9 @@ def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, 
             status[i] = s
     finally:
         _current.run, _current.task_id = prev_run, prev_tid
-        if wstate is not None and not cancelled:
-            ts = wstate.get(key)
-            cancelled = ts is None or ts.state == "cancelled"
-        if cancelled:  # a batch the driver cancelled while it ran: its thread is free again
+        run.running.discard(bid)
+        if bid in gone:  # a batch the driver cancelled while it ran: its thread is free again
+            gone.discard(bid)
             try:
                 worker.log_event(topic, {"bid": bid, "worker": addr, "pid": pid, "end": 1})
             except Exception:
@@ -326,9 +338,34 @@ def _serialize(fn, init_fn, task_id: str) -> bytes:
         ) from e
 
 
-def _ignore_event(event) -> None:
-    pass
+def _forwarder(topic: str):
+    """A scheduler plugin that forwards the cluster's worker events to one run's topic.
 
+    The scheduler logs ``add-worker``/``remove-worker`` (with ``expected``: retired on
+    purpose) on its ``"all"`` topic; a client has one handler per topic, which may
+    be the user's, so the run does not subscribe to ``"all"`` itself. The class is
+    made here, not at module level, so that it is pickled by value: the dask
+    scheduler process need not have daisy_nb installed.
+    """
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class DaisyNbWorkerEvents(SchedulerPlugin):
+        name = f"daisy_nb-events-{topic}"
+
+        def __init__(self):
+            self.topic = topic
+            self.scheduler = None
+
+        def start(self, scheduler):
+            self.scheduler = scheduler
+
+        def log_event(self, topic, msg):
+            if topic != "all" or self.scheduler is None or not isinstance(msg, dict):
+                return
+            if msg.get("action") in ("add-worker", "remove-worker"):
+                self.scheduler.log_event(self.topic, {"cluster": msg})
+
+    return DaisyNbWorkerEvents()
 
 
 class _DaskRun:
@@ -343,7 +380,7 @@ class _DaskRun:
         self.max_batch = max(1, int(max_batch))
         self.order = list(scheduler.task_ids)
         self.token = uuid.uuid4().hex
-        self.topic = f"daisy_nb-start-{self.token}"
+        self.topic = f"daisy_nb-{self.token}"
         self.trs: dict[str, _TaskRun] = {}
         self.inflight: dict[int, _Batch] = {}
         self.by_key: dict = {}  # future key -> bid
@@ -359,7 +396,8 @@ class _DaskRun:
         self.pass_failures: dict = {}  # task id -> error text of futures that erred in this pass
         self.workers_changed = True
         self.interrupted = False
-        self.prev_all_handler = None
+        self.handler_cell = [None]
+        self.plugin_name = None
         self.subscribed = False
         self.t_start = time.monotonic()
         self.t_first_block = None
@@ -407,62 +445,60 @@ class _DaskRun:
                 )
 
     def subscribe(self) -> None:
-        client = self.client
-        handlers = getattr(client, "_event_handlers", {})
-        for topic in [t for t, h in handlers.items() if h is _ignore_event and t.startswith("daisy_nb-start-")]:
-            handlers.pop(topic, None)  # what earlier runs left behind
-        client.subscribe_topic(self.topic, self._on_start_event)
-        prev = handlers.get("all")
-        if getattr(prev, "_daisy_nb", False) or prev is _ignore_event:
-            prev = None  # left behind by an earlier run (unsubscribe_topic keeps the handler)
-        self.prev_all_handler = prev
+        """Start events of batches and the cluster's worker events, on this run's own topic.
 
-        def on_all(event):
-            self._on_cluster_event(event)
-            if prev is not None:
-                try:
-                    prev(event)
-                except Exception:
-                    pass
+        ``unsubscribe_topic`` leaves the handler registered in the client, so the
+        handler only holds this run through a cell that ``unsubscribe`` empties.
+        """
+        cell = self.handler_cell = [self]
 
-        on_all._daisy_nb = True
-        client.subscribe_topic("all", on_all)
+        def on_event(event):
+            run = cell[0]
+            if run is not None:
+                run._on_event(event)
+
+        self.client.subscribe_topic(self.topic, on_event)
         self.subscribed = True
+        plugin = _forwarder(self.topic)
+        try:
+            self.client.register_plugin(plugin, name=plugin.name)
+            self.plugin_name = plugin.name
+        except Exception as e:  # an old or locked-down scheduler: batches still run
+            logger.warning("daisy_nb could not watch the dask cluster for lost workers: %r", e)
 
     def unsubscribe(self) -> None:
         if not self.subscribed:
             return
         self.subscribed = False
-        client = self.client
-        handlers = getattr(client, "_event_handlers", {})
-        for topic in (self.topic, "all"):
+        self.handler_cell[0] = None
+        try:
+            self.client.unsubscribe_topic(self.topic)
+        except Exception:
+            pass
+        if self.plugin_name is not None:
             try:
-                if topic == "all" and self.prev_all_handler is not None:
-                    client.subscribe_topic("all", self.prev_all_handler)
-                else:
-                    client.unsubscribe_topic(topic)
-                    # events already on their way still find a handler; a later run replaces it
-                    handlers[topic] = _ignore_event
+                self.client.unregister_scheduler_plugin(self.plugin_name)
             except Exception:
                 pass
+            self.plugin_name = None
 
     # -------------------------------------------------- event loop thread callbacks
     def _wake(self) -> None:
         with self.cond:
             self.cond.notify()
 
-    def _on_start_event(self, event) -> None:
-        self.events.append(("start", time.monotonic(), event[1]))
-        self._wake()
-
-    def _on_cluster_event(self, event) -> None:
+    def _on_event(self, event) -> None:
         msg = event[1]
         if not isinstance(msg, dict):
             return
-        action = msg.get("action")
-        if action in ("add-worker", "remove-worker"):
-            self.events.append((action, time.monotonic(), msg))
-            self._wake()
+        cluster = msg.get("cluster")
+        if cluster is None:
+            self.events.append(("start", time.monotonic(), msg))
+        elif cluster.get("action") in ("add-worker", "remove-worker"):
+            self.events.append((cluster["action"], time.monotonic(), cluster))
+        else:
+            return
+        self._wake()
 
     # ---------------------------------------------------------------- helpers
     def _refresh_nthreads(self) -> None:
@@ -487,13 +523,13 @@ class _DaskRun:
             return
         self.last_pullback = now
         try:  # which cancelled batches still run (one may have ended just before its cancel)
-            running = self.client.run(_executing_keys, workers=list(self.zombies))
+            running = self.client.run(_running_batches, self.token, workers=list(self.zombies))
         except Exception:
             running = None
         if running is not None:
             for addr in list(self.zombies):
-                keys = set(running.get(addr, ()))
-                z = {bid: key for bid, key in self.zombies[addr].items() if key in keys}
+                bids = set(running.get(addr, ()))
+                z = {bid: key for bid, key in self.zombies[addr].items() if bid in bids}
                 if z:
                     self.zombies[addr] = z
                 else:
@@ -557,6 +593,14 @@ class _DaskRun:
                 b.future.cancel()
             except Exception:
                 pass
+            if b.t_start is not None:  # it runs: tell its worker, it stops at the next block
+                self._cancel_running([b.bid], [b.worker] if b.worker else None)
+
+    def _cancel_running(self, bids, workers) -> None:
+        try:
+            self.client.run(_cancel_batches, self.token, list(bids), workers=workers, wait=False)
+        except Exception:
+            pass
 
     def _release(self, b: _Batch, status) -> None:
         import numpy as np

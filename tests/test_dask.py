@@ -387,3 +387,65 @@ def test_killed_worker_loses_nothing(both_workers, tmp_path):
     assert st.worker_failure_count == 1, st.last_worker_error
     assert "was lost" in st.first_worker_error
     assert int((c == 2).sum()) >= 1  # the block the dead worker held ran again
+
+
+# ------------------------------------------------------------------ public distributed APIs only
+def _plugins(dask_scheduler):
+    return sorted(str(k) for k in dask_scheduler.plugins)
+
+
+def test_run_leaves_the_users_event_handlers_and_no_plugin(both_workers, tmp_path):
+    client = both_workers
+    seen = []
+    client.subscribe_topic("all", lambda event: seen.append(event[1]))
+    before = client.run_on_scheduler(_plugins)
+    try:
+        ok = daisy_nb.run_blockwise(make_pipeline(tmp_path, n=1), executor=client, progress=False, summary=False)
+        assert ok
+        assert client.run_on_scheduler(_plugins) == before  # the run's scheduler plugin is gone
+        client.log_event("all", {"mine": 1})  # the user's handler on "all" still gets events
+        deadline = time.monotonic() + 10
+        while {"mine": 1} not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {"mine": 1} in seen
+    finally:
+        client.unsubscribe_topic("all")
+
+
+def test_cancelled_running_batch_stops_at_a_block_boundary(both_workers, tmp_path):
+    """The driver's cancel (``client.run(_cancel_batches)``) reaches a batch that already runs."""
+    from daisy_nb import dask as ddask
+
+    client = both_workers
+    _new(os.path.join(tmp_path, "k.cnt"), 200)
+    fn = functools.partial(slow_mark, out=str(tmp_path), sleep=0.05)
+    payload = ddask._serialize(fn, None, "k")
+    n = 100
+    packed = np.zeros((n, 6), np.int64)
+    packed[:, 0] = packed[:, 1] = np.arange(n)  # index, spatial id
+    packed[:, 2] = packed[:, 4] = np.arange(n)  # read / write offset
+    packed[:, 3] = packed[:, 5] = 1  # shapes
+    token = "t" + os.urandom(8).hex()
+    fut = client.submit(ddask._run_batch, token, "daisy_nb-test", 7, "k", payload, packed, 1, pure=False)
+    deadline = time.monotonic() + 20
+    while len(list(tmp_path.glob("done_*"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert client.run(ddask._running_batches, token)  # it runs somewhere
+    client.run(ddask._cancel_batches, token, [7])
+    out = fut.result(timeout=20)
+    status = np.frombuffer(out["status"], np.uint8)
+    ran = int(np.count_nonzero(status))
+    assert 3 <= ran < n and (status[:ran] == 2).all() and (status[ran:] == 0).all()
+    assert len(list(tmp_path.glob("done_*"))) == ran
+    assert not any(client.run(ddask._running_batches, token).values())
+    client.run(ddask._forget_run, token)
+
+
+def test_dask_executor_uses_no_private_distributed_state():
+    import inspect
+
+    from daisy_nb import dask as ddask
+
+    src = inspect.getsource(ddask)
+    for private in ("_event_handlers", ".state.tasks", ".state.executing", "get_current_task"):
+        assert private not in src
