@@ -32,7 +32,7 @@ _LAZY = {
     "JsonProgressObserver": "daisy_nb.progress",
     "get_worker_log_basename": "daisy_nb.logging",
     "plot_block_states": "daisy_nb.plot",
-    "worker_state": "daisy_nb.dask",
+    "worker_state": "daisy_nb.runtime.state",
     "profile_block": "daisy_nb.profiling",
     "BlockStats": "daisy_nb.profiling",
 }

@@ -22,7 +22,7 @@ def _serial(scheduler: Scheduler, progress, summary: bool):
                 f"invalid configuration: task {tid!r} has no 1-argument process_function; serial mode "
                 "(multiprocessing=False) calls process_function(block)"
             )
-    from .dask import set_worker_state
+    from .runtime.state import set_worker_state
 
     for tid in order:
         init_fn = scheduler.tasks[tid].init_fn
@@ -108,7 +108,7 @@ def run_blockwise(
         if not multiprocessing:
             states = _serial(scheduler, progress, summary)
         elif executor is not None:
-            from .dask import run_dask  # optional extra
+            from .runtime.dask import run_dask  # optional extra
 
             tracked = [t for t in scheduler.task_ids if getattr(scheduler.tasks[t], "resource_tracking", False)]
             if tracked:

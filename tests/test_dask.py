@@ -414,12 +414,13 @@ def test_run_leaves_the_users_event_handlers_and_no_plugin(both_workers, tmp_pat
 
 def test_cancelled_running_batch_stops_at_a_block_boundary(both_workers, tmp_path):
     """The driver's cancel (``client.run(_cancel_batches)``) reaches a batch that already runs."""
-    from daisy_nb import dask as ddask
+    from daisy_nb.runtime import dask_worker as ddask
+    from daisy_nb.runtime.policy import serialize_function
 
     client = both_workers
     _new(os.path.join(tmp_path, "k.cnt"), 200)
     fn = functools.partial(slow_mark, out=str(tmp_path), sleep=0.05)
-    payload = ddask._serialize(fn, None, "k")
+    payload = serialize_function(fn, None, "k")
     n = 100
     packed = np.zeros((n, 6), np.int64)
     packed[:, 0] = packed[:, 1] = np.arange(n)  # index, spatial id
@@ -444,8 +445,8 @@ def test_cancelled_running_batch_stops_at_a_block_boundary(both_workers, tmp_pat
 def test_dask_executor_uses_no_private_distributed_state():
     import inspect
 
-    from daisy_nb import dask as ddask
+    from daisy_nb.runtime import dask, dask_worker
 
-    src = inspect.getsource(ddask)
+    src = inspect.getsource(dask) + inspect.getsource(dask_worker)
     for private in ("_event_handlers", ".state.tasks", ".state.executing", "get_current_task"):
         assert private not in src

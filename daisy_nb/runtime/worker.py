@@ -279,7 +279,7 @@ def main(argv=None) -> int:
         conn.close()
         return _run_worker_function(fn, setup.get("wants_context", False))
     if init_fn is not None:
-        from daisy_nb.dask import set_worker_state  # light: no dask import at module level
+        from daisy_nb.runtime.state import set_worker_state
 
         set_worker_state(setup["task_id"], init_fn())  # raising is a dirty exit
     return _run_block_loop(conn, fn, setup)
