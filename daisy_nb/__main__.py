@@ -34,7 +34,7 @@ def _load_demo():
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from .status import main as status_main
+    from .status_cli import main as status_main
 
     return status_main(args)
 
@@ -42,7 +42,7 @@ def _run_status(args: argparse.Namespace) -> int:
 def build_parser(demo_module=None) -> argparse.ArgumentParser:
     """The argument parser; the ``demo`` options are added only if ``demo_module`` is given."""
     from . import __version__
-    from .status import add_arguments as status_arguments
+    from .status_cli import add_arguments as status_arguments
 
     parser = argparse.ArgumentParser(
         prog="python -m daisy_nb",

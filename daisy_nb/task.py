@@ -368,9 +368,10 @@ class Pipeline:
         return [t.reset() for t in self._tasks]
 
     def run_blockwise(self, **kwargs):
-        from .run import run_blockwise
+        """``daisy_nb.run_blockwise(self, **kwargs)`` (through the package: the runner sits above this module)."""
+        import daisy_nb
 
-        return run_blockwise(self, **kwargs)
+        return daisy_nb.run_blockwise(self, **kwargs)
 
     def validate(self) -> list[str]:
         """Raise ValueError on duplicate task ids or cycles; return the display order."""

@@ -1,0 +1,117 @@
+"""``python -m daisy_nb status``: the command line over :mod:`daisy_nb.status` and :mod:`daisy_nb.plot`.
+
+Kept apart from :mod:`daisy_nb.status` (reading and counting tracking stores) so
+that :mod:`daisy_nb.plot`, which draws what status reads, and the command, which
+uses both, import in one direction only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .status import StatusError, TrackingTarget, _geometry_target, find_tracking_stores, format_status, task_status
+
+__all__ = ["add_arguments", "main"]
+
+
+def _parse_roi(text: str):
+    """``"OFFSET:SHAPE"`` with comma-separated ints, e.g. ``"-4,0,2:13,9,8"``."""
+    try:
+        off, shp = text.split(":")
+        offset = tuple(int(v) for v in off.split(","))
+        shape = tuple(int(v) for v in shp.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad ROI {text!r}: expected OFFSET:SHAPE, e.g. 0,0:100,100 (write --total-roi=-4,0:8,8 "
+            "for a negative offset)"
+        ) from None
+    if len(offset) != len(shape):
+        raise argparse.ArgumentTypeError(f"bad ROI {text!r}: offset and shape differ in dimensions")
+    return offset, shape
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``python -m daisy_nb status``."""
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="a task's tracking directory, or a basedir holding <task_id>/ directories")
+    parser.add_argument("--png", metavar="FILE",
+                        help="write a picture of the block states (needs matplotlib: pip install "
+                             "'daisy_nb[plot]'); with several tasks, FILE gets a _<task> suffix per task")
+    parser.add_argument("--json", action="store_true",
+                        help="print the counts as JSON (a list with one object per task)")
+    geo = parser.add_argument_group(
+        "task layout (optional)",
+        "the ROIs of the task (as given to daisy.Task) to count only real blocks instead of the whole "
+        "tracking grid; checked against the stored layout hash. Format OFFSET:SHAPE, e.g. 0,0:100,100",
+    )
+    geo.add_argument("--total-roi", type=_parse_roi, metavar="ROI")
+    geo.add_argument("--read-roi", type=_parse_roi, metavar="ROI")
+    geo.add_argument("--write-roi", type=_parse_roi, metavar="ROI")
+    geo.add_argument("--fit", default="valid", choices=["valid", "overhang", "shrink"])
+
+
+class _Roi:
+    def __init__(self, t):
+        self.offset, self.shape = t
+
+
+def _geometry_from_args(args):
+    rois = (args.total_roi, args.read_roi, args.write_roi)
+    if all(r is None for r in rois):
+        return None
+    if any(r is None for r in rois):
+        raise StatusError("--total-roi, --read-roi and --write-roi go together")
+    from .layout import BlockLayout
+
+    try:
+        return BlockLayout(*(_Roi(r) for r in rois), fit=args.fit)
+    except (TypeError, ValueError) as e:
+        raise StatusError(f"bad task layout: {e}") from None
+
+
+def _png_name(png: str, task: str, several: bool) -> str:
+    if not several:
+        return png
+    root, ext = os.path.splitext(png)
+    return f"{root}_{task}{ext or '.png'}"
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``status``; 0 if every block of every task is done, 1 if not, 2 on bad input."""
+    out = sys.stdout
+    try:
+        geometry = _geometry_from_args(args)
+        targets: list[TrackingTarget] = []
+        for path in args.paths:
+            for p in find_tracking_stores(path):
+                targets.append(_geometry_target(p, geometry) if geometry else TrackingTarget(p.name, p))
+        statuses = [task_status(t) for t in targets]
+    except StatusError as e:
+        print(f"daisy_nb status: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(statuses, out, indent=1, default=str)  # always a list, one entry per task
+        out.write("\n")
+    else:
+        out.write("\n\n".join(format_status(s) for s in statuses) + "\n")
+    if args.png:
+        from .plot import MissingMatplotlib, plot_block_states
+
+        several = len(targets) > 1
+        for t in targets:
+            fname = _png_name(args.png, t.name, several)
+            try:
+                plot_block_states(t, file=fname)
+            except MissingMatplotlib as e:
+                print(f"daisy_nb status: error: {e}", file=sys.stderr)
+                return 2
+            except StatusError as e:  # pragma: no cover - the store was just read
+                print(f"daisy_nb status: error: {e}", file=sys.stderr)
+                return 2
+            if not args.json:
+                out.write(f"wrote {fname}\n")
+    out.flush()
+    return 0 if all(s["complete"] for s in statuses) else 1
