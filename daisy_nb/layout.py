@@ -24,18 +24,33 @@ from typing import NamedTuple
 import numpy as np
 
 from .block import cantor_number
+from .kernels.tables import (
+    G_GRID,
+    G_IDOFF,
+    G_PERIOD,
+    G_RS,
+    G_TR_OFF,
+    G_TR_SHAPE,
+    G_TRACK,
+    G_TW_OFF,
+    G_TW_SHAPE,
+    G_WS,
+    I_BLOCK_BASE,
+    I_FIT,
+    I_LEVEL_BASE,
+    I_NBLOCKS,
+    I_NDIM,
+    I_NLEVELS,
+    I_NROOTS,
+    N_GEO,
+    N_INFO,
+)
 
 __all__ = ["BlockLayout", "FITS", "TaskTables", "pack_layouts", "roi_tuple"]
 
 FITS = {"valid": 0, "overhang": 1, "shrink": 2}
 FIT_NAMES = {v: k.capitalize() for k, v in FITS.items()}
 
-# rows of TaskTables.geo (each row is a per-axis vector, padded with 0 to max ndim)
-G_TR_OFF, G_TR_SHAPE, G_RS, G_WS, G_TW_OFF, G_TW_SHAPE, G_GRID, G_PERIOD, G_IDOFF, G_TRACK = range(10)
-N_GEO = 10
-# columns of TaskTables.info
-I_NDIM, I_FIT, I_NLEVELS, I_LEVEL_BASE, I_NBLOCKS, I_BLOCK_BASE, I_NROOTS = range(7)
-N_INFO = 7
 
 _INT64_MAX = 2**63 - 1
 
@@ -290,7 +305,9 @@ def pack_layouts(layouts: list[BlockLayout]) -> TaskTables:
             (G_TRACK, lay.track_shape),
         ):
             geo[t, row, :nd] = vec
-        info[t] = (nd, lay.fit_code, lay.num_levels, level_base, lay.num_blocks, block_base, lay.num_roots)
+        for col, v in ((I_NDIM, nd), (I_FIT, lay.fit_code), (I_NLEVELS, lay.num_levels), (I_LEVEL_BASE, level_base),
+                       (I_NBLOCKS, lay.num_blocks), (I_BLOCK_BASE, block_base), (I_NROOTS, lay.num_roots)):
+            info[t, col] = v
         pad = np.zeros((lay.num_levels, maxnd), dtype=np.int64)
         pad[:, :nd] = lay.level_offsets
         lvl_off.append(pad)

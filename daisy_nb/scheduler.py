@@ -17,6 +17,7 @@ import numpy as np
 from .block import Block, BlockStatus
 from .kernels import graph as kg
 from .kernels import surface as ks
+from .kernels import tables as kt
 from .layout import pack_layouts
 from .task import Pipeline, Task, as_pipeline
 from .tracking import TrackingStore
@@ -72,13 +73,13 @@ class TaskState:
     def __init__(self, task_id, total, cnt_row, counters: WorkerCounters, abandoned, abandon_reason, timeout_secs):
         self.task_id = task_id
         self.total_block_count = int(total)
-        self.ready_count = int(cnt_row[ks.C_READY])
-        self.processing_count = int(cnt_row[ks.C_PROC])
-        self.completed_count = int(cnt_row[ks.C_COMPLETED])
-        self.skipped_count = int(cnt_row[ks.C_SKIPPED])
-        self.failed_count = int(cnt_row[ks.C_FAILED])
-        self.orphaned_count = int(cnt_row[ks.C_ORPHANED])
-        self.started = bool(cnt_row[ks.C_STARTED])
+        self.ready_count = int(cnt_row[kt.C_READY])
+        self.processing_count = int(cnt_row[kt.C_PROC])
+        self.completed_count = int(cnt_row[kt.C_COMPLETED])
+        self.skipped_count = int(cnt_row[kt.C_SKIPPED])
+        self.failed_count = int(cnt_row[kt.C_FAILED])
+        self.orphaned_count = int(cnt_row[kt.C_ORPHANED])
+        self.started = bool(cnt_row[kt.C_STARTED])
         self.worker_failure_count = counters.worker_failure_count
         self.worker_restart_count = counters.worker_restart_count
         self.worker_start_count = counters.worker_start_count
@@ -105,31 +106,6 @@ class TaskState:
             f"Processing: {self.processing_count}\nPending: {self.pending_count}\nCompleted: {self.completed_count}\n"
             f"Skipped: {self.skipped_count}\nFailed: {self.failed_count}\nOrphaned: {self.orphaned_count}"
         )
-
-
-def _pack_int64(tables, shapes, n_blocks):
-    """One zeroed int64 buffer holding the kernels' arrays (``kernels/surface.py``,
-    packed state): a header of (start, end, trailing dimensions) per array, then the arrays. The first
-    ``len(tables)`` arrays are copied in; the rest start at zero. Returns the buffer
-    and a view of each array."""
-    assert len(shapes) == ks.N_PACKED
-    sizes = [int(np.prod(sh)) for sh in shapes]
-    offsets = np.cumsum([ks.P_HEADER] + sizes)
-    b = np.zeros(int(offsets[-1]), dtype=np.int64)  # calloc: untouched pages cost nothing
-    views = []
-    for k, sh in enumerate(shapes):
-        o = int(offsets[k])
-        assert all(d > 0 for d in sh[1:]), "trailing dimensions must be positive (the kernels reshape with -1)"
-        b[4 * k] = o
-        b[4 * k + 1] = o + sizes[k]
-        b[4 * k + 2 : 4 * k + 1 + len(sh)] = sh[1:]
-        b[4 * k + 1 + len(sh) : 4 * k + 4] = 1
-        v = b[o : o + sizes[k]].reshape(sh)
-        if k < len(tables):
-            v[...] = tables[k]
-        views.append(v)
-    b[ks.P_N] = n_blocks
-    return b, views
 
 
 def _edge_tables(lu, ld):
@@ -242,26 +218,23 @@ class Scheduler:
         N = sum(lay.num_blocks for lay in layouts)
         self.num_blocks_total = N
         e, p = self._e, self._tptr
-        tables = [tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
-                  e[0], e[1], e[2], e[3], e[4], p[0], p[1], p[2], p[3]]
-        shapes = [a.shape for a in tables] + [
-            (max(N, 1),), (T, ks.N_CNT), (T, ks.N_CFG), (cap,), (cap,), (cap,), (cap,), (cap, maxnd),
-            (8, max(maxnd, 3)), (1,)]
-        self._b, views = _pack_int64(tables, shapes, N)
-        (self.queue, self.cnt, self.tcfg, buf_t, buf_row, buf_id) = views[ks.P_QUEUE : ks.P_BUF_ID + 1]
-        self._buf = (buf_t, buf_row, buf_id)
-        self._u8 = np.zeros(3 * N + 1, dtype=np.uint8)
-        self.status = self._u8[:N]
-        self.retries = self._u8[N : 2 * N]
-        self.preskip = self._u8[2 * N : 3 * N]
+        tables = dict(zip(("geo", "info", "lvl_off", "lvl_cnt", "lvl_start", "conf_ptr", "conf_jump"),
+                          (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump)))
+        tables.update(e_uv=e[0], e_up=e[1], e_up_off=e[2], e_dn=e[3], e_dn_off=e[4],
+                      t_in_ptr=p[0], t_in_e=p[1], t_out_ptr=p[2], t_out_e=p[3])
+        shapes = {name: a.shape for name, a in tables.items()}
+        shapes.update(queue=(max(N, 1),), cnt=(T, kt.N_CNT), tcfg=(T, kt.N_CFG), buf_t=(cap,), buf_row=(cap,),
+                      buf_id=(cap,), buf_lev=(cap,), buf_j=(cap, maxnd), scr=(8, max(maxnd, 3)), row1=(1,))
+        self._b, views = kt.pack_int64(tables, shapes, N)
+        self.queue, self.cnt, self.tcfg = views["queue"], views["cnt"], views["tcfg"]
+        self._buf = (views["buf_t"], views["buf_row"], views["buf_id"])
+        self._u8 = np.zeros(3 * N + 1, dtype=np.uint8)  # tables.U8_*: status, retries, preskip, one code
         self.n_met = np.zeros(N, dtype=np.int32)
-        # ks.fail_block's arguments (rare: one call per permanent failure, so views are fine)
-        self._fail_args = tuple(views[k] for k in (ks.P_GEO, ks.P_INFO, ks.P_LVL_OFF, ks.P_LVL_CNT, ks.P_LVL_START,
-                                                  ks.P_CONF_PTR, ks.P_CONF_JUMP, ks.P_E_UV, ks.P_E_DN, ks.P_E_DN_OFF,
-                                                  ks.P_TOUT_PTR, ks.P_TOUT_E)) + (self.status, self.cnt, self.tcfg)
-        self._fail_scratch = tuple(views[k] for k in (ks.P_SCR, ks.P_BUF_T, ks.P_BUF_ROW, ks.P_BUF_LEV, ks.P_BUF_J))
+        # fail_block's arguments (one call per permanent failure): the (T, S, W) tuples step builds
+        self._groups = kt.groups(views, self._u8, self.n_met, N)
+        self.status, _, self.retries, self.preskip = self._groups[1][:4]
         for t, tid in enumerate(order):
-            self.tcfg[t, ks.F_MAX_RETRIES] = self.tasks[tid].max_retries
+            self.tcfg[t, kt.F_MAX_RETRIES] = self.tasks[tid].max_retries
 
         self.counters = {tid: WorkerCounters() for tid in order}
         self._abandon_reason: dict[str, str] = {}
@@ -297,8 +270,8 @@ class Scheduler:
         # level-0 blocks that have no upstream block at all (daisy never runs them)
         for t in range(T):
             if not self._up_tasks[t]:
-                self.cnt[t, ks.C_ROOTS_LEFT] = layouts[t].num_roots
-                self.cnt[t, ks.C_READY] = layouts[t].num_roots
+                self.cnt[t, kt.C_ROOTS_LEFT] = layouts[t].num_roots
+                self.cnt[t, kt.C_READY] = layouts[t].num_roots
             elif layouts[t].num_roots and self._may_have_free_blocks(t):
                 e = self._e
                 in_ptr, in_e, _, _ = self._tptr
@@ -333,7 +306,7 @@ class Scheduler:
         return self._tindex.get(task_id)
 
     def _acquire_rows(self, t: int, max_n: int, out: np.ndarray) -> int:
-        n = ks.step(self._b, self._u8, self.n_met, ks.OP_ACQUIRE, t, max_n, 0, out, self._no_codes)
+        n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE, t, max_n, 0, out, self._no_codes)
         if n < 0:
             raise RuntimeError("internal error: scratch buffer too small")
         return n
@@ -341,17 +314,17 @@ class Scheduler:
     def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
         start = 0
         while True:
-            n = ks.step(self._b, self._u8, self.n_met, ks.OP_RELEASE, t, start, 0, rows, codes)
+            n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE, t, start, 0, rows, codes)
             if n >= 0:
                 return
-            if n == -1:
+            if n == kt.RC_SCRATCH:
                 raise RuntimeError("internal error: scratch buffer too small")
-            start = -n - 2  # this block failed for good: orphan its dependents, go on after it
+            start = kt.failed_at(n)  # this block failed for good: orphan its dependents, go on after it
             self._fail(t, int(rows[start]))
             start += 1
 
     def _fail(self, t: int, row: int) -> None:
-        if ks.fail_block(*self._fail_args, t, row, *self._fail_scratch) < 0:
+        if ks.fail_block(*self._groups, t, row) == kt.RC_SCRATCH:
             raise RuntimeError("internal error: scratch buffer too small")
 
     def _describe(self, t: int, rows: np.ndarray):
@@ -373,10 +346,10 @@ class Scheduler:
         ks.rows_to_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, rows,
                          np.asarray(store.grid_shape, np.int64), lay.id_offset, cells)
         ok = cells >= 0
-        done = ok & ((codes == ks.R_SUCCESS) | (codes == ks.R_SKIPPED))
+        done = ok & ((codes == kt.R_SUCCESS) | (codes == kt.R_SKIPPED))
         if done.any():
             store.mark_done(cells[done])
-        failed = ok & (codes == ks.R_FAILED)
+        failed = ok & (codes == kt.R_FAILED)
         if failed.any():
             store.add_failures(cells[failed])
 
@@ -401,7 +374,7 @@ class Scheduler:
         out = self._one[t]
         nd = self._ndim[t]
         while True:
-            n = ks.step(self._b, self._u8, self.n_met, 2, t, 0, 0, out, self._no_codes)  # OP_ACQUIRE_ONE
+            n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
             if n <= 0:
                 if n < 0:
                     raise RuntimeError("internal error: scratch buffer too small")
@@ -412,7 +385,7 @@ class Scheduler:
                                 (tuple(v[2 + 2 * nd : 2 + 3 * nd]), tuple(v[2 + 3 * nd :])), row)
             if check is not None and self._check(t, block):
                 rows = np.full(1, row, np.int64)
-                codes = np.full(1, ks.R_SKIPPED, np.uint8)
+                codes = np.full(1, kt.R_SKIPPED, np.uint8)
                 self._release_rows(t, rows, codes)
                 self._track(t, rows, codes)
                 continue
@@ -425,17 +398,17 @@ class Scheduler:
             raise ValueError(f"block {block.block_id} belongs to no task of this scheduler")
         status = block._status
         if status == 2:  # BlockStatus.SUCCESS
-            code = ks.R_SUCCESS
+            code = kt.R_SUCCESS
         elif status == 3:  # BlockStatus.FAILED
-            code = ks.R_FAILED
+            code = kt.R_FAILED
         else:
             raise ValueError(f"unexpected status for released block: {BlockStatus.name(status)} (set SUCCESS or FAILED)")
         row = block.index
         if row < 0 or row >= self._nblocks[t]:
             row = self._row_of(t, block)
-        n = ks.step(self._b, self._u8, self.n_met, 3, t, row, code, self._no_rows, self._no_codes)  # OP_RELEASE_ONE
+        n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE_ONE, t, row, code, self._no_rows, self._no_codes)
         if n < 0:
-            if n == -1:
+            if n == kt.RC_SCRATCH:
                 raise RuntimeError("internal error: scratch buffer too small")
             self._fail(t, row)
         if self.tracking:
@@ -466,7 +439,7 @@ class Scheduler:
             batch = self._batch(task_id, t, rows)
             skip = np.array([self._check(t, b) for b in batch.blocks()], dtype=bool)
             if skip.any():
-                codes = np.full(int(skip.sum()), ks.R_SKIPPED, np.uint8)
+                codes = np.full(int(skip.sum()), kt.R_SKIPPED, np.uint8)
                 self._release_rows(t, rows[skip], codes)
                 self._track(t, rows[skip], codes)
             kept.append(rows[~skip])
@@ -496,7 +469,7 @@ class Scheduler:
         codes = np.ascontiguousarray(status, dtype=np.uint8)
         if rows.shape != codes.shape:
             raise ValueError("index and status must have the same length")
-        bad = (codes == 1) | (codes > ks.R_FAILED)  # allowed: R_GIVE_BACK, R_SUCCESS, R_FAILED (np.isin is 8x slower)
+        bad = (codes == 1) | (codes > kt.R_FAILED)  # allowed: R_GIVE_BACK, R_SUCCESS, R_FAILED (np.isin is 8x slower)
         if bad.any():
             raise ValueError(f"unexpected status for released blocks: {sorted(set(codes[bad].tolist()))}")
         self._release_rows(t, rows, codes)
@@ -504,12 +477,12 @@ class Scheduler:
 
     # -- state --------------------------------------------------------------------------
     def ready_count(self, task_id) -> int:
-        return int(self.cnt[self._tindex[task_id], ks.C_READY])
+        return int(self.cnt[self._tindex[task_id], kt.C_READY])
 
     def remaining_count(self, task_id) -> int:
         t = self._tindex[task_id]
         c = self.cnt[t]
-        return int(self._layouts[t].num_blocks - c[ks.C_COMPLETED] - c[ks.C_FAILED] - c[ks.C_ORPHANED])
+        return int(self._layouts[t].num_blocks - c[kt.C_COMPLETED] - c[kt.C_FAILED] - c[kt.C_ORPHANED])
 
     def is_task_done(self, task_id) -> bool:
         return self.remaining_count(task_id) <= 0
@@ -529,17 +502,17 @@ class Scheduler:
         stack = [(self._tindex[task_id], reason)]
         while stack:
             t, why = stack.pop()
-            if self.tcfg[t, ks.F_STATE] == ks.ABANDONED:
+            if self.tcfg[t, kt.F_STATE] == kt.ABANDONED:
                 continue
             tid = self.task_ids[t]
             c = self.cnt[t]
-            c[ks.C_ORPHANED] += max(0, self._layouts[t].num_blocks - c[ks.C_COMPLETED] - c[ks.C_FAILED] - c[ks.C_ORPHANED])
-            c[ks.C_READY] = 0
-            c[ks.C_PROC] = 0
-            c[ks.C_ROOTS_LEFT] = 0
-            c[ks.C_QLEN] = 0
-            c[ks.C_GIVEN] = 0
-            self.tcfg[t, ks.F_STATE] = ks.ABANDONED
+            c[kt.C_ORPHANED] += max(0, self._layouts[t].num_blocks - c[kt.C_COMPLETED] - c[kt.C_FAILED] - c[kt.C_ORPHANED])
+            c[kt.C_READY] = 0
+            c[kt.C_PROC] = 0
+            c[kt.C_ROOTS_LEFT] = 0
+            c[kt.C_QLEN] = 0
+            c[kt.C_GIVEN] = 0
+            self.tcfg[t, kt.F_STATE] = kt.ABANDONED
             self._abandon_reason[tid] = why
             out.append(tid)
             for d in self._down_tasks[t]:
@@ -550,7 +523,7 @@ class Scheduler:
     def task_states(self) -> dict[str, TaskState]:
         return {
             tid: TaskState(tid, self._layouts[t].num_blocks, self.cnt[t], self.counters[tid],
-                           self.tcfg[t, ks.F_STATE] == ks.ABANDONED, self._abandon_reason.get(tid),
+                           self.tcfg[t, kt.F_STATE] == kt.ABANDONED, self._abandon_reason.get(tid),
                            self.tasks[tid].timeout_secs)
             for t, tid in enumerate(self.task_ids)
         }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import random
 import types
 from collections import Counter
@@ -79,9 +80,10 @@ def _skip_check(sids, on_skip):
     return check
 
 
-def nb_pipeline(config, skip=None, on_skip=None):
+def nb_pipeline(config, skip=None, on_skip=None, tracking=None):
     """A daisy_nb Pipeline from a :func:`pipeline_configs` config; ``skip[tid]``: sids
-    check_function skips (``on_skip(block)`` is called for each skip)."""
+    check_function skips (``on_skip(block)`` is called for each skip); ``tracking``: a
+    directory for the tasks' block tracking (``<tracking>/<task id>``)."""
     tasks = {}
     for tid, c in config["tasks"].items():
         check = None
@@ -90,7 +92,7 @@ def nb_pipeline(config, skip=None, on_skip=None):
         tasks[tid] = daisy.Task(
             tid, roi(c["total_roi"]), roi(c["read_roi"]), roi(c["write_roi"]),
             check_function=check, read_write_conflict=c["read_write_conflict"], fit=c["fit"],
-            max_retries=c["max_retries"],
+            max_retries=c["max_retries"], tracking_path=None if tracking is None else str(Path(tracking) / tid),
         )
     return daisy.Pipeline(list(tasks.values()), [(tasks[u], tasks[d]) for u, d in config["edges"]])
 
@@ -1119,3 +1121,133 @@ def test_abandon_task_orphans_the_rest_and_cascades():
     y.status = BlockStatus.SUCCESS
     s.release_block(y)  # late release: dropped, terminal states stick
     assert s.task_states["A"].completed_count == 1
+
+
+# ---------------------------------------------------------------------------
+# 6. tracking through the kernels (rows_to_cells writes, flag_grid_cells reads) vs the twin
+# ---------------------------------------------------------------------------
+
+
+@settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(pipeline_configs(), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.3]))
+def test_prop_tracking_records_exactly_the_reference_successes(config, seed, fail_p):
+    """Run 1 with random failures, in lockstep with the twin, records its successes; run 2
+    hands out exactly the blocks the twin did not complete in run 1 (the rest are skipped)."""
+    import tempfile
+
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as base:
+        sched = daisy.Scheduler(nb_pipeline(config, tracking=base))
+        ref = ref_scheduler(config)
+        while True:
+            progressed = False
+            for tid in config["tasks"]:
+                b = sched.acquire_block(tid)
+                assert (None if b is None else b.block_id[1]) == ref.acquire_block(tid)
+                if b is None:
+                    continue
+                ok = rng.random() >= fail_p
+                b.status = BlockStatus.SUCCESS if ok else BlockStatus.FAILED
+                sched.release_block(b)
+                ref.release_block(tid, b.block_id[1], ok)
+                progressed = True
+            if not progressed:
+                break
+        sched.close()
+        succeeded = {k for k, v in ref.status.items() if v == "success"}
+        sched2 = daisy.Scheduler(nb_pipeline(config, tracking=base))
+        handed = set()
+        while True:
+            progressed = False
+            for tid in config["tasks"]:
+                b = sched2.acquire_block(tid)
+                if b is None:
+                    continue
+                handed.add(key(b))
+                b.status = BlockStatus.SUCCESS
+                sched2.release_block(b)
+                progressed = True
+            if not progressed:
+                break
+        states = sched2.task_states
+        sched2.close()
+    everything = {(tid, b.spatial_id) for tid, c in config["tasks"].items() for b in ref_graph(c).blocks()}
+    assert handed == everything - succeeded
+    for tid in config["tasks"]:
+        assert states[tid].skipped_count == sum(1 for t, _ in succeeded if t == tid)
+        assert states[tid].completed_count == states[tid].total_block_count
+
+
+# ---------------------------------------------------------------------------
+# 7. kernel registry of kernels/surface.py: every kernel is checked against the twin
+# ---------------------------------------------------------------------------
+
+# kernel -> the tests above that compare it (through the Scheduler) with tests/reference/scheduler.py
+SURFACE_TWINS = {
+    "step": ("test_prop_per_block_api_lockstep_with_reference", "test_prop_batch_api"),
+    "fail_block": ("test_prop_per_block_api_lockstep_with_reference", "test_prop_batch_api"),
+    "_acquire": ("test_prop_batch_api", "test_golden_cases_match_reference_twin"),
+    "_release": ("test_prop_batch_api", "test_golden_cases_match_reference_twin"),
+    "_on_success": ("test_prop_per_block_api_lockstep_with_reference", "test_golden_cases_match_reference_twin"),
+    "_down_lj": ("test_prop_per_block_api_lockstep_with_reference", "test_asymmetric_context_dependency_graph_is_inverse"),
+    "_n_up_lj": ("test_prop_per_block_api_lockstep_with_reference",),
+    "_pop": ("test_order_core_6_5_roots_first_then_fifo", "test_prop_per_block_api_lockstep_with_reference"),
+    "_push_back": ("test_retries_go_to_the_back_of_the_queue", "test_prop_batch_api"),
+    "_push_front": ("test_batch_give_back_comes_next_in_order", "test_prop_batch_api"),
+    "n_upstream": ("test_golden_reads_nothing_pipelines_run_here",),
+    "seed_free_blocks": ("test_golden_reads_nothing_pipelines_run_here",),
+    "flag_grid_cells": ("test_prop_tracking_records_exactly_the_reference_successes", "test_skip_mask"),
+    "rows_to_cells": ("test_prop_tracking_records_exactly_the_reference_successes",),
+    "_grid_of_row": ("test_prop_tracking_records_exactly_the_reference_successes",),
+}
+
+
+def _surface_kernels() -> dict[str, object]:
+    import daisy_nb.kernels.surface as ks
+
+    out = {}
+    for name, obj in vars(ks).items():
+        f = getattr(obj, "py_func", obj)
+        if callable(obj) and not isinstance(obj, type) and getattr(f, "__module__", None) == ks.__name__:
+            out[name] = obj
+    return out
+
+
+def test_every_surface_kernel_has_a_twin_check():
+    kernels = _surface_kernels()
+    assert {"step", "fail_block"} <= set(kernels)
+    assert sorted(set(kernels) - set(SURFACE_TWINS)) == [], "surface kernels without a twin check"
+    assert sorted(set(SURFACE_TWINS) - set(kernels)) == [], "SURFACE_TWINS names kernels that do not exist"
+    for tests in SURFACE_TWINS.values():
+        for t in tests:
+            assert callable(globals().get(t)), t
+
+
+@pytest.mark.skipif(os.environ.get("NUMBA_DISABLE_JIT") == "1", reason="no compiled signatures without the JIT")
+def test_each_surface_entry_point_has_one_compiled_signature():
+    """After a run through every path, each compiled surface kernel has exactly one signature
+    (the inlined helpers are compiled only into their callers)."""
+    from numba.core.dispatcher import Dispatcher
+
+    p = daisy.Task("a", Roi((0, 0), (9, 9)), Roi((0, 0), (4, 4)), Roi((1, 1), (2, 2)), max_retries=0,
+                   tracking_path=False) + daisy.Task("c", Roi((0, 0), (9, 9)), Roi((0, 0), (4, 4)),
+                                                     Roi((1, 1), (2, 2)), tracking_path=False)
+    s = daisy.Scheduler(p)
+    first = True
+    while True:
+        got = False
+        for tid in ("a", "c"):
+            b = s.acquire_block(tid)
+            if b is not None:
+                b.status = BlockStatus.FAILED if first else BlockStatus.SUCCESS
+                first = False
+                s.release_block(b)
+                got = True
+        if not got:
+            break
+    for name, k in _surface_kernels().items():
+        if isinstance(k, Dispatcher) and k.targetoptions.get("inline", "never") == "never":
+            assert len(k.signatures) <= 1, (name, k.signatures)
+    import daisy_nb.kernels.surface as ks
+
+    assert len(ks.step.signatures) == 1 and len(ks.fail_block.signatures) == 1

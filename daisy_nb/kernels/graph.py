@@ -11,11 +11,26 @@ import numpy as np
 
 from ._jit import kernel
 from .block_id import cantor
-
-# keep in sync with daisy_nb.layout (kernels do not import the Python layer)
-G_TR_OFF, G_TR_SHAPE, G_RS, G_WS, G_TW_OFF, G_TW_SHAPE, G_GRID, G_PERIOD, G_IDOFF, G_TRACK = range(10)
-I_NDIM, I_FIT, I_NLEVELS, I_LEVEL_BASE, I_NBLOCKS, I_BLOCK_BASE, I_NROOTS = range(7)
-FIT_SHRINK = 2
+from .tables import (  # noqa: F401  (G_*/I_* are read by the kernels of this module and of surface.py)
+    FIT_SHRINK,
+    G_GRID,
+    G_IDOFF,
+    G_PERIOD,
+    G_RS,
+    G_TR_OFF,
+    G_TR_SHAPE,
+    G_TRACK,
+    G_TW_OFF,
+    G_TW_SHAPE,
+    G_WS,
+    I_BLOCK_BASE,
+    I_FIT,
+    I_LEVEL_BASE,
+    I_NBLOCKS,
+    I_NDIM,
+    I_NLEVELS,
+    I_NROOTS,
+)
 
 
 @kernel

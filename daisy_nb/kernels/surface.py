@@ -5,7 +5,7 @@ upstream/downstream lists on every step (CORE.md section 5). Here the state of
 every block of every task lives in flat arrays indexed by a *global* block index
 ``gi = block_base[t] + row``:
 
-* ``status``  uint8[N]   PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED
+* ``status``  uint8[N]   PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED (``tables.py``)
 * ``n_met``   int32[N]   how many of the block's upstream blocks succeeded
 * ``retries`` uint8[N]   failed attempts so far
 * ``preskip`` uint8[N]   non-zero: skip at acquire (recorded done / skip_mask)
@@ -32,9 +32,26 @@ section "packed state" below for why).
 import numpy as np
 
 from ._jit import flat_kernel, inline_kernel, kernel
-from .graph import (
+from .graph import cantor, describe_rows_into, grid_to_row, row_level, row_to_counter
+from .tables import (
+    C_COMPLETED,
+    C_FAILED,
+    C_GIVEN,
+    C_NEXT_ROOT,
+    C_ORPHANED,
+    C_PROC,
+    C_QHEAD,
+    C_QLEN,
+    C_READY,
+    C_ROOTS_LEFT,
+    C_SKIPPED,
+    C_STARTED,
+    DONE,
+    F_MAX_RETRIES,
+    F_STATE,
+    FAILED,
     G_GRID,
-    describe_rows_into,
+    G_IDOFF,
     G_PERIOD,
     I_BLOCK_BASE,
     I_LEVEL_BASE,
@@ -42,24 +59,51 @@ from .graph import (
     I_NDIM,
     I_NLEVELS,
     I_NROOTS,
-    cantor,
-    grid_to_row,
-    row_level,
-    row_to_counter,
+    OP_ACQUIRE,
+    OP_ACQUIRE_ONE,
+    OP_RELEASE_ONE,
+    ORPHANED,
+    P_BUF_ID,
+    P_BUF_J,
+    P_BUF_LEV,
+    P_BUF_ROW,
+    P_BUF_T,
+    P_CNT,
+    P_CONF_JUMP,
+    P_CONF_PTR,
+    P_E_DN,
+    P_E_DN_OFF,
+    P_E_UP,
+    P_E_UP_OFF,
+    P_E_UV,
+    P_GEO,
+    P_INFO,
+    P_LVL_CNT,
+    P_LVL_OFF,
+    P_LVL_START,
+    P_N,
+    P_QUEUE,
+    P_ROW1,
+    P_SCR,
+    P_TCFG,
+    P_TIN_E,
+    P_TIN_PTR,
+    P_TOUT_E,
+    P_TOUT_PTR,
+    PENDING,
+    PROCESSING,
+    R_FAILED,
+    R_SKIPPED,
+    R_SUCCESS,
+    RC_FAILED_AT,
+    RC_SCRATCH,
+    READY,
+    RUNNING,
+    U8_CODE1,
+    U8_PRESKIP,
+    U8_RETRIES,
+    U8_STATUS,
 )
-
-# block status codes (keep in sync with daisy_nb/_types.py)
-PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED = 0, 1, 2, 3, 4, 5
-# release codes
-R_GIVE_BACK, R_SUCCESS, R_FAILED, R_SKIPPED = 0, 2, 3, 4
-# counters
-C_READY, C_PROC, C_COMPLETED, C_SKIPPED, C_FAILED, C_ORPHANED, C_QHEAD, C_QLEN, C_NEXT_ROOT, C_ROOTS_LEFT, C_STARTED, C_GIVEN = range(12)
-N_CNT = 12
-# task settings
-F_MAX_RETRIES, F_STATE = 0, 1
-N_CFG = 2
-RUNNING, ABANDONED = 0, 2
-G_IDOFF = 8
 
 
 @kernel
@@ -312,15 +356,19 @@ def _on_success(T, S, W, t, row):
 
 
 @kernel
-def fail_block(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e,
-               status, cnt, tcfg, t, row, scr, buf_t, buf_row, buf_lev, buf_j):
+def fail_block(T, S, W, t, row):
     """Fail ``row`` of task ``t`` for good (it is PROCESSING): orphan every PENDING block
     that transitively depends on it, then count it failed. Returns the orphan count, or
-    -1 if the scratch buffers were too small (nothing is counted failed then).
+    ``RC_SCRATCH`` if the scratch buffers were too small (nothing is counted failed then).
 
     Not part of :func:`step`: the walk needs a stack that grows, so this kernel keeps
-    numba's runtime. The Scheduler calls it with views of the packed buffers.
+    numba's runtime. The Scheduler calls it with the ``(T, S, W)`` tuples of views of
+    the packed buffers (``tables.groups``), the same tuples ``step`` builds.
     """
+    (tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+     t_in_ptr, t_in_e, t_out_ptr, t_out_e) = T
+    status, n_met, retries, preskip, queue, cnt, tcfg = S
+    scr, buf_t, buf_row, buf_id, buf_lev, buf_j = W
     scr[7, 0] = -1  # no memo of a previous row
     stack_t = np.empty(16, dtype=np.int64)
     stack_r = np.empty(16, dtype=np.int64)
@@ -335,7 +383,7 @@ def fail_block(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e
         n = _down_lj(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, u, r,
                      scr, buf_t, buf_row, buf_lev, buf_j)
         if n < 0:
-            return -1
+            return RC_SCRATCH
         for i in range(n):
             v = buf_t[i]
             gi = info[v, I_BLOCK_BASE] + buf_row[i]
@@ -366,13 +414,13 @@ def _release(T, S, W, t, rows, codes, start):
     back to the front of the FIFO, no attempt counted). Releases of blocks not in
     PROCESSING, or of an abandoned task, are ignored (daisy's typestate gate).
 
-    A block that fails for good stops the release: it returns ``-(2 + i)`` with block
-    ``i`` still PROCESSING, and the caller runs :func:`fail_block` on it (the orphan
-    walk needs a stack this allocation-free kernel cannot grow), then calls again
-    with ``start = i + 1``. Give-backs are handled once every other block is
-    released. Returns the number of blocks, or -1 if the scratch buffers were too
-    small for a downstream list (the scheduler sizes them from the geometry so that
-    this cannot happen).
+    A block that fails for good stops the release: it returns ``RC_FAILED_AT - i`` with
+    block ``i`` still PROCESSING, and the caller runs :func:`fail_block` on it (the
+    orphan walk needs a stack this allocation-free kernel cannot grow), then calls
+    again with ``start = i + 1``. Give-backs are handled once every other block is
+    released. Returns the number of blocks, or ``RC_SCRATCH`` if the scratch buffers
+    were too small for a downstream list (the scheduler sizes them from the geometry
+    so that this cannot happen).
     """
     (tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
      t_in_ptr, t_in_e, t_out_ptr, t_out_e) = T
@@ -389,7 +437,7 @@ def _release(T, S, W, t, rows, codes, start):
             continue
         if code == R_SUCCESS or code == R_SKIPPED:
             if _on_success(T, S, W, t, r) < 0:
-                return -1
+                return RC_SCRATCH
             status[gi] = DONE
             cnt[t, C_PROC] -= 1
             cnt[t, C_COMPLETED] += 1
@@ -397,7 +445,7 @@ def _release(T, S, W, t, rows, codes, start):
                 cnt[t, C_SKIPPED] += 1
         elif code == R_FAILED:
             if retries[gi] >= tcfg[t, F_MAX_RETRIES]:
-                return -(2 + i)
+                return RC_FAILED_AT - i
             else:
                 if retries[gi] < 255:
                     retries[gi] += 1
@@ -429,8 +477,9 @@ def _acquire(T, S, W, t, max_n, out_rows):
     Order: roots first, then FIFO (daisy's ProcessingQueue). Blocks flagged in
     ``preskip`` (recorded done, or masked) are skipped on the way: counted as
     completed and skipped, and their success propagated, as daisy's precheck does.
-    Returns the count, or -(1 + count) when the scratch buffers must grow (the
-    block that needed them is given back first; call again).
+    Returns the count, or ``RC_SCRATCH`` when the scratch buffers were too small (the
+    block that needed them is given back first; cannot happen with the sizes the
+    scheduler computes).
     """
     (tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
      t_in_ptr, t_in_e, t_out_ptr, t_out_e) = T
@@ -456,7 +505,7 @@ def _acquire(T, S, W, t, max_n, out_rows):
                 cnt[t, C_GIVEN] += 1
                 cnt[t, C_READY] += 1
                 cnt[t, C_PROC] -= 1
-                return -(1 + n)
+                return RC_SCRATCH
             status[gi] = DONE
             cnt[t, C_PROC] -= 1
             cnt[t, C_COMPLETED] += 1
@@ -535,28 +584,17 @@ def rows_to_cells(tt_geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, cell_shape
     return rows.shape[0]
 
 
-# -- packed state: the scheduler's entry points --------------------------------------
+# -- packed state: the scheduler's entry point ----------------------------------------
 #
 # numba unboxes every array argument on each call (~60 ns each), and the state above
-# is 28 arrays: that alone cost more than the work of acquiring or releasing one
+# is 30 arrays: that alone cost more than the work of acquiring or releasing one
 # block. The scheduler therefore keeps every int64 array (tables, FIFO, counters,
 # scratch) in one buffer ``b`` and the uint8 state (status, retries, preskip, one
-# release code) in another ``u8``; the entry points below take those two plus
-# ``n_met`` and rebuild the views inside the kernel (a slice and a reshape each).
-# ``b`` starts with a header: for array k, ``b[4k]`` and ``b[4k+1]`` are where it starts
-# and ends and ``b[4k+2:4k+4]`` its trailing dimensions (unused ones 1); ``b[P_N]`` is
-# N, the number of blocks. The views are written out where they are needed: an inlined
-# helper returning one would cost ~60 ms of compile time per use.
-(P_GEO, P_INFO, P_LVL_OFF, P_LVL_CNT, P_LVL_START, P_CONF_PTR, P_CONF_JUMP, P_E_UV, P_E_UP, P_E_UP_OFF, P_E_DN,
- P_E_DN_OFF, P_TIN_PTR, P_TIN_E, P_TOUT_PTR, P_TOUT_E, P_QUEUE, P_CNT, P_TCFG, P_BUF_T, P_BUF_ROW, P_BUF_ID,
- P_BUF_LEV, P_BUF_J, P_SCR, P_ROW1) = range(26)
-N_PACKED = 26
-P_N = 4 * N_PACKED
-P_HEADER = P_N + 4
-
-
-# operations of :func:`step`
-OP_ACQUIRE, OP_RELEASE, OP_ACQUIRE_ONE, OP_RELEASE_ONE = range(4)
+# release code) in another ``u8``; ``step`` takes those two plus ``n_met`` and
+# rebuilds the views inside the kernel (a slice and a reshape each). The layout of
+# both buffers is declared once, in ``tables.PACKED_INT64`` (slot numbers ``P_*``,
+# header, Python-side views). The views are written out here: an inlined helper
+# returning one would cost ~60 ms of compile time per use.
 
 
 @flat_kernel
@@ -566,10 +604,11 @@ def step(b, u8, n_met, op, t, x, y, rows, codes):
     * ``OP_ACQUIRE``: up to ``x`` ready rows of task ``t`` into ``rows``; returns the count
       (as :func:`_acquire`).
     * ``OP_RELEASE``: release ``rows[x:]`` with ``codes``; returns as :func:`_release`
-      (``<= -2``: run :func:`fail_block` on that block, then step again after it).
+      (``<= RC_FAILED_AT``: run :func:`fail_block` on the block at ``tables.failed_at(rc)``,
+      then step again after it).
     * ``OP_ACQUIRE_ONE``: one block, described in ``rows`` = int64[2 + 4 * nd] as (row,
       spatial id, read offset, read shape, write offset, write shape); returns 1, 0 when
-      nothing is ready, or < 0 as acquire.
+      nothing is ready, or ``RC_SCRATCH`` as acquire.
     * ``OP_RELEASE_ONE``: release row ``x`` with code ``y`` (no arrays to build).
     """
     N = b[P_N]
@@ -600,7 +639,8 @@ def step(b, u8, n_met, op, t, x, y, rows, codes):
     buf_j = b[b[4 * P_BUF_J] : b[4 * P_BUF_J + 1]].reshape((-1, b[4 * P_BUF_J + 2]))
     T = (geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
          t_in_ptr, t_in_e, t_out_ptr, t_out_e)
-    S = (u8[:N], n_met, u8[N : 2 * N], u8[2 * N : 3 * N], queue, cnt, tcfg)
+    S = (u8[U8_STATUS * N : (U8_STATUS + 1) * N], n_met, u8[U8_RETRIES * N : (U8_RETRIES + 1) * N],
+         u8[U8_PRESKIP * N : (U8_PRESKIP + 1) * N], queue, cnt, tcfg)
     W = (scr, buf_t, buf_row, buf_id, buf_lev, buf_j)
     if op == OP_ACQUIRE or op == OP_ACQUIRE_ONE:
         n = _acquire(T, S, W, t, x if op == OP_ACQUIRE else 1, rows)
@@ -614,7 +654,7 @@ def step(b, u8, n_met, op, t, x, y, rows, codes):
     if op == OP_RELEASE_ONE:
         one = b[b[4 * P_ROW1] : b[4 * P_ROW1 + 1]]
         one[0] = x
-        code = u8[3 * N : 3 * N + 1]
+        code = u8[U8_CODE1 * N : U8_CODE1 * N + 1]
         code[0] = y
         return _release(T, S, W, t, one, code, 0)
     return _release(T, S, W, t, rows, codes, x)
