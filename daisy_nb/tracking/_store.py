@@ -135,6 +135,10 @@ class _TrackedArray:
             if fd is not None:
                 try:
                     st = os.fstat(fd)
+                    # pages of a chunk with nothing on disk cost no read: fault them in one
+                    # by one (see below); a chunk with data is read ahead (a resumed run's
+                    # scan of 10^8 done bytes: ~0.1 s instead of ~2 s of 4 KiB reads)
+                    one_by_one = st.st_blocks == 0 or not self.allocate_all
                     if self.allocate_all and st.st_blocks * 512 < st.st_size:
                         _allocate(fd, 0, self.nbytes)
                     mm = mmap.mmap(fd, self.nbytes, flags=mmap.MAP_SHARED,
@@ -145,6 +149,12 @@ class _TrackedArray:
                         raise RuntimeError(f"no disk space for block tracking at {self.chunk}: {e}") from e
                     fd = None  # a file system without shared writable maps
                 else:
+                    if one_by_one and hasattr(mmap, "MADV_RANDOM"):
+                        # No readahead on faults: pages come in one by one as small page-cache
+                        # folios, so a changed byte dirties (and a flush writes) one 4 KiB
+                        # page; pages read ahead may sit in large folios (up to 2 MiB on
+                        # Linux >= 6.x file systems), which are written whole.
+                        mm.madvise(mmap.MADV_RANDOM)
                     self.mm = mm
                     if self.allocate_all:
                         os.close(fd)
