@@ -1,7 +1,7 @@
 """Block tracking: bytes written per flush, and what a SIGKILL loses, side by side with daisy 2.0.0.
 
     python benchmarks/bench_tracking.py [--daisy-python /work/venv-daisy2/bin/python] [--quick]
-        [--cases flush,kill] [--blocks N] [--kill-after S]
+        [--cases flush,kill] [--blocks N] [--kill-after S] [--modes serial,pool,dask]
 
 flush   A tracking store of ``--blocks`` blocks (default 10^8; 10^6 with --quick), half
         of it done and 1000 blocks with a failure count, then a few thousand blocks
@@ -18,8 +18,8 @@ flush   A tracking store of ``--blocks`` blocks (default 10^8; 10^6 with --quick
         + rename: the previous strategy, still the fallback for read-only chunk
         files).
 kill    A 1-D task of 5 ms blocks whose block function appends ``<grid index> <time>``
-        to a log and fsyncs it after its work; the run (serial and pool with 2
-        workers) is SIGKILLed (the whole process group, scheduler and workers at
+        to a log and fsyncs it after its work; the run (serial, pool with 2
+        workers, dask LocalCluster with 2 worker processes) is SIGKILLed (the whole process group, scheduler and workers at
         once) ``--kill-after`` s (default 5) after its first block. Then the
         tracking store is read with zarr: ``recorded`` (done bytes), ``finished``
         (logged), ``bad`` = recorded but never finished (must be 0), ``lost`` =
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
 import shutil
 import signal
@@ -136,6 +137,15 @@ def kill_child(lib: str, mode: str, n: int, track: str) -> None:
     one = Roi((0,), (1,))
     task = daisy.Task("k", total_roi=Roi((0,), (n,)), read_roi=one, write_roi=one, process_function=_log_block,
                       read_write_conflict=False, max_workers=2, max_retries=0, tracking_path=track)
+    if mode == "dask":  # daisy_nb only: daisy 2.0.0 has no dask executor
+        from distributed import Client, LocalCluster
+
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                               dashboard_address=":0")
+        client = Client(cluster)
+        client.wait_for_workers(2, timeout=60)
+        daisy.run_blockwise([task], executor=client, progress=False, summary=False)
+        return
     daisy.run_blockwise([task], multiprocessing=(mode == "pool"), progress=False, summary=False)
 
 
@@ -210,6 +220,7 @@ def main() -> None:
     ap.add_argument("--cases", default="flush,kill")
     ap.add_argument("--blocks", type=int, default=None)
     ap.add_argument("--kill-after", type=float, default=None)
+    ap.add_argument("--modes", default="serial,pool,dask", help="kill: runtimes to kill (dask: daisy_nb only)")
     ap.add_argument("--worker", nargs="+")
     ap.add_argument("--kill-child", nargs=4)
     a = ap.parse_args()
@@ -253,8 +264,10 @@ def main() -> None:
                   "| oldest lost (s) |")
             print("|---|---|---|---|---|---|---|---|")
             libs = [("daisy_nb", sys.executable)] + ([("daisy", a.daisy_python)] if a.daisy_python else [])
-            for mode in ("serial", "pool"):
+            for mode in a.modes.split(","):
                 for lib, py in libs:
+                    if mode == "dask" and (lib != "daisy_nb" or importlib.util.find_spec("distributed") is None):
+                        continue
                     r = kill_run(py, lib, mode, kn, kill_after, workdir)
                     print(f"| {lib} | {mode} | {r['finished']} | {r['recorded']} | {r['bad']} | {r['lost']} "
                           f"| {r['lost_older_1s']} | {r['lost_max_age']:.2f} |")

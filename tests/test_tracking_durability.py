@@ -48,15 +48,17 @@ def _read_log(log: Path) -> dict[int, float]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["serial", "pool"])
+@pytest.mark.parametrize("mode", ["serial", "pool", "dask"])
 def test_sigkill_keeps_every_finished_block_but_the_last_second(mode, tmp_path):
+    if mode == "dask":
+        pytest.importorskip("distributed")
     track, log = tmp_path / "track", tmp_path / "finished.log"
     n = 20_000  # far more than can finish before the kill
     proc = subprocess.Popen([sys.executable, str(KILLRUN), mode, str(n), str(track), str(log)],
                             env=_env(), cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while len(_read_log(log)) < 30:  # the run is well under way (workers up)
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline, "the run did not start"

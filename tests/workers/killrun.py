@@ -1,4 +1,4 @@
-"""A run that the tracking tests SIGKILL: ``python killrun.py MODE N TRACK LOG``.
+"""A run that the tracking tests SIGKILL: ``python killrun.py MODE N TRACK LOG`` (serial, pool, dask).
 
 Each block sleeps ~5 ms, then, if it succeeds, appends ``<grid index> <time>`` to LOG
 and fsyncs it: LOG lists exactly the blocks that finished. Every 7th block fails
@@ -43,6 +43,15 @@ def main():
     one = Roi((0,), (1,))
     task = daisy.Task("k", Roi((0,), (n,)), one, one, process_function=fn, read_write_conflict=False,
                       max_workers=2, max_retries=0, tracking_path=track)
+    if mode == "dask":
+        from distributed import Client, LocalCluster
+
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                               dashboard_address=":0")
+        client = Client(cluster)
+        client.wait_for_workers(2, timeout=60)
+        daisy.run_blockwise(task, executor=client, progress=False, summary=False)
+        return
     daisy.run_blockwise(task, multiprocessing=(mode == "pool"), progress=False, summary=False)
 
 
