@@ -82,10 +82,11 @@ def test_sigkill_keeps_every_finished_block_but_the_last_second(mode, tmp_path):
     # nothing recorded that did not finish (and no failing block: i % 7 == 3)
     assert recorded <= set(finished), sorted(recorded - set(finished))[:10]
     assert not any(i % 7 == 3 for i in recorded)
-    # lost: only blocks that finished in the last second before the kill (or after it)
+    # lost: only blocks that finished in the last ~second before the kill (or after it);
+    # 1.5 s leaves room for a loaded machine (bench_tracking.py reports the exact ages)
     lost = {i: t for i, t in finished.items() if i not in recorded}
-    old = sorted(t_kill - t for t in lost.values() if t < t_kill - 1.0)
-    assert not old, f"{len(lost)} of {len(finished)} finished blocks lost, {len(old)} older than 1 s: {old[:5]}"
+    old = sorted(t_kill - t for t in lost.values() if t < t_kill - 1.5)
+    assert not old, f"{len(lost)} of {len(finished)} finished blocks lost, {len(old)} older than 1.5 s: {old[:5]}"
     # daisy_nb reads what it kept as done: a rerun would skip exactly these
     info = read_tracking(track)
     assert set(np.flatnonzero(np.asarray(info["done"]).reshape(-1)).tolist()) == recorded
@@ -270,3 +271,31 @@ def test_serial_ctrl_c_prints_partial_summary_and_keeps_the_blocks(tmp_path, cap
     assert ei.value.daisy_states["c"].completed_count == 5
     assert "Run interrupted" in capsys.readouterr().out
     assert len(_done_by_zarr(tmp_path / "c")) == 5
+
+
+def test_chunk_that_cannot_be_opened_for_writing_falls_back_to_private_copies(tmp_path, monkeypatch):
+    """A read-only chunk file (EACCES/EROFS on O_RDWR) is read privately; flush rewrites it aside."""
+    one = Roi((0,), (1,))
+    total = Roi((0,), (3000,))
+    p = tmp_path / "ro"
+    with TrackingStore.open(p, total, one, one) as s:
+        s.mark_done([10])
+    real_open = os.open
+
+    def no_write_open(path, flags, *a, **kw):
+        if flags & os.O_RDWR and str(path).endswith(os.path.join("c", "0")):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", no_write_open)
+    s = TrackingStore.open(p, total, one, one)
+    assert s.done.reshape(-1)[10] == 1
+    s.mark_done([11])
+    s.add_failures([12])
+    assert read_tracking(p)["done"].reshape(-1)[11] == 0  # not in the file until the flush
+    assert s.flush()
+    s.close()
+    monkeypatch.setattr(os, "open", real_open)
+    info = read_tracking(p)
+    assert np.flatnonzero(info["done"]).tolist() == [10, 11]
+    assert np.flatnonzero(info["failures"]).tolist() == [12]
