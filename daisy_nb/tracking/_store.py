@@ -17,6 +17,14 @@ mapped, or when a caller-provided array is compressed, the array is held
 privately instead and each flush rewrites the whole chunk aside + ``os.replace``
 (the previous strategy); a foreign layout is replaced by the raw one at its first
 flush and mapped shared from then on.
+
+What survives what: a SIGKILL (or any death) of this process keeps every mark
+made (the page cache belongs to the file); a crash of the machine keeps the
+marks up to the last flush (the runtimes flush about once a second). On NFS the
+client's page cache is written to the server by the flush's ``msync`` (or the
+kernel's own writeback), and other clients see the marks once they revalidate
+(close-to-open), as with any NFS file. A second process that replaces a chunk
+file (``os.replace``) while it is mapped here is not seen by this process.
 """
 
 from __future__ import annotations
