@@ -97,10 +97,6 @@ class _TrackedArray:
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
-    @property
-    def shared(self) -> bool:
-        return self.mm is not None
-
     def load(self, path: Path, durable: bool) -> None:
         meta_path = self.dir / "zarr.json"
         _remove_stale_tmp(self.dir)
@@ -235,6 +231,8 @@ class _TrackedArray:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
 class TrackingStore:
     """A task's block-tracking group (daisy 2.0.0 layout), mapped from its chunk files.
 
