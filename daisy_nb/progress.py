@@ -1,8 +1,8 @@
 """What users see: tqdm bars per task, a JSON-lines observer, the execution summary.
 
 Observers get ``on_start/on_progress/on_finish(states)`` with a ``{task_id:
-TaskState}`` snapshot; the pool calls ``on_progress`` at most every 0.2 s and
-swallows observer exceptions. Looks follow daisy 2.0 (API.md 1.15/1.16); the
+TaskState}`` snapshot; every runtime (serial, pool, dask) calls ``on_progress`` at
+most every 0.2 s through :class:`Heartbeat` and swallows observer exceptions. Looks follow daisy 2.0 (API.md 1.15/1.16); the
 summary adds time and blocks/s per task.
 """
 
@@ -347,7 +347,9 @@ FLUSH_SECS = 1.0  # how often they flush block tracking to disk
 class Heartbeat:
     """The runtimes' periodic chores, called from their loops with the current
     ``time.monotonic()``: ``on_progress`` every ``PROGRESS_SECS`` and a tracking flush
-    every ``FLUSH_SECS``."""
+    every ``FLUSH_SECS`` (an msync of the pages marked since the last one: the marks
+    themselves are in the tracking files already, see :mod:`daisy_nb.tracking`).
+    The serial runner calls it between blocks."""
 
     def __init__(self, observer, scheduler):
         self.observer, self.scheduler = observer, scheduler

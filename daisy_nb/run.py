@@ -3,76 +3,11 @@
 from __future__ import annotations
 
 import os
-import time
 import warnings
 
-from .block import BlockStatus
 from .scheduler import Scheduler
 
 __all__ = ["run_blockwise"]
-
-
-def _serial(scheduler: Scheduler, progress, summary: bool):
-    """daisy's serial runner: the first exception from a block function propagates."""
-    order = scheduler.task_ids
-    for tid in order:
-        task = scheduler.tasks[tid]
-        if task.layout.num_blocks and (task.process_function is None or task.arity != 1):
-            raise ValueError(
-                f"invalid configuration: task {tid!r} has no 1-argument process_function; serial mode "
-                "(multiprocessing=False) calls process_function(block)"
-            )
-    from .runtime.state import set_worker_state
-
-    for tid in order:
-        init_fn = scheduler.tasks[tid].init_fn
-        if init_fn is not None and scheduler.tasks[tid].layout.num_blocks:
-            set_worker_state(tid, init_fn())
-    res = {}  # resource_tracking: task id -> TaskResourceStats
-    for tid in order:
-        if getattr(scheduler.tasks[tid], "resource_tracking", False):
-            from .profiling import TaskResourceStats
-
-            res[tid] = TaskResourceStats(tid)
-    t0 = {}
-    t1 = {}
-    try:
-        while True:
-            progressed = False
-            for tid in order:
-                block = scheduler.acquire_block(tid)
-                if block is None:
-                    continue
-                t0.setdefault(tid, time.monotonic())
-                block.status = BlockStatus.PROCESSING
-                acc = res.get(tid)
-                if acc is None:
-                    scheduler.tasks[tid].process_function(block)
-                else:
-                    from .profiling import measured_stats, profile_block
-
-                    prof = profile_block(block)
-                    with prof:
-                        scheduler.tasks[tid].process_function(block)
-                    acc.add_one(measured_stats(prof, block), block.status == BlockStatus.FAILED)
-                if block.status != BlockStatus.FAILED:
-                    block.status = BlockStatus.SUCCESS
-                scheduler.release_block(block)
-                t1[tid] = time.monotonic()
-                progressed = True
-                break
-            if not progressed:
-                break
-    finally:
-        scheduler.flush_tracking()
-    states = scheduler.task_states
-    for tid in order:
-        states[tid].resource_stats = res.get(tid)
-    if summary:
-        from .progress import print_summary
-
-        print_summary(states, order, {tid: t1.get(tid, 0) - t0.get(tid, 0) for tid in order})
-    return states
 
 
 def run_blockwise(
@@ -106,7 +41,9 @@ def run_blockwise(
     scheduler = Scheduler(tasks, block_tracking=block_tracking)
     try:
         if not multiprocessing:
-            states = _serial(scheduler, progress, summary)
+            from .runtime.serial import run_serial
+
+            states = run_serial(scheduler, progress=progress, summary=summary)
         elif executor is not None:
             from .runtime.dask import run_dask  # optional extra
 

@@ -1,0 +1,274 @@
+"""Low-level files of a tracking store: metadata documents, atomic writes, raw chunks.
+
+No numba; zarr only for arrays whose layout is not the canonical raw one.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+HASH_ATTRIBUTE = "daisy_task_hash"
+DONE_ARRAY = "done"
+FAILURES_ARRAY = "failures"
+
+_DONE_DTYPE = np.dtype("u1")
+_FAILURES_DTYPE = np.dtype("<u4")
+_ZARR_DTYPE_NAMES = {_DONE_DTYPE: "uint8", _FAILURES_DTYPE: "uint32"}
+_TMP_MARK = ".daisy_nb-tmp-"
+
+
+def _json_bytes(doc: dict) -> bytes:
+    # serde_json pretty printer, sorted keys, plus a trailing newline (as daisy 2.0.0)
+    return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def _array_metadata(shape: tuple[int, ...], dtype: np.dtype) -> dict:
+    return {
+        "attributes": {},
+        "chunk_grid": {"configuration": {"chunk_shape": list(shape)}, "name": "regular"},
+        "chunk_key_encoding": {"configuration": {"separator": "/"}, "name": "default"},
+        "codecs": [{"configuration": {"endian": "little"}, "name": "bytes"}],
+        "data_type": _ZARR_DTYPE_NAMES[np.dtype(dtype)],
+        "fill_value": 0,
+        "node_type": "array",
+        "shape": list(shape),
+        "storage_transformers": [],
+        "zarr_format": 3,
+    }
+
+
+def _group_metadata(hash_: str) -> dict:
+    return {"attributes": {HASH_ATTRIBUTE: hash_}, "node_type": "group", "zarr_format": 3}
+
+
+def _fsync_dir(d: Path) -> None:
+    if os.name == "nt":  # pragma: no cover
+        return
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:  # pragma: no cover
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(target: Path, writer, *, durable: bool = True) -> None:
+    """Write ``target`` via a temp file in its directory + ``os.replace``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}{_TMP_MARK}{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            writer(f)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        _fsync_dir(target.parent)
+
+
+def _write_json(target: Path, doc: dict) -> None:
+    data = _json_bytes(doc)
+    _atomic_write(target, lambda f: f.write(data))
+
+
+_SPARSE_MIN_BYTES = 4 << 20  # arrays at least this big are written sparsely
+_SPARSE_SEGMENT = 1 << 20  # ... skipping all-zero 1 MiB segments (holes read as 0)
+
+
+def _write_array(f, arr: np.ndarray) -> None:
+    a = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+    if not a.size:
+        return
+    raw = a.view(np.uint8).reshape(-1)
+    n = raw.size
+    if n < _SPARSE_MIN_BYTES:
+        f.write(memoryview(raw))
+        return
+    # Big tracking arrays are mostly zeros (failures always, done early in a
+    # run): leave holes for all-zero segments, which saves both the write and
+    # the disk space. Scanning for zeros is ~10x cheaper than writing them.
+    seg = _SPARSE_SEGMENT
+    nfull = n // seg
+    if nfull:
+        nonzero = raw[: nfull * seg].view(np.uint64).reshape(nfull, seg // 8).any(axis=1)
+    else:  # pragma: no cover - n >= _SPARSE_MIN_BYTES > seg
+        nonzero = np.zeros(0, bool)
+    i = 0
+    while i < nfull:
+        if not nonzero[i]:
+            i += 1
+            continue
+        j = i
+        while j < nfull and nonzero[j]:
+            j += 1
+        f.seek(i * seg)
+        f.write(memoryview(raw[i * seg : j * seg]))
+        i = j
+    tail = raw[nfull * seg :]
+    if tail.size and tail.any():
+        f.seek(nfull * seg)
+        f.write(memoryview(tail))
+    f.truncate(n)
+
+
+def _write_zeros(f, nbytes: int) -> None:
+    f.truncate(nbytes)  # sparse, reads back as zeros
+
+
+def _chunk_path(array_dir: Path, ndim: int) -> Path:
+    return array_dir.joinpath("c", *(["0"] * ndim))
+
+
+def _read_json(p: Path) -> dict:
+    with open(p, "rb") as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
+def _pid_alive(pid_text: str) -> bool:
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return False  # ours: no flush is running while we open
+    if os.name == "nt":  # pragma: no cover - os.kill(pid, 0) would terminate it
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def _remove_stale_tmp(array_dir: Path) -> None:
+    try:
+        for p in list(array_dir.rglob(f"*{_TMP_MARK}*")):
+            if _pid_alive(p.name.rpartition(_TMP_MARK)[2]):
+                continue  # another live process may be mid-flush
+            try:
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                elif p.exists():
+                    p.unlink()
+            except OSError:
+                pass
+    except OSError:
+        pass
+
+
+def _is_canonical(meta: dict, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """Whether an array's metadata is the raw single-chunk layout we can map."""
+    try:
+        if meta.get("data_type") != _ZARR_DTYPE_NAMES[dtype]:
+            return False
+        if tuple(meta["chunk_grid"]["configuration"]["chunk_shape"]) != shape:
+            return False
+        if meta["chunk_grid"].get("name") != "regular":
+            return False
+        cke = meta.get("chunk_key_encoding", {})
+        if cke.get("name") != "default":
+            return False
+        if cke.get("configuration", {}).get("separator", "/") != "/":
+            return False
+        codecs = meta.get("codecs", [])
+        if len(codecs) != 1 or codecs[0].get("name") != "bytes":
+            return False
+        endian = (codecs[0].get("configuration") or {}).get("endian")
+        if dtype.itemsize > 1 and endian not in (None, "little"):
+            return False
+        if meta.get("storage_transformers"):
+            return False
+        fill = meta.get("fill_value", 0)
+        return fill in (0, None)
+    except (KeyError, TypeError, AttributeError):
+        return False
+
+
+def _map_chunk(chunk: Path, shape: tuple[int, ...], dtype: np.dtype, mode: str):
+    """Map (or read) a raw chunk; a missing chunk means all fill (zeros)."""
+    n = math.prod(shape)
+    nbytes = n * dtype.itemsize
+    try:
+        size = chunk.stat().st_size
+    except FileNotFoundError:
+        size = None
+    if size is None or nbytes == 0:
+        if mode == "r":
+            return np.zeros(shape, dtype)
+        return None
+    if size != nbytes:
+        # daisy 2.0.0 silently resizes a chunk of the wrong size (zero-extended
+        # or truncated); do the same, without touching the file when read-only
+        raw = np.fromfile(chunk, dtype=np.uint8, count=min(size, nbytes))
+        fixed = np.zeros(nbytes, np.uint8)
+        fixed[: raw.size] = raw
+        if mode == "r":
+            return fixed.view(dtype).reshape(shape)
+        _atomic_write(chunk, lambda f: f.write(memoryview(fixed)))
+    if os.name == "nt":  # pragma: no cover - os.replace over a mapped file fails there
+        return np.fromfile(chunk, dtype=dtype).reshape(shape)
+    return np.memmap(chunk, dtype=dtype, mode=mode, shape=shape, order="C")
+
+
+def _read_via_zarr(array_dir: Path) -> np.ndarray:
+    import zarr  # only for non-canonical (e.g. compressed) caller-provided arrays
+
+    return np.asarray(zarr.open_array(store=str(array_dir), mode="r")[...])
+
+
+def _allocate(fd: int, offset: int, length: int) -> None:
+    """Reserve disk blocks under ``[offset, offset + length)`` of a (sparse) chunk file.
+
+    A write through a shared map into a hole needs a new disk block when the page is
+    written back; on a full disk that is a SIGBUS at the write, not an error. Reserving
+    the blocks first turns it into an ``OSError(ENOSPC)`` here. File systems without
+    fallocate (glibc then writes a zero byte per block) or without the call at all
+    are left as they are.
+    """
+    if length <= 0 or not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+
+
+def _prepare_chunk(chunk: Path, nbytes: int, *, durable: bool = True) -> None:
+    """Make ``chunk`` a file of exactly ``nbytes`` bytes, keeping what it holds.
+
+    A missing chunk (all fill) is created sparse; a chunk of the wrong size is
+    zero-extended or truncated, as daisy 2.0.0 does. Both are written aside and
+    renamed, so a crash leaves either the old file or the new one.
+    """
+    try:
+        size = chunk.stat().st_size
+    except FileNotFoundError:
+        _atomic_write(chunk, lambda f: f.truncate(nbytes), durable=durable)
+        return
+    if size == nbytes:
+        return
+    raw = np.fromfile(chunk, dtype=np.uint8, count=min(size, nbytes))
+    fixed = np.zeros(nbytes, np.uint8)
+    fixed[: raw.size] = raw
+    _atomic_write(chunk, lambda f: _write_array(f, fixed), durable=durable)

@@ -1,0 +1,527 @@
+"""The tracking store: ``done`` and ``failures`` mapped shared onto their chunk files.
+
+Each array of the group is one raw chunk file (see :mod:`daisy_nb.tracking`). It is
+mapped with ``MAP_SHARED``: setting a done byte or a failure count writes straight
+into the page cache of the file, so the record survives a SIGKILL of this process
+the moment it is made (the kernel writes the page back), and a flush is one
+``msync`` of the mapping, which writes only the pages that changed. A done byte
+cannot tear; a failure count is an aligned 4-byte store.
+
+Files are created full-size once (sparse, written aside and renamed, like the
+metadata documents, so a crash leaves no half-made store). ``done`` is then
+allocated on disk (``posix_fallocate``) and each page of ``failures`` is allocated
+before its first count, so a full disk is an ``OSError`` instead of a SIGBUS.
+
+When a chunk file cannot be opened for writing (a read-only file, Windows) or
+mapped, or when a caller-provided array is compressed, the array is held
+privately instead and each flush rewrites the whole chunk aside + ``os.replace``
+(the previous strategy); a foreign layout is replaced by the raw one at its first
+flush and mapped shared from then on.
+
+What survives what: a SIGKILL (or any death) of this process keeps every mark
+made (the page cache belongs to the file); a crash of the machine keeps the
+marks up to the last flush (the runtimes flush about once a second). On NFS the
+client's page cache is written to the server by the flush's ``msync`` (or the
+kernel's own writeback), and other clients see the marks once they revalidate
+(close-to-open), as with any NFS file. A second process that replaces a chunk
+file (``os.replace``) while it is mapped here is not seen by this process.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import mmap
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._files import (
+    _DONE_DTYPE,
+    _FAILURES_DTYPE,
+    _TMP_MARK,
+    DONE_ARRAY,
+    FAILURES_ARRAY,
+    HASH_ATTRIBUTE,
+    _allocate,
+    _array_metadata,
+    _atomic_write,
+    _chunk_path,
+    _group_metadata,
+    _is_canonical,
+    _map_chunk,
+    _prepare_chunk,
+    _read_json,
+    _read_via_zarr,
+    _remove_stale_tmp,
+    _write_array,
+    _write_json,
+)
+from ._grid import grid_shape, task_hash
+
+#: Map chunks shared (the default). False holds every array privately and rewrites
+#: whole chunks on flush, the fallback strategy; ``benchmarks/bench_tracking.py``
+#: compares the two.
+SHARED_MAPS = True
+
+_PAGE = mmap.PAGESIZE
+
+
+class _TrackedArray:
+    """One array of the group: metadata + chunk + its data (shared map or private copy)."""
+
+    __slots__ = ("allocate_all", "chunk", "data", "dir", "dirty", "dtype", "fd", "flat", "mm", "name",
+                 "reserved", "rewrite_meta", "shape")
+
+    def __init__(self, root: Path, name: str, dtype: np.dtype, shape: tuple[int, ...], allocate_all: bool):
+        self.name = name
+        self.dir = root / name
+        self.dtype = dtype
+        self.shape = shape
+        self.chunk = _chunk_path(self.dir, len(shape))
+        self.data: np.ndarray | None = None
+        self.flat: np.ndarray | None = None
+        self.dirty = False
+        self.rewrite_meta = False
+        self.mm: mmap.mmap | None = None  # set while mapped shared
+        self.fd: int | None = None  # kept open to reserve pages (failures)
+        self.reserved: set[int] = set()  # pages of the chunk known to be allocated
+        self.allocate_all = allocate_all
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def load(self, path: Path, durable: bool) -> None:
+        meta_path = self.dir / "zarr.json"
+        _remove_stale_tmp(self.dir)
+        if not meta_path.exists():
+            # absent (fresh store, or a caller-provided group without it): chunk
+            # first, metadata last, so a crash in between leaves no array document
+            _prepare_chunk(self.chunk, self.nbytes, durable=durable)
+            _write_json(self.dir / "zarr.json", _array_metadata(self.shape, self.dtype))
+            self._map()
+            return
+        meta = _read_json(meta_path)
+        if meta.get("node_type") != "array":
+            raise RuntimeError(
+                f"block tracking metadata at {meta_path} is invalid: "
+                f"{self.name!r} is not a zarr array (node_type = {meta.get('node_type')!r})"
+            )
+        stored = tuple(meta.get("shape", ()))
+        if stored != self.shape:
+            raise RuntimeError(
+                f"block tracking metadata at {path} is invalid: array {self.name!r} has "
+                f"shape {list(stored)}, expected the task's block-grid shape "
+                f"{list(self.shape)}. Delete it to start fresh:\n    rm -rf {path}"
+            )
+        if _is_canonical(meta, self.shape, self.dtype):
+            _prepare_chunk(self.chunk, self.nbytes, durable=durable)
+            self._map()
+        else:
+            data = _read_via_zarr(self.dir).astype(self.dtype, copy=False)
+            self._set(np.ascontiguousarray(data))
+            self.rewrite_meta = True
+            self.dirty = True
+
+    def _map(self) -> None:
+        """Map the chunk shared, or privately (copy-on-write) if it cannot be written."""
+        if SHARED_MAPS and os.name != "nt":
+            try:
+                fd = os.open(self.chunk, os.O_RDWR)
+            except OSError:  # read-only file or file system: the private fallback
+                fd = None
+            if fd is not None:
+                try:
+                    st = os.fstat(fd)
+                    # pages of a chunk with nothing on disk cost no read: fault them in one
+                    # by one (see below); a chunk with data is read ahead (a resumed run's
+                    # scan of 10^8 done bytes: ~0.1 s instead of ~2 s of 4 KiB reads)
+                    one_by_one = st.st_blocks == 0 or not self.allocate_all
+                    if self.allocate_all and st.st_blocks * 512 < st.st_size:
+                        _allocate(fd, 0, self.nbytes)
+                    mm = mmap.mmap(fd, self.nbytes, flags=mmap.MAP_SHARED,
+                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                except OSError as e:
+                    os.close(fd)
+                    if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+                        raise RuntimeError(f"no disk space for block tracking at {self.chunk}: {e}") from e
+                    fd = None  # a file system without shared writable maps
+                else:
+                    if one_by_one and hasattr(mmap, "MADV_RANDOM"):
+                        # No readahead on faults: pages come in one by one as small page-cache
+                        # folios, so a changed byte dirties (and a flush writes) one 4 KiB
+                        # page; pages read ahead may sit in large folios (up to 2 MiB on
+                        # Linux >= 6.x file systems), which are written whole.
+                        mm.madvise(mmap.MADV_RANDOM)
+                    self.mm = mm
+                    if self.allocate_all:
+                        os.close(fd)
+                    else:
+                        self.fd = fd
+                    self.reserved.clear()
+                    self._set(np.frombuffer(mm, dtype=self.dtype).reshape(self.shape))
+                    return
+        self._set(_map_chunk(self.chunk, self.shape, self.dtype, "c"))
+
+    def _set(self, data) -> None:
+        arr = data.view(np.ndarray) if isinstance(data, np.memmap) else data
+        self.data = arr
+        self.flat = arr.reshape(-1)  # a view: C-contiguous
+
+    def reserve(self, idx: np.ndarray) -> bool:
+        """Allocate the pages holding elements ``idx`` before they are first written.
+
+        Only for a shared, sparse array (``failures``). Returns False, after a
+        warning, when the disk is full.
+        """
+        if self.fd is None:
+            return True
+        per_page = _PAGE // self.dtype.itemsize
+        if idx.size == 1:
+            pages = (int(idx[0]) // per_page,)
+        else:
+            pages = np.unique(idx // per_page).tolist()
+        for page in pages:
+            if page in self.reserved:
+                continue
+            try:
+                _allocate(self.fd, page * _PAGE, min(_PAGE, self.nbytes - page * _PAGE))
+            except OSError as e:
+                warnings.warn(f"block tracking at {self.chunk}: cannot record failure counts ({e})",
+                              RuntimeWarning, stacklevel=4)
+                return False
+            self.reserved.add(page)
+        return True
+
+    def flush(self, durable: bool) -> bool:
+        if not self.dirty:
+            return False
+        if self.rewrite_meta:
+            # Replace a foreign layout (e.g. compressed) by the canonical one.
+            # Write the raw chunk aside first so that the window in which the
+            # old metadata meets the new chunk is just a rmtree + rename.
+            data = self.data
+            staged = self.dir / f".c{_TMP_MARK}{os.getpid()}"
+            shutil.rmtree(staged, ignore_errors=True)
+            _atomic_write(_chunk_path(staged, len(self.shape)), lambda f: _write_array(f, data),
+                          durable=durable)
+            shutil.rmtree(self.dir / "c", ignore_errors=True)
+            os.replace(staged / "c", self.dir / "c")
+            shutil.rmtree(staged, ignore_errors=True)
+            _write_json(self.dir / "zarr.json", _array_metadata(self.shape, self.dtype))
+            self.rewrite_meta = False
+            self._map()  # shared from now on
+        elif self.mm is not None:
+            if durable:
+                self.mm.flush()  # msync(MS_SYNC): writes back the dirty pages only
+        else:
+            data = self.data
+            _atomic_write(self.chunk, lambda f: _write_array(f, data), durable=durable)
+        self.dirty = False
+        return True
+
+    def release(self) -> None:
+        """Close the descriptor; the map itself goes with the last view of it."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class TrackingStore:
+    """A task's block-tracking group (daisy 2.0.0 layout), mapped from its chunk files.
+
+    Use :meth:`open`. ``done`` (uint8) and ``failures`` (uint32) are writable
+    C-order arrays of shape :attr:`grid_shape`; index blocks by their C-order
+    linear grid index (see :func:`grid_linear_indices`). Marks go straight into
+    the shared file maps (they survive a SIGKILL of this process at once);
+    :meth:`flush` makes them durable against a crash of the machine (``msync``
+    of the changed pages; nothing when nothing changed) and :meth:`close`
+    flushes a last time. If you write into ``done``/``failures`` directly, call
+    :meth:`mark_dirty`.
+    """
+
+    def __init__(self, path: Path, grid: tuple[int, ...], hash_: str, durable: bool = True):
+        self.path = Path(path)
+        self.grid_shape = tuple(grid)
+        self.task_hash = hash_
+        self.durable = durable
+        # done: allocated on disk up front (1 byte/block); failures (4 bytes/block,
+        # mostly zero) stays sparse and gets each page allocated before its first count
+        self._done = _TrackedArray(self.path, DONE_ARRAY, _DONE_DTYPE, self.grid_shape, True)
+        self._failures = _TrackedArray(self.path, FAILURES_ARRAY, _FAILURES_DTYPE, self.grid_shape, False)
+        self._closed = False
+        self._last_flush_end = 0.0
+        self._last_flush_secs = 0.0
+
+    # -- construction -------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path,
+        total_roi,
+        read_roi,
+        write_roi,
+        fit="valid",
+        *,
+        require_hash: bool = False,
+        durable: bool = True,
+    ) -> TrackingStore:
+        """Open the tracking group at ``path``, creating it if absent.
+
+        Raises ``RuntimeError`` if it exists but was written for a different
+        task layout (stored ``daisy_task_hash`` differs), has an array of the
+        wrong grid shape, or is not a zarr group.
+
+        A group *without* a hash attribute is accepted as a caller-provided
+        store, as daisy 2.0.0 does (its arrays are then shape-checked and
+        missing ones created; the hash is not added). ``require_hash=True``
+        rejects it instead. ``durable=False`` skips fsync (tests, scratch runs).
+        """
+        p = Path(os.fspath(path))
+        h = task_hash(total_roi, read_roi, write_roi, fit)
+        grid = grid_shape(total_roi, write_roi)
+        store = cls(p, grid, h, durable=durable)
+        group_json = p / "zarr.json"
+        if group_json.exists():
+            try:
+                meta = _read_json(group_json)
+            except (OSError, ValueError) as e:
+                raise RuntimeError(f"cannot open block tracking at {p}: {e}") from e
+            if meta.get("node_type") != "group":
+                raise RuntimeError(
+                    f"tracking path {p} exists but is not a zarr group (node_type = "
+                    f"{meta.get('node_type')!r}). A caller-provided tracking store must be a "
+                    "zarr v3 group containing a `done` array of the task's block-grid shape; "
+                    "either build it that way or delete the path so daisy can create it."
+                )
+            stored = (meta.get("attributes") or {}).get(HASH_ATTRIBUTE)
+            if stored != h and (stored is not None or require_hash):
+                raise RuntimeError(
+                    f"block tracking at {p} was written for a different task layout "
+                    f"(stored hash = {stored if stored is not None else '<missing>'}, "
+                    f"expected = {h}). Delete it to start fresh:\n    rm -rf {p}"
+                )
+            store._done.load(p, durable)
+            store._failures.load(p, durable)
+        else:
+            if p.exists() and not p.is_dir():
+                raise RuntimeError(f"cannot open block tracking at {p}: not a directory")
+            p.mkdir(parents=True, exist_ok=True)
+            # arrays first, group document last: a directory without the group
+            # document is treated as fresh on the next open
+            store._done.load(p, durable)
+            store._failures.load(p, durable)
+            _write_json(group_json, _group_metadata(h))
+        return store
+
+    # -- arrays ---------------------------------------------------------------
+
+    @property
+    def done(self) -> np.ndarray:
+        return self._done.data
+
+    @property
+    def failures(self) -> np.ndarray:
+        return self._failures.data
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.grid_shape)
+
+    @property
+    def dirty(self) -> bool:
+        return self._done.dirty or self._failures.dirty
+
+    def mark_dirty(self, done: bool = True, failures: bool = True) -> None:
+        """Declare direct writes into ``done``/``failures`` so flush writes them."""
+        self._done.dirty |= bool(done)
+        self._failures.dirty |= bool(failures)
+
+    def _idx(self, linear_indices) -> np.ndarray:
+        """1-D int64 indices, dropping out-of-grid ones (-1 etc., CORE.md 7.1)."""
+        idx = np.asarray(linear_indices, dtype=np.int64).reshape(-1)
+        n = self._done.flat.size
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            idx = idx[(idx >= 0) & (idx < n)]
+        return idx
+
+    def mark_done(self, linear_indices) -> None:
+        """Set the done byte of the given C-order linear grid indices to 1.
+
+        Out-of-grid indices (negative or >= the grid size) are ignored.
+        """
+        idx = self._idx(linear_indices)
+        if idx.size == 0:
+            return
+        flat = self._done.flat
+        if idx.size == 1:
+            i = int(idx[0])
+            if flat[i] != 1:
+                flat[i] = 1
+                self._done.dirty = True
+            return
+        if not np.all(flat[idx] == 1):
+            flat[idx] = 1
+            self._done.dirty = True
+
+    def add_failures(self, linear_indices, counts=1) -> None:
+        """Add ``counts`` (default 1) failed attempts to the given blocks.
+
+        Repeated indices accumulate; out-of-grid indices are ignored.
+        """
+        raw = np.asarray(linear_indices, dtype=np.int64).reshape(-1)
+        idx = self._idx(raw)
+        if idx.size == 0:
+            return
+        if not self._failures.reserve(idx):
+            return
+        flat = self._failures.flat
+        if np.ndim(counts) == 0:
+            c = int(counts)
+            if c == 0:
+                return
+            if idx.size == 1:
+                i = int(idx[0])
+                flat[i] = min(int(flat[i]) + c, 0xFFFFFFFF)
+            else:
+                np.add.at(flat, idx, np.uint32(c))
+        else:
+            cnt = np.broadcast_to(np.asarray(counts, dtype=np.uint32).reshape(-1), raw.shape)
+            if idx.size != raw.size:
+                cnt = cnt[(raw >= 0) & (raw < flat.size)]
+            np.add.at(flat, idx, cnt)
+        self._failures.dirty = True
+
+    def is_done(self, linear_indices) -> np.ndarray:
+        """Bool array (same shape as the input): whether each block is recorded done.
+
+        Out-of-grid indices report False.
+        """
+        idx = np.asarray(linear_indices, dtype=np.int64)
+        flat = self._done.flat
+        ok = (idx >= 0) & (idx < flat.size)
+        if np.all(ok):
+            return flat[idx] != 0
+        out = np.zeros(idx.shape, dtype=bool)
+        out[ok] = flat[idx[ok]] != 0
+        return out
+
+    def failed_blocks_mask(self) -> np.ndarray:
+        """Bool grid: blocks with failures > 0 that are not done."""
+        return (self._failures.data > 0) & (self._done.data == 0)
+
+    # -- persistence ------------------------------------------------------------
+
+    def flush(self) -> bool:
+        """Durably write the arrays changed since the last flush.
+
+        A shared map is ``msync``-ed, which writes back only the pages that
+        changed (without fsync when the store is not ``durable``: the page cache
+        already holds the marks). A privately held array (read-only chunk file,
+        foreign layout) is written whole to a temp file next to its chunk and moved
+        over it with ``os.replace``. Returns False (and does nothing) if nothing
+        changed.
+        """
+        if self._closed or not self.dirty:
+            return False
+        t0 = time.perf_counter()
+        wrote = self._done.flush(self.durable)
+        wrote |= self._failures.flush(self.durable)
+        t1 = time.perf_counter()
+        self._last_flush_secs = t1 - t0
+        self._last_flush_end = t1
+        return wrote
+
+    def maybe_flush(self, min_interval: float = 1.0, max_overhead: float = 0.1) -> bool:
+        """Flush if dirty and due, keeping flush time to ``max_overhead`` of wall time.
+
+        A privately held array is rewritten whole on flush (1 byte/block for
+        ``done``); this spaces flushes at least ``min_interval`` seconds apart and at least
+        ``last_flush_duration / max_overhead`` apart.
+        """
+        if self._closed or not self.dirty:
+            return False
+        wait = max(min_interval, self._last_flush_secs / max(max_overhead, 1e-9))
+        if time.perf_counter() - self._last_flush_end < wait:
+            return False
+        return self.flush()
+
+    def close(self) -> None:
+        """Flush and release the store (idempotent)."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._done.release()
+            self._failures.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> TrackingStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TrackingStore({str(self.path)!r}, grid_shape={list(self.grid_shape)})"
+
+
+# ---------------------------------------------------------------------------
+# read-only inspection
+# ---------------------------------------------------------------------------
+
+
+def read_tracking(path) -> dict[str, Any]:
+    """Inspect a tracking store without loading it.
+
+    Returns ``{"path", "task_hash", "grid_shape", "done", "failures", "arrays"}``
+    where ``done``/``failures`` are read-only ``np.memmap`` views of the raw
+    chunks (zeros if the chunk does not exist yet, a lazy ``zarr.Array`` for a
+    non-canonical layout, None if the array is absent) and ``arrays`` lists
+    every array in the group. Raises ``FileNotFoundError`` if ``path`` holds no
+    tracking group.
+    """
+    p = Path(os.fspath(path))
+    group_json = p / "zarr.json"
+    if not group_json.exists():
+        raise FileNotFoundError(f"no block tracking at {p} (missing {group_json})")
+    meta = _read_json(group_json)
+    if meta.get("node_type") != "group":
+        raise RuntimeError(f"tracking path {p} is not a zarr group")
+    out: dict[str, Any] = {
+        "path": p,
+        "task_hash": (meta.get("attributes") or {}).get(HASH_ATTRIBUTE),
+        "grid_shape": None,
+        "done": None,
+        "failures": None,
+        "arrays": sorted(
+            c.name for c in p.iterdir() if c.is_dir() and (c / "zarr.json").exists()
+        ),
+    }
+    for name, dtype in ((DONE_ARRAY, _DONE_DTYPE), (FAILURES_ARRAY, _FAILURES_DTYPE)):
+        array_json = p / name / "zarr.json"
+        if not array_json.exists():
+            continue
+        ameta = _read_json(array_json)
+        shape = tuple(int(v) for v in ameta.get("shape", ()))
+        if out["grid_shape"] is None:
+            out["grid_shape"] = shape
+        if _is_canonical(ameta, shape, dtype):
+            out[name] = _map_chunk(_chunk_path(p / name, len(shape)), shape, dtype, "r")
+        else:
+            import zarr
+
+            out[name] = zarr.open_array(store=str(p / name), mode="r")
+    return out
