@@ -81,10 +81,19 @@ class Context:
         """Parse ``DAISY_CONTEXT`` (``KeyError`` if unset, ``ValueError`` if malformed)."""
         if value is None:
             value = os.environ[Context.ENV_VARIABLE]
+        return Context.from_env_string(value)
+
+    @staticmethod
+    def from_env_string(value: str) -> Context:
+        """Parse a ``k=v:k=v`` string (the :meth:`to_env` form) without reading the environment."""
+        if not isinstance(value, str):
+            raise TypeError(f"value must be a str, got {type(value).__name__}")
         c = Context.__new__(Context)
         c._d = {}
         if value:
             for item in value.split(":"):
+                if not item:  # "a=1::b=2": an empty token carries nothing (as in daisy)
+                    continue
                 if "=" not in item:
                     raise ValueError(f"malformed {Context.ENV_VARIABLE} token: {item!r}")
                 k, v = item.split("=", 1)
