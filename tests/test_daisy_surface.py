@@ -399,3 +399,16 @@ def test_context_from_env_string():
         Context.from_env_string("junk")
     with pytest.raises(TypeError, match="str"):
         Context.from_env_string(None)
+
+
+def test_block_ids_are_checked_like_daisy():
+    roi = Roi((0, 0), (10, 10))
+    with pytest.raises(TypeError, match="task_id must be a str"):
+        daisy_nb.Block(roi, roi, roi, block_id=1, task_id=1)
+    with pytest.raises(TypeError, match="block_id must be an int"):
+        daisy_nb.Block(roi, roi, roi, block_id=1.5, task_id="t")
+    with pytest.raises(TypeError, match="block_id must be an int"):
+        daisy_nb.Block(roi, roi, roi, block_id="x", task_id="t")
+    import numpy as np
+
+    assert daisy_nb.Block(roi, roi, roi, block_id=np.int64(3), task_id="t").block_id == ("t", 3)
