@@ -7,7 +7,6 @@ here. Server runs use real worker processes; outputs are counted through files.
 
 import importlib
 import json
-import os
 import signal
 import subprocess
 import sys
