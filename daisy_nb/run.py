@@ -76,18 +76,21 @@ def _serial(scheduler: Scheduler, progress, summary: bool):
 
 
 def run_blockwise(
-    tasks,
+    pipeline,
     multiprocessing: bool = True,
     resources=None,
     progress=True,
-    return_states: bool = False,
-    summary: bool = True,
     block_tracking: bool = True,
+    return_states: bool = False,
     host=None,
+    summary: bool = True,
     executor=None,
     log_dir=None,
 ):
     """Run a Pipeline, a Task, or a list of tasks (daisy 1.x form) blockwise.
+
+    The parameters are daisy 2.0.0's, in its positional order; ``executor`` and
+    ``log_dir`` are daisy_nb's.
 
     Returns True iff every block of every task completed (skipped blocks count as
     completed), or the ``{task_id: TaskState}`` dict with ``return_states=True``.
@@ -96,7 +99,7 @@ def run_blockwise(
     ``max_worker_restarts`` raises ``RuntimeError`` with the states attached.
     """
     states, order = _execute(
-        tasks, multiprocessing=multiprocessing, resources=resources, progress=progress, summary=summary,
+        pipeline, multiprocessing=multiprocessing, resources=resources, progress=progress, summary=summary,
         block_tracking=block_tracking, host=host, executor=executor, log_dir=log_dir,
     )
     if multiprocessing and executor is None:

@@ -52,12 +52,12 @@ class Server:
         self.last_task_order = None
         self.last_tracking_summary = None
 
-    def run_blockwise(self, tasks, resources=None, progress=True, block_tracking=True, host=None, summary=True):
-        """Run ``tasks`` (a Pipeline, a Task or a list of tasks); returns ``{task_id: TaskState}``."""
+    def run_blockwise(self, pipeline, resources=None, progress=True, block_tracking=True, host=None, summary=True):
+        """Run ``pipeline`` (a Pipeline, a Task or a list of tasks); returns ``{task_id: TaskState}``."""
         host = host if host is not None else self.host
         try:
             states, order = _execute(
-                tasks, multiprocessing=True, resources=resources, progress=progress, summary=summary,
+                pipeline, multiprocessing=True, resources=resources, progress=progress, summary=summary,
                 block_tracking=block_tracking, host=host, executor=None, log_dir=None,
             )
         except KeyboardInterrupt as e:

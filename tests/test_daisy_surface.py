@@ -411,3 +411,39 @@ def test_block_ids_are_checked_like_daisy():
     import numpy as np
 
     assert daisy_nb.Block(roi, roi, roi, block_id=np.int64(3), task_id="t").block_id == ("t", 3)
+
+
+def test_keyword_names_of_daisy_2():
+    """daisy 2.0.0's parameter names and positional order, where daisy code passes them."""
+    import inspect
+
+    params = list(inspect.signature(daisy_nb.run_blockwise).parameters)
+    assert params[:8] == ["pipeline", "multiprocessing", "resources", "progress", "block_tracking", "return_states", "host", "summary"]
+    calls = []
+    t = make_task("kw", 3, lambda b: calls.append(b.block_id[1]), tracking_path=False)
+    # positional as in daisy: (pipeline, multiprocessing, resources, progress, block_tracking, return_states)
+    states = daisy_nb.run_blockwise(t, False, None, False, True, True, summary=False)
+    assert isinstance(states, dict) and states["kw"].completed_count == 3 and len(calls) == 3
+    assert daisy_nb.run_blockwise(pipeline=t, multiprocessing=False, summary=False) is True
+    assert list(inspect.signature(daisy_nb.Server.run_blockwise).parameters)[1] == "pipeline"
+    r, w, total = Roi((0,), (10,)), Roi((0,), (10,)), Roi((0,), (100,))
+    by_2_0 = daisy_nb.BlockwiseDependencyGraph("g", read_roi=r, write_roi=w, read_write_conflict=False, fit="valid", total_read_roi=total)
+    by_1_x = daisy_nb.BlockwiseDependencyGraph("g", block_read_roi=r, block_write_roi=w, read_write_conflict=False, total_read_roi=total)
+    assert by_2_0.num_blocks == by_1_x.num_blocks == 10
+    with pytest.raises(TypeError, match="not both"):
+        daisy_nb.BlockwiseDependencyGraph("g", r, w, read_roi=r, total_read_roi=total)
+    with pytest.raises(TypeError, match="write_roi"):
+        daisy_nb.BlockwiseDependencyGraph("g", r, total_read_roi=total)
+    from daisy_nb.runtime.context import Context
+
+    assert Context.from_env_string(env="a=1")["a"] == "1"
+
+
+def test_max_workers_none_and_both_spellings():
+    import daisy_nb.v2 as v2
+
+    assert make_task("n", 2, blockfns.noop, max_workers=None).max_workers == 1  # the 1.x-compatible Task
+    with pytest.raises(TypeError, match="max_workers"):
+        make_task("n", 2, blockfns.noop, cls=v2.Task, max_workers=None)
+    with pytest.raises(TypeError, match="not both"):
+        make_task("n", 2, blockfns.noop, max_workers=1, num_workers=2)
