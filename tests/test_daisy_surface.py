@@ -88,6 +88,51 @@ def test_every_public_name_of_the_wheel_exists(module):
             assert getattr(ours, n) is importlib.import_module(f"daisy_nb.{n}")
 
 
+# Where daisy_nb's parameters differ from the wheel's on purpose (the README says why).
+SIGNATURE_DIFFERENCES = {
+    "Block": "daisy 1.x positional order (block_id, task_id); a str 4th argument is taken as the task id",
+    "BlockwiseDependencyGraph": "daisy 1.x names positionally (block_read_roi, ...); daisy 2.0's as keywords",
+    "DependencyGraph": "only made by Scheduler.dependency_graph, never by user code",
+    "Scheduler": "first parameter named tasks (daisy takes it positionally)",
+    "Context.get": "dict.get's (key, default), positional in practice",
+}
+
+
+def _params(obj):
+    import inspect
+
+    try:
+        return [[p.name, p.kind.name] for p in inspect.signature(obj).parameters.values()]
+    except (TypeError, ValueError):
+        return None
+
+
+@pytest.mark.parametrize("module", sorted(NAMES["modules"]))
+def test_parameters_of_the_wheel_callables_are_accepted(module):
+    """Every parameter of the wheel's callables is accepted under its name, in daisy's positional order."""
+    ours = _ours(module)
+    problems = []
+    for key, wheel_params in NAMES["modules"][module]["signatures"].items():
+        if key in SIGNATURE_DIFFERENCES:
+            continue
+        obj = ours
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        mine = _params(obj)
+        if mine is None:  # e.g. a property-backed callable: nothing to compare
+            continue
+        names = {n for n, _ in mine}
+        takes_kwargs = any(k == "VAR_KEYWORD" for _, k in mine)
+        for name, kind in wheel_params:
+            if kind not in ("VAR_POSITIONAL", "VAR_KEYWORD") and name not in names and not takes_kwargs:
+                problems.append(f"{key}: no parameter {name!r}")
+        positional = [n for n, k in wheel_params if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+        my_positional = [n for n, k in mine if k in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+        if my_positional[: len(positional)] != positional and not any(k == "VAR_POSITIONAL" for _, k in mine):
+            problems.append(f"{key}: positional {my_positional}, daisy {positional}")
+    assert not problems, "\n".join(problems)
+
+
 def _instance_for(cls_name):
     """An instance for classes whose public attributes are per instance (TaskState)."""
     if cls_name == "TaskState":

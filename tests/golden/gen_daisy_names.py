@@ -9,9 +9,10 @@ For the package and each public submodule (found with ``pkgutil``, names not
 starting with ``_``) it records ``__all__`` and every name of ``dir(module)``
 that does not start with ``_`` (plus ``__version__``), with what the name is:
 ``kind`` (module, class, function, other) and ``origin`` (the module that defines
-it, ``__name__`` for modules). For each class in a module's ``__all__`` it also
-records the class's public attributes. ``tests/test_daisy_surface.py`` checks
-daisy_nb against this file.
+it, ``__name__`` for modules). For each class a module exports (its ``__all__``, else what it defines) it also
+records the class's public attributes, and for each function and public method
+(where ``inspect.signature`` can read it) its parameters: ``[name, kind]``.
+``tests/test_daisy_surface.py`` checks daisy_nb against this file.
 """
 
 import importlib
@@ -38,6 +39,14 @@ def public(names):
     return sorted(n for n in names if not n.startswith("_") or n == "__version__")
 
 
+def parameters(obj):
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    return [[p.name, p.kind.name] for p in sig.parameters.values()]
+
+
 def main() -> None:
     import daisy
 
@@ -48,13 +57,20 @@ def main() -> None:
     out = {"generator": "tests/golden/gen_daisy_names.py", "daisy_version": daisy.__version__,
            "python": sys.version.split()[0], "modules": {}}
     for name, mod in sorted(modules.items()):
-        entry = {"all": list(getattr(mod, "__all__", [])), "names": {}, "classes": {}}
+        entry = {"all": list(getattr(mod, "__all__", [])), "names": {}, "classes": {}, "signatures": {}}
         for attr in public(dir(mod)):
             entry["names"][attr] = describe(getattr(mod, attr))
-        for attr in entry["all"]:
+        # what the module exports: its __all__, else the names it defines itself
+        exported = entry["all"] or [n for n, info in entry["names"].items() if info["origin"] == name]
+        for attr in exported:
             obj = getattr(mod, attr)
+            targets = [(attr, obj)]
             if inspect.isclass(obj):
                 entry["classes"][attr] = public(dir(obj))
+                targets += [(f"{attr}.{m}", getattr(obj, m)) for m in public(dir(obj)) if callable(getattr(obj, m, None))]
+            for key, target in targets:
+                if callable(target) and parameters(target) is not None:
+                    entry["signatures"][key] = parameters(target)
         out["modules"][name] = entry
     with open(OUT, "w") as f:
         json.dump(out, f, indent=1, sort_keys=True)
