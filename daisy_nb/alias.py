@@ -13,8 +13,11 @@ This is how an existing daisy code base runs on daisy_nb without edits
   costs nothing in a process that never imports ``daisy``.
 
 The alias imports nothing beyond ``import daisy_nb`` (no numba), so worker
-processes stay light. A child started with an environment that drops
-``PYTHONPATH`` gets the real daisy, if one is installed.
+processes stay light. Where it does not reach: a child started with an
+environment without ``PYTHONPATH`` (or with ``python -E``/``-I``) gets the real
+daisy, if one is installed; and a ``daisy`` package in the directory Python puts
+before ``PYTHONPATH`` (the script's directory, the current one for ``-m``/``-c``)
+shadows the shim, which ``daisy-nb run`` warns about.
 
 In a test suite's ``conftest.py``::
 
@@ -152,6 +155,18 @@ def command_line(args) -> list[str]:
     return args
 
 
+def _shadowing_daisy(cmd, argv) -> str | None:
+    """A ``daisy`` package or module in the directory Python puts before PYTHONPATH, if any."""
+    if cmd[0] != sys.executable:
+        return None  # another program: its sys.path is its own business
+    first = cmd[1]
+    where = os.getcwd() if first in ("-m", "-c") else os.path.dirname(os.path.abspath(first))
+    for cand in (os.path.join(where, "daisy", "__init__.py"), os.path.join(where, "daisy.py")):
+        if os.path.isfile(cand):
+            return cand
+    return None
+
+
 def run_main(argv) -> int:
     """``daisy-nb run ...``: replace this process by the command (so signals and the exit code are its own)."""
     argv = list(argv)
@@ -163,6 +178,13 @@ def run_main(argv) -> int:
     except ValueError as e:
         print(f"{e}\n\n{RUN_USAGE}", end="", file=sys.stderr)
         return 2
+    shadow = _shadowing_daisy(cmd, argv)
+    if shadow:
+        print(
+            f"daisy-nb run: warning: {shadow} comes first on sys.path of {cmd[1] if len(cmd) > 1 else cmd[0]}, "
+            "so `import daisy` there finds it, not daisy_nb",
+            file=sys.stderr,
+        )
     env = child_env()
     sys.stdout.flush()
     sys.stderr.flush()

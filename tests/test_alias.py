@@ -260,3 +260,12 @@ def test_child_env_puts_the_shim_first_once():
     assert alias.command_line(["pytest", "-x"]) == ["pytest", "-x"]
     with pytest.raises(ValueError, match="-m needs"):
         alias.command_line(["-m"])
+
+
+def test_run_warns_when_a_local_daisy_shadows_the_alias(tree):
+    (tree / "daisy").mkdir()
+    (tree / "daisy" / "__init__.py").write_text("I_AM_THE_FAKE_DAISY = True\n")
+    (tree / "p.py").write_text("import daisy\nprint(hasattr(daisy, 'I_AM_THE_FAKE_DAISY'))\n")
+    r = subprocess.run([sys.executable, "-m", "daisy_nb", "run", "p.py"], cwd=tree, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "True\n"
+    assert "warning" in r.stderr and os.path.join("daisy", "__init__.py") in r.stderr
