@@ -35,14 +35,19 @@ _LAZY = {
     "worker_state": "daisy_nb.runtime.state",
     "profile_block": "daisy_nb.profiling",
     "BlockStats": "daisy_nb.profiling",
+    "Server": "daisy_nb.server",
+    "SerialServer": "daisy_nb.server",
 }
 
-__all__ = ["Block", "BlockStatus", "Coordinate", "Roi", *_LAZY]
+# daisy's submodules, importable as attributes (``daisy.v2``) as in the wheel
+_SUBMODULES = ("block", "cl_monitor", "logging", "v1_compat", "v2")
+
+__all__ = ["Block", "BlockStatus", "Coordinate", "Roi", "__version__", *_LAZY]
 
 
 def __getattr__(name):
-    if name == "logging":  # daisy.logging (the submodule, not the stdlib)
-        return import_module("daisy_nb.logging")
+    if name in _SUBMODULES:  # e.g. daisy.logging (the submodule, not the stdlib)
+        return import_module(f"daisy_nb.{name}")
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'daisy_nb' has no attribute {name!r}")
@@ -52,4 +57,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))

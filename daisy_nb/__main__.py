@@ -5,7 +5,10 @@ Subcommands:
 * ``status PATH [PATH...]``: counts of done / failed / never-finished blocks from
   block tracking (:mod:`daisy_nb.status`), optionally ``--png FILE``;
 * ``demo``: the demo in :mod:`daisy_nb.demo`, imported only when asked for (it
-  brings its own options and optional dependencies).
+  brings its own options and optional dependencies);
+* ``run [--] COMMAND [ARGS...]``: run a program with ``import daisy`` giving
+  daisy_nb in it and its child processes (:mod:`daisy_nb.alias`); the exit code
+  is the program's.
 
 Exit codes: 0 success (``status``: every block done), 1 not complete, 2 bad
 input or a missing optional part.
@@ -63,6 +66,8 @@ def build_parser(demo_module=None) -> argparse.ArgumentParser:
     )
     status_arguments(p_status)
     p_status.set_defaults(func=_run_status)
+    sub.add_parser("run", help="run a program (script.py, -m module, any command) with daisy_nb as daisy",
+                   add_help=False)
     p_demo = sub.add_parser("demo", help="run the daisy_nb demo (daisy_nb[demo] extra)",
                             add_help=demo_module is not None)
     if demo_module is not None:
@@ -77,6 +82,10 @@ def build_parser(demo_module=None) -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Entry point of ``python -m daisy_nb`` and the ``daisy-nb`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run":  # everything after "run" belongs to the command
+        from .alias import run_main
+
+        return run_main(argv[1:])
     demo_module = None
     if argv and argv[0] == "demo":
         demo_module, err = _load_demo()

@@ -8,6 +8,8 @@ plain integer tuples and builds funlib ``Roi`` objects only when someone asks
 
 from __future__ import annotations
 
+import operator
+
 from funlib.geometry import Coordinate, Roi
 
 __all__ = ["Block", "BlockStatus", "cantor_number"]
@@ -86,7 +88,9 @@ class Block:
             raise ValueError("total_roi, read_roi and write_roi must have the same number of dimensions")
         self._read_roi = read_roi if isinstance(read_roi, Roi) else None
         self._write_roi = write_roi if isinstance(write_roi, Roi) else None
-        self._task_id = "" if task_id is None else str(task_id)
+        if task_id is not None and not isinstance(task_id, str):
+            raise TypeError(f"task_id must be a str or None, got {type(task_id).__name__}")
+        self._task_id = "" if task_id is None else task_id
         if block_id is None:
             woff, wshape = self._write
             grid = []
@@ -98,7 +102,10 @@ class Block:
         else:
             if isinstance(block_id, tuple):
                 block_id = block_id[1]
-            self._spatial_id = int(block_id)
+            try:
+                self._spatial_id = operator.index(block_id)
+            except TypeError:
+                raise TypeError(f"block_id must be an int (or a (task_id, int) pair), got {type(block_id).__name__}") from None
         self._status = BlockStatus.CREATED
         self.index = -1
 

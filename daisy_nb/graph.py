@@ -78,14 +78,29 @@ class _LazyBlocks(Sequence):
         return f"<{self._n} blocks, built lazily>"
 
 
+def _one_of(a, b, name_a: str, name_b: str):
+    """The ROI given under either name (daisy 1.x / 2.0); exactly one must be given."""
+    if a is not None and b is not None:
+        raise TypeError(f"pass either {name_a} or {name_b}, not both")
+    if a is None and b is None:
+        raise TypeError(f"missing the block ROI {name_b} (or {name_a})")
+    return a if a is not None else b
+
+
 class BlockwiseDependencyGraph:
     """The blocks of one task and their intra-task dependencies (daisy's API).
 
     ``BlockwiseDependencyGraph(task_id, block_read_roi, block_write_roi,
-    read_write_conflict, fit, total_read_roi=None, total_write_roi=None)``.
+    read_write_conflict, fit, total_read_roi=None, total_write_roi=None)``; the
+    block ROIs may also be passed as ``read_roi=``/``write_roi=`` (daisy 2.0's names).
     """
 
-    def __init__(self, task_id, block_read_roi, block_write_roi, read_write_conflict=True, fit="valid", total_read_roi=None, total_write_roi=None):
+    def __init__(
+        self, task_id, block_read_roi=None, block_write_roi=None, read_write_conflict=True, fit="valid",
+        total_read_roi=None, total_write_roi=None, *, read_roi=None, write_roi=None,
+    ):
+        block_read_roi = _one_of(block_read_roi, read_roi, "block_read_roi", "read_roi")
+        block_write_roi = _one_of(block_write_roi, write_roi, "block_write_roi", "write_roi")
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
         self.task_id = task_id

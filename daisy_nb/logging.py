@@ -16,6 +16,7 @@ import datetime
 import logging as _py_logging
 import os
 import shutil
+import sys
 import traceback as _py_traceback
 from pathlib import Path
 
@@ -23,6 +24,8 @@ __all__ = [
     "LOG_BASEDIR",
     "clear_logs",
     "close_all_log_files",
+    "current_slot_files",
+    "emit_failure",
     "format_traceback",
     "get_log_basedir",
     "get_log_level",
@@ -41,6 +44,7 @@ _VALID_MODES = ("console", "file", "both")
 _TRACEBACK_STYLE = "plain"
 
 logger = _py_logging.getLogger("daisy")
+_worker_files = None  # (out, err) text files of this worker process's log slot, bound by the worker
 
 
 def set_log_basedir(path) -> None:
@@ -148,3 +152,45 @@ def clear_logs(task_id=None):
 
 def close_all_log_files() -> None:
     """Kept for API compatibility: the pool closes each worker's files itself."""
+
+
+def _bind_worker_files(out, err) -> None:
+    """Called by a worker process whose output goes to its slot's log files."""
+    global _worker_files
+    _worker_files = (out, err)
+
+
+def current_slot_files():
+    """``(out, err)``: the log files of this worker process's slot, or ``None``.
+
+    ``None`` outside a worker process and when file logging is off. A program that a
+    worker function starts inherits the files as its stdout/stderr anyway (a
+    worker's file descriptors 1 and 2 are its log files); passing them explicitly
+    (``subprocess.run(cmd, stdout=out, stderr=err)``) is what daisy 2.0 asks for.
+    """
+    return _worker_files
+
+
+def emit_failure(message: str) -> None:
+    """Write a failure message where the log mode sends worker errors.
+
+    In a worker process: its ``.err`` log file (and the console in mode
+    ``"both"``), or the console in mode ``"console"``. Elsewhere: the console in
+    modes ``"console"`` and ``"both"``, nothing in mode ``"file"``. Never raises.
+    """
+    if not message.endswith("\n"):
+        message += "\n"
+    if _worker_files is not None:
+        targets = [_worker_files[1]]
+        if get_log_mode() == "both":
+            targets.append(sys.__stderr__)
+    elif get_log_mode() in ("console", "both"):
+        targets = [sys.stderr]
+    else:
+        targets = []
+    for t in targets:
+        try:
+            t.write(message)
+            t.flush()
+        except Exception:  # noqa: BLE001 - reporting a failure must not fail
+            pass

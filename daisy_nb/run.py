@@ -11,18 +11,21 @@ __all__ = ["run_blockwise"]
 
 
 def run_blockwise(
-    tasks,
+    pipeline,
     multiprocessing: bool = True,
     resources=None,
     progress=True,
-    return_states: bool = False,
-    summary: bool = True,
     block_tracking: bool = True,
+    return_states: bool = False,
     host=None,
+    summary: bool = True,
     executor=None,
     log_dir=None,
 ):
     """Run a Pipeline, a Task, or a list of tasks (daisy 1.x form) blockwise.
+
+    The parameters are daisy 2.0.0's, in its positional order; ``executor`` and
+    ``log_dir`` are daisy_nb's.
 
     Returns True iff every block of every task completed (skipped blocks count as
     completed), or the ``{task_id: TaskState}`` dict with ``return_states=True``.
@@ -30,13 +33,28 @@ def run_blockwise(
     of a block function. With worker processes, a task abandoned after
     ``max_worker_restarts`` raises ``RuntimeError`` with the states attached.
     """
+    states, order = _execute(
+        pipeline, multiprocessing=multiprocessing, resources=resources, progress=progress, summary=summary,
+        block_tracking=block_tracking, host=host, executor=executor, log_dir=log_dir,
+    )
+    if multiprocessing and executor is None:
+        from .runtime.pool import raise_if_abandoned
+
+        raise_if_abandoned(states, order)
+    if return_states:
+        return states
+    return all(s.completed_count == s.total_block_count for s in states.values())
+
+
+def _execute(tasks, *, multiprocessing, resources, progress, summary, block_tracking, host, executor, log_dir):
+    """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``."""
     host = host if host is not None else os.environ.get("DAISY_HOST")
     if host not in (None, "", "127.0.0.1", "localhost", "::1") and multiprocessing and executor is None:
         warnings.warn(
             f"host={host!r} is ignored: the worker pool listens on 127.0.0.1 only (workers run on this machine); "
             "to use other machines, pass executor= (a dask cluster)",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     scheduler = Scheduler(tasks, block_tracking=block_tracking)
     try:
@@ -59,12 +77,9 @@ def run_blockwise(
 
             states = run_dask(scheduler, executor, progress=progress, summary=summary)
         else:
-            from .runtime.pool import raise_if_abandoned, run_pool
+            from .runtime.pool import run_pool
 
             states = run_pool(scheduler, resources=resources, progress=progress, summary=summary, log_dir=log_dir)
-            raise_if_abandoned(states, scheduler.task_ids)
+        return states, list(scheduler.task_ids)
     finally:
         scheduler.close()
-    if return_states:
-        return states
-    return all(s.completed_count == s.total_block_count for s in states.values())

@@ -92,7 +92,7 @@ class Task:
         check_function=None,
         read_write_conflict=True,
         fit="valid",
-        max_workers=1,
+        max_workers=None,
         max_retries=2,
         timeout=None,
         tracking_path=None,
@@ -120,10 +120,12 @@ class Task:
         self.check_function = check_function
 
         if num_workers is not None:
-            if max_workers != 1:
+            if max_workers is not None:
                 raise TypeError("pass either max_workers or num_workers (deprecated), not both")
             warnings.warn("num_workers is deprecated; use max_workers", DeprecationWarning, stacklevel=2)
             max_workers = num_workers
+        if max_workers is None:  # the default (daisy 1.x compatible Task)
+            max_workers = 1
         self._max_workers = _int_param(max_workers, "max_workers", 1)
         self._max_retries = _int_param(max_retries, "max_retries", 0, 255)
         self._max_worker_restarts = _int_param(max_worker_restarts, "max_worker_restarts", 0)

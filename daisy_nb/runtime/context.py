@@ -81,10 +81,19 @@ class Context:
         """Parse ``DAISY_CONTEXT`` (``KeyError`` if unset, ``ValueError`` if malformed)."""
         if value is None:
             value = os.environ[Context.ENV_VARIABLE]
+        return Context.from_env_string(value)
+
+    @staticmethod
+    def from_env_string(env: str) -> Context:
+        """Parse a ``k=v:k=v`` string (the :meth:`to_env` form) without reading the environment."""
+        if not isinstance(env, str):
+            raise TypeError(f"env must be a str, got {type(env).__name__}")
         c = Context.__new__(Context)
         c._d = {}
-        if value:
-            for item in value.split(":"):
+        if env:
+            for item in env.split(":"):
+                if not item:  # "a=1::b=2": an empty token carries nothing (as in daisy)
+                    continue
                 if "=" not in item:
                     raise ValueError(f"malformed {Context.ENV_VARIABLE} token: {item!r}")
                 k, v = item.split("=", 1)

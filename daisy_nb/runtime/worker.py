@@ -74,6 +74,9 @@ def _apply_setup(setup: dict) -> None:
         out_path, err_path = setup["tee_files"]
         sys.stdout = _Tee(sys.stdout, open(out_path, "a", buffering=1))
         sys.stderr = _Tee(sys.stderr, open(err_path, "a", buffering=1))
+        dlog._bind_worker_files(sys.stdout._file, sys.stderr._file)
+    elif dlog.get_log_mode() == "file":  # fds 1 and 2 are this slot's log files
+        dlog._bind_worker_files(sys.stdout, sys.stderr)
 
 
 class _Tee:
