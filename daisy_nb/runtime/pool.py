@@ -68,7 +68,7 @@ import numpy as np
 
 from daisy_nb import logging as dlog
 from daisy_nb.progress import Heartbeat, notify
-from daisy_nb.runtime import _shm
+from daisy_nb.runtime import _shm, _zygote
 from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block
 from daisy_nb.runtime.context import Context
 
@@ -78,12 +78,14 @@ logger = logging.getLogger("daisy")
 
 # workers run ``python -m daisy_nb.runtime.worker``: make sure they import this very package
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")  # a forked worker's argv[0]
 
 CAPACITY = 4096  # blocks per shared-memory batch
 POLL_SECS = 0.1  # main loop wake-up: timeouts, Ctrl-C, progress
 SHUTDOWN_GRACE_SECS = 2.0  # after "quit", before SIGKILL
 WORKER_FUNCTION_GRACE_SECS = 10.0  # a worker function may clean up after its loop
 MAX_GROWTH = 4
+PER_WORKER_BATCH_SECS = 0.002  # batch target floor per running worker (16 workers: 32 ms batches)
 
 # worker states
 STARTING, IDLE, BUSY, PARKED, QUITTING, DEAD = range(6)
@@ -136,6 +138,7 @@ class _TaskRun:
         self.workers: set[_Worker] = set()
         self.inflight = 0
         self.batch_k = 1
+        self.per_block = None  # seconds, from the last finished batch (None: not measured yet)
         self.next_slot = 0
         self.abandoned = False
         self.t_first = None
@@ -211,6 +214,8 @@ class _Pool:
         self.t_first_block = None
         self.t_last_done = None
         self.aborting = False
+        self.template = None  # the worker template (_zygote), started by the first _spawn
+        self.template_failed = False
 
     # ------------------------------------------------------------------ setup
     def prepare(self):
@@ -335,15 +340,7 @@ class _Pool:
         env["PYTHONPATH"] = _PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         fd = child_end.fileno()
         try:
-            w.proc = subprocess.Popen(
-                [sys.executable, "-m", "daisy_nb.runtime.worker", str(fd), str(os.getpid())],
-                pass_fds=(fd, *keep_fds),
-                stdin=subprocess.DEVNULL,
-                stdout=logs[0] if logs and not tee else None,
-                stderr=logs[1] if logs and not tee else None,
-                env=env,
-                start_new_session=True,  # own process group: Ctrl-C is ours to handle, killpg reaps helpers
-            )
+            w.proc = self._start_process(env, fd, keep_fds, logs if logs and not tee else None)
         finally:
             child_end.close()
             if w.shm is not None:
@@ -360,7 +357,10 @@ class _Pool:
             parent_end.send_bytes(tr.payload)
         except OSError:
             pass  # died already: its pidfd says so
-        if hasattr(os, "pidfd_open"):
+        if isinstance(w.proc, _zygote.ForkedProcess):  # the template opened it before it could reap
+            w.pidfd = w.proc.pidfd
+            self.by_obj[w.pidfd] = ("pidfd", w)
+        elif hasattr(os, "pidfd_open"):
             try:
                 w.pidfd = os.pidfd_open(w.proc.pid)
                 self.by_obj[w.pidfd] = ("pidfd", w)
@@ -374,6 +374,47 @@ class _Pool:
             w.state = BUSY
         self.workers[wid] = w
         tr.workers.add(w)
+
+    def _start_process(self, env: dict, fd: int, keep_fds: list, logs):
+        """Fork the worker from the run's template (started on first use), else exec it."""
+        if self.template is None and not self.template_failed:
+            if _zygote.available():
+                tenv = {k: v for k, v in env.items() if k != Context.ENV_VARIABLE}
+                try:
+                    self.template = _zygote.Template(tenv, any(t.arity == 0 for t in self.trs.values()))
+                except OSError as e:
+                    logger.warning("daisy_nb: no worker template (%s); workers start by exec", e)
+            self.template_failed = self.template is None
+        if self.template is not None and not self.template.dead:
+            fds = {"conn": fd}
+            outs = (logs[0].fileno(), logs[1].fileno()) if logs else (1, 2)  # else: this process's console
+            for name, x in zip(("out", "err"), outs):
+                try:
+                    os.fstat(x)
+                    fds[name] = x
+                except OSError:
+                    pass
+            if keep_fds:
+                fds["shm"] = keep_fds[0]
+            try:
+                return self.template.fork(env, fds, [_WORKER_PY, str(fd), str(os.getpid())])
+            except _zygote.TemplateDied:
+                self._template_gone()
+        return subprocess.Popen(
+            [sys.executable, "-m", "daisy_nb.runtime.worker", str(fd), str(os.getpid())],
+            pass_fds=(fd, *keep_fds),
+            stdin=subprocess.DEVNULL,
+            stdout=logs[0] if logs else None,
+            stderr=logs[1] if logs else None,
+            env=env,
+            start_new_session=True,  # own process group: Ctrl-C is ours to handle, killpg reaps helpers
+        )
+
+    def _template_gone(self) -> None:
+        if not self.template_failed:
+            self.template_failed = True
+            logger.warning("daisy_nb: the worker template process died; its workers' unfinished blocks are "
+                           "given back and new workers start by exec")
 
     def _kill(self, w: _Worker) -> None:
         try:
@@ -412,6 +453,9 @@ class _Pool:
             return
         tr = w.tr
         rc = w.proc.wait()
+        orphan = getattr(w.proc, "orphaned", False)  # died with the worker template: not its fault
+        if orphan:
+            self._template_gone()
         if w.conn is not None:  # results it sent before dying still count
             try:
                 while w.state == BUSY and w.conn.poll(0):
@@ -427,14 +471,14 @@ class _Pool:
                 if tr.res is not None:  # blocks it finished have their stats written
                     self._add_stats(w, k, n, st, (st == 2) | (st == 3))
                 # the block it was running fails (an attempt), except on Ctrl-C: then it is given back
-                st[st == 1] = 0 if self.aborting else 3
+                st[st == 1] = 0 if self.aborting or orphan else 3
                 self.s.release_blocks(tr.tid, index, st)
                 tr.inflight -= n
         w.queue.clear()
         msg = None
         if w.timed_out:
             dirty = True
-        elif w.expected_exit or self.aborting:
+        elif w.expected_exit or self.aborting or orphan:
             dirty = False  # we asked it to quit, or killed it (shutdown, abandonment)
         elif tr.arity:
             dirty = True  # block workers only exit when told to
@@ -452,6 +496,8 @@ class _Pool:
         if w.conn is not None:
             w.conn.close()
         if w.pidfd is not None:
+            if isinstance(w.proc, _zygote.ForkedProcess):
+                w.proc.pidfd = None
             os.close(w.pidfd)
         if w.shm is not None:
             w.bufs = w.fbufs = None
@@ -546,7 +592,7 @@ class _Pool:
     def _prefetch(self, w: _Worker) -> None:
         """Queue a second batch behind the one ``w`` is running, if nobody can be held back by it."""
         tr = w.tr
-        if len(w.queue) >= _shm.SLOTS or tr.batch_k < 2 or tr.abandoned:
+        if len(w.queue) >= _shm.SLOTS or tr.abandoned or tr.per_block is None or tr.per_block > self.target:
             return  # slow blocks (one at a time) never wait behind another batch
         active = 0
         for x in tr.workers:
@@ -579,8 +625,11 @@ class _Pool:
             self.s.release_blocks(tr.tid, index, st)
             tr.inflight -= n
             per_block = elapsed / n / 1e9
+            tr.per_block = per_block
             if per_block > 0:
-                want = int(self.target / per_block)
+                # many workers: longer batches, so that this process's batches per second stay bounded
+                target = max(self.target, len(self.workers) * PER_WORKER_BATCH_SECS)
+                want = int(target / per_block)
                 tr.batch_k = max(1, min(want, tr.batch_k * MAX_GROWTH, CAPACITY))
             else:
                 tr.batch_k = min(tr.batch_k * MAX_GROWTH, CAPACITY)
@@ -905,6 +954,8 @@ class _Pool:
             self._on_exit(w)
         for cc in list(self.clients.values()):
             self._drop_client(cc)
+        if self.template is not None:
+            self.template.close()
         for pgid in self.pgids:  # helpers a worker function launched and left behind
             try:
                 os.killpg(pgid, signal.SIGKILL)
