@@ -16,6 +16,11 @@ measurement N times and prints every run, the daisy side once):
   cpu       2k pure-Python ~1 ms blocks on 1 and 2 workers (target 2 workers >= 1.8x)
   sleep     5k ``time.sleep(0.001)`` blocks, 2 workers: fraction of ideal (target >= 90 %)
   latency   4 blocks, 1 worker: call -> first block running, last block done -> return
+  many      ``time.sleep(0.005)`` blocks, 500 per worker, 16 and 32 workers: % of the ideal
+            (500 x the sleep as measured in that child), daisy_nb and daisy 2.0.0 alternating
+            (``--repeat`` pairs; target >= 90 % and ahead of daisy 2.0.0)
+  client    the cluster-style worker program: ``python -c "import daisy_nb; daisy_nb.Client"``
+            (and ``-X importtime``'s total) against ``import daisy; daisy.Client``, alternating
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ def sleep_block(block):
     time.sleep(0.001)
 
 
+def sleep5_block(block):
+    time.sleep(0.005)
+
+
 def stamp_block(block):
     path = os.environ["BENCH_STAMP_FILE"]
     with open(path, "a") as f:
@@ -66,8 +75,15 @@ def calibrate_cpu_iters(target=0.001) -> int:
     return n
 
 
-FUNCS = {"noop": noop, "cpu": cpu_block, "sleep": sleep_block, "stamp": stamp_block}
-CASES = ("noop", "cpu", "sleep", "latency")
+FUNCS = {"noop": noop, "cpu": cpu_block, "sleep": sleep_block, "stamp": stamp_block, "sleep5": sleep5_block}
+CASES = ("noop", "cpu", "sleep", "latency", "many", "client")
+
+
+def measured_sleep(secs: float, n: int) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        time.sleep(secs)
+    return (time.perf_counter() - t) / n
 
 
 def run_case(lib: str, fn_name: str, n: int, workers: int) -> dict:
@@ -85,6 +101,7 @@ def run_case(lib: str, fn_name: str, n: int, workers: int) -> dict:
 
             warmup()
     fn = FUNCS[fn_name]
+    sleep_secs = measured_sleep(0.005, 100) if fn_name == "sleep5" else None  # this child's 5 ms sleep
     if fn_name == "cpu":
         iters = CPU_ITERS
 
@@ -106,7 +123,7 @@ def run_case(lib: str, fn_name: str, n: int, workers: int) -> dict:
     t0 = time.time()
     ok = daisy.run_blockwise([task], progress=False, summary=False)
     t1 = time.time()
-    return {"secs": t1 - t0, "ok": bool(ok), "t0": t0, "t1": t1}
+    return {"secs": t1 - t0, "ok": bool(ok), "t0": t0, "t1": t1, "sleep": sleep_secs}
 
 
 def spawn_case(python: str, lib: str, fn_name: str, n: int, workers: int, env_extra=None) -> dict:
@@ -124,6 +141,28 @@ def spawn_case(python: str, lib: str, fn_name: str, n: int, workers: int, env_ex
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     raise RuntimeError(f"{lib} {fn_name} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+
+
+def import_secs(python: str, lib: str) -> tuple[float, float]:
+    """(wall of ``python -c "import <lib>; <lib>.Client"``, the ``-X importtime`` total of that import)."""
+    code = f"import {lib}; {lib}.Client"
+    env = dict(os.environ)
+    if lib == "daisy_nb":
+        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    t = time.perf_counter()
+    subprocess.run([python, "-c", code], check=True, env=env, cwd=tempfile.gettempdir())
+    wall = time.perf_counter() - t
+    r = subprocess.run([python, "-X", "importtime", "-c", code], check=True, env=env, capture_output=True,
+                       text=True, cwd=tempfile.gettempdir())
+    us = 0
+    for line in r.stderr.splitlines():  # top-level imports have no indentation in the name column
+        parts = line.split("|")
+        if len(parts) == 3 and parts[2].startswith(" ") and not parts[2].startswith("  "):
+            try:
+                us += int(parts[1])
+            except ValueError:
+                pass
+    return wall, us / 1e6
 
 
 def latency(python: str, lib: str, cold: bool = False) -> tuple[float, float]:
@@ -228,6 +267,48 @@ def main():
             line["daisy 2.0.0"] = f"{a * 1000:.0f} ms / {b * 1000:.0f} ms"
         rows.append(line)
 
+    if "many" in cases:
+        per = 50 if args.quick else 500
+        for w in (4,) if args.quick else (16, 32):
+            nbs, ds = [], []
+            for _ in range(reps):  # alternating, so that a burst of load hits both
+                nbs.append(spawn_case(me, "daisy_nb", "sleep5", per * w, w))
+                if ref:
+                    ds.append(spawn_case(ref, "daisy", "sleep5", per * w, w))
+
+            def pct(r, per=per):
+                return per * r["sleep"] / r["secs"]
+
+            def fmt(r, per=per):
+                return f"{r['secs']:.2f} s = {pct(r):.0%} (sleep {r['sleep'] * 1000:.2f} ms)"
+
+            line = {"case": f"5 ms sleep, {per} blocks per worker, {w} workers: % of ideal",
+                    "daisy_nb": each(fmt, nbs), "ratio": "(target >= 90 % and ahead of daisy 2.0.0)"}
+            if ds:
+                line["daisy 2.0.0"] = each(fmt, ds)
+                line["ratio"] = each(lambda p: f"{pct(p[0]) / pct(p[1]):.2f}x", zip(nbs, ds)) + " " + line["ratio"]
+            rows.append(line)
+
+    if "client" in cases:
+        nb_t, d_t = [], []
+        for _ in range(max(reps, 1 if args.quick else 5)):
+            nb_t.append(import_secs(me, "daisy_nb"))
+            if ref:
+                d_t.append(import_secs(ref, "daisy"))
+
+        def med(xs, i):
+            return sorted(x[i] for x in xs)[len(xs) // 2]
+
+        line = {"case": "worker program start: python -c 'import X; X.Client' (wall / importtime total, median)",
+                "daisy_nb": f"{med(nb_t, 0) * 1000:.0f} ms / {med(nb_t, 1) * 1000:.0f} ms"}
+        if d_t:
+            line["daisy 2.0.0"] = f"{med(d_t, 0) * 1000:.0f} ms / {med(d_t, 1) * 1000:.0f} ms"
+            line["ratio"] = f"{med(d_t, 0) / med(nb_t, 0):.2f}x wall (target >= 1x)"
+        rows.append(line)
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    if load:
+        print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     cols = ["case", "daisy_nb", "daisy 2.0.0", "ratio"]
     print(f"\nMachine: {os.cpu_count()} cores, Python {sys.version.split()[0]}; CPU block = {iters} iterations\n")
     print("| " + " | ".join(cols) + " |")
