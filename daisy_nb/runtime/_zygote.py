@@ -274,7 +274,7 @@ def _child(req: dict, fds: list[int], closing: list[int], template_pid: int) -> 
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             if e.code is not None and not isinstance(e.code, int):
                 sys.stderr.write(f"{e.code}\n")
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - whatever escapes, this process must reach os._exit
             import traceback
 
             traceback.print_exc()
@@ -283,13 +283,13 @@ def _child(req: dict, fds: list[int], closing: list[int], template_pid: int) -> 
             import atexit
 
             atexit._run_exitfuncs()
-        except BaseException:
+        except BaseException:  # noqa: BLE001, S110 - as above
             pass
     finally:
         for f in (sys.stdout, sys.stderr):
             try:
                 f.flush()
-            except BaseException:
+            except BaseException:  # noqa: BLE001, S110 - as above
                 pass
         os._exit(code & 0xFF if code >= 0 else 1)
 
@@ -302,10 +302,10 @@ def main(argv=None) -> int:
 
     worker._die_with_parent(pool_pid)
     # the worker side, once for every worker this template forks
-    import daisy_nb.block  # noqa: F401
-    import daisy_nb.logging  # noqa: F401
-    import daisy_nb.runtime._shm  # noqa: F401
-    import daisy_nb.runtime.context  # noqa: F401
+    import daisy_nb.block
+    import daisy_nb.logging
+    import daisy_nb.runtime._shm
+    import daisy_nb.runtime.context
 
     try:
         import cloudpickle  # noqa: F401  (payloads load with pickle, which imports it)

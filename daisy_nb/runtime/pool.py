@@ -82,6 +82,7 @@ _WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py
 
 CAPACITY = 4096  # blocks per shared-memory batch
 POLL_SECS = 0.1  # main loop wake-up: timeouts, Ctrl-C, progress
+SPAWN_BURST = 4  # workers started per main-loop turn (the loop serves the ready ones in between)
 SHUTDOWN_GRACE_SECS = 2.0  # after "quit", before SIGKILL
 WORKER_FUNCTION_GRACE_SECS = 10.0  # a worker function may clean up after its loop
 MAX_GROWTH = 4
@@ -216,6 +217,7 @@ class _Pool:
         self.aborting = False
         self.template = None  # the worker template (_zygote), started by the first _spawn
         self.template_failed = False
+        self.more_spawns = False  # _spawn_pass stopped at SPAWN_BURST with more workers to start
 
     # ------------------------------------------------------------------ setup
     def prepare(self):
@@ -748,9 +750,16 @@ class _Pool:
 
     # ------------------------------------------------------------------- loop
     def _spawn_pass(self) -> None:
+        """Start the workers the ready blocks call for, at most ``SPAWN_BURST`` per loop turn: the
+        workers started first get their batches while the rest are forked (``more_spawns``)."""
         progress = True
+        started = 0
+        self.more_spawns = False
         while progress:
             progress = False
+            if started >= SPAWN_BURST:
+                self.more_spawns = True
+                return
             for tid in self.order:
                 tr = self.trs[tid]
                 if tr.abandoned or self.s.is_task_done(tid) or self._alive(tr) >= tr.max_workers:
@@ -767,6 +776,7 @@ class _Pool:
                     self._free_parked_for(tr)
                     continue
                 self._spawn(tr)
+                started += 1
                 progress = True
 
     def _free_parked_for(self, tr: _TaskRun) -> None:
@@ -860,6 +870,8 @@ class _Pool:
                 self._check_abandon()
                 self._spawn_pass()
                 done = s.is_done()
+            else:
+                self.more_spawns = False
             now = time.monotonic()
             for tid, tr in self.trs.items():
                 if tr.t_done is None and s.is_task_done(tid):
@@ -889,7 +901,7 @@ class _Pool:
                         raise RuntimeError("daisy_nb: the run stalled (no workers, no ready blocks, tasks not done)")
             else:
                 stalled = 0
-            for obj in self._wait(POLL_SECS):
+            for obj in self._wait(0 if self.more_spawns else POLL_SECS):
                 if obj == self.wake_r:
                     try:
                         os.read(self.wake_r, 4096)

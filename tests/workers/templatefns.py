@@ -1,0 +1,51 @@
+"""Block functions for tests/test_runtime_template.py: each records which process started it.
+
+A ``done`` line is ``<pid> <offset> <shape> <parent pid>[,<heavy modules>]``: the parent of a
+worker forked by the run's template is the template; of an exec'd worker, the pool.
+"""
+import os
+import signal
+import sys
+import time
+
+from blockfns import attempt, done
+
+
+def record_parent(block):
+    attempt(block)
+    time.sleep(0.002)
+    done(block, str(os.getppid()))
+
+
+def record_parent_and_imports(block):
+    heavy = [m for m in ("numba", "numpy", "zarr") if m in sys.modules]
+    done(block, f"{os.getppid()},{'+'.join(heavy) or 'none'}")
+
+
+def sigkill_once_on_5(block):
+    n = attempt(block)
+    if block.spatial_id == 5 and n == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    done(block, str(os.getppid()))
+
+
+def hang_on_2(block):
+    attempt(block)
+    if block.spatial_id == 2:
+        time.sleep(1000)
+    done(block, str(os.getppid()))
+
+
+def kill_template_once_on_40(block):
+    """The first attempt at block 40 kills the worker's parent, the template (and so itself)."""
+    n = attempt(block)
+    if block.spatial_id == 40 and n == 1 and os.getppid() != int(os.environ["DAISY_NB_TEST_POOL_PID"]):
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(30)  # the template's death signal ends this worker first
+    time.sleep(0.002)
+    done(block, str(os.getppid()))
+
+
+def exit_3(block):
+    attempt(block)
+    os._exit(3)
