@@ -53,6 +53,7 @@ _EXIT = struct.Struct("<qq")
 MAX_FDS = 8
 START_TIMEOUT_SECS = 20.0  # the first fork waits for the template's imports (slow under load)
 FORK_TIMEOUT_SECS = 10.0
+REPORT_GRACE_SECS = 5.0  # an exited worker whose exit code the (live) template never reports
 
 
 def available() -> bool:
@@ -92,23 +93,32 @@ class ForkedProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
         while self.returncode is None:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if self._t.dead:
                 self._settle_orphan(left)
             else:
-                self._t.drain(left if left is not None else 1.0)
+                self._t.drain(min(left, 0.5) if left is not None else 0.5)
+                if self.returncode is None and time.monotonic() - t0 > REPORT_GRACE_SECS and self._exited():
+                    self.returncode = -signal.SIGKILL  # the template is alive but silent (stopped?)
             if self.returncode is None and deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(f"forked worker {self.pid}", timeout)
+                raise subprocess.TimeoutExpired(f"forked worker {self.pid}", timeout or 0.0)
         return self.returncode
+
+    def _exited(self) -> bool:
+        try:
+            return self.pidfd is None or bool(select.select([self.pidfd], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
     def _settle_orphan(self, timeout: float | None) -> None:
         """Template gone: the worker is dying of its death signal; done once its pidfd says so."""
         try:
-            r = [1] if self.pidfd is None else select.select([self.pidfd], [], [], timeout)[0]
+            r = self.pidfd is None or bool(select.select([self.pidfd], [], [], timeout)[0])
         except (OSError, ValueError):
-            r = [1]
+            r = True
         if r:
             self.returncode = -signal.SIGKILL
             self.orphaned = True
@@ -199,9 +209,9 @@ class Template:
             os.close(fd)
         if kind == b"X":
             pid, code = _EXIT.unpack_from(msg, 1)
-            p = self.procs.pop(pid, None)
-            if p is not None:
-                p.returncode = code
+            done = self.procs.pop(pid, None)
+            if done is not None:
+                done.returncode = code
         return kind, None
 
     def _mark_dead(self) -> None:
@@ -308,7 +318,7 @@ def main(argv=None) -> int:
     import daisy_nb.runtime.context
 
     try:
-        import cloudpickle  # noqa: F401  (payloads load with pickle, which imports it)
+        import cloudpickle  # type: ignore[import-untyped]  # noqa: F401  (payloads load with pickle, which imports it)
     except ImportError:  # pragma: no cover - a dependency
         pass
     if len(argv) > 2 and argv[2] == "client":
@@ -325,7 +335,7 @@ def main(argv=None) -> int:
     me = os.getpid()
     try:
         while True:
-            r, _, _ = select.select([sock, wake_r], [], [])
+            r, _, _ = select.select([sock.fileno(), wake_r], [], [])
             if wake_r in r:
                 try:
                     while os.read(wake_r, 512):
@@ -333,7 +343,7 @@ def main(argv=None) -> int:
                 except BlockingIOError:
                     pass
             _reap(sock, children)
-            if sock not in r:
+            if ctrl_fd not in r:
                 continue
             msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, MAX_FDS)
             if not msg:
@@ -372,4 +382,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
+    os._exit(0)  # nothing to flush or finalize: the run's end waits for this process

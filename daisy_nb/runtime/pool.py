@@ -2,29 +2,34 @@
 
 Design (numbers in ``benchmarks/bench_runtime.py``):
 
-* **Processes, exec'd.** Each worker is ``python -m daisy_nb.runtime.worker``
-  started with :class:`subprocess.Popen` in its own session (process group). This
-  is the ``spawn`` start method without ``multiprocessing``'s re-import of the
-  user's ``__main__``: daisy 2.0 scripts often have no ``if __name__ ==
-  "__main__"`` guard, and the wheel starts workers the same way. Never ``fork``:
-  this process runs numba and zarr threads. The user's function is serialized once
-  per task at run start (cloudpickle, else pickle); an unpicklable function fails
-  before any worker starts.
+* **Processes, never a fork of this one.** On Linux each worker is forked by the
+  run's worker template (:mod:`._zygote`: exec'd once per run, imported only the
+  worker side, single-threaded), which hands back a pidfd and later the exit code;
+  elsewhere, after the template died, or with ``DAISY_NB_WORKER_START=exec``, it is
+  ``python -m daisy_nb.runtime.worker`` started with :class:`subprocess.Popen`. Either
+  way in its own session (process group), with ``.out``/``.err`` as fd 1/2. This is
+  the ``spawn`` start method without ``multiprocessing``'s re-import of the user's
+  ``__main__``: daisy 2.0 scripts often have no ``if __name__ == "__main__"`` guard.
+  Never ``fork`` this process: it runs numba and zarr threads. The user's function is
+  serialized once per task at run start (cloudpickle, else pickle); an unpicklable
+  function fails before any worker starts. At most ``SPAWN_BURST`` workers start per
+  loop turn, so the first ones get work while the rest are forked.
 * **Transport.** One shared-memory segment per block-function worker carries
   batches of block indices and ROI arrays one way and a status per block back
   (layout in :mod:`._shm`, two batch slots); a socket pair per worker carries
   tiny signals ("run the batch in slot k", "slot k done", "quit"). Nothing is
   pickled per block.
 * **Batching.** Per task, the batch size starts at 1 and follows the measured
-  per-block time so that a batch takes about ``batch_target_secs`` (x4 growth per
+  per-block time so that a batch takes about ``batch_target_secs``, or
+  ``PER_WORKER_BATCH_SECS`` per running worker when that is longer (x4 growth per
   batch at most), capped by ``ceil(ready / workers)`` so that workers share the
   ready blocks and dependent levels are not held back by one worker's batch.
   Blocks slower than the target go one at a time.
 * **Prefetch.** While a worker runs a batch, a second one can wait in its other
   slot, so it never idles through the round trip to this process (release,
   acquire, write, signal: ~0.7 ms on 2 cores, 7 % of a 10 ms batch). Only for
-  fast blocks (``batch_k > 1``: a prefetched batch holds at most about
-  ``batch_target_secs`` of work), when no worker of the task is waiting for work,
+  fast blocks (measured faster than ``batch_target_secs``; a prefetched batch holds
+  at most about a batch target of work), when no worker of the task is waiting for work,
   and when the ready blocks cover a running and a queued batch for every worker;
   so slow blocks, starved workers and dependent levels are never held back.
   Prefetched blocks are "processing" for the scheduler, like the running batch.

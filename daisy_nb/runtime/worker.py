@@ -47,7 +47,7 @@ def _cap(tb: str) -> str:
     return text[-TB_CAP_BYTES:]
 
 
-_LIBC = []  # the C library, loaded once (a template process loads it for all the workers it forks)
+_LIBC: list = []  # the C library, loaded once (a template process loads it for all the workers it forks)
 
 
 def _die_with_parent(parent_pid: int) -> None:
