@@ -59,6 +59,32 @@ def sleep5_block(block):
     time.sleep(0.005)
 
 
+PROGRAM = """
+import time
+t_start = time.time()
+import {lib} as daisy
+client = daisy.Client()
+t_client = time.time()
+t_first = None
+while True:
+    with client.acquire_block() as block:
+        if block is None:
+            break
+        if t_first is None:
+            t_first = time.time()
+with open({stamps!r}, "a") as f:
+    f.write(f"{{t_start}} {{t_client}} {{t_first}}\\n")
+"""
+
+
+def launch_program():
+    """0-argument worker function, cluster style: a separate program runs the Client loop."""
+    t = time.time()
+    subprocess.run([sys.executable, os.environ["BENCH_PROGRAM"]], check=True)
+    with open(os.environ["BENCH_STAMP_FILE"], "a") as f:
+        f.write(f"launch {t}\n")
+
+
 def stamp_block(block):
     path = os.environ["BENCH_STAMP_FILE"]
     with open(path, "a") as f:
@@ -75,7 +101,7 @@ def calibrate_cpu_iters(target=0.001) -> int:
     return n
 
 
-FUNCS = {"noop": noop, "cpu": cpu_block, "sleep": sleep_block, "stamp": stamp_block, "sleep5": sleep5_block}
+FUNCS = {"noop": noop, "cpu": cpu_block, "sleep": sleep_block, "stamp": stamp_block, "sleep5": sleep5_block, "cluster": launch_program}
 CASES = ("noop", "cpu", "sleep", "latency", "many", "client")
 
 
@@ -163,6 +189,27 @@ def import_secs(python: str, lib: str) -> tuple[float, float]:
             except ValueError:
                 pass
     return wall, us / 1e6
+
+
+def cluster(python: str, lib: str) -> tuple[float, float]:
+    """Worker programs (2 workers, 8 blocks): medians of (import + ``Client()`` connected inside the
+    program, worker function's launch -> the program's first block)."""
+    with tempfile.TemporaryDirectory() as d:
+        stamps, prog = os.path.join(d, "stamps"), os.path.join(d, "prog.py")
+        with open(prog, "w") as f:
+            f.write(PROGRAM.format(lib=lib, stamps=stamps))
+        spawn_case(python, lib, "cluster", 8, 2, {"BENCH_STAMP_FILE": stamps, "BENCH_PROGRAM": prog})
+        with open(stamps) as f:
+            lines = [line.split() for line in f]
+    launches = sorted(float(x[1]) for x in lines if x[0] == "launch")
+    progs = sorted((float(x[0]), float(x[1]), float(x[2])) for x in lines if x[0] != "launch" and x[2] != "None")
+    # pair each program with the latest launch before it started (launch order = start order)
+    conn, first = [], []
+    for p in progs:
+        t = max((x for x in launches if x <= p[0]), default=p[0])
+        conn.append(p[1] - p[0])
+        first.append(p[2] - t)
+    return sorted(conn)[len(conn) // 2], sorted(first)[len(first) // 2]
 
 
 def latency(python: str, lib: str, cold: bool = False) -> tuple[float, float]:
@@ -304,6 +351,17 @@ def main():
         if d_t:
             line["daisy 2.0.0"] = f"{med(d_t, 0) * 1000:.0f} ms / {med(d_t, 1) * 1000:.0f} ms"
             line["ratio"] = f"{med(d_t, 0) / med(nb_t, 0):.2f}x wall (target >= 1x)"
+        rows.append(line)
+        nb_c, d_c = [], []
+        for _ in range(reps):
+            nb_c.append(cluster(me, "daisy_nb"))
+            if ref:
+                d_c.append(cluster(ref, "daisy"))
+        line = {"case": "worker program run by a worker function: import + Client() connected / launch -> first block (medians)",
+                "daisy_nb": each(lambda r: f"{r[0] * 1000:.0f} ms / {r[1] * 1000:.0f} ms", nb_c)}
+        if d_c:
+            line["daisy 2.0.0"] = each(lambda r: f"{r[0] * 1000:.0f} ms / {r[1] * 1000:.0f} ms", d_c)
+            line["ratio"] = each(lambda p: f"{p[1][1] / p[0][1]:.2f}x", zip(nb_c, d_c)) + " to first block"
         rows.append(line)
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
