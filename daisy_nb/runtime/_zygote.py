@@ -66,6 +66,13 @@ def available() -> bool:
 
 
 # --------------------------------------------------------------------------- pool side
+def _readable(fd: int, timeout: float | None) -> bool:
+    """``poll`` rather than ``select``: the pool's descriptors may be numbered above FD_SETSIZE."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(None if timeout is None else max(0, int(timeout * 1000 + 0.999))))
+
+
 class TemplateDied(OSError):
     """The template process is gone: start workers by exec instead."""
 
@@ -109,14 +116,14 @@ class ForkedProcess:
 
     def _exited(self) -> bool:
         try:
-            return self.pidfd is None or bool(select.select([self.pidfd], [], [], 0)[0])
+            return self.pidfd is None or _readable(self.pidfd, 0)
         except (OSError, ValueError):
             return True
 
     def _settle_orphan(self, timeout: float | None) -> None:
         """Template gone: the worker is dying of its death signal; done once its pidfd says so."""
         try:
-            r = self.pidfd is None or bool(select.select([self.pidfd], [], [], timeout)[0])
+            r = self.pidfd is None or _readable(self.pidfd, timeout)
         except (OSError, ValueError):
             r = True
         if r:
@@ -189,8 +196,7 @@ class Template:
             self._mark_dead()
 
     def _recv(self, timeout: float | None):
-        r, _, _ = select.select([self.sock], [], [], timeout)
-        if not r:
+        if not _readable(self.sock.fileno(), timeout):
             return None
         msg, fds, _flags, _addr = socket.recv_fds(self.sock, 256, MAX_FDS)
         if not msg:
