@@ -111,6 +111,19 @@ def test_killed_template_gives_blocks_back_and_later_workers_are_execd(out, capl
     assert "worker template process died" in caplog.text
 
 
+def test_forked_worker_logs_are_its_fd_1_and_2(out, tmp_path):
+    states = run([make_task("lg", 4, templatefns.write_fds_and_fail_on_1, max_workers=1, max_retries=0)])
+    st = states["lg"]
+    assert st.completed_count == 3 and st.failed_count == 1
+    assert "block 1 fails" in st.last_worker_error
+    logs = tmp_path / "logs" / "lg"
+    outs, errs = (logs / "worker_0.out").read_text(), (logs / "worker_0.err").read_text()
+    assert all(f"fd1 from block {i} " in outs for i in range(4))
+    assert all(f"fd2 from block {i}\n" in errs for i in range(4))
+    assert "ValueError: block 1 fails" in errs  # the traceback, through sys.stderr
+    assert os.getpid() not in parents(out, "lg")
+
+
 def test_exec_start_when_asked(out, monkeypatch):
     monkeypatch.setenv("DAISY_NB_WORKER_START", "exec")
     states = run([make_task("ex", 6, templatefns.record_parent, max_workers=2)])

@@ -49,3 +49,12 @@ def kill_template_once_on_40(block):
 def exit_3(block):
     attempt(block)
     os._exit(3)
+
+
+def write_fds_and_fail_on_1(block):
+    """Writes below Python's streams (fd 1 and 2), then block 1 raises: all of it lands in the slot's logs."""
+    os.write(1, f"fd1 from block {block.spatial_id} pid {os.getpid()}\n".encode())
+    os.write(2, f"fd2 from block {block.spatial_id}\n".encode())
+    if block.spatial_id == 1:
+        raise ValueError("block 1 fails")
+    done(block, str(os.getppid()))
