@@ -307,7 +307,7 @@ def _child(req: dict, fds: list[int], closing: list[int], template_pid: int) -> 
                 f.flush()
             except BaseException:  # noqa: BLE001, S110 - as above
                 pass
-        os._exit(code & 0xFF if code >= 0 else 1)
+        os._exit(code & 0xFF)  # as an interpreter would: sys.exit(-1) is 255
 
 
 def main(argv=None) -> int:
