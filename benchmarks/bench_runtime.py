@@ -85,6 +85,17 @@ def launch_program():
         f.write(f"launch {t}\n")
 
 
+def client_loop():
+    """0-argument worker function running its own Client loop (daisy 1.x style)."""
+    import importlib
+
+    client = importlib.import_module(os.environ["BENCH_LIB"]).Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+
+
 def stamp_block(block):
     path = os.environ["BENCH_STAMP_FILE"]
     with open(path, "a") as f:
@@ -101,7 +112,7 @@ def calibrate_cpu_iters(target=0.001) -> int:
     return n
 
 
-FUNCS = {"noop": noop, "cpu": cpu_block, "sleep": sleep_block, "stamp": stamp_block, "sleep5": sleep5_block, "cluster": launch_program}
+FUNCS = {"noop": noop, "cpu": cpu_block, "sleep": sleep_block, "stamp": stamp_block, "sleep5": sleep5_block, "cluster": launch_program, "clientloop": client_loop}
 CASES = ("noop", "cpu", "sleep", "latency", "many", "client")
 
 
@@ -357,6 +368,15 @@ def main():
             nb_c.append(cluster(me, "daisy_nb"))
             if ref:
                 d_c.append(cluster(ref, "daisy"))
+        n = 100 if args.quick else 2000
+        nb_l = [spawn_case(me, "daisy_nb", "clientloop", n, 2, {"BENCH_LIB": "daisy_nb"}) for _ in range(reps)]
+        d_l = [spawn_case(ref, "daisy", "clientloop", n, 2, {"BENCH_LIB": "daisy"})] if ref else []
+        line = {"case": f"Client loop in a worker function, {n:,} no-op blocks, 2 workers: blocks/s",
+                "daisy_nb": each(lambda r: f"{n / r['secs']:,.0f} blocks/s ({r['secs']:.2f} s)", nb_l)}
+        if d_l:
+            line["daisy 2.0.0"] = f"{n / d_l[0]['secs']:,.0f} blocks/s ({d_l[0]['secs']:.2f} s)"
+            line["ratio"] = each(lambda r: f"{d_l[0]['secs'] / r['secs']:.1f}x", nb_l)
+        rows.append(line)
         line = {"case": "worker program run by a worker function: import + Client() connected / launch -> first block (medians)",
                 "daisy_nb": each(lambda r: f"{r[0] * 1000:.0f} ms / {r[1] * 1000:.0f} ms", nb_c)}
         if d_c:

@@ -124,6 +124,16 @@ def test_forked_worker_logs_are_its_fd_1_and_2(out, tmp_path):
     assert os.getpid() not in parents(out, "lg")
 
 
+def test_client_loop_in_a_forked_worker_sends_without_nagle_delay(out):
+    # a release and the next acquire are two small writes: with Nagle's algorithm the second waited for
+    # the pool's delayed ACK, ~40 ms per block (44 blocks/s instead of thousands, bench_runtime --cases client)
+    states = run([make_task("cn", 20, templatefns.client_loop_reporting_nodelay, max_workers=2)])
+    assert states["cn"].completed_count == 20
+    extras = [extra for _, extra in done_lines(out, "cn")]
+    assert len(extras) == 20 and {e.split(",")[1] for e in extras} == {"nodelay=1"}
+    assert os.getpid() not in parents(out, "cn")
+
+
 def test_exec_start_when_asked(out, monkeypatch):
     monkeypatch.setenv("DAISY_NB_WORKER_START", "exec")
     states = run([make_task("ex", 6, templatefns.record_parent, max_workers=2)])

@@ -58,3 +58,21 @@ def write_fds_and_fail_on_1(block):
     if block.spatial_id == 1:
         raise ValueError("block 1 fails")
     done(block, str(os.getppid()))
+
+
+def client_loop_reporting_nodelay():
+    """A Client loop that records whether its connection sends small writes at once (TCP_NODELAY)."""
+    import socket
+
+    import daisy_nb
+
+    client = daisy_nb.Client()
+    s = socket.socket(fileno=os.dup(client._conn.fileno()))
+    nodelay = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    s.close()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            attempt(block)
+            done(block, f"{os.getppid()},nodelay={nodelay}")
