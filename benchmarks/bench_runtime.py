@@ -16,6 +16,11 @@ measurement N times and prints every run, the daisy side once):
   cpu       2k pure-Python ~1 ms blocks on 1 and 2 workers (target 2 workers >= 1.8x)
   sleep     5k ``time.sleep(0.001)`` blocks, 2 workers: fraction of ideal (target >= 90 %)
   latency   4 blocks, 1 worker: call -> first block running, last block done -> return
+  many      ``time.sleep(0.005)`` blocks, 500 per worker, 16 and 32 workers: % of the ideal
+            (500 x the sleep as measured in that child), daisy_nb and daisy 2.0.0 alternating
+            (``--repeat`` pairs; target >= 90 % and ahead of daisy 2.0.0)
+  client    the cluster-style worker program: ``python -c "import daisy_nb; daisy_nb.Client"``
+            (and ``-X importtime``'s total) against ``import daisy; daisy.Client``, alternating
 """
 
 from __future__ import annotations
@@ -50,6 +55,47 @@ def sleep_block(block):
     time.sleep(0.001)
 
 
+def sleep5_block(block):
+    time.sleep(0.005)
+
+
+PROGRAM = """
+import time
+t_start = time.time()
+import {lib} as daisy
+client = daisy.Client()
+t_client = time.time()
+t_first = None
+while True:
+    with client.acquire_block() as block:
+        if block is None:
+            break
+        if t_first is None:
+            t_first = time.time()
+with open({stamps!r}, "a") as f:
+    f.write(f"{{t_start}} {{t_client}} {{t_first}}\\n")
+"""
+
+
+def launch_program():
+    """0-argument worker function, cluster style: a separate program runs the Client loop."""
+    t = time.time()
+    subprocess.run([sys.executable, os.environ["BENCH_PROGRAM"]], check=True)
+    with open(os.environ["BENCH_STAMP_FILE"], "a") as f:
+        f.write(f"launch {t}\n")
+
+
+def client_loop():
+    """0-argument worker function running its own Client loop (daisy 1.x style)."""
+    import importlib
+
+    client = importlib.import_module(os.environ["BENCH_LIB"]).Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+
+
 def stamp_block(block):
     path = os.environ["BENCH_STAMP_FILE"]
     with open(path, "a") as f:
@@ -66,8 +112,15 @@ def calibrate_cpu_iters(target=0.001) -> int:
     return n
 
 
-FUNCS = {"noop": noop, "cpu": cpu_block, "sleep": sleep_block, "stamp": stamp_block}
-CASES = ("noop", "cpu", "sleep", "latency")
+FUNCS = {"noop": noop, "cpu": cpu_block, "sleep": sleep_block, "stamp": stamp_block, "sleep5": sleep5_block, "cluster": launch_program, "clientloop": client_loop}
+CASES = ("noop", "cpu", "sleep", "latency", "many", "client")
+
+
+def measured_sleep(secs: float, n: int) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        time.sleep(secs)
+    return (time.perf_counter() - t) / n
 
 
 def run_case(lib: str, fn_name: str, n: int, workers: int) -> dict:
@@ -85,6 +138,7 @@ def run_case(lib: str, fn_name: str, n: int, workers: int) -> dict:
 
             warmup()
     fn = FUNCS[fn_name]
+    sleep_secs = measured_sleep(0.005, 100) if fn_name == "sleep5" else None  # this child's 5 ms sleep
     if fn_name == "cpu":
         iters = CPU_ITERS
 
@@ -106,7 +160,7 @@ def run_case(lib: str, fn_name: str, n: int, workers: int) -> dict:
     t0 = time.time()
     ok = daisy.run_blockwise([task], progress=False, summary=False)
     t1 = time.time()
-    return {"secs": t1 - t0, "ok": bool(ok), "t0": t0, "t1": t1}
+    return {"secs": t1 - t0, "ok": bool(ok), "t0": t0, "t1": t1, "sleep": sleep_secs}
 
 
 def spawn_case(python: str, lib: str, fn_name: str, n: int, workers: int, env_extra=None) -> dict:
@@ -124,6 +178,49 @@ def spawn_case(python: str, lib: str, fn_name: str, n: int, workers: int, env_ex
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     raise RuntimeError(f"{lib} {fn_name} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+
+
+def import_secs(python: str, lib: str) -> tuple[float, float]:
+    """(wall of ``python -c "import <lib>; <lib>.Client"``, the ``-X importtime`` total of that import)."""
+    code = f"import {lib}; {lib}.Client"
+    env = dict(os.environ)
+    if lib == "daisy_nb":
+        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    t = time.perf_counter()
+    subprocess.run([python, "-c", code], check=True, env=env, cwd=tempfile.gettempdir())
+    wall = time.perf_counter() - t
+    r = subprocess.run([python, "-X", "importtime", "-c", code], check=True, env=env, capture_output=True,
+                       text=True, cwd=tempfile.gettempdir())
+    us = 0
+    for line in r.stderr.splitlines():  # top-level imports have no indentation in the name column
+        parts = line.split("|")
+        if len(parts) == 3 and parts[2].startswith(" ") and not parts[2].startswith("  "):
+            try:
+                us += int(parts[1])
+            except ValueError:
+                pass
+    return wall, us / 1e6
+
+
+def cluster(python: str, lib: str) -> tuple[float, float]:
+    """Worker programs (2 workers, 8 blocks): medians of (import + ``Client()`` connected inside the
+    program, worker function's launch -> the program's first block)."""
+    with tempfile.TemporaryDirectory() as d:
+        stamps, prog = os.path.join(d, "stamps"), os.path.join(d, "prog.py")
+        with open(prog, "w") as f:
+            f.write(PROGRAM.format(lib=lib, stamps=stamps))
+        spawn_case(python, lib, "cluster", 8, 2, {"BENCH_STAMP_FILE": stamps, "BENCH_PROGRAM": prog})
+        with open(stamps) as f:
+            lines = [line.split() for line in f]
+    launches = sorted(float(x[1]) for x in lines if x[0] == "launch")
+    progs = sorted((float(x[0]), float(x[1]), float(x[2])) for x in lines if x[0] != "launch" and x[2] != "None")
+    # pair each program with the latest launch before it started (launch order = start order)
+    conn, first = [], []
+    for p in progs:
+        t = max((x for x in launches if x <= p[0]), default=p[0])
+        conn.append(p[1] - p[0])
+        first.append(p[2] - t)
+    return sorted(conn)[len(conn) // 2], sorted(first)[len(first) // 2]
 
 
 def latency(python: str, lib: str, cold: bool = False) -> tuple[float, float]:
@@ -228,6 +325,68 @@ def main():
             line["daisy 2.0.0"] = f"{a * 1000:.0f} ms / {b * 1000:.0f} ms"
         rows.append(line)
 
+    if "many" in cases:
+        per = 50 if args.quick else 500
+        for w in (4,) if args.quick else (16, 32):
+            nbs, ds = [], []
+            for _ in range(reps):  # alternating, so that a burst of load hits both
+                nbs.append(spawn_case(me, "daisy_nb", "sleep5", per * w, w))
+                if ref:
+                    ds.append(spawn_case(ref, "daisy", "sleep5", per * w, w))
+
+            def pct(r, per=per):
+                return per * r["sleep"] / r["secs"]
+
+            def fmt(r, per=per):
+                return f"{r['secs']:.2f} s = {pct(r):.0%} (sleep {r['sleep'] * 1000:.2f} ms)"
+
+            line = {"case": f"5 ms sleep, {per} blocks per worker, {w} workers: % of ideal",
+                    "daisy_nb": each(fmt, nbs), "ratio": "(target >= 90 % and ahead of daisy 2.0.0)"}
+            if ds:
+                line["daisy 2.0.0"] = each(fmt, ds)
+                line["ratio"] = each(lambda p: f"{pct(p[0]) / pct(p[1]):.2f}x", zip(nbs, ds)) + " " + line["ratio"]
+            rows.append(line)
+
+    if "client" in cases:
+        nb_t, d_t = [], []
+        for _ in range(max(reps, 1 if args.quick else 5)):
+            nb_t.append(import_secs(me, "daisy_nb"))
+            if ref:
+                d_t.append(import_secs(ref, "daisy"))
+
+        def med(xs, i):
+            return sorted(x[i] for x in xs)[len(xs) // 2]
+
+        line = {"case": "worker program start: python -c 'import X; X.Client' (wall / importtime total, median)",
+                "daisy_nb": f"{med(nb_t, 0) * 1000:.0f} ms / {med(nb_t, 1) * 1000:.0f} ms"}
+        if d_t:
+            line["daisy 2.0.0"] = f"{med(d_t, 0) * 1000:.0f} ms / {med(d_t, 1) * 1000:.0f} ms"
+            line["ratio"] = f"{med(d_t, 0) / med(nb_t, 0):.2f}x wall (target >= 1x)"
+        rows.append(line)
+        nb_c, d_c = [], []
+        for _ in range(reps):
+            nb_c.append(cluster(me, "daisy_nb"))
+            if ref:
+                d_c.append(cluster(ref, "daisy"))
+        n = 100 if args.quick else 2000
+        nb_l = [spawn_case(me, "daisy_nb", "clientloop", n, 2, {"BENCH_LIB": "daisy_nb"}) for _ in range(reps)]
+        d_l = [spawn_case(ref, "daisy", "clientloop", n, 2, {"BENCH_LIB": "daisy"})] if ref else []
+        line = {"case": f"Client loop in a worker function, {n:,} no-op blocks, 2 workers: blocks/s",
+                "daisy_nb": each(lambda r: f"{n / r['secs']:,.0f} blocks/s ({r['secs']:.2f} s)", nb_l)}
+        if d_l:
+            line["daisy 2.0.0"] = f"{n / d_l[0]['secs']:,.0f} blocks/s ({d_l[0]['secs']:.2f} s)"
+            line["ratio"] = each(lambda r: f"{d_l[0]['secs'] / r['secs']:.1f}x", nb_l)
+        rows.append(line)
+        line = {"case": "worker program run by a worker function: import + Client() connected / launch -> first block (medians)",
+                "daisy_nb": each(lambda r: f"{r[0] * 1000:.0f} ms / {r[1] * 1000:.0f} ms", nb_c)}
+        if d_c:
+            line["daisy 2.0.0"] = each(lambda r: f"{r[0] * 1000:.0f} ms / {r[1] * 1000:.0f} ms", d_c)
+            line["ratio"] = each(lambda p: f"{p[1][1] / p[0][1]:.2f}x", zip(nb_c, d_c)) + " to first block"
+        rows.append(line)
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    if load:
+        print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     cols = ["case", "daisy_nb", "daisy 2.0.0", "ratio"]
     print(f"\nMachine: {os.cpu_count()} cores, Python {sys.version.split()[0]}; CPU block = {iters} iterations\n")
     print("| " + " | ".join(cols) + " |")

@@ -2,29 +2,34 @@
 
 Design (numbers in ``benchmarks/bench_runtime.py``):
 
-* **Processes, exec'd.** Each worker is ``python -m daisy_nb.runtime.worker``
-  started with :class:`subprocess.Popen` in its own session (process group). This
-  is the ``spawn`` start method without ``multiprocessing``'s re-import of the
-  user's ``__main__``: daisy 2.0 scripts often have no ``if __name__ ==
-  "__main__"`` guard, and the wheel starts workers the same way. Never ``fork``:
-  this process runs numba and zarr threads. The user's function is serialized once
-  per task at run start (cloudpickle, else pickle); an unpicklable function fails
-  before any worker starts.
+* **Processes, never a fork of this one.** On Linux each worker is forked by the
+  run's worker template (:mod:`._zygote`: exec'd once per run, imported only the
+  worker side, single-threaded), which hands back a pidfd and later the exit code;
+  elsewhere, after the template died, or with ``DAISY_NB_WORKER_START=exec``, it is
+  ``python -m daisy_nb.runtime.worker`` started with :class:`subprocess.Popen`. Either
+  way in its own session (process group), with ``.out``/``.err`` as fd 1/2. This is
+  the ``spawn`` start method without ``multiprocessing``'s re-import of the user's
+  ``__main__``: daisy 2.0 scripts often have no ``if __name__ == "__main__"`` guard.
+  Never ``fork`` this process: it runs numba and zarr threads. The user's function is
+  serialized once per task at run start (cloudpickle, else pickle); an unpicklable
+  function fails before any worker starts. At most ``SPAWN_BURST`` workers start per
+  loop turn, so the first ones get work while the rest are forked.
 * **Transport.** One shared-memory segment per block-function worker carries
   batches of block indices and ROI arrays one way and a status per block back
   (layout in :mod:`._shm`, two batch slots); a socket pair per worker carries
   tiny signals ("run the batch in slot k", "slot k done", "quit"). Nothing is
   pickled per block.
 * **Batching.** Per task, the batch size starts at 1 and follows the measured
-  per-block time so that a batch takes about ``batch_target_secs`` (x4 growth per
+  per-block time so that a batch takes about ``batch_target_secs``, or
+  ``PER_WORKER_BATCH_SECS`` per running worker when that is longer (x4 growth per
   batch at most), capped by ``ceil(ready / workers)`` so that workers share the
   ready blocks and dependent levels are not held back by one worker's batch.
   Blocks slower than the target go one at a time.
 * **Prefetch.** While a worker runs a batch, a second one can wait in its other
   slot, so it never idles through the round trip to this process (release,
   acquire, write, signal: ~0.7 ms on 2 cores, 7 % of a 10 ms batch). Only for
-  fast blocks (``batch_k > 1``: a prefetched batch holds at most about
-  ``batch_target_secs`` of work), when no worker of the task is waiting for work,
+  fast blocks (measured faster than ``batch_target_secs``; a prefetched batch holds
+  at most about a batch target of work), when no worker of the task is waiting for work,
   and when the ready blocks cover a running and a queued batch for every worker;
   so slow blocks, starved workers and dependent levels are never held back.
   Prefetched blocks are "processing" for the scheduler, like the running batch.
@@ -68,7 +73,7 @@ import numpy as np
 
 from daisy_nb import logging as dlog
 from daisy_nb.progress import Heartbeat, notify
-from daisy_nb.runtime import _shm
+from daisy_nb.runtime import _shm, _zygote
 from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block
 from daisy_nb.runtime.context import Context
 
@@ -78,12 +83,15 @@ logger = logging.getLogger("daisy")
 
 # workers run ``python -m daisy_nb.runtime.worker``: make sure they import this very package
 _PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")  # a forked worker's argv[0]
 
 CAPACITY = 4096  # blocks per shared-memory batch
 POLL_SECS = 0.1  # main loop wake-up: timeouts, Ctrl-C, progress
+SPAWN_BURST = 4  # workers started per main-loop turn (the loop serves the ready ones in between)
 SHUTDOWN_GRACE_SECS = 2.0  # after "quit", before SIGKILL
 WORKER_FUNCTION_GRACE_SECS = 10.0  # a worker function may clean up after its loop
 MAX_GROWTH = 4
+PER_WORKER_BATCH_SECS = 0.002  # batch target floor per running worker (16 workers: 32 ms batches)
 
 # worker states
 STARTING, IDLE, BUSY, PARKED, QUITTING, DEAD = range(6)
@@ -136,6 +144,7 @@ class _TaskRun:
         self.workers: set[_Worker] = set()
         self.inflight = 0
         self.batch_k = 1
+        self.per_block = None  # seconds, from the last finished batch (None: not measured yet)
         self.next_slot = 0
         self.abandoned = False
         self.t_first = None
@@ -211,6 +220,9 @@ class _Pool:
         self.t_first_block = None
         self.t_last_done = None
         self.aborting = False
+        self.template = None  # the worker template (_zygote), started by the first _spawn
+        self.template_failed = False
+        self.more_spawns = False  # _spawn_pass stopped at SPAWN_BURST with more workers to start
 
     # ------------------------------------------------------------------ setup
     def prepare(self):
@@ -335,15 +347,7 @@ class _Pool:
         env["PYTHONPATH"] = _PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         fd = child_end.fileno()
         try:
-            w.proc = subprocess.Popen(
-                [sys.executable, "-m", "daisy_nb.runtime.worker", str(fd), str(os.getpid())],
-                pass_fds=(fd, *keep_fds),
-                stdin=subprocess.DEVNULL,
-                stdout=logs[0] if logs and not tee else None,
-                stderr=logs[1] if logs and not tee else None,
-                env=env,
-                start_new_session=True,  # own process group: Ctrl-C is ours to handle, killpg reaps helpers
-            )
+            w.proc = self._start_process(env, fd, keep_fds, logs if logs and not tee else None)
         finally:
             child_end.close()
             if w.shm is not None:
@@ -360,7 +364,10 @@ class _Pool:
             parent_end.send_bytes(tr.payload)
         except OSError:
             pass  # died already: its pidfd says so
-        if hasattr(os, "pidfd_open"):
+        if isinstance(w.proc, _zygote.ForkedProcess):  # the template opened it before it could reap
+            w.pidfd = w.proc.pidfd
+            self.by_obj[w.pidfd] = ("pidfd", w)
+        elif hasattr(os, "pidfd_open"):
             try:
                 w.pidfd = os.pidfd_open(w.proc.pid)
                 self.by_obj[w.pidfd] = ("pidfd", w)
@@ -374,6 +381,47 @@ class _Pool:
             w.state = BUSY
         self.workers[wid] = w
         tr.workers.add(w)
+
+    def _start_process(self, env: dict, fd: int, keep_fds: list, logs):
+        """Fork the worker from the run's template (started on first use), else exec it."""
+        if self.template is None and not self.template_failed:
+            if _zygote.available():
+                tenv = {k: v for k, v in env.items() if k != Context.ENV_VARIABLE}
+                try:
+                    self.template = _zygote.Template(tenv, any(t.arity == 0 for t in self.trs.values()))
+                except OSError as e:
+                    logger.warning("daisy_nb: no worker template (%s); workers start by exec", e)
+            self.template_failed = self.template is None
+        if self.template is not None and not self.template.dead:
+            fds = {"conn": fd}
+            outs = (logs[0].fileno(), logs[1].fileno()) if logs else (1, 2)  # else: this process's console
+            for name, x in zip(("out", "err"), outs):
+                try:
+                    os.fstat(x)
+                    fds[name] = x
+                except OSError:
+                    pass
+            if keep_fds:
+                fds["shm"] = keep_fds[0]
+            try:
+                return self.template.fork(env, fds, [_WORKER_PY, str(fd), str(os.getpid())])
+            except _zygote.TemplateDied:
+                self._template_gone()
+        return subprocess.Popen(
+            [sys.executable, "-m", "daisy_nb.runtime.worker", str(fd), str(os.getpid())],
+            pass_fds=(fd, *keep_fds),
+            stdin=subprocess.DEVNULL,
+            stdout=logs[0] if logs else None,
+            stderr=logs[1] if logs else None,
+            env=env,
+            start_new_session=True,  # own process group: Ctrl-C is ours to handle, killpg reaps helpers
+        )
+
+    def _template_gone(self) -> None:
+        if not self.template_failed:
+            self.template_failed = True
+            logger.warning("daisy_nb: the worker template process died; its workers' unfinished blocks are "
+                           "given back and new workers start by exec")
 
     def _kill(self, w: _Worker) -> None:
         try:
@@ -412,6 +460,9 @@ class _Pool:
             return
         tr = w.tr
         rc = w.proc.wait()
+        orphan = getattr(w.proc, "orphaned", False)  # died with the worker template: not its fault
+        if orphan:
+            self._template_gone()
         if w.conn is not None:  # results it sent before dying still count
             try:
                 while w.state == BUSY and w.conn.poll(0):
@@ -427,14 +478,14 @@ class _Pool:
                 if tr.res is not None:  # blocks it finished have their stats written
                     self._add_stats(w, k, n, st, (st == 2) | (st == 3))
                 # the block it was running fails (an attempt), except on Ctrl-C: then it is given back
-                st[st == 1] = 0 if self.aborting else 3
+                st[st == 1] = 0 if self.aborting or orphan else 3
                 self.s.release_blocks(tr.tid, index, st)
                 tr.inflight -= n
         w.queue.clear()
         msg = None
         if w.timed_out:
             dirty = True
-        elif w.expected_exit or self.aborting:
+        elif w.expected_exit or self.aborting or orphan:
             dirty = False  # we asked it to quit, or killed it (shutdown, abandonment)
         elif tr.arity:
             dirty = True  # block workers only exit when told to
@@ -452,6 +503,8 @@ class _Pool:
         if w.conn is not None:
             w.conn.close()
         if w.pidfd is not None:
+            if isinstance(w.proc, _zygote.ForkedProcess):
+                w.proc.pidfd = None
             os.close(w.pidfd)
         if w.shm is not None:
             w.bufs = w.fbufs = None
@@ -546,7 +599,7 @@ class _Pool:
     def _prefetch(self, w: _Worker) -> None:
         """Queue a second batch behind the one ``w`` is running, if nobody can be held back by it."""
         tr = w.tr
-        if len(w.queue) >= _shm.SLOTS or tr.batch_k < 2 or tr.abandoned:
+        if len(w.queue) >= _shm.SLOTS or tr.abandoned or tr.per_block is None or tr.per_block > self.target:
             return  # slow blocks (one at a time) never wait behind another batch
         active = 0
         for x in tr.workers:
@@ -579,8 +632,11 @@ class _Pool:
             self.s.release_blocks(tr.tid, index, st)
             tr.inflight -= n
             per_block = elapsed / n / 1e9
+            tr.per_block = per_block
             if per_block > 0:
-                want = int(self.target / per_block)
+                # many workers: longer batches, so that this process's batches per second stay bounded
+                target = max(self.target, len(self.workers) * PER_WORKER_BATCH_SECS)
+                want = int(target / per_block)
                 tr.batch_k = max(1, min(want, tr.batch_k * MAX_GROWTH, CAPACITY))
             else:
                 tr.batch_k = min(tr.batch_k * MAX_GROWTH, CAPACITY)
@@ -699,9 +755,16 @@ class _Pool:
 
     # ------------------------------------------------------------------- loop
     def _spawn_pass(self) -> None:
+        """Start the workers the ready blocks call for, at most ``SPAWN_BURST`` per loop turn: the
+        workers started first get their batches while the rest are forked (``more_spawns``)."""
         progress = True
+        started = 0
+        self.more_spawns = False
         while progress:
             progress = False
+            if started >= SPAWN_BURST:
+                self.more_spawns = True
+                return
             for tid in self.order:
                 tr = self.trs[tid]
                 if tr.abandoned or self.s.is_task_done(tid) or self._alive(tr) >= tr.max_workers:
@@ -718,6 +781,7 @@ class _Pool:
                     self._free_parked_for(tr)
                     continue
                 self._spawn(tr)
+                started += 1
                 progress = True
 
     def _free_parked_for(self, tr: _TaskRun) -> None:
@@ -811,6 +875,8 @@ class _Pool:
                 self._check_abandon()
                 self._spawn_pass()
                 done = s.is_done()
+            else:
+                self.more_spawns = False
             now = time.monotonic()
             for tid, tr in self.trs.items():
                 if tr.t_done is None and s.is_task_done(tid):
@@ -840,7 +906,7 @@ class _Pool:
                         raise RuntimeError("daisy_nb: the run stalled (no workers, no ready blocks, tasks not done)")
             else:
                 stalled = 0
-            for obj in self._wait(POLL_SECS):
+            for obj in self._wait(0 if self.more_spawns else POLL_SECS):
                 if obj == self.wake_r:
                     try:
                         os.read(self.wake_r, 4096)
@@ -905,6 +971,8 @@ class _Pool:
             self._on_exit(w)
         for cc in list(self.clients.values()):
             self._drop_client(cc)
+        if self.template is not None:
+            self.template.close()
         for pgid in self.pgids:  # helpers a worker function launched and left behind
             try:
                 os.killpg(pgid, signal.SIGKILL)

@@ -1,7 +1,8 @@
 """Worker process main: ``python -m daisy_nb.runtime.worker <fd> <parent_pid>``.
 
-Started by :mod:`daisy_nb.runtime.pool` (exec'd, never forked from the scheduler
-process, which runs numba and zarr threads). ``fd`` is this worker's end of a
+Started by :mod:`daisy_nb.runtime.pool`: forked by the run's worker template
+(:mod:`._zygote`, which then calls :func:`serve`) or exec'd, never forked from the
+scheduler process, which runs numba and zarr threads. ``fd`` is this worker's end of a
 socket pair to the parent, used only for small signals; blocks and their results
 travel through a shared-memory segment (layout in :mod:`._shm`).
 
@@ -46,13 +47,17 @@ def _cap(tb: str) -> str:
     return text[-TB_CAP_BYTES:]
 
 
+_LIBC: list = []  # the C library, loaded once (a template process loads it for all the workers it forks)
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Ask Linux to SIGKILL us when the parent dies (best effort elsewhere)."""
     try:
-        import ctypes
+        if not _LIBC:
+            import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        _LIBC[0].prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except Exception:
         pass
     if os.getppid() != parent_pid:
@@ -265,14 +270,17 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
         shm.close()
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends workers
-    fd, parent_pid = int(argv[0]), int(argv[1])
-    _die_with_parent(parent_pid)
+def serve(fd: int, shm_fd: int | None = None) -> int:
+    """Run one worker over its end ``fd`` of the socket pair; returns the exit code.
+
+    ``shm_fd``: where this process holds its segment's memfd when that differs from
+    the number in the setup (a worker forked by the template, :mod:`._zygote`).
+    """
     conn = _Pipe(fd)
     try:
         setup = pickle.loads(conn.recv_bytes())
+        if shm_fd is not None and "shm_fd" in setup:
+            setup["shm_fd"] = shm_fd
         _apply_setup(setup)
         payload = conn.recv_bytes()
     except (EOFError, OSError):
@@ -286,6 +294,14 @@ def main(argv=None) -> int:
 
         set_worker_state(setup["task_id"], init_fn())  # raising is a dirty exit
     return _run_block_loop(conn, fn, setup)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends workers
+    fd, parent_pid = int(argv[0]), int(argv[1])
+    _die_with_parent(parent_pid)
+    return serve(fd)
 
 
 if __name__ == "__main__":

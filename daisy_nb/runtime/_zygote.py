@@ -1,0 +1,392 @@
+"""The worker template: one small process per run that forks block workers on demand.
+
+Starting a worker by exec is a whole interpreter start-up plus the imports of the
+worker side (cloudpickle alone is ~30 ms); with 16-32 workers on a 2-core machine
+that is most of the first half second of a run. The template is started once per
+run, exec'd like a worker (``python -m daisy_nb.runtime._zygote <fd> <pool_pid>``,
+never forked from the scheduler process, which runs numba and zarr threads), imports
+only the worker side (``worker``, ``block``, ``logging``, ``_shm``, cloudpickle; no
+numpy, numba or ``multiprocessing``, unless a task has a 0-argument worker function,
+which then preloads ``multiprocessing.connection`` for its ``Client``) and stays
+single-threaded, so that forking it is safe.
+
+Protocol over a ``SOCK_SEQPACKET`` socket pair (one message per datagram, file
+descriptors ride along with ``SCM_RIGHTS``):
+
+* pool -> template: a pickled request ``{"env", "cwd", "argv", "fds": names}`` with
+  the descriptors it names: ``conn`` (the worker's end of its socket pair), ``out``
+  and ``err`` (its ``.out``/``.err`` log files, or the pool's own fd 1/2) and, for a
+  block worker, ``shm`` (its memfd segment).
+* template -> pool: ``P`` + pid, with a pidfd of the new worker (opened before the
+  template can reap it, so the pid cannot have been reused); ``X`` + pid + exit code
+  (``os.waitstatus_to_exitcode``) when the template has reaped a worker.
+
+The forked worker keeps the exec'd worker's semantics: its own session (``killpg``
+reaches helpers it launches), ``PR_SET_PDEATHSIG`` to the template, whose own
+``PR_SET_PDEATHSIG`` is the pool (so workers die with the run), fd 0 is
+``/dev/null``, fd 1/2 are its log files, the environment is the one an exec'd worker
+would get (``DAISY_CONTEXT``), and the same :func:`daisy_nb.runtime.worker.serve`
+runs. It leaves with ``os._exit`` after ``atexit`` handlers and a flush: no
+interpreter teardown.
+
+A template that dies (killed, crashed) takes its workers with it (their death
+signal): the pool gives their unfinished blocks back without counting a worker
+failure, and starts later workers by exec (:class:`Template` reports ``dead``).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+__all__ = ["Template", "available"]
+
+_PID = struct.Struct("<q")
+_EXIT = struct.Struct("<qq")
+MAX_FDS = 8
+START_TIMEOUT_SECS = 20.0  # the first fork waits for the template's imports (slow under load)
+FORK_TIMEOUT_SECS = 10.0
+REPORT_GRACE_SECS = 5.0  # an exited worker whose exit code the (live) template never reports
+
+
+def available() -> bool:
+    """Linux with fork, SCM_RIGHTS and pidfds (for workers that are not our children)."""
+    if not (hasattr(os, "fork") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")):
+        return False
+    if not hasattr(socket, "SOCK_SEQPACKET") or not hasattr(os, "waitstatus_to_exitcode"):
+        return False
+    return os.environ.get("DAISY_NB_WORKER_START", "fork") != "exec"
+
+
+# --------------------------------------------------------------------------- pool side
+def _readable(fd: int, timeout: float | None) -> bool:
+    """``poll`` rather than ``select``: the pool's descriptors may be numbered above FD_SETSIZE."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(None if timeout is None else max(0, int(timeout * 1000 + 0.999))))
+
+
+class TemplateDied(OSError):
+    """The template process is gone: start workers by exec instead."""
+
+
+class ForkedProcess:
+    """A worker forked by the template: the subset of ``subprocess.Popen`` the pool uses.
+
+    It is not this process's child, so its exit code comes from the template's
+    ``X`` report. If the template died first, the worker died with it (death
+    signal): ``orphaned`` is set and the code reads as ``-SIGKILL``.
+    """
+
+    def __init__(self, template: Template, pid: int, pidfd: int):
+        self._t = template
+        self.pid = pid
+        self.pidfd = pidfd  # the pool owns it from here (selector sentinel), closes it in _on_exit
+        self.returncode: int | None = None
+        self.orphaned = False
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._t.drain(0)
+            if self.returncode is None and self._t.dead:
+                self._settle_orphan(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        while self.returncode is None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self._t.dead:
+                self._settle_orphan(left)
+            else:
+                self._t.drain(min(left, 0.5) if left is not None else 0.5)
+                if self.returncode is None and time.monotonic() - t0 > REPORT_GRACE_SECS and self._exited():
+                    self.returncode = -signal.SIGKILL  # the template is alive but silent (stopped?)
+            if self.returncode is None and deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"forked worker {self.pid}", timeout or 0.0)
+        return self.returncode
+
+    def _exited(self) -> bool:
+        try:
+            return self.pidfd is None or _readable(self.pidfd, 0)
+        except (OSError, ValueError):
+            return True
+
+    def _settle_orphan(self, timeout: float | None) -> None:
+        """Template gone: the worker is dying of its death signal; done once its pidfd says so."""
+        try:
+            r = self.pidfd is None or _readable(self.pidfd, timeout)
+        except (OSError, ValueError):
+            r = True
+        if r:
+            self.returncode = -signal.SIGKILL
+            self.orphaned = True
+
+    def kill(self) -> None:
+        if self.returncode is not None or self.pidfd is None:
+            return  # reaped (the pid may be reused): nothing to signal
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+class Template:
+    """The pool's handle on the template process (one per run)."""
+
+    def __init__(self, env: dict, preload_client: bool = False):
+        self.dead = False
+        self.procs: dict[int, ForkedProcess] = {}
+        self._started = False
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "daisy_nb.runtime._zygote", str(theirs.fileno()), str(os.getpid()),
+                 "client" if preload_client else "blocks"],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # Ctrl-C on the terminal is the pool's to handle
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+
+    def fork(self, env: dict, fds: dict[str, int], argv: list[str]) -> ForkedProcess:
+        """Fork a worker with these descriptors (duplicated into it); raises TemplateDied."""
+        if self.dead:
+            raise TemplateDied("the worker template has exited")
+        names = list(fds)
+        req = pickle.dumps({"env": env, "cwd": os.getcwd(), "argv": argv, "fds": names})
+        try:
+            socket.send_fds(self.sock, [req], [fds[n] for n in names])
+            timeout = FORK_TIMEOUT_SECS if self._started else START_TIMEOUT_SECS
+            deadline = time.monotonic() + timeout
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TemplateDied(f"the worker template did not fork within {timeout:g} s")
+                got = self._recv(left)
+                if got is not None and got[0] == b"P":
+                    self._started = True
+                    return got[1]
+        except (OSError, TemplateDied):
+            self._mark_dead()
+            raise TemplateDied("the worker template has exited") from None
+
+    def drain(self, timeout: float | None) -> None:
+        """Read exit reports (waiting up to ``timeout`` for the first one)."""
+        if self.dead:
+            return
+        try:
+            while self._recv(timeout) is not None:
+                timeout = 0
+        except (OSError, TemplateDied):
+            self._mark_dead()
+
+    def _recv(self, timeout: float | None):
+        if not _readable(self.sock.fileno(), timeout):
+            return None
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 256, MAX_FDS)
+        if not msg:
+            for fd in fds:
+                os.close(fd)
+            raise TemplateDied("EOF")
+        kind = msg[:1]
+        if kind == b"P":
+            (pid,) = _PID.unpack_from(msg, 1)
+            p = ForkedProcess(self, pid, fds[0])
+            for fd in fds[1:]:
+                os.close(fd)
+            self.procs[pid] = p
+            return b"P", p
+        for fd in fds:
+            os.close(fd)
+        if kind == b"X":
+            pid, code = _EXIT.unpack_from(msg, 1)
+            done = self.procs.pop(pid, None)
+            if done is not None:
+                done.returncode = code
+        return kind, None
+
+    def _mark_dead(self) -> None:
+        if not self.dead:
+            self.dead = True
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """End the template (after the pool has ended its workers): EOF, then wait (SIGKILL if needed)."""
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.dead = True
+
+
+# ----------------------------------------------------------------------- template side
+def _reap(sock, children: set) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        try:
+            sock.send(b"X" + _EXIT.pack(pid, os.waitstatus_to_exitcode(status)))
+        except OSError:
+            pass
+
+
+def _child(req: dict, fds: list[int], closing: list[int], template_pid: int) -> None:
+    """In the forked worker: become an exec'd worker's twin, run it, leave. Never returns."""
+    code = 1
+    try:
+        from daisy_nb.runtime import worker
+
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in closing:
+            os.close(fd)
+        worker._die_with_parent(template_pid)
+        named = dict(zip(req["fds"], fds))
+        for target, name in ((1, "out"), (2, "err")):
+            fd = named.pop(name, None)
+            if fd is not None:
+                os.dup2(fd, target)
+                os.close(fd)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        try:
+            os.chdir(req["cwd"])
+        except OSError:
+            pass
+        sys.argv = list(req["argv"])
+        try:
+            code = worker.serve(named["conn"], named.get("shm"))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if e.code is not None and not isinstance(e.code, int):
+                sys.stderr.write(f"{e.code}\n")
+        except BaseException:  # noqa: BLE001 - whatever escapes, this process must reach os._exit
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        try:
+            import atexit
+
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001, S110 - as above
+            pass
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except BaseException:  # noqa: BLE001, S110 - as above
+                pass
+        os._exit(code & 0xFF)  # as an interpreter would: sys.exit(-1) is 255
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool ends the run
+    ctrl_fd, pool_pid = int(argv[0]), int(argv[1])
+    from daisy_nb.runtime import worker
+
+    worker._die_with_parent(pool_pid)
+    # the worker side, once for every worker this template forks
+    import daisy_nb.block
+    import daisy_nb.logging
+    import daisy_nb.runtime._shm
+    import daisy_nb.runtime.context
+
+    try:
+        import cloudpickle  # type: ignore[import-untyped]  # noqa: F401  (payloads load with pickle, which imports it)
+    except ImportError:  # pragma: no cover - a dependency
+        pass
+    if len(argv) > 2 and argv[2] == "client":
+        import multiprocessing.connection  # noqa: F401
+
+        import daisy_nb.runtime.client  # noqa: F401
+    sock = socket.socket(fileno=ctrl_fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    children: set[int] = set()
+    me = os.getpid()
+    try:
+        while True:
+            r, _, _ = select.select([sock.fileno(), wake_r], [], [])
+            if wake_r in r:
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            _reap(sock, children)
+            if ctrl_fd not in r:
+                continue
+            msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, MAX_FDS)
+            if not msg:
+                break  # the pool closed its end: the run is over
+            req = pickle.loads(msg)
+            pid = os.fork()
+            if pid == 0:
+                _child(req, fds, [ctrl_fd, wake_r, wake_w], me)
+            children.add(pid)
+            pidfd = os.pidfd_open(pid)  # before any reaping: the pid is still this worker's
+            for fd in fds:
+                os.close(fd)
+            try:
+                socket.send_fds(sock, [b"P" + _PID.pack(pid)], [pidfd])
+            finally:
+                os.close(pidfd)
+    except OSError:
+        pass
+    finally:
+        for pid in list(children):  # normally none: the pool ends its workers before closing
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 2
+        while children and time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, 0)
+                children.discard(pid)
+            except ChildProcessError:
+                break
+    return 0
+
+
+if __name__ == "__main__":
+    main()
+    os._exit(0)  # nothing to flush or finalize: the run's end waits for this process

@@ -1,0 +1,178 @@
+# ruff: noqa: F811  (the "out" and autouse "no_leaks" fixtures come from test_runtime)
+"""Workers forked from the run's template process (runtime/_zygote.py), with real processes.
+
+The template is exec'd once per run, forks every block worker, reports their exit codes,
+dies with the run and takes its workers with it; a killed template makes the pool give the
+lost blocks back and start later workers by exec.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE / "workers"))
+
+import harness
+import templatefns
+from test_runtime import attempts, done_files, make_task, no_leaks, out, run  # noqa: F401  (fixtures too)
+
+pytestmark = [pytest.mark.mp, pytest.mark.timeout(90)]
+
+
+def done_lines(out, tid):
+    """``(worker pid, extra)`` per finished block."""
+    rows = []
+    for f in done_files(out, tid):
+        for line in f.read_text().splitlines():
+            parts = line.split()
+            rows.append((int(parts[0]), parts[3] if len(parts) > 3 else ""))
+    return rows
+
+
+def parents(out, tid):
+    return {int(extra.split(",")[0]) for _, extra in done_lines(out, tid)}
+
+
+def test_sixteen_workers_fork_from_one_template_and_it_goes_away(out):
+    n = 480
+    states = run([make_task("many", n, templatefns.record_parent, max_workers=16, max_retries=0)])
+    st = states["many"]
+    assert st.completed_count == n and st.failed_count == 0 and st.orphaned_count == 0
+    assert st.worker_start_count == 16 and st.worker_failure_count == 0
+    assert all(attempts(out, "many", i) == 1 for i in range(n))
+    rows = done_lines(out, "many")
+    assert len(rows) == n
+    (template,) = parents(out, "many")  # one template forked them all; the pool is not their parent
+    assert template != os.getpid()
+    assert len({pid for pid, _ in rows}) > 1
+    assert not harness.pid_alive(template)
+    assert not any(harness.pid_alive(pid) for pid, _ in rows)
+
+
+def test_forked_workers_import_no_numba_or_numpy(out):
+    import numba  # noqa: F401  (loaded here, in the pool's process)
+
+    run([make_task("li", 6, templatefns.record_parent_and_imports, max_workers=3)])
+    extras = [extra for _, extra in done_lines(out, "li")]
+    assert len(extras) == 6
+    assert {e.split(",")[1] for e in extras} == {"none"}
+    assert os.getpid() not in parents(out, "li")
+
+
+def test_sigkilled_forked_worker_is_replaced_by_a_forked_one(out):
+    states = run([make_task("sk", 30, templatefns.sigkill_once_on_5, max_workers=3, max_retries=1)])
+    st = states["sk"]
+    assert st.completed_count == 30 and st.failed_count == 0
+    assert attempts(out, "sk", 5) == 2
+    assert st.worker_failure_count == 1 and st.worker_restart_count == 1 and st.worker_start_count == 4
+    assert "exited with code -9" in st.last_worker_error  # the template's report of the SIGKILL
+    (template,) = parents(out, "sk")
+    assert template != os.getpid()
+
+
+def test_forked_worker_timeout_kills_and_replaces_it(out):
+    t0 = time.monotonic()
+    states = run([make_task("to", 8, templatefns.hang_on_2, max_workers=2, max_retries=0, timeout=0.5)])
+    st = states["to"]
+    assert st.completed_count == 7 and st.failed_count == 1
+    assert st.timeout_reclaim_count == 1 and st.worker_failure_count == 1
+    assert "timeout" in st.last_worker_error
+    assert os.getpid() not in parents(out, "to")
+    assert time.monotonic() - t0 < 20
+
+
+def test_exit_code_of_a_forked_worker_reaches_the_pool(out):
+    states = run([make_task("ex", 4, templatefns.exit_3, max_worker_restarts=1)])
+    st = states["ex"]
+    assert st.worker_failure_count == 2
+    assert "exited with code 3" in st.last_worker_error
+
+
+def test_killed_template_gives_blocks_back_and_later_workers_are_execd(out, caplog, monkeypatch):
+    monkeypatch.setenv("DAISY_NB_TEST_POOL_PID", str(os.getpid()))  # never kill the pool (exec'd workers)
+    n = 240
+    with caplog.at_level("WARNING", logger="daisy"):
+        states = run([make_task("kt", n, templatefns.kill_template_once_on_40, max_workers=4, max_retries=0)])
+    st = states["kt"]
+    # nothing lost, nothing failed: the blocks the template's workers were running were given back
+    assert st.completed_count == n and st.failed_count == 0 and st.orphaned_count == 0
+    assert st.worker_failure_count == 0
+    assert attempts(out, "kt", 40) == 2
+    assert all(attempts(out, "kt", i) >= 1 for i in range(n))
+    assert len(done_files(out, "kt")) == n
+    ps = parents(out, "kt")
+    assert os.getpid() in ps and len(ps) == 2  # forked before, exec'd after
+    assert "worker template process died" in caplog.text
+
+
+def test_forked_worker_logs_are_its_fd_1_and_2(out, tmp_path):
+    states = run([make_task("lg", 4, templatefns.write_fds_and_fail_on_1, max_workers=1, max_retries=0)])
+    st = states["lg"]
+    assert st.completed_count == 3 and st.failed_count == 1
+    assert "block 1 fails" in st.last_worker_error
+    logs = tmp_path / "logs" / "lg"
+    outs, errs = (logs / "worker_0.out").read_text(), (logs / "worker_0.err").read_text()
+    assert all(f"fd1 from block {i} " in outs for i in range(4))
+    assert all(f"fd2 from block {i}\n" in errs for i in range(4))
+    assert "ValueError: block 1 fails" in errs  # the traceback, through sys.stderr
+    assert os.getpid() not in parents(out, "lg")
+
+
+def test_client_loop_in_a_forked_worker_sends_without_nagle_delay(out):
+    # a release and the next acquire are two small writes: with Nagle's algorithm the second waited for
+    # the pool's delayed ACK, ~40 ms per block (44 blocks/s instead of thousands, bench_runtime --cases client)
+    states = run([make_task("cn", 20, templatefns.client_loop_reporting_nodelay, max_workers=2)])
+    assert states["cn"].completed_count == 20
+    extras = [extra for _, extra in done_lines(out, "cn")]
+    assert len(extras) == 20 and {e.split(",")[1] for e in extras} == {"nodelay=1"}
+    assert os.getpid() not in parents(out, "cn")
+
+
+def test_exec_start_when_asked(out, monkeypatch):
+    monkeypatch.setenv("DAISY_NB_WORKER_START", "exec")
+    states = run([make_task("ex", 6, templatefns.record_parent, max_workers=2)])
+    assert states["ex"].completed_count == 6
+    assert parents(out, "ex") == {os.getpid()}
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path[:0] = [{workers!r}, {root!r}]
+    import daisy_nb, templatefns
+    from funlib.geometry import Roi
+    t = daisy_nb.Task("k", total_roi=Roi((0,), (400_000,)), read_roi=Roi((0,), (10,)), write_roi=Roi((0,), (10,)),
+                      process_function=templatefns.record_parent, read_write_conflict=False, max_workers=4)
+    daisy_nb.run_blockwise([t], progress=False, summary=False)
+    """
+)
+
+
+def test_sigkilled_run_takes_template_and_workers_with_it(out, tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(KILL_SCRIPT.format(workers=str(HERE / "workers"), root=str(HERE.parent)))
+    p = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(out.glob("done_k_*"))) < 40:
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.2)  # every worker has started
+        rows = done_lines(out, "k")
+        template = {int(e) for _, e in rows} - {p.pid}
+        workers = {pid for pid, _ in rows}
+        assert len(template) == 1
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while any(harness.pid_alive(x) for x in template | workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(harness.pid_alive(x) for x in template | workers), "outlived a SIGKILLed run"

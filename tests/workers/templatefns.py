@@ -1,0 +1,78 @@
+"""Block functions for tests/test_runtime_template.py: each records which process started it.
+
+A ``done`` line is ``<pid> <offset> <shape> <parent pid>[,<heavy modules>]``: the parent of a
+worker forked by the run's template is the template; of an exec'd worker, the pool.
+"""
+import os
+import signal
+import sys
+import time
+
+from blockfns import attempt, done
+
+
+def record_parent(block):
+    attempt(block)
+    time.sleep(0.002)
+    done(block, str(os.getppid()))
+
+
+def record_parent_and_imports(block):
+    heavy = [m for m in ("numba", "numpy", "zarr") if m in sys.modules]
+    done(block, f"{os.getppid()},{'+'.join(heavy) or 'none'}")
+
+
+def sigkill_once_on_5(block):
+    n = attempt(block)
+    if block.spatial_id == 5 and n == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    done(block, str(os.getppid()))
+
+
+def hang_on_2(block):
+    attempt(block)
+    if block.spatial_id == 2:
+        time.sleep(1000)
+    done(block, str(os.getppid()))
+
+
+def kill_template_once_on_40(block):
+    """The first attempt at block 40 kills the worker's parent, the template (and so itself)."""
+    n = attempt(block)
+    if block.spatial_id == 40 and n == 1 and os.getppid() != int(os.environ["DAISY_NB_TEST_POOL_PID"]):
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(30)  # the template's death signal ends this worker first
+    time.sleep(0.002)
+    done(block, str(os.getppid()))
+
+
+def exit_3(block):
+    attempt(block)
+    os._exit(3)
+
+
+def write_fds_and_fail_on_1(block):
+    """Writes below Python's streams (fd 1 and 2), then block 1 raises: all of it lands in the slot's logs."""
+    os.write(1, f"fd1 from block {block.spatial_id} pid {os.getpid()}\n".encode())
+    os.write(2, f"fd2 from block {block.spatial_id}\n".encode())
+    if block.spatial_id == 1:
+        raise ValueError("block 1 fails")
+    done(block, str(os.getppid()))
+
+
+def client_loop_reporting_nodelay():
+    """A Client loop that records whether its connection sends small writes at once (TCP_NODELAY)."""
+    import socket
+
+    import daisy_nb
+
+    client = daisy_nb.Client()
+    s = socket.socket(fileno=os.dup(client._conn.fileno()))
+    nodelay = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    s.close()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            attempt(block)
+            done(block, f"{os.getppid()},nodelay={nodelay}")
