@@ -203,7 +203,9 @@ def test_exception_fails_block_retries_and_logs(out, tmp_path, capsys):
     assert st.completed_count == 7 and st.failed_count == 1
     assert attempts(out, "e", 3) == 3  # max_retries + 1
     assert attempts(out, "e", 1) == 2 and attempts(out, "e", 0) == 1
-    assert st.worker_failure_count == 0  # an exception does not kill the worker
+    # daisy 2.0: every raising attempt ends its worker (a dirty exit): 1, 3, 5, 7 once, 3 twice more
+    assert st.worker_failure_count == 6
+    assert not st.abandoned  # 6 <= max_worker_restarts
     err = "".join(p.read_text() for p in (tmp_path / "logs" / "e").glob("*.err"))
     assert "block 3 always fails" in err and "Traceback" in err
     # first/last error: the tracebacks of the first and the latest failure; which block failed
@@ -213,6 +215,19 @@ def test_exception_fails_block_retries_and_logs(out, tmp_path, capsys):
         assert "Traceback" in text and any(e in text for e in errors)
     printed = capsys.readouterr().out
     assert "Execution Summary" in printed and "First failure in task 'e'" in printed
+
+
+def test_raising_block_function_drives_abandonment_as_in_daisy_2(out):
+    """daisy 2.0.0's worker-restart arithmetic (API.md 3.3): an exception ends the worker, so a
+    block function that always raises costs max_worker_restarts + 1 failed blocks, then the task
+    is abandoned and its other blocks are orphaned."""
+    states = run([make_task("ab", 8, blockfns.always_raise, max_retries=0, max_worker_restarts=3)])
+    st = states["ab"]
+    assert (st.failed_count, st.orphaned_count, st.completed_count) == (4, 4, 0)
+    assert st.worker_restart_count == 3 and st.worker_failure_count == 4
+    assert st.abandoned and "restart" in st.abandon_reason
+    assert sum(attempts(out, "ab", i) for i in range(8)) == 4  # one attempt per worker life
+    assert "always raises" in st.first_worker_error
 
 
 def test_status_failed_without_raising(out):

@@ -175,6 +175,7 @@ class _Worker:
         self.queue: deque = deque()  # (batch slot, block indices) sent to the worker, in run order
         self.next_buf = 0
         self.expected_exit = False
+        self.raised = False  # a block raised: the worker is exiting (dirty), not yet reaped
         self.timed_out = False
         self.acquired = 0
         self.err_path = None
@@ -452,7 +453,7 @@ class _Pool:
         return all(self.used.get(k, 0) + v <= self.budget.get(k, 0) for k, v in tr.requires.items())
 
     def _alive(self, tr: _TaskRun) -> int:
-        return sum(1 for w in tr.workers if w.state != QUITTING)
+        return sum(1 for w in tr.workers if w.state != QUITTING or w.raised)
 
     def _on_exit(self, w: _Worker) -> None:
         """A worker process ended: account for its batch, decide dirty/clean, clean up."""
@@ -653,6 +654,29 @@ class _Pool:
                 w.state = IDLE
                 if redispatch:
                     self._dispatch(w)
+
+        elif kind == b"X" and w.state == BUSY and w.queue:
+            # a block raised: the worker exits (daisy 2.0's dirty exit); blocks it ran count,
+            # the rest of the batch and a prefetched batch were never started: given back
+            k, index = w.queue.popleft()
+            n = len(index)
+            st = w.bufs[k][w.off["status"] : w.off["status"] + n].astype(np.uint8)
+            st[(st != 2) & (st != 3)] = 0
+            if tr.res is not None:
+                self._add_stats(w, k, n, st, st != 0)
+            self.s.release_blocks(tr.tid, index, st)
+            tr.inflight -= n
+            for _, rest in w.queue:
+                self.s.release_blocks(tr.tid, rest, np.zeros(len(rest), np.uint8))
+                tr.inflight -= len(rest)
+            w.queue.clear()
+            text = msg[2:].decode("utf-8", "replace")
+            c = self.s.counters[tr.tid]
+            c.last_worker_error = text
+            if c.first_worker_error is None:
+                c.first_worker_error = text
+            w.state = QUITTING  # no more work for it; its exit is a dirty one (replaced once reaped)
+            w.raised = True
 
     def _add_stats(self, w: _Worker, k: int, n: int, st, measured=None) -> None:
         """Fold the per-block stats of slot ``k``'s first ``n`` blocks into the task's totals."""

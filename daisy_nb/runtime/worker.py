@@ -230,6 +230,7 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
             ws = q[o_ws : o_ws + m].tolist()
             first_err = None
             t0 = mono()
+            raised = False
             for i in range(n):
                 j, k = i * nd, (i + 1) * nd
                 b = make(task_id, sp[i], (tuple(ro[j:k]), tuple(rs[j:k])), (tuple(wo[j:k]), tuple(ws[j:k])), idx[i])
@@ -241,12 +242,15 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                     fn(b)
                     s = 3 if b._status == 3 else 2
                 except Exception as e:
-                    s = 3
+                    # daisy 2.0: an exception ends the worker (a dirty exit, counted toward
+                    # max_worker_restarts); the blocks after it were never started
                     tb = dlog.format_traceback(type(e), e, e.__traceback__)
                     sys.stderr.write(f"block {b.block_id} failed:\n{tb}")
                     sys.stderr.flush()
-                    if first_err is None:
-                        first_err = f"block {b.block_id} failed:\n" + _cap(tb)
+                    first_err = f"block {b.block_id} failed:\n" + _cap(tb)
+                    q[o_st + i] = 3
+                    raised = True
+                    break
                 except BaseException:
                     q[o_st + i] = 3
                     raise
@@ -257,6 +261,9 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 sys.stdout.flush()
             except Exception:
                 pass
+            if raised:  # "X": this batch ended with a raising block; the worker exits with 1
+                conn.send_bytes(b"X" + bytes((slot,)) + first_err.encode("utf-8", "replace"))
+                return 1
             conn.send_bytes(b"D" + bytes((slot,)) + (first_err or "").encode("utf-8", "replace"))
     finally:
         if pos is not None:

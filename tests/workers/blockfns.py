@@ -203,3 +203,8 @@ def light_imports(block):
     """Which heavy modules the worker process has loaded."""
     heavy = [m for m in ("numba", "numpy", "multiprocessing") if m in sys.modules]
     done(block, ",".join(heavy) or "none")
+
+
+def always_raise(block):
+    attempt(block)
+    raise RuntimeError(f"block {block.block_id[1]} always raises")
