@@ -96,6 +96,8 @@ def test_demo_resume_skips_finished_blocks(tmp_path):
         assert c1[tid]["completed"] == c1[tid]["total"], tid
     assert c1["label"]["failed"] > 0 and 0 < c1["label"]["completed"] < c1["label"]["total"]
     assert c1["resolve"]["completed"] == 0 and c1["relabel"]["completed"] == 0
+    assert not first["states"]["label"].abandoned  # injected failures fail blocks, not the task
+    assert c1["label"]["completed"] + c1["label"]["failed"] + c1["label"]["orphaned"] == c1["label"]["total"]
 
     second = demo.run_demo(out, workers=2, resume=True, multiprocessing=True, **QUIET)
     assert second["resumed"] and second["complete"]

@@ -214,6 +214,10 @@ def build_pipeline(p: dict, workers: int = 2):
     zero = (0, 0, 0)
     track = Path(p["out"]) / "tracking"
 
+    # --fail-fraction makes blocks raise, and (as in daisy 2.0) each raising attempt ends its
+    # worker; let every block have its attempts rather than abandon the task after 10 restarts
+    restarts = 10 if not p.get("fail_fraction") else 1_000_000
+
     def task(tid, total, read, write, conflict):
         fn = functools.partial(_BLOCK_FUNCTIONS[tid], p)
         return daisy.Task(
@@ -228,6 +232,7 @@ def build_pipeline(p: dict, workers: int = 2):
             max_retries=2,
             tracking_path=str(track / tid),
             requires={"cpu": 1},
+            max_worker_restarts=restarts,
         )
 
     volume = Roi(zero, S)
