@@ -86,6 +86,7 @@ def run_blockwise(
     host=None,
     executor=None,
     log_dir=None,
+    dashboard=None,
 ):
     """Run a Pipeline, a Task, or a list of tasks (daisy 1.x form) blockwise.
 
@@ -94,6 +95,8 @@ def run_blockwise(
     ``multiprocessing=False`` runs in this process and re-raises the first exception
     of a block function. With worker processes, a task abandoned after
     ``max_worker_restarts`` raises ``RuntimeError`` with the states attached.
+    ``dashboard=True`` (or a port, or a :class:`daisy_nb.dashboard.Dashboard`)
+    serves a live page of the run on 127.0.0.1 and prints its URL.
     """
     host = host if host is not None else os.environ.get("DAISY_HOST")
     if host not in (None, "", "127.0.0.1", "localhost", "::1") and multiprocessing and executor is None:
@@ -103,8 +106,18 @@ def run_blockwise(
             UserWarning,
             stacklevel=2,
         )
+    if dashboard is not None and dashboard is not False:
+        from .dashboard import check_dashboard
+
+        check_dashboard(dashboard)
     scheduler = Scheduler(tasks, block_tracking=block_tracking)
+    dashboard_done = None
     try:
+        if dashboard is not None and dashboard is not False:
+            from .dashboard import start_for_run
+
+            runtime = "serial" if not multiprocessing else ("dask" if executor is not None else "pool")
+            progress, dashboard_done = start_for_run(dashboard, scheduler, progress, runtime)
         if not multiprocessing:
             states = _serial(scheduler, progress, summary)
         elif executor is not None:
@@ -127,6 +140,8 @@ def run_blockwise(
             states = run_pool(scheduler, resources=resources, progress=progress, summary=summary, log_dir=log_dir)
             raise_if_abandoned(states, scheduler.task_ids)
     finally:
+        if dashboard_done is not None:
+            dashboard_done()
         scheduler.close()
     if return_states:
         return states
