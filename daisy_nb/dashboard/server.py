@@ -93,6 +93,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path in ("/", "/index.html"):
                 body, ctype = srv.static["index.html"]
+                if srv.token is not None:  # the page's own files need the token too
+                    t = f"?token={srv.token}".encode()
+                    body = body.replace(b'static/style.css"', b'static/style.css' + t + b'"')
+                    body = body.replace(b'static/app.js"', b'static/app.js' + t + b'"')
                 self._send(200, body, ctype)
             elif path.startswith("/static/"):
                 item = srv.static.get(path[len("/static/"):])
