@@ -279,13 +279,13 @@ class LiveSource:
                     self.t_first[tid] = now
                 if st.is_done() and tid not in self.t_done:
                     self.t_done[tid] = now
-                seen = self._seen_err.setdefault(tid, [])
-                for text in (st.first_worker_error, st.last_worker_error):
-                    if text is None or any(text is x for x in seen):
-                        continue
-                    seen.append(text)  # the counters keep the object until the next error replaces it
-                    del seen[:-4]
-                    new_err.append((tid, text))
+                seen = self._seen_err.setdefault(tid, [None, None])  # the last first/last error objects
+                first, last = st.first_worker_error, st.last_worker_error
+                if first is not None and first is not seen[0]:
+                    new_err.append((tid, first))
+                if last is not None and last is not seen[1] and last is not first:
+                    new_err.append((tid, last))
+                seen[0], seen[1] = first, last  # the counters keep an object until the next error replaces it
             self.states, self.t_states = states, now
             for tid, text in new_err:
                 if self.errors and self.errors[-1]["task"] == tid and self.errors[-1]["text"] == text:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -128,6 +129,10 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = False  # a second dashboard on a busy port fails instead of sharing it
+    timeout = None  # handle_request() waits for the next connection
+
+
+_STATIC: dict | None = None
 
 
 class DashboardServer:
@@ -135,19 +140,35 @@ class DashboardServer:
 
     ``source`` is a callable returning the current source, so a long-lived server
     can show the next run. ``token``: None on loopback, else required.
+
+    The thread loops on ``handle_request()`` (each request then gets its own
+    thread) instead of ``serve_forever()``, whose shutdown waits for its polling
+    interval: :meth:`close` wakes the loop with a connection of its own, so a
+    run with ``dashboard=True`` ends without delay.
     """
 
     def __init__(self, source, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
+        global _STATIC
+        if _STATIC is None:
+            _STATIC = _static_files()
         self.source = source
         self.host = host
         self.token = token
-        self.static = _static_files()
+        self.static = _STATIC
         self.httpd = _Server((host, int(port)), _Handler)
         self.httpd.owner = self
         self.port = int(self.httpd.server_address[1])
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.5},
-                                       name="daisy_nb-dashboard", daemon=True)
+        self._stop = False
+        self.thread = threading.Thread(target=self._loop, name="daisy_nb-dashboard", daemon=True)
         self.thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop:
+            try:
+                self.httpd.handle_request()
+            except OSError:
+                if self._stop:
+                    return
 
     @property
     def url(self) -> str:
@@ -155,6 +176,14 @@ class DashboardServer:
         return f"http://{h}:{self.port}/" + (f"?token={self.token}" if self.token else "")
 
     def close(self) -> None:
-        self.httpd.shutdown()
+        self._stop = True
+        poke = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        try:
+            with socket.create_connection((poke, self.port), timeout=1):
+                pass
+        except OSError:
+            pass
+        # the poke is queued in the listen backlog: the loop wakes, finds the socket closed (or
+        # accepts the poke) and ends on its own; nothing to wait for here
         self.httpd.server_close()
-        self.thread.join(timeout=5)
+        self.thread.join(timeout=0.05)

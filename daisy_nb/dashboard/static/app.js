@@ -159,10 +159,14 @@ async function drawPicture(tid, p) {
   const box = c.node.querySelector(".panels");
   const key = `${p.kind}/${p.shape}/${p.panels.length}/${p.h}/${p.w}`;
   const avail = Math.max(200, box.clientWidth || 900);
-  const per = p.panels.length > 1 ? Math.min(p.panels.length, Math.max(1, Math.floor(avail / (p.w + 12)))) : 1;
-  const maxW = p.panels.length > 1 ? Math.floor((avail - 10 * (per - 1)) / per) : Math.min(avail, 880);
-  const maxH = p.kind === "strip" ? 200 : (p.panels.length > 1 ? 220 : 420);
-  const scale = Math.max(1, Math.min(32, Math.floor(Math.min(maxW / p.w, maxH / p.h))));
+  const np = p.panels.length;
+  const fit = per => {  // the scale at which `per` panels fit in a row
+    const maxW = np > 1 ? Math.floor((avail - 10 * (per - 1)) / per) : Math.min(avail, 880);
+    const maxH = p.kind === "strip" ? 200 : (np > 1 ? 240 : 420);
+    return Math.max(1, Math.min(32, Math.floor(Math.min(maxW / p.w, maxH / p.h))));
+  };
+  let scale = fit(np);
+  if (np > 4 && scale * p.w < 150) scale = fit(Math.ceil(np / 2));  // two rows of bigger panels
   if (c.picKey !== key + "/" + scale) {
     box.replaceChildren();
     p.panels.forEach((label, k) => {
@@ -195,6 +199,18 @@ async function drawPicture(tid, p) {
     g.imageSmoothingEnabled = false;
     g.clearRect(0, 0, canvases[k].width, canvases[k].height);
     g.drawImage(off, 0, 0, p.w * scale, p.h * scale);
+    if (scale < 6) {  // lone failed pixels are a few screen pixels: ring them so that they are seen
+      const rings = [];
+      for (let i = 0; i < n && rings.length <= 2000; i++) if (codes[k * n + i] === 6) rings.push(i);
+      if (rings.length <= 2000) {
+        g.strokeStyle = rgb(COLOR.failed); g.lineWidth = 1.5;
+        for (const i of rings) {
+          g.beginPath();
+          g.arc((i % p.w + .5) * scale, (Math.floor(i / p.w) + .5) * scale, Math.max(4, 1.5 * scale), 0, 2 * Math.PI);
+          g.stroke();
+        }
+      }
+    }
     if (scale >= 8) {  // faint grid between blocks
       g.strokeStyle = "rgba(255,255,255,.55)"; g.lineWidth = 1;
       g.beginPath();
