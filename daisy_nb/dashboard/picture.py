@@ -44,8 +44,10 @@ NONE, SKIPPED, DONE, WAITING, PROCESSING, ORPHANED, FAILED = range(7)
 CODE_NAMES = ["none", "skipped", "done", "waiting", "processing", "orphaned", "failed"]
 
 # scheduler status byte (kernels/surface.py: PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED) -> code
-_LIVE_LUT = np.array([WAITING, WAITING, PROCESSING, DONE, FAILED, ORPHANED] + [WAITING] * 250, dtype=np.uint8)
-_ST_DONE = 3
+# index: status | (preskip != 0) << 3 ; a done block with a preskip flag was skipped
+_LIVE_LUT = np.full(256, WAITING, np.uint8)
+_LIVE_LUT[:6] = [WAITING, WAITING, PROCESSING, DONE, FAILED, ORPHANED]
+_LIVE_LUT[8:14] = [WAITING, WAITING, PROCESSING, SKIPPED, FAILED, ORPHANED]
 
 SLAB_CELLS = 1 << 22  # cells per slab (4 MiB of codes)
 STRIP_W = 400
@@ -100,6 +102,10 @@ class PictureLayout:
         k = max(1, cells // max(1, inner))
         if self.nd <= 2:
             k = max(self.factor, k - k % self.factor)
+        else:  # whole panels per slab: z0 = a0 * per is then a multiple of z_factor
+            per = math.prod(self.shape[1:-2])
+            step = self.z_factor // math.gcd(self.z_factor, per)
+            k = max(step, k - k % step)
         return k
 
     def panel_label(self, k: int) -> str:
@@ -141,19 +147,21 @@ class _Reducer:
     def __init__(self, lay: PictureLayout):
         self.lay = lay
         self.worst = np.zeros((lay.panels, lay.h, lay.w), np.uint8)
-        self.done = np.zeros((lay.panels, lay.h, lay.w), np.int64)
+        self.done = np.zeros((lay.panels, lay.h, lay.w), np.int32)
         self.counts = np.zeros(len(CODE_NAMES), np.int64)
 
     @staticmethod
     def _plane(a: np.ndarray, fy: int, fx: int):
         """(k, Y, X) codes -> per-pixel worst code and done count, (k, ceil(Y/fy), ceil(X/fx))."""
+        if fy == 1 and fx == 1:
+            return a, ((a >= SKIPPED) & (a <= DONE)).view(np.uint8)
         k, y, x = a.shape
         py, px = (-y) % fy, (-x) % fx
         if py or px:
             a = np.pad(a, ((0, 0), (0, py), (0, px)), constant_values=NONE)
         r = a.reshape(k, (y + py) // fy, fy, (x + px) // fx, fx)
         worst = r.max(axis=(2, 4))
-        done = ((r >= SKIPPED) & (r <= DONE)).sum(axis=(2, 4))
+        done = ((r >= SKIPPED) & (r <= DONE)).sum(axis=(2, 4), dtype=np.int32)
         return worst, done
 
     def add(self, a0: int, codes: np.ndarray) -> None:
@@ -179,11 +187,19 @@ class _Reducer:
             worst, done = self._plane(flat, f, f)
             z0, fz = a0 * per, lay.z_factor
             k = worst.shape[0]
-            starts = np.unique(np.r_[0, np.arange((-z0) % fz, k, fz)]).astype(np.intp)
-            wp = np.maximum.reduceat(worst, starts, axis=0)
-            dp = np.add.reduceat(done, starts, axis=0)
+            if z0 % fz == 0:  # slabs hold whole panels (rows_per_slab): group by a reshape
+                pad = (-k) % fz
+                if pad:
+                    worst = np.concatenate([worst, np.zeros((pad, *worst.shape[1:]), worst.dtype)])
+                    done = np.concatenate([done, np.zeros((pad, *done.shape[1:]), done.dtype)])
+                wp = worst.reshape(-1, fz, *worst.shape[1:]).max(axis=1)
+                dp = done.reshape(-1, fz, *done.shape[1:]).sum(axis=1, dtype=np.int32)
+            else:
+                starts = np.unique(np.r_[0, np.arange((-z0) % fz, k, fz)]).astype(np.intp)
+                wp = np.maximum.reduceat(worst, starts, axis=0)
+                dp = np.add.reduceat(done.astype(np.int32), starts, axis=0)
             g0 = z0 // fz
-            g1 = g0 + len(starts)
+            g1 = g0 + len(wp)
             self.worst[g0:g1] = np.maximum(self.worst[g0:g1], wp)
             self.done[g0:g1] += dp
 
@@ -267,9 +283,11 @@ def live_codes(layout, status: np.ndarray, preskip: np.ndarray, a0: int, a1: int
         inner = math.prod(int(v) for v in cnt[1:])
         start = int(layout.level_start[lev])
         st = status[start + ja * inner : start + jb * inner]
-        codes = _LIVE_LUT[st]
         sk = preskip[start + ja * inner : start + jb * inner]
-        codes[(st == _ST_DONE) & (sk != 0)] = SKIPPED
+        key = np.minimum(sk, 1)
+        key <<= 3
+        key |= st
+        codes = _LIVE_LUT.take(key)
         sel = [slice(o0 + ja * p0 - a0, o0 + (jb - 1) * p0 - a0 + 1, p0)]
         for d in range(1, len(grid)):
             o, p, c = int(off[d]), int(per[d]), int(cnt[d])
