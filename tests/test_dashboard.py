@@ -421,3 +421,12 @@ def test_cli_bad_path_exit_code(tmp_path):
     r = subprocess.run([sys.executable, "-m", "daisy_nb", "dashboard", str(tmp_path / "missing")],
                        capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_benchmark_quick():
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_dashboard.py"), "--quick"], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=280)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "| dashboard=True, nobody looks |" in r.stdout and "| dashboard, poller every" in r.stdout

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import sys
+from typing import Any
 
 from .live import LiveSource, Tee
 
@@ -84,8 +85,8 @@ class Dashboard:
             raise TypeError("token must be a non-empty str")
         self.token = token if token is not None else (None if _is_loopback_default(host) else secrets.token_urlsafe(24))
         self.quiet = bool(quiet)
-        self.source = LiveSource()
-        self._server = None
+        self.source: Any = LiveSource()  # or another source with state/pictures/block (offline.py)
+        self._server: Any = None
 
     def start(self) -> Dashboard:
         """Bind and serve (in a daemon thread); prints the URL once. Idempotent."""
@@ -98,7 +99,10 @@ class Dashboard:
                 raise OSError(f"dashboard: cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
             self.port = self._server.port
             if not self.quiet:
-                print(f"daisy_nb dashboard: {self.url}", file=sys.stdout, flush=True)
+                try:
+                    print(f"daisy_nb dashboard: {self.url}", file=sys.stdout or sys.__stdout__, flush=True)
+                except (AttributeError, OSError, ValueError):  # no usable stdout (pythonw, closed)
+                    pass
         return self
 
     @property

@@ -474,7 +474,7 @@ class LiveSource:
     def block(self, query: dict) -> dict:
         """``GET /api/block?task=T&panel=P&r=R&c=C`` (a pixel) or ``?task=T&block_id=ID``."""
         s = self.scheduler
-        tid = query.get("task")
+        tid = str(query.get("task"))
         if s is None or tid not in s.tasks:
             raise KeyError(f"no task {tid!r}")
         from daisy_nb.kernels import graph as kg
@@ -489,7 +489,7 @@ class LiveSource:
             pl = pic.PictureLayout(lay.grid_shape)
             boxes = pl.pixel_box(int(query.get("panel", 0)), int(query["r"]), int(query["c"]))
         tt = s._tt
-        rows = []
+        parts = []
         for lo, hi in boxes:
             n = int(np.prod(np.subtract(hi, lo)))
             if n <= 0 or n > 4_000_000:
@@ -499,8 +499,8 @@ class LiveSource:
             hi_a = np.zeros(tt.geo.shape[2], np.int64)
             lo_a[: len(lo)], hi_a[: len(hi)] = lo, hi
             k = kg.grid_box_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, lo_a, hi_a, out_rows, out_ids)
-            rows.append(out_rows[:k])
-        rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+            parts.append(out_rows[:k])
+        rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         st = s.status[base + rows]
         counts = {name: int(c) for name, c in zip(_STATUS_NAMES, np.bincount(st, minlength=6)[:6]) if c}
         # the interesting ones first: failed, orphaned, processing, then the rest

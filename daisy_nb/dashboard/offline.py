@@ -109,7 +109,8 @@ class TrackingSource:
                 try:
                     with t.open() as reader:
                         lo, hi = (t.block_lo, t.block_hi) if t.knows_blocks else (None, None)
-                        shape = tuple(b - a for a, b in zip(lo, hi)) if lo is not None else reader.grid_shape
+                        shape = (tuple(b - a for a, b in zip(lo, hi)) if lo is not None and hi is not None
+                                 else reader.grid_shape)
                         out[name] = pic.picture(shape, pic.tracking_slabs(reader, lo, hi))
                 except Exception:  # unreadable right now (being rewritten): keep the last one
                     if self._pics and name in self._pics["tasks"]:
@@ -123,7 +124,7 @@ class TrackingSource:
 
         from .live import inverse_cantor
 
-        name = query.get("task")
+        name = str(query.get("task"))
         t = self.targets.get(name)
         if t is None:
             raise KeyError(f"no task {name!r}")
@@ -141,7 +142,7 @@ class TrackingSource:
             else:
                 boxes = pic.PictureLayout(shape).pixel_box(int(query.get("panel", 0)), int(query["r"]), int(query["c"]))
             inner = math.prod(grid[1:])
-            cells, done, fails = [], [], []
+            cell_parts, done_parts, fail_parts = [], [], []
             for lo, hi in boxes:
                 lo_c = [a + b for a, b in zip(lo, lo0)]
                 hi_c = [a + b for a, b in zip(hi, lo0)]
@@ -150,12 +151,12 @@ class TrackingSource:
                 d = d.reshape(hi_c[0] - lo_c[0], *grid[1:])[sel]
                 f = f.reshape(hi_c[0] - lo_c[0], *grid[1:])[sel]
                 idx = np.indices(d.shape).reshape(len(grid), -1).T + np.asarray(lo_c)
-                cells.append(idx)
-                done.append(d.reshape(-1))
-                fails.append(f.reshape(-1))
-        cells = np.concatenate(cells) if cells else np.zeros((0, len(grid)), np.int64)
-        done = np.concatenate(done) if done else np.zeros(0, np.uint8)
-        fails = np.concatenate(fails) if fails else np.zeros(0, np.uint32)
+                cell_parts.append(idx)
+                done_parts.append(d.reshape(-1))
+                fail_parts.append(f.reshape(-1))
+        cells = np.concatenate(cell_parts) if cell_parts else np.zeros((0, len(grid)), np.int64)
+        done = np.concatenate(done_parts) if done_parts else np.zeros(0, np.uint8)
+        fails = np.concatenate(fail_parts) if fail_parts else np.zeros(0, np.uint32)
         status = np.where(done != 0, 1, np.where(fails != 0, 2, 0))  # waiting, done, failed
         names = ["waiting", "done", "failed"]
         counts = {names[i]: int(c) for i, c in enumerate(np.bincount(status, minlength=3)) if c}
