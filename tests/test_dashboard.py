@@ -371,6 +371,25 @@ def test_a_dashboard_shows_the_next_run():
         assert list(get_json(dash.url + "api/pictures")["tasks"]) == ["gamma"]
 
 
+@pytest.mark.timeout(180)
+def test_dask_executor_run_agrees(monkeypatch):
+    pytest.importorskip("distributed")
+    from distributed import Client, LocalCluster
+
+    monkeypatch.setenv("DASH_FAIL", "5")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client, Dashboard(quiet=True) as dash:
+        states = daisy_nb.run_blockwise(_tasks(100, 50), executor=client, dashboard=dash, return_states=True,
+                                        progress=False, summary=False)
+        s = get_json(dash.url + "api/state")
+        assert s["runtime"] == "dask" and s["finished"]
+        for t in s["tasks"]:
+            _agree(t, states[t["task_id"]])
+        assert states["beta"].failed_count == 1
+        b = get_json(f"{dash.url}api/block?task=beta&block_id=5")["blocks"][0]
+        assert b["status"] == "failed" and b["write_roi"] == {"offset": [50], "shape": [10]}
+
+
 # ------------------------------------------------------------------ CLI
 
 

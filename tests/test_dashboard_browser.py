@@ -60,6 +60,7 @@ class Page(HTMLParser):
         self.errors: list[tuple[str, str]] = []
         self.drawer_blocks: list[tuple[str, str]] = []
         self.attrs: dict[str, dict] = {}
+        self.panels: dict[str, int] = {}
         self.text: list[str] = []
         self._task = None
         self._count = None
@@ -85,6 +86,10 @@ class Page(HTMLParser):
             self.tracebacks.append("")
         if "id" in a:
             self.attrs[a["id"]] = a
+        if tag == "body":
+            self.attrs["body"] = a
+        if tag == "canvas" and "data-panel" in a and self._task is not None:
+            self.panels[self._task] = self.panels.get(self._task, 0) + 1
 
     def handle_endtag(self, tag):
         if tag == "pre":
@@ -154,6 +159,9 @@ def test_page_of_a_running_pipeline(tmp_path, monkeypatch):
     assert ("3", "failed") in block.drawer_blocks, block.drawer_blocks
     assert any("dashboard test failure in block 3" in tb for tb in block.tracebacks)
     assert any("offset (30), shape (10)" in t for t in block.text)  # relabel block 3 writes [30, 40)
+    # the pictures were drawn: segment (3-D, 4 slices of 10 x 10 blocks) as 4 panels, relabel as one strip
+    assert second.attrs["body"].get("data-pictures") == "2"
+    assert second.panels == {"segment": 4, "relabel": 1}, second.panels
     # at the end the page shows the final TaskStates
     assert final.attrs["run-status"].get("data-finished") == "true"
     for tid, st in states.items():
