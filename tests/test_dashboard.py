@@ -348,6 +348,26 @@ def test_counts_grow_while_running_and_workers_are_listed(tmp_path, monkeypatch)
         assert not any(w["alive"] for w in s["workers"])  # all gone at the end
 
 
+@pytest.mark.mp
+@pytest.mark.timeout(120)
+def test_dead_worker_shows_as_restart_and_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("DASH_DIE", f"6:{tmp_path / 'died'}")
+    monkeypatch.delenv("DASH_FAIL", raising=False)
+    with Dashboard(quiet=True) as dash:
+        states = daisy_nb.run_blockwise(_tasks(40, 30), dashboard=dash, return_states=True, progress=False,
+                                        summary=False)
+        s = get_json(dash.url + "api/state")
+    assert (tmp_path / "died").exists()
+    died = [t for t in s["tasks"] if t["worker_failures"]]
+    assert len(died) == 1  # block 6 of whichever task reaches it first: its worker dies once
+    for t in s["tasks"]:
+        _agree(t, states[t["task_id"]])
+        st = states[t["task_id"]]
+        assert t["worker_restarts"] == st.worker_restart_count and t["worker_failures"] == st.worker_failure_count
+    errs = [e for e in s["errors"] if e["block_id"] is None]
+    assert errs and "exited with code 3" in errs[0]["text"]
+
+
 def test_serial_runner_and_server_owned_by_the_run(capsys):
     t = _tasks(40, 20)
     states = daisy_nb.run_blockwise(t, multiprocessing=False, dashboard=True, return_states=True, progress=False,

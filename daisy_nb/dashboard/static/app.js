@@ -172,11 +172,13 @@ async function drawPicture(tid, p) {
     p.panels.forEach((label, k) => {
       const cv = el("canvas", { width: p.w * scale, height: p.h * scale, "data-panel": k });
       cv.addEventListener("click", ev => onPixel(tid, k, ev, cv));
+      cv.addEventListener("mousemove", ev => { cv.title = pixelText(c, k, ev, cv); });
       box.append(el("div", { class: "panel" }, label ? el("span", { class: "plabel", text: label }) : null, cv));
     });
     c.picKey = key + "/" + scale;
   }
   c.scale = scale;
+  c.pic = p;
   const n = p.h * p.w;
   const off = new OffscreenCanvas(p.w, p.h);
   const og = off.getContext("2d");
@@ -231,12 +233,31 @@ async function drawPicture(tid, p) {
   c.node.querySelector(".picture-caption").textContent = cap;
 }
 
-async function onPixel(tid, panel, ev, cv) {
-  const c = card(tid);
+function pixelAt(c, ev, cv) {
   const rect = cv.getBoundingClientRect();
-  const sx = cv.width / rect.width, sy = cv.height / rect.height;
-  const col = Math.floor((ev.clientX - rect.left) * sx / c.scale);
-  const row = Math.floor((ev.clientY - rect.top) * sy / c.scale);
+  return [Math.floor((ev.clientY - rect.top) * (cv.height / rect.height) / c.scale),
+          Math.floor((ev.clientX - rect.left) * (cv.width / rect.width) / c.scale)];
+}
+
+function pixelText(c, k, ev, cv) {  // which blocks a pixel stands for, in grid indices
+  const p = c.pic;
+  if (!p) return "";
+  const [r, col] = pixelAt(c, ev, cv);
+  const f = p.factor, s = p.shape;
+  const span = (a, n) => (f > 1 ? `${a * f}–${Math.min(n, (a + 1) * f) - 1}` : `${a}`);
+  let where;
+  if (p.kind === "strip") {
+    const j = r * p.w + col;
+    where = f > 1 ? `blocks ${j * f}–${Math.min(s[0], (j + 1) * f) - 1}` : `block ${j}`;
+  } else {
+    const yx = `${span(r, s[s.length - 2])}, ${span(col, s[s.length - 1])}`;
+    where = p.kind === "image" ? `grid (${yx})` : `${p.panels[k]}, (${yx})`;
+  }
+  return `${where} — click for details`;
+}
+
+async function onPixel(tid, panel, ev, cv) {
+  const [row, col] = pixelAt(card(tid), ev, cv);
   await showBlock(tid, { panel, r: row, c: col });
 }
 
