@@ -259,16 +259,23 @@ def _agree(api_task, st):
 
 @pytest.mark.mp
 @pytest.mark.timeout(120)
-def test_state_agrees_with_final_task_states_and_shows_failures(tmp_path, monkeypatch):
+def test_state_agrees_with_final_task_states_and_shows_failures(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DASH_FAIL", "4,17")
     with Dashboard(quiet=True) as dash:
-        states = daisy_nb.run_blockwise(_tasks(), dashboard=dash, return_states=True, progress=False, summary=False)
+        states = daisy_nb.run_blockwise(_tasks(), dashboard=dash, return_states=True, progress=False, summary=True)
+        summary = {ln.split()[0]: ln.split() for ln in capsys.readouterr().out.splitlines()
+                   if ln.strip().startswith(("alpha ", "beta "))}
         s = get_json(dash.url + "api/state")
         assert s["finished"] is True
         assert [t["task_id"] for t in s["tasks"]] == list(states)
         for t in s["tasks"]:
             _agree(t, states[t["task_id"]])
             assert t["blocks_per_s"] > 0 and t["eta_s"] == 0.0 and t["elapsed_s"] > 0
+            # the execution summary's row: task sym blocks completed skipped failed orphaned time blocks/s
+            row = summary[t["task_id"]]
+            assert [int(v) for v in row[2:7]] == [t["total"], t["completed"], t["skipped"], t["failed"], t["orphaned"]]
+            assert abs(float(row[7].rstrip("s")) - t["elapsed_s"]) <= 0.006
+            assert abs(float(row[8].replace(",", "")) - t["blocks_per_s"]) <= 1
         assert states["alpha"].failed_count == 2 and states["beta"].failed_count == 2
         # the errors list names the failed blocks, with their tracebacks
         failed = {(e["task"], e["block_id"]) for e in s["errors"]}
