@@ -457,6 +457,10 @@ def test_cli_serves_tracking_read_only(tmp_path, monkeypatch):
         assert "dashboard test failure in block 9" in b["traceback"]  # from ./daisy_logs
         p = get_json(url + "api/pictures")["tasks"]["vol"]
         assert p["counts"]["failed"] == 2 and p["shape"] == [4, 4, 4]
+        time.sleep(1.1)  # the state is re-read at most once a second
+        errs = get_json(url + "api/state")["errors"]  # the failed blocks the picture pass found
+        assert sorted(e["block_id"] for e in errs) == [3, 9]
+        assert all(f"dashboard test failure in block {e['block_id']}" in e["text"] for e in errs)
         assert "static/app.js" in get(url)[1].decode()
     finally:
         proc.send_signal(signal.SIGINT)

@@ -47,6 +47,8 @@ class TrackingSource:
         self._state_t = -1e9
         self._pics = None
         self._pics_t = -1e9
+        self._failed: dict = {}  # task -> [(cell, failures)] found by the last picture pass
+        self._tb_cache: dict = {}
 
     def _status(self):
         from daisy_nb.status import StatusError, task_status
@@ -63,7 +65,7 @@ class TrackingSource:
         now = time.monotonic()
         with self.lock:
             if self._state is not None and now - self._state_t < REREAD_SECS:
-                return self._state
+                return dict(self._state, errors=self._errors())
             tasks = []
             for name, s in self._status().items():
                 if "error" in s:
@@ -93,11 +95,28 @@ class TrackingSource:
                 "mode": self.mode, "runtime": "tracking", "paths": self.paths,
                 "elapsed_s": round(now - self.t_mono, 2),
                 "finished": all(t.get("done") for t in tasks),
-                "tasks": tasks, "workers": [], "errors": [],
+                "tasks": tasks, "workers": [], "errors": self._errors(),
                 "log_dir": None if self.logs is None else str(self.logs),
             }
             self._state_t = now
             return self._state
+
+    def _errors(self) -> list:
+        """The first failed blocks of each task (found by the picture pass), tracebacks from the logs."""
+        from daisy_nb.block import cantor_number
+
+        out = []
+        for name, found in self._failed.items():
+            for cell, failures in found:
+                bid = cantor_number(cell)
+                key = (name, bid, failures)
+                if key not in self._tb_cache:
+                    tb = find_traceback_in_logs(self.logs, name, bid) if self.logs is not None else None
+                    self._tb_cache[key] = tb or f"failed {failures} time(s); no traceback in the worker logs"
+                    if len(self._tb_cache) > 5000:
+                        self._tb_cache.pop(next(iter(self._tb_cache)))
+                out.append({"task": name, "block_id": bid, "text": self._tb_cache[key], "t": None})
+        return out[:60]
 
     def pictures(self) -> dict:
         now = time.monotonic()
@@ -111,7 +130,9 @@ class TrackingSource:
                         lo, hi = (t.block_lo, t.block_hi) if t.knows_blocks else (None, None)
                         shape = (tuple(b - a for a, b in zip(lo, hi)) if lo is not None and hi is not None
                                  else reader.grid_shape)
-                        out[name] = pic.picture(shape, pic.tracking_slabs(reader, lo, hi))
+                        found: list = []
+                        out[name] = pic.picture(shape, pic.tracking_slabs(reader, lo, hi, found))
+                        self._failed[name] = found
                 except Exception:  # unreadable right now (being rewritten): keep the last one
                     if self._pics and name in self._pics["tasks"]:
                         out[name] = self._pics["tasks"][name]

@@ -308,11 +308,12 @@ def live_slabs(layout, status: np.ndarray, preskip: np.ndarray):
     return gen
 
 
-def tracking_slabs(reader, lo=None, hi=None):
+def tracking_slabs(reader, lo=None, hi=None, failed_out: list | None = None, max_failed: int = 30):
     """``slabs`` for :func:`picture` over a tracking store (``daisy_nb.status`` reader).
 
     ``lo``/``hi``: the task's block box in tracking cells (None: the whole tracking grid).
     Done cells are DONE, cells with failures and not done FAILED, the rest WAITING.
+    ``failed_out`` collects ``(cell, failures)`` of the first ``max_failed`` FAILED cells.
     """
     grid = reader.grid_shape
     lo = tuple(lo) if lo is not None else (0,) * len(grid)
@@ -328,6 +329,10 @@ def tracking_slabs(reader, lo=None, hi=None):
             shape = (a1 - a0, *grid[1:])
             d, f = d.reshape(shape)[(slice(None), *crop)], f.reshape(shape)[(slice(None), *crop)]
             codes = np.where(d != 0, DONE, np.where(f != 0, FAILED, WAITING)).astype(np.uint8)
+            if failed_out is not None and len(failed_out) < max_failed:
+                for idx in np.argwhere(codes == FAILED)[: max_failed - len(failed_out)]:
+                    cell = tuple(int(v) + int(o) for v, o in zip((idx[0] + a0, *idx[1:]), lo))
+                    failed_out.append((cell, int(f[tuple(idx)])))
             yield a0, codes
 
     return gen

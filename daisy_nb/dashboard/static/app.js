@@ -327,7 +327,7 @@ function renderWorkers(ws, runtime) {
   box.replaceChildren(el("table", {}, el("thead", {}, head), tb));
 }
 
-let errKey = "";
+let errKey = null;
 function renderErrors(errs) {
   const ol = document.getElementById("errors");
   document.getElementById("errors-count").textContent = errs.length ? `(${errs.length})` : "";
@@ -341,7 +341,7 @@ function renderErrors(errs) {
     const li = el("li", { class: "error", "data-task": e.task, "data-block-id": e.block_id == null ? "" : String(e.block_id) },
       el("span", { class: "etask", text: e.task }), " ",
       el("span", { text: e.block_id == null ? "worker error" : `block ${e.block_id}` }), " ",
-      el("span", { class: "muted", text: new Date(e.t * 1000).toLocaleTimeString() }),
+      e.t == null ? null : el("span", { class: "muted", text: new Date(e.t * 1000).toLocaleTimeString() }),
       el("div", { class: "emsg", text: last }));
     li.addEventListener("click", () => {
       if (e.block_id != null) showBlock(e.task, { block_id: e.block_id });
@@ -384,6 +384,7 @@ function renderState(s) {
   document.getElementById("overall").textContent = `${fmt(done)} / ${fmt(tot)} blocks`;
   for (const t of s.tasks) renderTask(t, s.mode);
   renderWorkers(s.workers || [], s.mode === "tracking" ? "tracking" : s.runtime);
+  document.querySelector("#errors-box h2").firstChild.textContent = s.mode === "tracking" ? "Failed blocks " : "Recent errors ";
   renderErrors(s.errors || []);
   document.title = `${s.finished ? "✔" : "▶"} ${tot ? Math.floor(100 * done / tot) : 100}% · daisy_nb`;
 }
