@@ -414,9 +414,13 @@ async function tick() {
   } catch (e) {
     const m = document.getElementById("message");
     m.hidden = false;
-    m.textContent = `lost contact with the dashboard server (${e.message || e}); retrying…`;
-    const pill = document.getElementById("run-status");
-    pill.className = "pill pill-wait"; pill.textContent = "disconnected";
+    const ended = lastState && lastState.finished;
+    m.textContent = ended ? "The run has finished and its dashboard server has stopped: this is its final state."
+                          : `lost contact with the dashboard server (${e.message || e}); retrying…`;
+    if (!ended) {
+      const pill = document.getElementById("run-status");
+      pill.className = "pill pill-wait"; pill.textContent = "disconnected";
+    }
     delay = 2000;
   }
   document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
