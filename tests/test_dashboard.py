@@ -387,6 +387,44 @@ def test_serial_runner_and_server_owned_by_the_run(capsys):
     assert _refused("127.0.0.1", port)  # dashboard=True: the server ends with the run
 
 
+@pytest.mark.mp
+@pytest.mark.timeout(120)
+def test_a_watching_page_sees_the_end_of_a_dashboard_true_run(tmp_path, monkeypatch):
+    flag = tmp_path / "slow"
+    flag.write_text("")
+    monkeypatch.setenv("DASH_SLOW", str(flag))
+    monkeypatch.delenv("DASH_FAIL", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/api/state"
+    seen = []
+
+    def page():  # polls like the page, once a second
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                s = get_json(url)
+            except OSError:
+                if seen:
+                    return  # the server is gone
+                time.sleep(0.05)
+                continue
+            seen.append(s["finished"])
+            if flag.exists():
+                flag.unlink()  # let the run finish now
+            time.sleep(1.0)
+
+    th = threading.Thread(target=page)
+    th.start()
+    t0 = time.monotonic()
+    daisy_nb.run_blockwise(_tasks(40, 20), dashboard=port, progress=False, summary=False)
+    th.join()
+    assert seen and seen[-1] is True, seen
+    assert time.monotonic() - t0 < 60
+    assert _refused("127.0.0.1", port)
+
+
 def test_a_dashboard_shows_the_next_run():
     with Dashboard(quiet=True) as dash:
         daisy_nb.run_blockwise(_tasks(40, 20), multiprocessing=False, dashboard=dash, progress=False, summary=False)

@@ -1,8 +1,9 @@
 """A live dashboard in the browser: progress, rates, workers, errors and where blocks are.
 
 ``run_blockwise(..., dashboard=True)`` serves a page on ``http://127.0.0.1:<free
-port>/`` for the length of the run (``dashboard=8787`` picks the port) and prints
-its URL once. For a page that outlives the run, or another bind address, make a
+port>/`` for the length of the run (``dashboard=8787`` picks the port; a watching
+page gets up to :data:`LINGER_SECS` more to fetch the final state) and prints its
+URL once. For a page that outlives the run, or another bind address, make a
 :class:`Dashboard` yourself and pass it::
 
     with daisy_nb.dashboard.Dashboard(port=8787) as dash:
@@ -27,11 +28,14 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import sys
+import time
 from typing import Any
 
 from .live import LiveSource, Tee
 
 __all__ = ["Dashboard", "check_dashboard", "start_for_run", "with_dashboard"]
+
+LINGER_SECS = 1.5  # dashboard=True: after the run, how long to wait for a watching page to fetch the end state
 
 
 def _is_loopback_default(host: str) -> bool:
@@ -164,6 +168,8 @@ def start_for_run(dashboard, scheduler, progress, runtime: str = "pool"):
     def finish():
         try:
             src.end(scheduler.task_states)
+            if owned and time.monotonic() < src.wanted_until:  # a page is watching: let it see the end
+                src.final_served.wait(LINGER_SECS)
         finally:
             if owned:
                 dash.close()

@@ -184,6 +184,7 @@ class LiveSource:
     def __init__(self):
         self.lock = threading.Lock()
         self._pic_lock = threading.Lock()
+        self.final_served = threading.Event()  # a page fetched the state after the run ended
         self._reset()
 
     def _reset(self):
@@ -218,6 +219,7 @@ class LiveSource:
 
         with self.lock, self._pic_lock:
             self._reset()
+            self.final_served.clear()
             self.scheduler = scheduler
             self.runtime_name = runtime_name
             self.log_base = dlog.get_log_basedir()
@@ -387,6 +389,8 @@ class LiveSource:
             st_json["worker_restarts"] = int(st.worker_restart_count)
             st_json["worker_failures"] = int(st.worker_failure_count)
             st_json["workers_started"] = int(st.worker_start_count)
+        if self.finished:
+            self.final_served.set()
         return {
             "mode": self.mode,
             "runtime": self.runtime_name,
