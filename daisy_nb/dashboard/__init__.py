@@ -168,7 +168,8 @@ def start_for_run(dashboard, scheduler, progress, runtime: str = "pool"):
     def finish():
         try:
             src.end(scheduler.task_states)
-            if owned and time.monotonic() < src.wanted_until:  # a page is watching: let it see the end
+            # a page is watching: let it see the end (not on Ctrl-C or errors: called from a finally)
+            if owned and time.monotonic() < src.wanted_until and sys.exc_info()[0] is None:
                 src.final_served.wait(LINGER_SECS)
         finally:
             if owned:
