@@ -375,6 +375,44 @@ def test_dead_worker_shows_as_restart_and_error(tmp_path, monkeypatch):
     assert errs and "exited with code 3" in errs[0]["text"]
 
 
+@pytest.mark.mp
+@pytest.mark.timeout(120)
+def test_ctrl_c_with_a_watched_dashboard_stops_promptly(tmp_path):
+    flag = tmp_path / "slow"
+    flag.write_text("")
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(HERE / 'workers')!r})\n"
+        "import dashfns, daisy_nb\n"
+        "from funlib.geometry import Roi\n"
+        "t = daisy_nb.Task('c', total_roi=Roi((0,), (100000,)), read_roi=Roi((0,), (10,)), write_roi=Roi((0,), (10,)),\n"
+        "                  process_function=dashfns.work, read_write_conflict=False, max_workers=2)\n"
+        "daisy_nb.run_blockwise(t, dashboard=True, progress=False)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DASH_SLOW=str(flag), DASH_SLEEP="0.01")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("daisy_nb dashboard: http://127.0.0.1:"), line + proc.stderr.read()
+        url = line.split(": ", 1)[1].strip()
+        deadline = time.monotonic() + 60
+        while get_json(url + "api/state")["tasks"][0]["completed"] == 0:  # running, and watched
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < 5  # the pool's 2 s plus start-up noise; no linger on Ctrl-C
+        assert proc.returncode != 0 and "KeyboardInterrupt" in err
+        assert _refused("127.0.0.1", int(url.rsplit(":", 1)[1].strip("/")))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_serial_runner_and_server_owned_by_the_run(capsys):
     t = _tasks(40, 20)
     states = daisy_nb.run_blockwise(t, multiprocessing=False, dashboard=True, return_states=True, progress=False,
