@@ -556,3 +556,27 @@ def test_benchmark_quick():
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=280)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| dashboard=True, nobody looks |" in r.stdout and "| dashboard, poller every" in r.stdout
+
+
+@pytest.mark.mp
+@pytest.mark.timeout(120)
+def test_tracking_source_with_the_task_layout_gives_rois(tmp_path, monkeypatch):
+    import argparse
+
+    from daisy_nb.dashboard.offline import add_arguments, make_source
+
+    _tracked_run(tmp_path, monkeypatch)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["trk", "--total-roi", "0,0,0:40,40,40", "--read-roi", "0,0,0:10,10,10",
+                         "--write-roi", "0,0,0:10,10,10", "--logs", str(tmp_path / "daisy_logs")])
+    src = make_source(args)
+    (t,) = src.state()["tasks"]
+    assert t["counted"] == "blocks" and t["total"] == 64 and t["failed"] == 2
+    b = src.block({"task": "vol", "block_id": "9"})["blocks"][0]
+    g = inverse_cantor(9, 3)
+    assert b["write_roi"] == {"offset": [10 * v for v in g], "shape": [10, 10, 10]}
+    assert b["read_roi"] == b["write_roi"] and b["status"] == "failed"
+    assert "dashboard test failure in block 9" in b["traceback"]
+    with pytest.raises(KeyError):
+        src.block({"task": "vol", "block_id": str(cantor_number((7, 0, 0)))})  # outside the 4x4x4 grid
