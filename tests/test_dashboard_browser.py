@@ -36,7 +36,8 @@ pytestmark = [
 def dump_dom(url: str, budget_ms: int = 2500) -> str:
     """The DOM after the page ran ``budget_ms`` of (virtual) time; the browser is gone afterwards."""
     with tempfile.TemporaryDirectory() as profile:
-        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+               "--disable-extensions",
                f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                 start_new_session=True)
