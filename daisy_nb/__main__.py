@@ -4,6 +4,8 @@ Subcommands:
 
 * ``status PATH [PATH...]``: counts of done / failed / never-finished blocks from
   block tracking (:mod:`daisy_nb.status`), optionally ``--png FILE``;
+* ``dashboard PATH [PATH...]``: the live dashboard's page, read-only, from block
+  tracking (:mod:`daisy_nb.dashboard.offline`);
 * ``demo``: the demo in :mod:`daisy_nb.demo`, imported only when asked for (it
   brings its own options and optional dependencies);
 * ``run [--] COMMAND [ARGS...]``: run a program with ``import daisy`` giving
@@ -42,6 +44,12 @@ def _run_status(args: argparse.Namespace) -> int:
     return status_main(args)
 
 
+def _run_dashboard(args: argparse.Namespace) -> int:
+    from .dashboard.offline import main as dashboard_main
+
+    return dashboard_main(args)
+
+
 def build_parser(demo_module=None) -> argparse.ArgumentParser:
     """The argument parser; the ``demo`` options are added only if ``demo_module`` is given."""
     from . import __version__
@@ -68,6 +76,18 @@ def build_parser(demo_module=None) -> argparse.ArgumentParser:
     p_status.set_defaults(func=_run_status)
     sub.add_parser("run", help="run a program (script.py, -m module, any command) with daisy_nb as daisy",
                    add_help=False)
+    from .dashboard.offline import add_arguments as dashboard_arguments
+
+    p_dash = sub.add_parser(
+        "dashboard",
+        help="serve the dashboard page (read-only) from block tracking",
+        description=(
+            "Serves the live dashboard's page from block-tracking directories (a finished run, or one "
+            "still running elsewhere: the stores are re-read every second) on 127.0.0.1 until Ctrl-C."
+        ),
+    )
+    dashboard_arguments(p_dash)
+    p_dash.set_defaults(func=_run_dashboard)
     p_demo = sub.add_parser("demo", help="run the daisy_nb demo (daisy_nb[demo] extra)",
                             add_help=demo_module is not None)
     if demo_module is not None:

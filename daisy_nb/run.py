@@ -21,6 +21,7 @@ def run_blockwise(
     summary: bool = True,
     executor=None,
     log_dir=None,
+    dashboard=None,
 ):
     """Run a Pipeline, a Task, or a list of tasks (daisy 1.x form) blockwise.
 
@@ -32,10 +33,12 @@ def run_blockwise(
     ``multiprocessing=False`` runs in this process and re-raises the first exception
     of a block function. With worker processes, a task abandoned after
     ``max_worker_restarts`` raises ``RuntimeError`` with the states attached.
+    ``dashboard=True`` (or a port, or a :class:`daisy_nb.dashboard.Dashboard`)
+    serves a live page of the run on 127.0.0.1 and prints its URL.
     """
     states, order = _execute(
         pipeline, multiprocessing=multiprocessing, resources=resources, progress=progress, summary=summary,
-        block_tracking=block_tracking, host=host, executor=executor, log_dir=log_dir,
+        block_tracking=block_tracking, host=host, executor=executor, log_dir=log_dir, dashboard=dashboard,
     )
     if multiprocessing and executor is None:
         from .runtime.pool import raise_if_abandoned
@@ -46,7 +49,8 @@ def run_blockwise(
     return all(s.completed_count == s.total_block_count for s in states.values())
 
 
-def _execute(tasks, *, multiprocessing, resources, progress, summary, block_tracking, host, executor, log_dir):
+def _execute(tasks, *, multiprocessing, resources, progress, summary, block_tracking, host, executor, log_dir,
+             dashboard=None):
     """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``."""
     host = host if host is not None else os.environ.get("DAISY_HOST")
     if host not in (None, "", "127.0.0.1", "localhost", "::1") and multiprocessing and executor is None:
@@ -56,8 +60,18 @@ def _execute(tasks, *, multiprocessing, resources, progress, summary, block_trac
             UserWarning,
             stacklevel=3,
         )
+    if dashboard is not None and dashboard is not False:
+        from .dashboard import check_dashboard
+
+        check_dashboard(dashboard)
     scheduler = Scheduler(tasks, block_tracking=block_tracking)
+    dashboard_done = None
     try:
+        if dashboard is not None and dashboard is not False:
+            from .dashboard import start_for_run
+
+            runtime = "serial" if not multiprocessing else ("dask" if executor is not None else "pool")
+            progress, dashboard_done = start_for_run(dashboard, scheduler, progress, runtime)
         if not multiprocessing:
             from .runtime.serial import run_serial
 
@@ -82,4 +96,6 @@ def _execute(tasks, *, multiprocessing, resources, progress, summary, block_trac
             states = run_pool(scheduler, resources=resources, progress=progress, summary=summary, log_dir=log_dir)
         return states, list(scheduler.task_ids)
     finally:
+        if dashboard_done is not None:
+            dashboard_done()
         scheduler.close()

@@ -1046,6 +1046,8 @@ def run_pool(
     if log_dir is not None:
         dlog.set_log_basedir(log_dir)
     pool = _Pool(scheduler, resources, resolve_observer(progress, list(scheduler.task_ids)), batch_target_secs)
+    if hasattr(pool.observer, "attach_runtime"):  # the dashboard's view of the workers
+        pool.observer.attach_runtime(pool)
     old_handler = None
     in_main = threading.current_thread() is threading.main_thread()
     interrupted = False

@@ -1,0 +1,536 @@
+"""The live source of the dashboard: a progress observer plus read-only views of a run.
+
+:class:`LiveSource` is what ``run_blockwise(..., dashboard=...)`` plugs into the
+runtime as a progress observer. The runtimes call ``on_start/on_progress/
+on_finish`` with ``{task_id: TaskState}`` snapshots on their own thread (the pool
+every 0.2 s); the source keeps the last snapshot, a short history of counts for
+blocks/s, and the worker errors it sees appear in the states
+(``last_worker_error``). What an observer does not see is read on request:
+
+* the picture of block states and the blocks under a clicked pixel: the
+  scheduler's status bytes and geometry tables (read without locks, see
+  :mod:`.picture`); ROIs come from the geometry kernels;
+* the workers: the pool hands itself over with ``attach_runtime(pool)``; its
+  worker table is copied on the runtime's thread during ``on_progress``, and
+  only while a page asked for it in the last few seconds, so a run nobody
+  watches pays nothing for it;
+* a traceback not seen in the states (several blocks of one batch failed): the
+  ``block <id> failed:`` entries of the task's worker ``.err`` logs.
+
+Nothing here is called per block: the run's cost is one snapshot every 0.2 s.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import OrderedDict, deque
+
+import numpy as np
+
+from . import picture as pic
+
+__all__ = ["LiveSource", "Tee", "block_id_to_grid", "find_traceback_in_logs"]
+
+# "block 7 failed:" or, with daisy's tuple block ids, "block ('task', 7) failed:"
+_BLOCK_RE = re.compile(r"""^block (?:\((?:'[^'\n]*'|"[^"\n]*"), )?(\d+)\)? failed:""", re.MULTILINE)
+_STATE_NAMES = ["starting", "idle", "busy", "parked", "quitting", "dead"]
+_STATUS_NAMES = ["pending", "ready", "processing", "done", "failed", "orphaned"]
+WANT_SECS = 3.0  # copy the worker table while a page asked within this many seconds
+MAX_ERRORS = 100
+MAX_LISTED = 12  # blocks described per clicked pixel
+
+
+def inverse_cantor(n: int, nd: int) -> tuple[int, ...]:
+    """The grid index whose :func:`daisy_nb.block.cantor_number` is ``n`` (exact integers)."""
+    from math import comb
+
+    out = [0] * nd
+    rem = int(n)
+    for k in range(nd, 1, -1):
+        # largest s with C(s + k - 1, k) <= rem
+        lo, hi = 0, 1
+        while comb(hi + k - 1, k) <= rem:
+            hi *= 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if comb(mid + k - 1, k) <= rem:
+                lo = mid
+            else:
+                hi = mid
+        rem -= comb(lo + k - 1, k)
+        out[k - 1] = lo  # temporarily the partial sum S_k
+    if nd:
+        out[0] = rem
+        # partial sums -> coordinates: x_{k-1} = S_k - S_{k-1}, S_1 = x_0
+        sums = [rem] + out[1:]
+        out = [sums[0]] + [sums[i] - sums[i - 1] for i in range(1, nd)]
+    return tuple(out)
+
+
+def block_id_to_grid(layout, block_id: int) -> tuple[int, ...] | None:
+    """Grid position of a block id in a task's block grid, or None if it is not a block."""
+    cell = inverse_cantor(block_id, layout.ndim)
+    g = tuple(int(c - o) for c, o in zip(cell, layout.id_offset))
+    if any(not 0 <= v < s for v, s in zip(g, layout.grid_shape)):
+        return None
+    return g
+
+
+def find_traceback_in_logs(log_base, task_id: str, block_id: int, max_bytes: int = 4 << 20) -> str | None:
+    """The last ``block <id> failed:`` entry in the task's worker ``.err`` logs, or None."""
+    if log_base is None:
+        return None
+    from pathlib import Path
+
+    d = Path(log_base) / task_id
+    try:
+        files = sorted(d.glob("worker_*.err"))
+    except OSError:
+        return None
+    markers = (f"block {int(block_id)} failed:\n", f"block {(task_id, int(block_id))!r} failed:\n")
+    best = None
+    for p in files:
+        try:
+            with open(p, "rb") as f:
+                f.seek(0, 2)
+                size = f.tell()
+                f.seek(max(0, size - max_bytes))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        hits = [(text.rfind(mk), mk) for mk in markers]
+        i, marker = max(hits)
+        if i < 0:
+            continue
+        body = text[i:]
+        m = _BLOCK_RE.search(body, len(marker))
+        cut = [j for j in (m.start() if m else -1, body.find("\n=== daisy run ")) if j > 0]
+        body = body[: min(cut)] if cut else body
+        best = "\n".join(body.rstrip().splitlines()[:60])[:8192]
+    return best
+
+
+class Tee:
+    """Calls a :class:`LiveSource` and the user's observer (either may be None)."""
+
+    def __init__(self, source, user):
+        self.source, self.user = source, user
+
+    def _both(self, what, states):
+        for obs in (self.source, self.user):
+            if obs is not None:
+                try:
+                    getattr(obs, what)(states)
+                except Exception:
+                    pass
+
+    def on_start(self, states):
+        self._both("on_start", states)
+
+    def on_progress(self, states):
+        self._both("on_progress", states)
+
+    def on_finish(self, states):
+        self._both("on_finish", states)
+
+    def attach_runtime(self, runtime):
+        self.source.attach_runtime(runtime)
+        attach = getattr(self.user, "attach_runtime", None)
+        if attach is not None:
+            attach(runtime)
+
+
+class _History:
+    """(t, blocks run) samples of one task: 1 s apart for 20 min, then 30 s apart."""
+
+    def __init__(self):
+        self.fine: deque = deque(maxlen=1200)
+        self.coarse: deque = deque(maxlen=2000)
+
+    def add(self, t: float, ran: int) -> None:
+        if not self.fine or t - self.fine[-1][0] >= 1.0:
+            self.fine.append((t, ran))
+        if not self.coarse or t - self.coarse[-1][0] >= 30.0:
+            self.coarse.append((t, ran))
+
+    def samples(self) -> list:
+        fine = list(self.fine)
+        t0 = fine[0][0] if fine else float("inf")
+        return [s for s in self.coarse if s[0] < t0] + fine
+
+    def rate(self, now: float, ran: int, window: float) -> float:
+        """Blocks per second over the last ``window`` seconds (0 without history)."""
+        best = None
+        for t, r in reversed(self.fine):
+            best = (t, r)
+            if now - t >= window:
+                break
+        if best is None or now - best[0] <= 0.05:
+            return 0.0
+        return max(0.0, (ran - best[1]) / (now - best[0]))
+
+
+def _ran(st) -> int:
+    return int(st.completed_count) - int(st.skipped_count) + int(st.failed_count)
+
+
+class LiveSource:
+    """State of one run for the dashboard (see the module docstring)."""
+
+    mode = "live"
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self._pic_lock = threading.Lock()
+        self.final_served = threading.Event()  # a page fetched the state after the run ended
+        self._reset()
+
+    def _reset(self):
+        self.scheduler = None
+        self.runtime = None
+        self.runtime_name = "-"
+        self.states = None
+        self.t_states = 0.0
+        self.t_start = time.time()
+        self.t_mono = time.monotonic()
+        self.finished = False
+        self.elapsed: dict = {}
+        self.history: dict[str, _History] = {}
+        self.t_first: dict[str, float] = {}
+        self.t_done: dict[str, float] = {}
+        self.errors: deque = deque(maxlen=MAX_ERRORS)
+        self.tracebacks: OrderedDict = OrderedDict()
+        self._seen_err: dict = {}
+        self.workers: list = []
+        self.exited: deque = deque(maxlen=20)
+        self.wanted_until = 0.0
+        self.log_base = None
+        self._pics = None
+        self._pics_t = -1e9
+        self._pics_cost = 0.0
+        self._pics_final = False
+
+    # ------------------------------------------------------------- run plumbing
+    def begin(self, scheduler, runtime_name: str) -> None:
+        """A new run starts on ``scheduler`` (the page then shows this run)."""
+        from daisy_nb import logging as dlog
+
+        with self.lock, self._pic_lock:
+            self._reset()
+            self.final_served.clear()
+            self.scheduler = scheduler
+            self.runtime_name = runtime_name
+            self.log_base = dlog.get_log_basedir()
+            self.history = {tid: _History() for tid in scheduler.task_ids}
+
+    def end(self, states) -> None:
+        """The run is over; ``states`` are the final TaskStates (what ``run_blockwise`` returns)."""
+        if states is not None:
+            self._take(states, time.monotonic())
+        with self.lock:
+            if not self.elapsed:
+                now = time.monotonic()
+                self.elapsed = {tid: (self.t_done.get(tid, now) - t0) for tid, t0 in self.t_first.items()}
+            self.finished = True
+            self.runtime = None
+            self.workers = []
+
+    # ----------------------------------------------------------- observer side
+    def attach_runtime(self, runtime) -> None:
+        self.runtime = runtime
+
+    def on_start(self, states):
+        from daisy_nb import logging as dlog
+
+        self.log_base = dlog.get_log_basedir()  # run_pool(log_dir=...) has set it by now
+        self._take(states, time.monotonic())
+
+    def on_progress(self, states):
+        now = time.monotonic()
+        self._take(states, now)
+        if self.runtime is not None and now < self.wanted_until:
+            self._copy_workers(now)
+
+    def on_finish(self, states):
+        now = time.monotonic()
+        rt = self.runtime
+        trs = getattr(rt, "trs", None)
+        if trs:  # the pool's own per-task times: blocks/s as in the execution summary
+            try:
+                self.elapsed = {
+                    tid: ((tr.t_done or now) - tr.t_first) if tr.t_first is not None else 0.0
+                    for tid, tr in trs.items()
+                }
+            except Exception:
+                self.elapsed = {}
+        self._take(states, now)
+        with self.lock:
+            self.workers = []
+
+    def _take(self, states, now: float) -> None:
+        with self.lock:
+            new_err = []
+            for tid, st in states.items():
+                h = self.history.get(tid)
+                ran = _ran(st)
+                if h is not None:
+                    h.add(now, ran)
+                if ran > 0 and tid not in self.t_first:
+                    self.t_first[tid] = now
+                if st.is_done() and tid not in self.t_done:
+                    self.t_done[tid] = now
+                seen = self._seen_err.setdefault(tid, [None, None])  # the last first/last error objects
+                first, last = st.first_worker_error, st.last_worker_error
+                if first is not None and first is not seen[0]:
+                    new_err.append((tid, first))
+                if last is not None and last is not seen[1] and last is not first:
+                    new_err.append((tid, last))
+                seen[0], seen[1] = first, last  # the counters keep an object until the next error replaces it
+            self.states, self.t_states = states, now
+            for tid, text in new_err:
+                if self.errors and self.errors[-1]["task"] == tid and self.errors[-1]["text"] == text:
+                    continue
+                m = _BLOCK_RE.match(text)
+                bid = int(m.group(1)) if m else None
+                self.errors.append({"task": tid, "block_id": bid, "text": text, "t": time.time()})
+                if bid is not None:
+                    self.tracebacks[(tid, bid)] = text
+                    if len(self.tracebacks) > 1000:
+                        self.tracebacks.popitem(last=False)
+
+    def _copy_workers(self, now: float) -> None:
+        """Copy the pool's worker table (on the runtime's thread: no locking in the pool)."""
+        pool = self.runtime
+        try:
+            from daisy_nb.runtime import _shm
+
+            held = {}
+            for cc in list(getattr(pool, "clients", {}).values()):
+                if cc.held:
+                    held[cc.wid] = next(iter(cc.held))
+            out = []
+            for w in list(pool.workers.values()):
+                row = held.get(w.wid)
+                if row is None and w.queue and w.bufs is not None:
+                    k, idx = w.queue[0]
+                    c = int(w.bufs[k][_shm.H_CUR])
+                    if 0 <= c < len(idx):
+                        row = int(idx[c])
+                out.append({
+                    "id": int(w.wid), "task": w.tr.tid, "pid": int(w.proc.pid) if w.proc else None,
+                    "state": _STATE_NAMES[w.state] if 0 <= w.state < len(_STATE_NAMES) else str(w.state),
+                    "alive": True, "row": row, "age_s": round(now - w.t_spawn, 1),
+                })
+        except Exception:  # the pool changed shape under us (another runtime): show nothing
+            out = []
+        with self.lock:
+            old = {w["id"]: w for w in self.workers}
+            cur = {w["id"] for w in out}
+            for wid, w in old.items():
+                if wid not in cur:
+                    self.exited.appendleft(dict(w, alive=False, state="exited", row=None))
+            self.workers = out
+
+    # ------------------------------------------------------------- page side
+    def _states_now(self):
+        """The last snapshot; read the scheduler directly if the runtime sends none (serial runner)."""
+        now = time.monotonic()
+        with self.lock:
+            states, t, sched, fin = self.states, self.t_states, self.scheduler, self.finished
+        if sched is not None and not fin and (states is None or now - t > 1.0):
+            try:
+                states = sched.task_states
+            except Exception:
+                return states
+            self._take(states, now)
+        return states
+
+    def _block_ids(self, t: int, rows: list) -> list:
+        s = self.scheduler
+        if not rows:
+            return []
+        ids = s._describe(t, np.asarray(rows, np.int64))[0]
+        return [int(v) for v in ids]
+
+    def state(self) -> dict:
+        """``GET /api/state``."""
+        self.wanted_until = time.monotonic() + WANT_SECS
+        states = self._states_now()
+        now = time.monotonic()
+        s = self.scheduler
+        tasks = []
+        order = list(s.task_ids) if s is not None else sorted(states or {})
+        for tid in order:
+            st = (states or {}).get(tid)
+            if st is None:
+                continue
+            tasks.append(self._task_json(tid, st, now))
+        with self.lock:
+            workers = [dict(w) for w in self.workers] + [dict(w) for w in self.exited]
+            errors = list(self.errors)[::-1][:30]
+        if s is not None:
+            rows_by_task: dict = {}
+            for w in workers:
+                if w.get("row") is not None:
+                    rows_by_task.setdefault(w["task"], []).append(w)
+            for tid, ws in rows_by_task.items():
+                try:
+                    ids = self._block_ids(s.task_ids.index(tid), [w["row"] for w in ws])
+                except Exception:
+                    ids = [None] * len(ws)
+                for w, bid in zip(ws, ids):
+                    w["block_id"] = bid
+        for w in workers:
+            w.pop("row", None)
+        for st_json in tasks:
+            st = states[st_json["task_id"]]
+            st_json["worker_restarts"] = int(st.worker_restart_count)
+            st_json["worker_failures"] = int(st.worker_failure_count)
+            st_json["workers_started"] = int(st.worker_start_count)
+        if self.finished:
+            self.final_served.set()
+        return {
+            "mode": self.mode,
+            "runtime": self.runtime_name,
+            "started": self.t_start,
+            "elapsed_s": round(now - self.t_mono, 2),
+            "finished": bool(self.finished),
+            "tasks": tasks,
+            "workers": workers,
+            "errors": [{k: v for k, v in e.items()} for e in errors],
+            "log_dir": None if self.log_base is None else str(self.log_base),
+        }
+
+    def _task_json(self, tid: str, st, now: float) -> dict:
+        total = int(st.total_block_count)
+        done = int(st.completed_count)
+        failed, orphaned = int(st.failed_count), int(st.orphaned_count)
+        remaining = total - done - failed - orphaned
+        h = self.history.get(tid)
+        ran = _ran(st)
+        if self.finished:
+            secs = float(self.elapsed.get(tid, 0.0) or 0.0)
+            rate = ran / secs if secs > 0 else 0.0
+            eta = 0.0 if remaining == 0 else None
+        else:
+            rate = h.rate(now, ran, 5.0) if h else 0.0
+            slow = h.rate(now, ran, 30.0) if h else 0.0
+            eta = 0.0 if remaining == 0 else (remaining / slow if slow > 0 else None)
+        hist = []
+        if h is not None:
+            smp = h.samples()
+            if len(smp) > 241:
+                step = len(smp) / 240
+                smp = [smp[int(i * step)] for i in range(240)] + [smp[-1]]
+            for (t0, r0), (t1, r1) in zip(smp, smp[1:]):
+                if t1 > t0:
+                    hist.append([round(t1 - self.t_mono, 2), round(max(0, r1 - r0) / (t1 - t0), 1)])
+        return {
+            "task_id": tid,
+            "total": total,
+            "completed": done,
+            "skipped": int(st.skipped_count),
+            "failed": failed,
+            "orphaned": orphaned,
+            "processing": int(st.processing_count),
+            "ready": int(st.ready_count),
+            "pending": int(st.pending_count),
+            "remaining": remaining,
+            "blocks_per_s": round(rate, 1),
+            "eta_s": None if eta is None else round(eta, 1),
+            "elapsed_s": round(float(self.elapsed.get(tid, 0.0) or 0.0), 3) if self.finished else None,
+            "done": bool(st.is_done()),
+            "abandoned": bool(getattr(st, "abandoned", False)),
+            "rate_history": hist,
+        }
+
+    def pictures(self) -> dict:
+        """``GET /api/pictures``: one picture per task, recomputed at most every
+        ``max(0.5 s, 20 x its cost)`` so that huge grids take at most ~5 % of a core."""
+        s = self.scheduler
+        if s is None:
+            return {"tasks": {}}
+        now = time.monotonic()
+        with self._pic_lock:
+            fresh = self._pics is not None and (
+                self._pics_final or now - self._pics_t < max(0.5, 20 * self._pics_cost)
+            )
+            if fresh:
+                return self._pics
+            final = self.finished
+            t0 = time.perf_counter()
+            out = {}
+            base = 0
+            for tid in s.task_ids:
+                lay = s.tasks[tid].layout
+                n = int(lay.num_blocks)
+                st, sk = s.status[base : base + n], s.preskip[base : base + n]
+                out[tid] = pic.picture(lay.grid_shape, pic.live_slabs(lay, st, sk))
+                base += n
+            self._pics_cost = time.perf_counter() - t0
+            self._pics_t = time.monotonic()
+            self._pics = {"tasks": out, "t": time.time()}
+            self._pics_final = final
+            return self._pics
+
+    def block(self, query: dict) -> dict:
+        """``GET /api/block?task=T&panel=P&r=R&c=C`` (a pixel) or ``?task=T&block_id=ID``."""
+        s = self.scheduler
+        tid = str(query.get("task"))
+        if s is None or tid not in s.tasks:
+            raise KeyError(f"no task {tid!r}")
+        from daisy_nb.kernels import graph as kg
+
+        t = s.task_ids.index(tid)
+        lay = s.tasks[tid].layout
+        base = int(s._tt.info[t, kg.I_BLOCK_BASE])
+        if "block_id" in query:
+            g = block_id_to_grid(lay, int(query["block_id"]))
+            boxes = [] if g is None else [(g, tuple(v + 1 for v in g))]
+        else:
+            pl = pic.PictureLayout(lay.grid_shape)
+            boxes = pl.pixel_box(int(query.get("panel", 0)), int(query["r"]), int(query["c"]))
+        tt = s._tt
+        parts = []
+        for lo, hi in boxes:
+            n = int(np.prod(np.subtract(hi, lo)))
+            if n <= 0 or n > 4_000_000:
+                continue
+            out_rows, out_ids = np.empty(n, np.int64), np.empty(n, np.int64)
+            lo_a = np.zeros(tt.geo.shape[2], np.int64)
+            hi_a = np.zeros(tt.geo.shape[2], np.int64)
+            lo_a[: len(lo)], hi_a[: len(hi)] = lo, hi
+            k = kg.grid_box_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, lo_a, hi_a, out_rows, out_ids)
+            parts.append(out_rows[:k])
+        rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        st = s.status[base + rows]
+        counts = {name: int(c) for name, c in zip(_STATUS_NAMES, np.bincount(st, minlength=6)[:6]) if c}
+        # the interesting ones first: failed, orphaned, processing, then the rest
+        prio = np.array([5, 4, 3, 6, 1, 2], np.int64)[np.minimum(st, 5)]
+        pick = rows[np.argsort(prio, kind="stable")[:MAX_LISTED]]
+        blocks = []
+        if len(pick):
+            ids, ro, rs, wo, ws = s._describe(t, pick)
+            for i, row in enumerate(pick.tolist()):
+                code = int(s.status[base + row])
+                bid = int(ids[i])
+                tb = None
+                if code == 4 or int(s.retries[base + row]) > 0:
+                    with self.lock:
+                        tb = self.tracebacks.get((tid, bid))
+                    if tb is None:
+                        tb = find_traceback_in_logs(self.log_base, tid, bid)
+                blocks.append({
+                    "block_id": bid,
+                    "row": int(row),
+                    "status": _STATUS_NAMES[code] if code < 6 else str(code),
+                    "skipped": bool(code == 3 and s.preskip[base + row]),
+                    "failed_attempts": int(s.retries[base + row]) + (1 if code == 4 else 0),
+                    "read_roi": {"offset": ro[i].tolist(), "shape": rs[i].tolist()},
+                    "write_roi": {"offset": wo[i].tolist(), "shape": ws[i].tolist()},
+                    "traceback": tb,
+                })
+        return {"task": tid, "blocks_in_pixel": len(rows), "counts": counts, "blocks": blocks,
+                "boxes": [[list(map(int, lo)), list(map(int, hi))] for lo, hi in boxes]}
