@@ -211,7 +211,7 @@ def _rois(lay, cell):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``daisy-nb dashboard``."""
-    from daisy_nb.status import _parse_roi
+    from daisy_nb.status_cli import _parse_roi
 
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="a task's tracking directory, or a basedir holding <task_id>/ directories")
@@ -230,12 +230,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def make_source(args) -> TrackingSource:
-    from daisy_nb.status import (
-        TrackingTarget,
-        _geometry_from_args,
-        _geometry_target,
-        find_tracking_stores,
-    )
+    from daisy_nb.status import TrackingTarget, _geometry_target, find_tracking_stores
+    from daisy_nb.status_cli import _geometry_from_args
 
     geometry = _geometry_from_args(args)
     targets = []
