@@ -94,15 +94,13 @@ def run_blockwise(
     ``multiprocessing=False`` runs in this process and re-raises the first exception
     of a block function. With worker processes, a task abandoned after
     ``max_worker_restarts`` raises ``RuntimeError`` with the states attached.
+    ``host`` (else ``DAISY_HOST``) is the address the pool listens on for ``Client``
+    connections and tells workers (``DAISY_CONTEXT``); default ``127.0.0.1``,
+    ``"0.0.0.0"`` listens on every interface and advertises ``socket.getfqdn()``.
     """
     host = host if host is not None else os.environ.get("DAISY_HOST")
-    if host not in (None, "", "127.0.0.1", "localhost", "::1") and multiprocessing and executor is None:
-        warnings.warn(
-            f"host={host!r} is ignored: the worker pool listens on 127.0.0.1 only (workers run on this machine); "
-            "to use other machines, pass executor= (a dask cluster)",
-            UserWarning,
-            stacklevel=2,
-        )
+    if host is not None and not isinstance(host, str):
+        raise TypeError(f"host must be a string (an address or host name of this machine), got {type(host).__name__}")
     scheduler = Scheduler(tasks, block_tracking=block_tracking)
     try:
         if not multiprocessing:
@@ -124,7 +122,9 @@ def run_blockwise(
         else:
             from .runtime.pool import raise_if_abandoned, run_pool
 
-            states = run_pool(scheduler, resources=resources, progress=progress, summary=summary, log_dir=log_dir)
+            states = run_pool(
+                scheduler, resources=resources, progress=progress, summary=summary, log_dir=log_dir, host=host
+            )
             raise_if_abandoned(states, scheduler.task_ids)
     finally:
         scheduler.close()

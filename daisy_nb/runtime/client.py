@@ -1,27 +1,42 @@
 """``Client``: the worker side of a 0-argument worker function (daisy 2.0 semantics).
 
 ``Client()`` reads ``DAISY_CONTEXT`` (put in the environment of every worker
-process by the pool, inherited by programs the worker launches), connects to the
-pool's authenticated listener (``multiprocessing.connection`` with the authkey
-carried in the context) and hands out one block per ``acquire_block()``.
+process by the pool, inherited by programs the worker launches, also on other
+machines: ``run_blockwise(host=...)``), connects to the scheduler over TCP,
+authenticates both ways with the run's secret carried in the context (protocol,
+heartbeat and timeouts in :mod:`daisy_nb.runtime._net`) and hands out one block
+per ``acquire_block()``.
 
-Messages are tiny ``struct``-packed frames, never pickles: ``H`` hello, ``A``
-acquire, ``R`` release, ``F`` failure + traceback; the pool answers ``B`` + block
-or ``N`` (no more work). For a ``Task(resource_tracking=True)`` (``resource_tracking=1``
-in the context) the body of ``with client.acquire_block()`` is measured with
-``profile_block`` and the stats ride on the block's own release frame (``R`` with
-five float64 appended; ``E`` instead of ``F``): still one message per block. Blocks held by a connection that drops are failed (and
-retried) by the pool.
+Messages are tiny ``struct``-packed frames, never pickles: ``H`` hello (task id,
+worker id), ``A`` acquire, ``R`` release, ``F`` failure + traceback, ``P``
+heartbeat; the scheduler answers ``B`` + block, ``N`` (no more work) or ``P``
+(heartbeat while the request is parked). For a ``Task(resource_tracking=True)``
+(``resource_tracking=1`` in the context) the body of ``with
+client.acquire_block()`` is measured with ``profile_block`` and the stats ride on
+the block's own release frame (``R`` with five float64 appended; ``E`` instead of
+``F``): still one message per block. Blocks held by a connection that drops, or
+that stays silent for ``peer_timeout`` seconds, are failed (and retried) by the
+scheduler.
+
+The run being over is never an error here: a scheduler that refuses the
+connection, is another run (its secret differs), or vanishes (silent for
+``peer_timeout`` seconds, or the connection breaks) makes ``acquire_block`` yield
+``None`` after a warning, so the canonical loop ends and a straggler cluster job
+exits with 0.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import struct
 import sys
+import threading
+import time
 from contextlib import contextmanager
 
 from daisy_nb.block import Block, BlockStatus
+from daisy_nb.runtime import _net
 from daisy_nb.runtime.context import Context
 
 __all__ = ["Client"]
@@ -31,6 +46,8 @@ logger = logging.getLogger("daisy")
 _BLOCK_HDR = struct.Struct("<qqq")  # index, spatial_id, ndim
 _RELEASE = struct.Struct("<qq")  # index, status
 _STATS = struct.Struct("<5d")  # wall s, cpu s, peak RSS, IO read, IO write (resource_tracking)
+
+_ENDED = "assuming the run has ended — this worker will exit without processing blocks"
 
 
 def pack_block(index: int, spatial_id: int, ro, rs, wo, ws) -> bytes:
@@ -66,38 +83,91 @@ class Client:
         self.worker_id = int(context["worker_id"])
         self.task_id = context["task_id"]
         self._track = context.get("resource_tracking", "0") == "1"
-        authkey = bytes.fromhex(context.get("authkey", ""))
-        from multiprocessing.connection import Client as _MPClient
-
         try:
-            self._conn = _MPClient((self.host, self.port), authkey=authkey or None)
-        except (ConnectionRefusedError, FileNotFoundError):
-            self._conn = None
-            logger.warning(
-                "daisy server at %s:%s is not reachable; assuming the run has ended — "
-                "this worker will exit without processing blocks",
-                self.host,
-                self.port,
-            )
+            secret = bytes.fromhex(context.get("authkey", ""))
+        except ValueError:
+            raise ValueError(f"malformed authkey in {Context.ENV_VARIABLE}") from None
+        timeouts = _net.liveness(context)
+        self._beat = timeouts["heartbeat"]
+        self._peer = timeouts["peer_timeout"]
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()  # one sender at a time: this thread and the heartbeat
+        self._stop = threading.Event()
+        self._last_send = time.monotonic()
+        try:
+            self._sock = _net.connect(self.host, self.port, secret, timeouts)
+        except _net.NotOurRun as e:
+            logger.warning("daisy server at %s:%s is not this worker's run (%s); " + _ENDED, self.host, self.port, e)
             return
-        self._conn.send_bytes(b"H" + f"{self.task_id}\n{self.worker_id}".encode())
+        except OSError as e:
+            logger.warning("daisy server at %s:%s is not reachable (%s); " + _ENDED, self.host, self.port, e)
+            return
+        if self._send(b"H" + f"{self.task_id}\n{self.worker_id}".encode()):
+            threading.Thread(target=self._heartbeat, name="daisy_nb-heartbeat", daemon=True).start()
 
     @property
     def connected(self) -> bool:
-        return self._conn is not None and not self._conn.closed
+        return self._sock is not None
+
+    # ------------------------------------------------------------- transport
+    def _send(self, payload: bytes) -> bool:
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                return False
+            try:
+                _net.send_frame(sock, payload)
+                self._last_send = time.monotonic()
+                return True
+            except OSError as e:
+                err = e
+        self._lost(f"sending failed: {err}")
+        return False
+
+    def _heartbeat(self) -> None:
+        """Tell the scheduler this worker lives, also while a block body runs."""
+        while not self._stop.wait(self._beat / 2):
+            if time.monotonic() - self._last_send < self._beat:
+                continue
+            with self._lock:
+                if self._sock is None:
+                    return
+                try:
+                    _net.send_frame(self._sock, b"P")
+                    self._last_send = time.monotonic()
+                except OSError:
+                    return  # the main thread finds out on its next send or receive
+
+    def _lost(self, why: str) -> None:
+        if self._sock is not None:
+            logger.warning("lost the daisy server at %s:%s (%s); " + _ENDED, self.host, self.port, why)
+        self._disconnect()
 
     def _request(self):
-        if self._conn is None:
+        if not self._send(b"A"):
             return None
-        self._conn.send_bytes(b"A")
-        msg = self._conn.recv_bytes()
-        if msg[:1] == b"N":
+        while True:
+            try:
+                msg = _net.recv_frame(self._sock)
+            except TimeoutError:
+                self._lost(f"no word from it for {self._peer:g} s")
+                return None
+            except (EOFError, OSError) as e:
+                self._lost(str(e) or type(e).__name__)
+                return None
+            kind = msg[:1]
+            if kind == b"P":
+                continue
+            if kind == b"N":
+                return None
+            if kind == b"B":
+                return unpack_block(msg, self.task_id)
+            self._lost(f"unexpected message {kind!r}")
             return None
-        return unpack_block(msg, self.task_id)
 
     @contextmanager
     def acquire_block(self):
-        if self._conn is None:
+        if self._sock is None:
             yield None
             return
         block = self._request()
@@ -130,7 +200,7 @@ class Client:
                 head = b"F" + struct.pack("<q", block.index)
                 if prof is not None:
                     head = b"E" + struct.pack("<q", block.index) + self._stats_bytes(prof, block)
-                self._conn.send_bytes(head + text.encode("utf-8", "replace"))
+                self._send(head + text.encode("utf-8", "replace"))
                 reported = True
             except Exception:
                 pass
@@ -140,7 +210,7 @@ class Client:
                 block.status = BlockStatus.FAILED
             if not reported:
                 tail = b"" if prof is None else self._stats_bytes(prof, block)
-                self._conn.send_bytes(b"R" + _RELEASE.pack(block.index, block.status) + tail)
+                self._send(b"R" + _RELEASE.pack(block.index, block.status) + tail)
 
     @staticmethod
     def _stats_bytes(prof, block) -> bytes:
@@ -149,12 +219,17 @@ class Client:
         return _STATS.pack(*(float(v) for v in measured_stats(prof, block)[:5]))
 
     def _disconnect(self):
-        if self._conn is not None:
+        stop = getattr(self, "_stop", None)
+        if stop is None:  # __init__ did not get that far
+            return
+        stop.set()
+        with self._lock:
+            sock, self._sock = self._sock, None
+        if sock is not None:
             try:
-                self._conn.close()
-            except Exception:
+                sock.close()
+            except OSError:
                 pass
-            self._conn = None
 
     def __del__(self):
         try:

@@ -36,10 +36,15 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   back (status 0) and run again first. Timeouts are read off shared memory
   (``cur``/``cur_start_ns``, set when a block starts, so time spent queued does
   not count): the worker is killed.
-* **0-argument worker functions** run their own ``daisy_nb.Client`` loop over an
-  authenticated ``multiprocessing.connection`` listener on 127.0.0.1 (started
-  only when such a task exists); its address and authkey travel in
-  ``DAISY_CONTEXT``, so programs the worker launches connect too.
+* **0-argument worker functions** run their own ``daisy_nb.Client`` loop over TCP
+  (:mod:`._net`: a listener on ``host``, default 127.0.0.1, started only when such
+  a task exists; every connection authenticated with a per-run secret before any
+  of its bytes are read, in the listener's thread). The address, the secret and
+  the liveness timeouts travel in ``DAISY_CONTEXT``, so programs the worker
+  launches, also on other machines, connect too. A client silent for
+  ``peer_timeout`` seconds is dropped, its blocks fail (and are retried) and the
+  worker function whose job it was is ended (and replaced); parked clients get a
+  heartbeat so that they can tell a live scheduler from a vanished one.
 
 Not done here: topological ordering, dependency bookkeeping, retries and tracking
 (the scheduler's job), and printing (``daisy_nb.progress``).
@@ -55,7 +60,6 @@ import queue
 import secrets
 import selectors
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -68,7 +72,7 @@ import numpy as np
 
 from daisy_nb import logging as dlog
 from daisy_nb.progress import Heartbeat, notify
-from daisy_nb.runtime import _shm
+from daisy_nb.runtime import _net, _shm
 from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block
 from daisy_nb.runtime.context import Context
 
@@ -167,6 +171,7 @@ class _Worker:
         self.next_buf = 0
         self.expected_exit = False
         self.timed_out = False
+        self.lost = False  # a client of its job went silent (heartbeat): killed, counts as a failure
         self.acquired = 0
         self.err_path = None
         self.err_offset = 0
@@ -180,10 +185,11 @@ class _ClientConn:
         self.wid = -1
         self.held: dict[int, int] = {}  # block index -> monotonic_ns when sent
         self.parked = False
+        self.last_seen = self.last_sent = time.monotonic()  # heartbeats
 
 
 class _Pool:
-    def __init__(self, scheduler, resources, observer, batch_target_secs):
+    def __init__(self, scheduler, resources, observer, batch_target_secs, host=None):
         self.s = scheduler
         self.order = list(scheduler.task_ids)
         self.budget = {k: int(v) for k, v in (resources or {}).items()}
@@ -200,10 +206,12 @@ class _Pool:
         self.next_wid = 0
         self.interrupted = False
         self.listener = None
-        self.listen_thread = None
         self.new_conns: queue.SimpleQueue = queue.SimpleQueue()
-        self.authkey = secrets.token_bytes(16)
+        self.authkey = secrets.token_bytes(32)
         self.port = 0
+        self.bind_host, self.advertise = _net.resolve_host(host)
+        self.host_given = host not in (None, "")
+        self.net = _net.liveness()  # auth / heartbeat / peer_timeout seconds (DAISY_NB_* env)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
@@ -241,28 +249,16 @@ class _Pool:
             self.trs[tid] = tr
         if any(tr.arity == 0 for tr in self.trs.values()):
             self._start_listener()
+        elif self.host_given:  # no Client will connect, but a host this machine does not have is an error
+            _net.Listener.check_bindable(self.bind_host)
 
     def _start_listener(self):
-        self.listener = mpc.Listener(("127.0.0.1", 0), authkey=self.authkey)
-        self.port = self.listener.address[1]
-        self.stop_listening = False
+        def on_conn(conn):  # listener thread: an authenticated connection
+            self.new_conns.put(conn)
+            self._wake()
 
-        def accept_loop():
-            while not self.stop_listening:
-                try:
-                    conn = self.listener.accept()
-                except Exception:
-                    if self.stop_listening:
-                        return
-                    continue  # failed authentication or a poke
-                if self.stop_listening:
-                    conn.close()
-                    return
-                self.new_conns.put(conn)
-                self._wake()
-
-        self.listen_thread = threading.Thread(target=accept_loop, name="daisy_nb-listener", daemon=True)
-        self.listen_thread.start()
+        self.listener = _net.Listener(self.bind_host, self.authkey, on_conn, self.net)
+        self.port = self.listener.port
 
     def _wake(self):
         fd = self.wake_w
@@ -277,13 +273,16 @@ class _Pool:
     def _context(self, tr: _TaskRun, wid: int) -> Context:
         base = dlog.get_log_basedir()
         return Context(
-            hostname="127.0.0.1",
+            hostname=self.advertise,
             port=self.port,
             task_id=tr.tid,
             worker_id=wid,
             logdir="" if base is None else str(base),
             resource_tracking=int(tr.track),
             authkey=self.authkey.hex(),
+            heartbeat=f"{self.net['heartbeat']:g}",
+            peer_timeout=f"{self.net['peer_timeout']:g}",
+            auth=f"{self.net['auth']:g}",
         )
 
     def _spawn(self, tr: _TaskRun) -> None:
@@ -432,7 +431,7 @@ class _Pool:
                 tr.inflight -= n
         w.queue.clear()
         msg = None
-        if w.timed_out:
+        if w.timed_out or w.lost:
             dirty = True
         elif w.expected_exit or self.aborting:
             dirty = False  # we asked it to quit, or killed it (shutdown, abandonment)
@@ -467,6 +466,11 @@ class _Pool:
             if msg is None:
                 if w.timed_out:
                     msg = f"daisy worker process killed after a block exceeded timeout={tr.task.timeout_secs:g}s"
+                elif w.lost:
+                    msg = (
+                        f"daisy worker function killed: its worker sent nothing for "
+                        f"{self.net['peer_timeout']:g}s (heartbeat; DAISY_NB_PEER_TIMEOUT_SECS)"
+                    )
                 else:
                     msg = f"daisy worker process exited with code {rc}" + (" while processing blocks" if was_busy else "")
                 tail = self._err_tail(w)
@@ -610,12 +614,27 @@ class _Pool:
     # ----------------------------------------------------------------- clients
     def _on_client_msg(self, cc: _ClientConn, msg: bytes) -> None:
         kind = msg[:1]
+        if kind == b"P":  # heartbeat (last_seen is updated on every read)
+            return
         if kind == b"H":
-            tid, wid = msg[1:].decode().split("\n")
+            try:
+                tid, wid = msg[1:].decode().split("\n")
+                cc.wid = int(wid)
+            except ValueError:
+                self._drop_client(cc)
+                return
             cc.tr = self.trs.get(tid)
-            cc.wid = int(wid)
             if cc.tr is None:
                 self._drop_client(cc)
+            elif 0 <= cc.wid < self.next_wid and cc.wid not in self.workers and not self.s.is_done():
+                logger.warning(
+                    "task %r: worker %d connected after its worker function had already returned; 0-argument "
+                    "worker functions must block until the worker they start exits (subprocess.run, "
+                    "`bsub -K`, `sbatch --wait`, `srun`): a returned one is replaced, so a fire-and-forget "
+                    "submit starts workers without end",
+                    tid,
+                    cc.wid,
+                )
             return
         tr = cc.tr
         if tr is None:
@@ -663,6 +682,7 @@ class _Pool:
                     b.write_shape[0].tolist(),
                 )
                 cc.held[i] = time.monotonic_ns()
+                cc.last_sent = time.monotonic()
                 tr.inflight += 1
                 cc.parked = False
                 w = self.workers.get(cc.wid)
@@ -683,6 +703,49 @@ class _Pool:
                 cc.conn.send_bytes(b"N")
             except OSError:
                 self._drop_client(cc)
+
+    def _on_client_readable(self, cc: _ClientConn) -> None:
+        try:
+            msgs = cc.conn.recv_frames()
+        except (EOFError, OSError):
+            self._drop_client(cc)
+            return
+        cc.last_seen = time.monotonic()
+        for msg in msgs:
+            if cc.conn not in self.clients:
+                return  # dropped by an earlier frame
+            try:
+                self._on_client_msg(cc, msg)
+            except (struct.error, ValueError):  # a malformed frame (from an authenticated peer)
+                self._drop_client(cc)
+
+    def _check_clients(self) -> None:
+        """Heartbeats: ping clients that wait for work; drop the ones that went silent."""
+        now = time.monotonic()
+        beat, dead = self.net["heartbeat"], self.net["peer_timeout"]
+        for cc in list(self.clients.values()):
+            if now - cc.last_seen > dead:
+                tid = cc.tr.tid if cc.tr is not None else "?"
+                logger.warning(
+                    "task %r: worker %s at %s sent nothing for %.0f s; dropped, %d block(s) it held are handed "
+                    "out again",
+                    tid,
+                    cc.wid,
+                    cc.conn.peer,
+                    now - cc.last_seen,
+                    len(cc.held),
+                )
+                w = self.workers.get(cc.wid)
+                self._drop_client(cc)
+                if w is not None and w.tr is cc.tr and w.state != DEAD and not w.expected_exit:
+                    w.lost = True  # its spawn call would wait for that worker forever
+                    self._kill(w)
+            elif cc.parked and now - cc.last_sent > beat:
+                try:
+                    cc.conn.send_bytes(b"P")
+                    cc.last_sent = now
+                except OSError:
+                    self._drop_client(cc)
 
     def _drop_client(self, cc: _ClientConn) -> None:
         self.by_obj.pop(cc.conn, None)
@@ -862,14 +925,13 @@ class _Pool:
                 elif kind == "pidfd":
                     self._on_exit(x)
                 else:
-                    try:
-                        self._on_client_msg(x, obj.recv_bytes())
-                    except (EOFError, OSError):
-                        self._drop_client(x)
+                    self._on_client_readable(x)
             for w in list(self.workers.values()):
                 if w.pidfd is None and w.proc.poll() is not None:
                     self._on_exit(w)
             self._check_timeouts()
+            if self.clients:
+                self._check_clients()
             now = time.monotonic()
             heartbeat(now)
 
@@ -911,13 +973,6 @@ class _Pool:
             except (ProcessLookupError, PermissionError):
                 pass
         if self.listener is not None:
-            self.stop_listening = True
-            try:  # poke accept() so the thread sees the flag
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    pass
-            except OSError:
-                pass
-            self.listen_thread.join(timeout=2)
             self.listener.close()
         while not self.new_conns.empty():
             try:
@@ -940,6 +995,7 @@ def run_pool(
     summary=True,
     log_dir=None,
     batch_target_secs: float = 0.01,
+    host=None,
 ):
     """Run every task of ``scheduler`` on worker processes; returns ``{task_id: TaskState}``.
 
@@ -947,13 +1003,14 @@ def run_pool(
     workers are ended, tracking is flushed, the partial summary printed and
     ``KeyboardInterrupt`` raised with ``daisy_states``/``daisy_task_order``
     attached. Abandoned tasks do not raise here (see :func:`raise_if_abandoned`).
+    ``host``: where ``Client`` connections are accepted (see ``_net.resolve_host``).
     """
     from daisy_nb.progress import finish_run, resolve_observer
 
     saved_base = dlog.get_log_basedir()
     if log_dir is not None:
         dlog.set_log_basedir(log_dir)
-    pool = _Pool(scheduler, resources, resolve_observer(progress, list(scheduler.task_ids)), batch_target_secs)
+    pool = _Pool(scheduler, resources, resolve_observer(progress, list(scheduler.task_ids)), batch_target_secs, host)
     old_handler = None
     in_main = threading.current_thread() is threading.main_thread()
     interrupted = False
