@@ -334,3 +334,56 @@ def test_vanished_scheduler_ends_its_worker_within_the_deadline(out, fast, tmp_p
     line = [x for x in stdout.splitlines() if x.startswith("RESULT ")][-1]
     assert line == f"RESULT [{n}, 0]"
     assert len(list(out.glob("job_*"))) >= 2
+
+
+# ------------------------------------------------------------------ blocks sent ahead
+@pytest.fixture
+def frames(monkeypatch):
+    """Count what the scheduler receives (by kind) and the blocks it sends ahead."""
+    from daisy_nb.runtime import clients
+
+    seen = {"ahead": 0}
+    on_msg, serve = clients.ClientsMixin._on_client_msg, clients.ClientsMixin._serve_client
+
+    def on_client_msg(self, cc, msg):
+        k = msg[:1].decode()
+        seen[k] = seen.get(k, 0) + 1
+        return on_msg(self, cc, msg)
+
+    def serve_client(self, cc, ahead=False):
+        n = len(cc.held)
+        serve(self, cc, ahead)
+        seen["ahead"] += ahead and len(cc.held) > n
+
+    monkeypatch.setattr(clients.ClientsMixin, "_on_client_msg", on_client_msg)
+    monkeypatch.setattr(clients.ClientsMixin, "_serve_client", serve_client)
+    return seen
+
+
+def test_fast_blocks_are_sent_ahead_and_need_no_request(out, frames):
+    st = run(make_task("a", 200, blockfns.client_loop, max_workers=1, max_retries=0))["a"]
+    assert st.completed_count == 200 and st.failed_count == 0
+    assert frames["ahead"] > 150  # after the first blocks, every next block was on its way already
+    assert frames["R"] == 200 and frames["A"] + frames["ahead"] < 260  # no block for nothing
+
+
+def test_a_block_sent_ahead_is_given_back_when_the_worker_leaves_its_loop(out, frames):
+    # max_retries=0: a block counted as an attempt without being run would fail for good
+    st = run(make_task("g", 30, blockfns.client_takes_three, max_workers=1, max_retries=0))["g"]
+    assert st.completed_count == 30 and st.failed_count == 0 and st.worker_failure_count == 0
+    assert all((out / f"attempt_g_{i}").stat().st_size == 1 for i in range(30))
+    assert frames["ahead"] >= 5 and frames["Q"] >= 9  # each goodbye gave back what it held, uncounted
+
+
+def test_a_killed_worker_fails_its_block_only(out, frames):
+    st = run(make_task("k", 40, blockfns.client_loop_killed_on_5, max_workers=1, max_retries=0))["k"]
+    # block 5 fails (no retries); the block sent ahead behind it was never started: not counted
+    assert st.failed_count == 1 and st.completed_count == 39 and st.worker_failure_count == 1
+    assert not (out / "done_k_5").exists() and len(done(out, "k")) == 39
+    assert frames["ahead"] > 10
+
+
+def test_a_paused_worker_gives_its_block_sent_ahead_back(out, frames):
+    st = run(make_task("p", 12, blockfns.client_pauses_after_two, max_workers=1, max_retries=0))["p"]
+    assert st.completed_count == 12 and st.failed_count == 0
+    assert frames.get("G", 0) >= 1  # by the heartbeat thread, while the worker was away

@@ -185,6 +185,20 @@ def recv_frame(sock: socket.socket) -> bytes:
     return _recv_exact(sock, n)
 
 
+def split_frames(buf: bytearray) -> list[bytes]:
+    """Remove the complete frames at the front of ``buf`` and return their payloads."""
+    out = []
+    while len(buf) >= _LEN.size:
+        (n,) = _LEN.unpack_from(buf)
+        if n > MAX_FRAME:
+            raise ConnectionError(f"frame of {n} bytes (protocol error)")
+        if len(buf) < _LEN.size + n:
+            break
+        out.append(bytes(buf[_LEN.size : _LEN.size + n]))
+        del buf[: _LEN.size + n]
+    return out
+
+
 # -------------------------------------------------------------------------- server
 class ServerConn:
     """The scheduler's end of an authenticated connection (non-blocking; never blocks the loop)."""
@@ -214,18 +228,8 @@ class ServerConn:
             return []
         if not data:
             raise EOFError("connection closed")
-        buf = self._buf
-        buf += data
-        out = []
-        while len(buf) >= _LEN.size:
-            (n,) = _LEN.unpack_from(buf)
-            if n > MAX_FRAME:
-                raise OSError(f"frame of {n} bytes (protocol error)")
-            if len(buf) < _LEN.size + n:
-                break
-            out.append(bytes(buf[_LEN.size : _LEN.size + n]))
-            del buf[: _LEN.size + n]
-        return out
+        self._buf += data
+        return split_frames(self._buf)
 
     def close(self) -> None:
         if not self.closed:

@@ -60,7 +60,6 @@ import queue
 import secrets
 import selectors
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -73,7 +72,7 @@ import numpy as np
 from daisy_nb import logging as dlog
 from daisy_nb.progress import Heartbeat, notify
 from daisy_nb.runtime import _net, _shm
-from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block
+from daisy_nb.runtime.clients import ClientConn, ClientsMixin
 from daisy_nb.runtime.context import Context
 
 __all__ = ["function_arity", "run_pool", "serialize_function"]
@@ -178,17 +177,7 @@ class _Worker:
         self.t_spawn = time.monotonic()
 
 
-class _ClientConn:
-    def __init__(self, conn):
-        self.conn = conn
-        self.tr: _TaskRun | None = None
-        self.wid = -1
-        self.held: dict[int, int] = {}  # block index -> monotonic_ns when sent
-        self.parked = False
-        self.last_seen = self.last_sent = time.monotonic()  # heartbeats
-
-
-class _Pool:
+class _Pool(ClientsMixin):
     def __init__(self, scheduler, resources, observer, batch_target_secs, host=None):
         self.s = scheduler
         self.order = list(scheduler.task_ids)
@@ -201,7 +190,9 @@ class _Pool:
         self.by_obj: dict = {}  # waitable -> ("w", worker) | ("pidfd", worker) | ("c", client)
         self._sel = None  # cached poll selector over by_obj (see _wait)
         self._sel_set: set = set()
-        self.clients: dict = {}
+        self.clients: dict = {}  # connection -> ClientConn (see clients.py)
+        self.n_clients: dict[str, int] = {}  # task id -> connected clients
+        self.client_block_secs: dict[str, float] = {}  # task id -> mean block time of its clients
         self.pgids: list[int] = []
         self.next_wid = 0
         self.interrupted = False
@@ -612,153 +603,21 @@ class _Pool:
         w.tr.res.add(rows, failed)
 
     # ----------------------------------------------------------------- clients
-    def _on_client_msg(self, cc: _ClientConn, msg: bytes) -> None:
-        kind = msg[:1]
-        if kind == b"P":  # heartbeat (last_seen is updated on every read)
-            return
-        if kind == b"H":
-            try:
-                tid, wid = msg[1:].decode().split("\n")
-                cc.wid = int(wid)
-            except ValueError:
-                self._drop_client(cc)
-                return
-            cc.tr = self.trs.get(tid)
-            if cc.tr is None:
-                self._drop_client(cc)
-            elif 0 <= cc.wid < self.next_wid and cc.wid not in self.workers and not self.s.is_done():
-                logger.warning(
-                    "task %r: worker %d connected after its worker function had already returned; 0-argument "
-                    "worker functions must block until the worker they start exits (subprocess.run, "
-                    "`bsub -K`, `sbatch --wait`, `srun`): a returned one is replaced, so a fire-and-forget "
-                    "submit starts workers without end",
-                    tid,
-                    cc.wid,
-                )
-            return
-        tr = cc.tr
-        if tr is None:
+    def _client_lost(self, cc) -> None:
+        """``cc`` went silent and was dropped: end the worker function waiting for it (it is replaced)."""
+        w = self.workers.get(cc.wid)
+        if w is not None and w.tr is cc.tr and w.state != DEAD and not w.expected_exit:
+            w.lost = True
+            self._kill(w)
+
+    def _client_timed_out(self, cc) -> None:
+        """``cc``'s block exceeded the task's timeout (already reclaimed): end its worker function, or drop it."""
+        w = self.workers.get(cc.wid)
+        if w is not None and w.tr is cc.tr:
+            w.timed_out = True
+            self._kill(w)
+        else:
             self._drop_client(cc)
-            return
-        if kind == b"A":
-            cc.parked = True
-            self._serve_client(cc)
-        elif kind in (b"R", b"F", b"E"):
-            stats = None
-            if kind == b"R":
-                index, status = _RELEASE.unpack_from(msg, 1)
-                if len(msg) >= 1 + _RELEASE.size + _STATS.size:  # a tracked release carries its stats
-                    stats = _STATS.unpack_from(msg, 1 + _RELEASE.size)
-            else:
-                (index,) = struct.unpack_from("<q", msg, 1)
-                status = 3
-                t0 = 9
-                if kind == b"E":  # a failure with stats (resource_tracking)
-                    stats = _STATS.unpack_from(msg, 9)
-                    t0 += _STATS.size
-                text = msg[t0:].decode("utf-8", "replace")
-                c = self.s.counters[tr.tid]
-                c.last_worker_error = text
-                if c.first_worker_error is None:
-                    c.first_worker_error = text
-            if cc.held.pop(index, None) is not None:  # else: reclaimed after a timeout
-                if stats is not None and tr.res is not None:
-                    tr.res.add_one(stats, status != 2)
-                self.s.release_blocks(tr.tid, np.array([index], np.int64), np.array([2 if status == 2 else 3], np.uint8))
-                tr.inflight -= 1
-
-    def _serve_client(self, cc: _ClientConn) -> None:
-        tr = cc.tr
-        if not tr.abandoned and self.s.ready_count(tr.tid) > 0:
-            b = self.s.acquire_blocks(tr.tid, 1)
-            if len(b.index):
-                i = int(b.index[0])
-                msg = pack_block(
-                    i,
-                    int(b.spatial_id[0]),
-                    b.read_offset[0].tolist(),
-                    b.read_shape[0].tolist(),
-                    b.write_offset[0].tolist(),
-                    b.write_shape[0].tolist(),
-                )
-                cc.held[i] = time.monotonic_ns()
-                cc.last_sent = time.monotonic()
-                tr.inflight += 1
-                cc.parked = False
-                w = self.workers.get(cc.wid)
-                if w is not None:
-                    w.acquired += 1
-                if tr.t_first is None:
-                    tr.t_first = time.monotonic()
-                    if self.t_first_block is None:
-                        self.t_first_block = tr.t_first
-                try:
-                    cc.conn.send_bytes(msg)
-                except OSError:
-                    self._drop_client(cc)
-                return
-        if self._nothing_left(tr):
-            cc.parked = False
-            try:
-                cc.conn.send_bytes(b"N")
-            except OSError:
-                self._drop_client(cc)
-
-    def _on_client_readable(self, cc: _ClientConn) -> None:
-        try:
-            msgs = cc.conn.recv_frames()
-        except (EOFError, OSError):
-            self._drop_client(cc)
-            return
-        cc.last_seen = time.monotonic()
-        for msg in msgs:
-            if cc.conn not in self.clients:
-                return  # dropped by an earlier frame
-            try:
-                self._on_client_msg(cc, msg)
-            except (struct.error, ValueError):  # a malformed frame (from an authenticated peer)
-                self._drop_client(cc)
-
-    def _check_clients(self) -> None:
-        """Heartbeats: ping clients that wait for work; drop the ones that went silent."""
-        now = time.monotonic()
-        beat, dead = self.net["heartbeat"], self.net["peer_timeout"]
-        for cc in list(self.clients.values()):
-            if now - cc.last_seen > dead:
-                tid = cc.tr.tid if cc.tr is not None else "?"
-                logger.warning(
-                    "task %r: worker %s at %s sent nothing for %.0f s; dropped, %d block(s) it held are handed "
-                    "out again",
-                    tid,
-                    cc.wid,
-                    cc.conn.peer,
-                    now - cc.last_seen,
-                    len(cc.held),
-                )
-                w = self.workers.get(cc.wid)
-                self._drop_client(cc)
-                if w is not None and w.tr is cc.tr and w.state != DEAD and not w.expected_exit:
-                    w.lost = True  # its spawn call would wait for that worker forever
-                    self._kill(w)
-            elif cc.parked and now - cc.last_sent > beat:
-                try:
-                    cc.conn.send_bytes(b"P")
-                    cc.last_sent = now
-                except OSError:
-                    self._drop_client(cc)
-
-    def _drop_client(self, cc: _ClientConn) -> None:
-        self.by_obj.pop(cc.conn, None)
-        self.clients.pop(cc.conn, None)
-        try:
-            cc.conn.close()
-        except OSError:
-            pass
-        if cc.held and cc.tr is not None:
-            idx = np.array(list(cc.held), np.int64)
-            self.s.release_blocks(cc.tr.tid, idx, np.full(len(idx), 3, np.uint8))
-            cc.tr.inflight -= len(idx)
-            cc.held.clear()
 
     # ------------------------------------------------------------------- loop
     def _spawn_pass(self) -> None:
@@ -823,24 +682,8 @@ class _Pool:
                         self.s.counters[tr.tid].timeout_reclaim_count += 1
                         self._kill(w)
                         break
-        for cc in list(self.clients.values()):
-            tr = cc.tr
-            if tr is None or tr.timeout_ns is None:
-                continue
-            late = [i for i, t in cc.held.items() if now - t > tr.timeout_ns]
-            if not late:
-                continue
-            for i in late:
-                del cc.held[i]
-                self.s.counters[tr.tid].timeout_reclaim_count += 1
-            self.s.release_blocks(tr.tid, np.array(late, np.int64), np.full(len(late), 3, np.uint8))
-            tr.inflight -= len(late)
-            w = self.workers.get(cc.wid)
-            if w is not None and w.tr is tr:
-                w.timed_out = True
-                self._kill(w)
-            else:
-                self._drop_client(cc)
+        if self.clients:
+            self._client_timeouts(now)  # clients.py; calls _client_timed_out
 
     def _notify(self, what: str) -> None:
         notify(self.observer, what, self.s)
@@ -860,7 +703,7 @@ class _Pool:
                 raise KeyboardInterrupt("run aborted by SIGINT")
             while not self.new_conns.empty():
                 conn = self.new_conns.get()
-                cc = _ClientConn(conn)
+                cc = ClientConn(conn)
                 self.clients[conn] = cc
                 self.by_obj[conn] = ("c", cc)
             done = s.is_done()
