@@ -231,7 +231,7 @@ class ClientsMixin:
         """The block ``cc`` runs fails (an attempt); blocks behind it were never started: given back."""
         idx = np.array(list(cc.held), np.int64)
         st = np.zeros(len(idx), np.uint8)
-        st[0] = 3
+        st[0] = 0 if self.aborting else 3  # Ctrl-C: given back, as in the pool's batches
         cc.held.clear()
         self.s.release_blocks(cc.tr.tid, idx, st)
         cc.tr.inflight -= len(idx)
