@@ -165,7 +165,7 @@ def main() -> None:
     print(_util.table(["library", "wall time per round", "share of ideal, best round", "share per round",
                        "10-block run (fixed cost), best", "overhead per block (best round)"], rows))
     if args.daisy_python:
-        ratios = [d["secs"] / b["secs"] for b, d in zip(res["daisy_nb"], res["daisy 2.0.0"])]
+        ratios = [d["secs"] / b["secs"] for b, d in zip(res["daisy_nb"], res["daisy 2.0.0"], strict=True)]
         print(f"\ndaisy 2.0.0 / daisy_nb wall time per round: {', '.join(f'{x:.2f}x' for x in ratios)}")
 
 

@@ -124,6 +124,18 @@ def test_daisy_host_env_is_honoured_and_host_argument_wins(out, monkeypatch):
     assert [daisy_nb.Context.from_env(p.read_text())["hostname"] for p in out.glob("context_*")] == ["127.0.0.4"]
 
 
+def test_ipv6_loopback_host(out):
+    try:
+        socket.socket(socket.AF_INET6).close()
+        socket.getaddrinfo("::1", 0, socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    st = run(make_task("i6", 10, cluster.submit, max_workers=1), host="::1")["i6"]
+    assert st.completed_count == 10 and st.worker_failure_count == 0
+    progs = [p.read_text().split(" ", 3) for p in out.glob("prog_*") if not p.name.endswith(".err")]
+    assert progs and all(p[0] == "::1" and p[2] == "refused" for p in progs)  # not on 127.0.0.1
+
+
 def test_default_host_is_loopback(out, monkeypatch):
     monkeypatch.delenv("DAISY_HOST", raising=False)
     assert run(make_task("d", 4, blockfns.client_loop_with_context))["d"].completed_count == 4

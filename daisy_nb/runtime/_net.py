@@ -261,7 +261,8 @@ class Listener:
         self._sock = self._bind(bind_host)
         self.address = self._sock.getsockname()[:2]
         self.port = self.address[1]
-        self._stop_r, self._stop_w = os.pipe()
+        self._stop_r, w = os.pipe()
+        self._stop_w: int | None = w
         self._thread = threading.Thread(target=self._loop, name="daisy_nb-listener", daemon=True)
         self._thread.start()
 
@@ -294,14 +295,15 @@ class Listener:
 
     def close(self) -> None:
         """Stop accepting, close the socket and any handshake in progress; waits for the thread."""
-        if self._stop_w is None:
+        w = self._stop_w
+        if w is None:
             return
         try:
-            os.write(self._stop_w, b"x")
+            os.write(w, b"x")
         except OSError:
             pass
         self._thread.join(timeout=5)
-        os.close(self._stop_w)
+        os.close(w)
         os.close(self._stop_r)
         self._stop_w = None
 
@@ -324,10 +326,16 @@ class Listener:
                 for key, _ in sel.select(max(0.0, timeout)):
                     if key.data == "stop":
                         return
-                    if key.data is None:
-                        self._accept(sel, pending)
-                    else:
-                        self._advance(sel, pending, key.data)
+                    try:
+                        if key.data is None:
+                            self._accept(sel, pending)
+                        else:
+                            self._advance(sel, pending, key.data)
+                    except Exception:  # a bug must not stop the listener: drop that one connection
+                        logger.exception("daisy_nb listener: unexpected error")
+                        hs = key.data
+                        if hs is not None and hs.sock in pending:
+                            self._drop(sel, pending, hs, "internal error")
                 now = time.monotonic()
                 for hs in [h for h in pending.values() if h.deadline <= now]:
                     self._drop(sel, pending, hs, f"no answer within {self.timeouts['auth']:g} s")

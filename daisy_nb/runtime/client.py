@@ -170,9 +170,12 @@ class Client:
 
     def _read(self, wait: bool) -> None:
         """Move the frames that arrived into the inbox; ``wait``: block (up to peer_timeout) for bytes."""
+        sock = self._sock
+        if sock is None:
+            raise EOFError("disconnected")
         if not wait and not self._poll.poll(0):
             return
-        data = self._sock.recv(65536)
+        data = sock.recv(65536)
         if not data:
             raise EOFError("the scheduler closed the connection")
         self._rbuf += data

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +49,26 @@ class ClientConn:
 
 class ClientsMixin:
     """Client messages, block hand-out, heartbeats and drops (see the module docstring)."""
+
+    # set by the pool (pool._Pool)
+    s: Any  # the Scheduler
+    trs: dict
+    workers: dict
+    clients: dict
+    by_obj: dict
+    n_clients: dict[str, int]
+    client_block_secs: dict[str, float]
+    next_wid: int
+    target: float
+    net: dict[str, float]
+    aborting: bool
+    t_first_block: float | None
+
+    if TYPE_CHECKING:
+
+        def _nothing_left(self, tr) -> bool: ...
+        def _client_lost(self, cc: ClientConn) -> None: ...
+        def _client_timed_out(self, cc: ClientConn) -> None: ...
 
     def _on_client_msg(self, cc: ClientConn, msg: bytes) -> None:
         kind = msg[:1]
