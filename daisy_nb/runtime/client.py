@@ -2,25 +2,32 @@
 
 ``Client()`` reads ``DAISY_CONTEXT`` (put in the environment of every worker
 process by the pool, inherited by programs the worker launches, also on other
-machines: ``run_blockwise(host=...)``), connects to the scheduler over TCP,
-authenticates both ways with the run's secret carried in the context (protocol,
-heartbeat and timeouts in :mod:`daisy_nb.runtime._net`) and hands out one block
-per ``acquire_block()``.
+machines: ``run_blockwise(host=...)``), connects to the scheduler over TCP and
+hands out one block per ``acquire_block()``.
 
-Messages are tiny ``struct``-packed frames, never pickles: ``H`` hello (task id,
-worker id), ``A`` acquire, ``R`` release, ``F`` failure + traceback, ``G`` give
-back, ``Q`` goodbye, ``P`` heartbeat; the scheduler answers ``B`` + block, ``N`` (no more work) or ``P``
-(heartbeat while the request is parked). For a ``Task(resource_tracking=True)``
-(``resource_tracking=1`` in the context) the body of ``with
-client.acquire_block()`` is measured with ``profile_block`` and the stats ride on
-the block's own release frame (``R`` with five float64 appended; ``E`` instead of
-``F``): still one message per block. For fast blocks the scheduler sends the next
-block ahead, so that the worker does not wait a round trip per block (see
-:mod:`daisy_nb.runtime.clients`); ``G`` gives such a block back unstarted (after a
-failure, or when the worker stops asking for a second) and ``Q`` says goodbye, which
-gives back everything still held. The block a connection that drops (or stays
-silent for ``peer_timeout`` seconds) was running is failed (and retried) by the
-scheduler.
+Protocol (details in :mod:`daisy_nb.runtime._net`):
+
+1. Handshake, before anything else is read: the scheduler sends ``DAISYNB1`` and a
+   16-byte nonce; the client answers ``HMAC-SHA256(secret, "daisy_nb client" +
+   nonce)`` and its own nonce; the scheduler proves the secret the same way. The
+   secret (``authkey``) comes with the address in ``DAISY_CONTEXT``.
+2. Frames (``u32`` little-endian length + payload), tiny ``struct``-packed, never
+   pickles. Client: ``H`` hello (task id, worker id), ``A`` acquire, ``R`` release
+   (index, status), ``F`` failure (index + traceback), ``G`` give back a block sent
+   ahead (index), ``Q`` goodbye, ``P`` heartbeat (every ``heartbeat`` seconds, from
+   a background thread, also while a block runs). Scheduler: ``B`` block (index,
+   spatial id, ROIs), ``N`` no more work, ``P`` heartbeat (while a request waits).
+3. Silence for ``peer_timeout`` seconds ends the connection, on either side.
+
+For a ``Task(resource_tracking=True)`` (``resource_tracking=1`` in the context) the
+body of ``with client.acquire_block()`` is measured with ``profile_block`` and the
+stats ride on the block's own release frame (``R`` with five float64 appended;
+``E`` instead of ``F``): still one message per block. For fast blocks the scheduler
+sends the next block ahead, so that the worker does not wait a round trip per block
+(see :mod:`daisy_nb.runtime.clients`); ``G`` gives such a block back unstarted
+(after a failure, or when the worker stops asking for a second) and ``Q`` gives
+back everything still held. The block that a connection which drops (or stays
+silent) was running is failed (and retried) by the scheduler.
 
 The run being over is never an error here: a scheduler that refuses the
 connection, is another run (its secret differs), or vanishes (silent for
