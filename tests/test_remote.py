@@ -400,3 +400,27 @@ def test_a_paused_worker_gives_its_block_sent_ahead_back(out, frames):
     st = run(make_task("p", 12, blockfns.client_pauses_after_two, max_workers=1, max_retries=0))["p"]
     assert st.completed_count == 12 and st.failed_count == 0
     assert frames.get("G", 0) >= 1  # by the heartbeat thread, while the worker was away
+
+
+def test_ctrl_c_of_a_cluster_run_ends_its_jobs(out, fast, tmp_path):
+    script = tmp_path / "sched.py"
+    body = SCHED.format(workers=str(HERE / "workers"), n=2000).replace("max_workers=1", "max_workers=2")
+    body = body.replace("st = daisy_nb.run_blockwise", "try:\n    st = daisy_nb.run_blockwise")
+    body = body.replace('print("RESULT"', 'except KeyboardInterrupt:\n    print("KI", flush=True)\n    sys.exit(42)\nprint("R"')
+    script.write_text(body)
+    env = dict(os.environ, DAISY_NB_TEST_OUT=str(out))
+    sched = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        wait_for(lambda: len(done(out, "vs")) >= 10, 60, "the first blocks")
+        jobs = [j.name[4:] for j in out.glob("job_*")]
+        sched.send_signal(signal.SIGINT)
+        stdout, _ = sched.communicate(timeout=15)
+    finally:
+        if sched.poll() is None:
+            sched.kill()
+            sched.wait()
+    assert sched.returncode == 42 and "KI" in stdout
+    # the jobs (in their own sessions) see the connection close and end cleanly, at once
+    wait_for(lambda: all((out / f"rc_{pid}").exists() or not psutil.pid_exists(int(pid)) for pid in jobs), 10, "jobs")
+    assert all(not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE
+               for pid in jobs)
