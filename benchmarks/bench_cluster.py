@@ -24,17 +24,13 @@ minus the sleep. Rounds alternate daisy_nb and daisy so that load bursts hit bot
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import _util  # noqa: E402
+# the job programs and worker functions import only what they use (their start-up is timed)
 
 SLEEP = 0.001
 
@@ -73,6 +69,8 @@ def measured_sleep(n: int = 300) -> float:
 
 
 def child(lib: str, n: int, workers: int) -> dict:
+    import _util
+
     os.environ["BENCH_CLUSTER_LIB"] = lib
     if lib == "daisy":
         import daisy
@@ -100,6 +98,10 @@ def child(lib: str, n: int, workers: int) -> dict:
 
 
 def run_one(python: str, lib: str, n: int, workers: int) -> dict:
+    import tempfile
+
+    import _util
+
     with tempfile.TemporaryDirectory() as d:  # daisy's logs land in the cwd
         old = tempfile.tempdir
         tempfile.tempdir = d
@@ -113,17 +115,21 @@ def run_one(python: str, lib: str, n: int, workers: int) -> dict:
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--job":  # a job program: nothing else to import
+        job(sys.argv[2])
+        return
+    import argparse
+
+    sys.path.insert(0, HERE)
+    import _util
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--daisy-python", default=None, help="a python with daisy==2.0.0 installed")
     ap.add_argument("--quick", action="store_true", help="100 blocks, one round (smoke run)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 1 with --quick)")
     ap.add_argument("--blocks", type=int, default=None)
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
-    ap.add_argument("--job", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.job:
-        job(args.job)
-        return
     if args.worker:
         lib, n, w = args.worker
         _util.emit(child(lib, int(n), int(w)))
