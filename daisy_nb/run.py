@@ -35,6 +35,9 @@ def run_blockwise(
     ``max_worker_restarts`` raises ``RuntimeError`` with the states attached.
     ``dashboard=True`` (or a port, or a :class:`daisy_nb.dashboard.Dashboard`)
     serves a live page of the run on 127.0.0.1 and prints its URL.
+    ``host`` (else ``DAISY_HOST``) is the address the pool listens on for ``Client``
+    connections and tells workers (``DAISY_CONTEXT``); default ``127.0.0.1``,
+    ``"0.0.0.0"`` listens on every interface and advertises ``socket.getfqdn()``.
     """
     states, order = _execute(
         pipeline, multiprocessing=multiprocessing, resources=resources, progress=progress, summary=summary,
@@ -53,13 +56,8 @@ def _execute(tasks, *, multiprocessing, resources, progress, summary, block_trac
              dashboard=None):
     """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``."""
     host = host if host is not None else os.environ.get("DAISY_HOST")
-    if host not in (None, "", "127.0.0.1", "localhost", "::1") and multiprocessing and executor is None:
-        warnings.warn(
-            f"host={host!r} is ignored: the worker pool listens on 127.0.0.1 only (workers run on this machine); "
-            "to use other machines, pass executor= (a dask cluster)",
-            UserWarning,
-            stacklevel=3,
-        )
+    if host is not None and not isinstance(host, str):
+        raise TypeError(f"host must be a string (an address or host name of this machine), got {type(host).__name__}")
     if dashboard is not None and dashboard is not False:
         from .dashboard import check_dashboard
 
@@ -93,7 +91,9 @@ def _execute(tasks, *, multiprocessing, resources, progress, summary, block_trac
         else:
             from .runtime.pool import run_pool
 
-            states = run_pool(scheduler, resources=resources, progress=progress, summary=summary, log_dir=log_dir)
+            states = run_pool(
+                scheduler, resources=resources, progress=progress, summary=summary, log_dir=log_dir, host=host
+            )
         return states, list(scheduler.task_ids)
     finally:
         if dashboard_done is not None:

@@ -1,28 +1,57 @@
 """``Client``: the worker side of a 0-argument worker function (daisy 2.0 semantics).
 
 ``Client()`` reads ``DAISY_CONTEXT`` (put in the environment of every worker
-process by the pool, inherited by programs the worker launches), connects to the
-pool's authenticated listener (``multiprocessing.connection`` with the authkey
-carried in the context) and hands out one block per ``acquire_block()``.
+process by the pool, inherited by programs the worker launches, also on other
+machines: ``run_blockwise(host=...)``), connects to the scheduler over TCP and
+hands out one block per ``acquire_block()``.
 
-Messages are tiny ``struct``-packed frames, never pickles: ``H`` hello, ``A``
-acquire, ``R`` release, ``F`` failure + traceback; the pool answers ``B`` + block
-or ``N`` (no more work). For a ``Task(resource_tracking=True)`` (``resource_tracking=1``
-in the context) the body of ``with client.acquire_block()`` is measured with
-``profile_block`` and the stats ride on the block's own release frame (``R`` with
-five float64 appended; ``E`` instead of ``F``): still one message per block. Blocks held by a connection that drops are failed (and
-retried) by the pool.
+Protocol (details in :mod:`daisy_nb.runtime._net`):
+
+1. Handshake, before anything else is read: the scheduler sends ``DAISYNB1`` and a
+   16-byte nonce; the client answers ``HMAC-SHA256(secret, "daisy_nb client" +
+   nonce)`` and its own nonce; the scheduler proves the secret the same way. The
+   secret (``authkey``) comes with the address in ``DAISY_CONTEXT``.
+2. Frames (``u32`` little-endian length + payload), tiny ``struct``-packed, never
+   pickles. Client: ``H`` hello (task id, worker id), ``A`` acquire, ``R`` release
+   (index, status), ``F`` failure (index + traceback), ``G`` give back a block sent
+   ahead (index), ``Q`` goodbye, ``P`` heartbeat (every ``heartbeat`` seconds, from
+   a background thread, also while a block runs). Scheduler: ``B`` block (index,
+   spatial id, ROIs), ``N`` no more work, ``P`` heartbeat (while a request waits).
+3. Silence for ``peer_timeout`` seconds ends the connection, on either side.
+
+For a ``Task(resource_tracking=True)`` (``resource_tracking=1`` in the context) the
+body of ``with client.acquire_block()`` is measured with ``profile_block`` and the
+stats ride on the block's own release frame (``R`` with five float64 appended;
+``E`` instead of ``F``): still one message per block. For fast blocks the scheduler
+sends the next block ahead, so that the worker does not wait a round trip per block
+(see :mod:`daisy_nb.runtime.clients`); ``G`` gives such a block back unstarted
+(after a failure, or when the worker stops asking for a second) and ``Q`` gives
+back everything still held. The block that a connection which drops (or stays
+silent) was running is failed (and retried) by the scheduler.
+
+The run being over is never an error here: a scheduler that refuses the
+connection, is another run (its secret differs), or vanishes (silent for
+``peer_timeout`` seconds, or the connection breaks) makes ``acquire_block`` yield
+``None`` after a warning, so the canonical loop ends and a straggler cluster job
+exits with 0.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
-import os
+import select
+import socket
 import struct
 import sys
+import threading
+import time
+import weakref
+from collections import deque
 from contextlib import contextmanager
 
 from daisy_nb.block import Block, BlockStatus
+from daisy_nb.runtime import _net
 from daisy_nb.runtime.context import Context
 
 __all__ = ["Client"]
@@ -32,6 +61,11 @@ logger = logging.getLogger("daisy")
 _BLOCK_HDR = struct.Struct("<qqq")  # index, spatial_id, ndim
 _RELEASE = struct.Struct("<qq")  # index, status
 _STATS = struct.Struct("<5d")  # wall s, cpu s, peak RSS, IO read, IO write (resource_tracking)
+
+GIVE_BACK_SECS = 1.0  # a block sent ahead goes back if the worker has not asked for one for this long
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # connected clients (closed at exit)
+
+_ENDED = "assuming the run has ended — this worker will exit without processing blocks"
 
 
 def pack_block(index: int, spatial_id: int, ro, rs, wo, ws) -> bytes:
@@ -47,21 +81,6 @@ def unpack_block(msg: bytes, task_id: str) -> Block:
     b = Block._make(task_id, spatial, read, write, index)
     b._status = BlockStatus.PROCESSING
     return b
-
-
-def _no_delay(conn) -> None:
-    """TCP_NODELAY: a release and the next acquire are two small writes in a row, and with Nagle's
-    algorithm the second waits for the pool's delayed ACK (~40 ms per block on Linux)."""
-    import socket
-
-    try:
-        s = socket.socket(fileno=os.dup(conn.fileno()))
-        try:
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        finally:
-            s.close()
-    except OSError:
-        pass
 
 
 class Client:
@@ -82,39 +101,133 @@ class Client:
         self.worker_id = int(context["worker_id"])
         self.task_id = context["task_id"]
         self._track = context.get("resource_tracking", "0") == "1"
-        authkey = bytes.fromhex(context.get("authkey", ""))
-        from multiprocessing.connection import Client as _MPClient
-
         try:
-            self._conn = _MPClient((self.host, self.port), authkey=authkey or None)
-        except (ConnectionRefusedError, FileNotFoundError):
-            self._conn = None
-            logger.warning(
-                "daisy server at %s:%s is not reachable; assuming the run has ended — "
-                "this worker will exit without processing blocks",
-                self.host,
-                self.port,
-            )
+            secret = bytes.fromhex(context.get("authkey", ""))
+        except ValueError:
+            raise ValueError(f"malformed authkey in {Context.ENV_VARIABLE}") from None
+        timeouts = _net.liveness(context)
+        self._beat = timeouts["heartbeat"]
+        self._peer = timeouts["peer_timeout"]
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()  # one sender at a time: this thread and the heartbeat
+        self._io = threading.RLock()  # reading the socket / the inbox: this thread, or the heartbeat's give-back
+        self._stop = threading.Event()
+        self._inbox: deque = deque()  # frames read and not used yet: a block sent ahead
+        self._rbuf = bytearray()
+        self._in_block = False
+        self._t_idle = self._last_send = time.monotonic()
+        try:
+            self._sock = _net.connect(self.host, self.port, secret, timeouts)
+        except _net.NotOurRun as e:
+            logger.warning("daisy server at %s:%s is not this worker's run (%s); " + _ENDED, self.host, self.port, e)
             return
-        _no_delay(self._conn)
-        self._conn.send_bytes(b"H" + f"{self.task_id}\n{self.worker_id}".encode())
+        except OSError as e:
+            logger.warning("daisy server at %s:%s is not reachable (%s); " + _ENDED, self.host, self.port, e)
+            return
+        self._poll = select.poll()
+        self._poll.register(self._sock, select.POLLIN)
+        if self._send(b"H" + f"{self.task_id}\n{self.worker_id}".encode()):
+            _LIVE.add(self)
+            ref = weakref.ref(self)  # the thread must not keep the client alive
+            threading.Thread(target=_heartbeat_loop, args=(ref,), name="daisy_nb-heartbeat", daemon=True).start()
 
     @property
     def connected(self) -> bool:
-        return self._conn is not None and not self._conn.closed
+        return self._sock is not None
+
+    # ------------------------------------------------------------- transport
+    def _send(self, payload: bytes) -> bool:
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                return False
+            try:
+                _net.send_frame(sock, payload)
+                self._last_send = time.monotonic()
+                return True
+            except OSError as e:
+                err = e
+        self._lost(f"sending failed: {err}")
+        return False
+
+    def _tick(self) -> None:
+        """Heartbeat thread, a few times a second: give back a block sent ahead if this worker
+        stopped asking for blocks, and tell the scheduler it lives (also while a block runs)."""
+        now = time.monotonic()
+        if not self._in_block and now - self._t_idle > GIVE_BACK_SECS and self._io.acquire(blocking=False):
+            try:  # holding _io: this thread is not inside _request
+                if not self._in_block:
+                    self._give_back()
+            finally:
+                self._io.release()
+        if now - self._last_send < self._beat:
+            return
+        with self._lock:
+            if self._sock is not None:
+                try:
+                    _net.send_frame(self._sock, b"P")
+                    self._last_send = time.monotonic()
+                except OSError:
+                    pass  # the main thread finds out on its next send or receive
+
+    def _lost(self, why: str) -> None:
+        if self._sock is not None:
+            logger.warning("lost the daisy server at %s:%s (%s); " + _ENDED, self.host, self.port, why)
+        self._disconnect(give_back=False)
+
+    def _read(self, wait: bool) -> None:
+        """Move the frames that arrived into the inbox; ``wait``: block (up to peer_timeout) for bytes."""
+        sock = self._sock
+        if sock is None:
+            raise EOFError("disconnected")
+        if not wait and not self._poll.poll(0):
+            return
+        data = sock.recv(65536)
+        if not data:
+            raise EOFError("the scheduler closed the connection")
+        self._rbuf += data
+        self._inbox.extend(m for m in _net.split_frames(self._rbuf) if m[:1] != b"P")
 
     def _request(self):
-        if self._conn is None:
+        with self._io:
+            if self._sock is None:
+                return None
+            try:
+                self._read(False)  # a block sent ahead is used without asking
+                if not any(m[:1] == b"B" for m in self._inbox) and not self._send(b"A"):
+                    return None
+                while True:
+                    while self._inbox:
+                        msg = self._inbox.popleft()
+                        kind = msg[:1]
+                        if kind == b"B":
+                            return unpack_block(msg, self.task_id)
+                        if kind == b"N":
+                            return None
+                        raise ConnectionError(f"unexpected message {kind!r}")
+                    self._read(True)
+            except TimeoutError:
+                self._lost(f"no word from it for {self._peer:g} s")
+            except (EOFError, OSError) as e:
+                self._lost(str(e) or type(e).__name__)
             return None
-        self._conn.send_bytes(b"A")
-        msg = self._conn.recv_bytes()
-        if msg[:1] == b"N":
-            return None
-        return unpack_block(msg, self.task_id)
+
+    def _give_back(self) -> None:
+        """Return the blocks sent ahead that this worker will not start (the scheduler does not count them)."""
+        with self._io:
+            if self._sock is None:
+                return
+            try:
+                self._read(False)
+            except (EOFError, OSError):
+                return
+            for msg in [m for m in self._inbox if m[:1] == b"B"]:
+                self._inbox.remove(msg)
+                self._send(b"G" + msg[1:9])  # the block's index
 
     @contextmanager
     def acquire_block(self):
-        if self._conn is None:
+        if self._sock is None:
             yield None
             return
         block = self._request()
@@ -123,6 +236,7 @@ class Client:
             yield None
             return
         reported = False
+        self._in_block = True
         prof = None
         if self._track:
             from daisy_nb.profiling import profile_block
@@ -147,8 +261,9 @@ class Client:
                 head = b"F" + struct.pack("<q", block.index)
                 if prof is not None:
                     head = b"E" + struct.pack("<q", block.index) + self._stats_bytes(prof, block)
-                self._conn.send_bytes(head + text.encode("utf-8", "replace"))
+                self._send(head + text.encode("utf-8", "replace"))
                 reported = True
+                self._give_back()  # the exception most likely ends this worker's loop
             except Exception:
                 pass
             raise
@@ -157,7 +272,9 @@ class Client:
                 block.status = BlockStatus.FAILED
             if not reported:
                 tail = b"" if prof is None else self._stats_bytes(prof, block)
-                self._conn.send_bytes(b"R" + _RELEASE.pack(block.index, block.status) + tail)
+                self._send(b"R" + _RELEASE.pack(block.index, block.status) + tail)
+            self._t_idle = time.monotonic()
+            self._in_block = False
 
     @staticmethod
     def _stats_bytes(prof, block) -> bytes:
@@ -165,16 +282,58 @@ class Client:
 
         return _STATS.pack(*(float(v) for v in measured_stats(prof, block)[:5]))
 
-    def _disconnect(self):
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:
-                pass
-            self._conn = None
+    def _disconnect(self, give_back: bool = True):
+        stop = getattr(self, "_stop", None)
+        if stop is None:  # __init__ did not get that far
+            return
+        stop.set()
+        with self._io:
+            # goodbye: the scheduler gives back what it sent ahead (never started) and closes
+            bye = give_back and self._send(b"Q")
+            with self._lock:
+                sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        try:
+            if bye:  # read to its close: closing with unread bytes would reset the connection, and
+                sock.shutdown(socket.SHUT_WR)  # a reset can discard our last release and the goodbye
+                sock.settimeout(min(self._peer, 5.0))
+                while sock.recv(65536):
+                    pass
+        except OSError:
+            pass
+        finally:
+            sock.close()
 
     def __del__(self):
         try:
             self._disconnect()
+        except Exception:
+            pass
+
+
+def _heartbeat_loop(ref) -> None:
+    """The heartbeat thread of one client (holds it only weakly)."""
+    while True:
+        c = ref()
+        if c is None:
+            return
+        stop, tick = c._stop, min(c._beat / 2, 0.5)
+        del c
+        if stop.wait(tick):
+            return
+        c = ref()
+        if c is None:
+            return
+        c._tick()
+        del c
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit, give back blocks sent ahead and close (a worker that left its loop early)."""
+    for c in list(_LIVE):
+        try:
+            c._disconnect()
         except Exception:
             pass

@@ -41,10 +41,15 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   back (status 0) and run again first. Timeouts are read off shared memory
   (``cur``/``cur_start_ns``, set when a block starts, so time spent queued does
   not count): the worker is killed.
-* **0-argument worker functions** run their own ``daisy_nb.Client`` loop over an
-  authenticated ``multiprocessing.connection`` listener on 127.0.0.1 (started
-  only when such a task exists); its address and authkey travel in
-  ``DAISY_CONTEXT``, so programs the worker launches connect too.
+* **0-argument worker functions** run their own ``daisy_nb.Client`` loop over TCP
+  (:mod:`._net`: a listener on ``host``, default 127.0.0.1, started only when such
+  a task exists; every connection authenticated with a per-run secret before any
+  of its bytes are read, in the listener's thread). The address, the secret and
+  the liveness timeouts travel in ``DAISY_CONTEXT``, so programs the worker
+  launches, also on other machines, connect too. A client silent for
+  ``peer_timeout`` seconds is dropped, its blocks fail (and are retried) and the
+  worker function whose job it was is ended (and replaced); parked clients get a
+  heartbeat so that they can tell a live scheduler from a vanished one.
 
 Not done here: topological ordering, dependency bookkeeping, retries and tracking
 (the scheduler's job), and printing (``daisy_nb.progress``).
@@ -60,8 +65,6 @@ import queue
 import secrets
 import selectors
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -73,8 +76,8 @@ import numpy as np
 
 from daisy_nb import logging as dlog
 from daisy_nb.progress import Heartbeat, notify
-from daisy_nb.runtime import _shm, _zygote
-from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block
+from daisy_nb.runtime import _net, _shm, _zygote
+from daisy_nb.runtime.clients import ClientConn, ClientsMixin
 from daisy_nb.runtime.context import Context
 
 __all__ = ["function_arity", "run_pool", "serialize_function"]
@@ -177,23 +180,15 @@ class _Worker:
         self.expected_exit = False
         self.raised = False  # a block raised: the worker is exiting (dirty), not yet reaped
         self.timed_out = False
+        self.lost = False  # a client of its job went silent (heartbeat): killed, counts as a failure
         self.acquired = 0
         self.err_path = None
         self.err_offset = 0
         self.t_spawn = time.monotonic()
 
 
-class _ClientConn:
-    def __init__(self, conn):
-        self.conn = conn
-        self.tr: _TaskRun | None = None
-        self.wid = -1
-        self.held: dict[int, int] = {}  # block index -> monotonic_ns when sent
-        self.parked = False
-
-
-class _Pool:
-    def __init__(self, scheduler, resources, observer, batch_target_secs):
+class _Pool(ClientsMixin):
+    def __init__(self, scheduler, resources, observer, batch_target_secs, host=None):
         self.s = scheduler
         self.order = list(scheduler.task_ids)
         self.budget = {k: int(v) for k, v in (resources or {}).items()}
@@ -205,15 +200,19 @@ class _Pool:
         self.by_obj: dict = {}  # waitable -> ("w", worker) | ("pidfd", worker) | ("c", client)
         self._sel = None  # cached poll selector over by_obj (see _wait)
         self._sel_set: set = set()
-        self.clients: dict = {}
+        self.clients: dict = {}  # connection -> ClientConn (see clients.py)
+        self.n_clients: dict[str, int] = {}  # task id -> connected clients
+        self.client_block_secs: dict[str, float] = {}  # task id -> mean block time of its clients
         self.pgids: list[int] = []
         self.next_wid = 0
         self.interrupted = False
         self.listener = None
-        self.listen_thread = None
         self.new_conns: queue.SimpleQueue = queue.SimpleQueue()
-        self.authkey = secrets.token_bytes(16)
+        self.authkey = secrets.token_bytes(32)
         self.port = 0
+        self.bind_host, self.advertise = _net.resolve_host(host)
+        self.host_given = host not in (None, "")
+        self.net = _net.liveness()  # auth / heartbeat / peer_timeout seconds (DAISY_NB_* env)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
@@ -254,28 +253,16 @@ class _Pool:
             self.trs[tid] = tr
         if any(tr.arity == 0 for tr in self.trs.values()):
             self._start_listener()
+        elif self.host_given:  # no Client will connect, but a host this machine does not have is an error
+            _net.Listener.check_bindable(self.bind_host)
 
     def _start_listener(self):
-        self.listener = mpc.Listener(("127.0.0.1", 0), authkey=self.authkey)
-        self.port = self.listener.address[1]
-        self.stop_listening = False
+        def on_conn(conn):  # listener thread: an authenticated connection
+            self.new_conns.put(conn)
+            self._wake()
 
-        def accept_loop():
-            while not self.stop_listening:
-                try:
-                    conn = self.listener.accept()
-                except Exception:
-                    if self.stop_listening:
-                        return
-                    continue  # failed authentication or a poke
-                if self.stop_listening:
-                    conn.close()
-                    return
-                self.new_conns.put(conn)
-                self._wake()
-
-        self.listen_thread = threading.Thread(target=accept_loop, name="daisy_nb-listener", daemon=True)
-        self.listen_thread.start()
+        self.listener = _net.Listener(self.bind_host, self.authkey, on_conn, self.net)
+        self.port = self.listener.port
 
     def _wake(self):
         fd = self.wake_w
@@ -290,13 +277,16 @@ class _Pool:
     def _context(self, tr: _TaskRun, wid: int) -> Context:
         base = dlog.get_log_basedir()
         return Context(
-            hostname="127.0.0.1",
+            hostname=self.advertise,
             port=self.port,
             task_id=tr.tid,
             worker_id=wid,
             logdir="" if base is None else str(base),
             resource_tracking=int(tr.track),
             authkey=self.authkey.hex(),
+            heartbeat=f"{self.net['heartbeat']:g}",
+            peer_timeout=f"{self.net['peer_timeout']:g}",
+            auth=f"{self.net['auth']:g}",
         )
 
     def _spawn(self, tr: _TaskRun) -> None:
@@ -484,7 +474,7 @@ class _Pool:
                 tr.inflight -= n
         w.queue.clear()
         msg = None
-        if w.timed_out:
+        if w.timed_out or w.lost:
             dirty = True
         elif w.expected_exit or self.aborting or orphan:
             dirty = False  # we asked it to quit, or killed it (shutdown, abandonment)
@@ -521,6 +511,11 @@ class _Pool:
             if msg is None:
                 if w.timed_out:
                     msg = f"daisy worker process killed after a block exceeded timeout={tr.task.timeout_secs:g}s"
+                elif w.lost:
+                    msg = (
+                        f"daisy worker function killed: its worker sent nothing for "
+                        f"{self.net['peer_timeout']:g}s (heartbeat; DAISY_NB_PEER_TIMEOUT_SECS)"
+                    )
                 else:
                     msg = f"daisy worker process exited with code {rc}" + (" while processing blocks" if was_busy else "")
                 tail = self._err_tail(w)
@@ -688,94 +683,21 @@ class _Pool:
         w.tr.res.add(rows, failed)
 
     # ----------------------------------------------------------------- clients
-    def _on_client_msg(self, cc: _ClientConn, msg: bytes) -> None:
-        kind = msg[:1]
-        if kind == b"H":
-            tid, wid = msg[1:].decode().split("\n")
-            cc.tr = self.trs.get(tid)
-            cc.wid = int(wid)
-            if cc.tr is None:
-                self._drop_client(cc)
-            return
-        tr = cc.tr
-        if tr is None:
+    def _client_lost(self, cc) -> None:
+        """``cc`` went silent and was dropped: end the worker function waiting for it (it is replaced)."""
+        w = self.workers.get(cc.wid)
+        if w is not None and w.tr is cc.tr and w.state != DEAD and not w.expected_exit:
+            w.lost = True
+            self._kill(w)
+
+    def _client_timed_out(self, cc) -> None:
+        """``cc``'s block exceeded the task's timeout (already reclaimed): end its worker function, or drop it."""
+        w = self.workers.get(cc.wid)
+        if w is not None and w.tr is cc.tr:
+            w.timed_out = True
+            self._kill(w)
+        else:
             self._drop_client(cc)
-            return
-        if kind == b"A":
-            cc.parked = True
-            self._serve_client(cc)
-        elif kind in (b"R", b"F", b"E"):
-            stats = None
-            if kind == b"R":
-                index, status = _RELEASE.unpack_from(msg, 1)
-                if len(msg) >= 1 + _RELEASE.size + _STATS.size:  # a tracked release carries its stats
-                    stats = _STATS.unpack_from(msg, 1 + _RELEASE.size)
-            else:
-                (index,) = struct.unpack_from("<q", msg, 1)
-                status = 3
-                t0 = 9
-                if kind == b"E":  # a failure with stats (resource_tracking)
-                    stats = _STATS.unpack_from(msg, 9)
-                    t0 += _STATS.size
-                text = msg[t0:].decode("utf-8", "replace")
-                c = self.s.counters[tr.tid]
-                c.last_worker_error = text
-                if c.first_worker_error is None:
-                    c.first_worker_error = text
-            if cc.held.pop(index, None) is not None:  # else: reclaimed after a timeout
-                if stats is not None and tr.res is not None:
-                    tr.res.add_one(stats, status != 2)
-                self.s.release_blocks(tr.tid, np.array([index], np.int64), np.array([2 if status == 2 else 3], np.uint8))
-                tr.inflight -= 1
-
-    def _serve_client(self, cc: _ClientConn) -> None:
-        tr = cc.tr
-        if not tr.abandoned and self.s.ready_count(tr.tid) > 0:
-            b = self.s.acquire_blocks(tr.tid, 1)
-            if len(b.index):
-                i = int(b.index[0])
-                msg = pack_block(
-                    i,
-                    int(b.spatial_id[0]),
-                    b.read_offset[0].tolist(),
-                    b.read_shape[0].tolist(),
-                    b.write_offset[0].tolist(),
-                    b.write_shape[0].tolist(),
-                )
-                cc.held[i] = time.monotonic_ns()
-                tr.inflight += 1
-                cc.parked = False
-                w = self.workers.get(cc.wid)
-                if w is not None:
-                    w.acquired += 1
-                if tr.t_first is None:
-                    tr.t_first = time.monotonic()
-                    if self.t_first_block is None:
-                        self.t_first_block = tr.t_first
-                try:
-                    cc.conn.send_bytes(msg)
-                except OSError:
-                    self._drop_client(cc)
-                return
-        if self._nothing_left(tr):
-            cc.parked = False
-            try:
-                cc.conn.send_bytes(b"N")
-            except OSError:
-                self._drop_client(cc)
-
-    def _drop_client(self, cc: _ClientConn) -> None:
-        self.by_obj.pop(cc.conn, None)
-        self.clients.pop(cc.conn, None)
-        try:
-            cc.conn.close()
-        except OSError:
-            pass
-        if cc.held and cc.tr is not None:
-            idx = np.array(list(cc.held), np.int64)
-            self.s.release_blocks(cc.tr.tid, idx, np.full(len(idx), 3, np.uint8))
-            cc.tr.inflight -= len(idx)
-            cc.held.clear()
 
     # ------------------------------------------------------------------- loop
     def _spawn_pass(self) -> None:
@@ -848,24 +770,8 @@ class _Pool:
                         self.s.counters[tr.tid].timeout_reclaim_count += 1
                         self._kill(w)
                         break
-        for cc in list(self.clients.values()):
-            tr = cc.tr
-            if tr is None or tr.timeout_ns is None:
-                continue
-            late = [i for i, t in cc.held.items() if now - t > tr.timeout_ns]
-            if not late:
-                continue
-            for i in late:
-                del cc.held[i]
-                self.s.counters[tr.tid].timeout_reclaim_count += 1
-            self.s.release_blocks(tr.tid, np.array(late, np.int64), np.full(len(late), 3, np.uint8))
-            tr.inflight -= len(late)
-            w = self.workers.get(cc.wid)
-            if w is not None and w.tr is tr:
-                w.timed_out = True
-                self._kill(w)
-            else:
-                self._drop_client(cc)
+        if self.clients:
+            self._client_timeouts(now)  # clients.py; calls _client_timed_out
 
     def _notify(self, what: str) -> None:
         notify(self.observer, what, self.s)
@@ -885,7 +791,7 @@ class _Pool:
                 raise KeyboardInterrupt("run aborted by SIGINT")
             while not self.new_conns.empty():
                 conn = self.new_conns.get()
-                cc = _ClientConn(conn)
+                cc = ClientConn(conn)
                 self.clients[conn] = cc
                 self.by_obj[conn] = ("c", cc)
             done = s.is_done()
@@ -952,14 +858,13 @@ class _Pool:
                 elif kind == "pidfd":
                     self._on_exit(x)
                 else:
-                    try:
-                        self._on_client_msg(x, obj.recv_bytes())
-                    except (EOFError, OSError):
-                        self._drop_client(x)
+                    self._on_client_readable(x)
             for w in list(self.workers.values()):
                 if w.pidfd is None and w.proc.poll() is not None:
                     self._on_exit(w)
             self._check_timeouts()
+            if self.clients:
+                self._check_clients()
             now = time.monotonic()
             heartbeat(now)
 
@@ -1003,13 +908,6 @@ class _Pool:
             except (ProcessLookupError, PermissionError):
                 pass
         if self.listener is not None:
-            self.stop_listening = True
-            try:  # poke accept() so the thread sees the flag
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    pass
-            except OSError:
-                pass
-            self.listen_thread.join(timeout=2)
             self.listener.close()
         while not self.new_conns.empty():
             try:
@@ -1032,6 +930,7 @@ def run_pool(
     summary=True,
     log_dir=None,
     batch_target_secs: float = 0.01,
+    host=None,
 ):
     """Run every task of ``scheduler`` on worker processes; returns ``{task_id: TaskState}``.
 
@@ -1039,13 +938,14 @@ def run_pool(
     workers are ended, tracking is flushed, the partial summary printed and
     ``KeyboardInterrupt`` raised with ``daisy_states``/``daisy_task_order``
     attached. Abandoned tasks do not raise here (see :func:`raise_if_abandoned`).
+    ``host``: where ``Client`` connections are accepted (see ``_net.resolve_host``).
     """
     from daisy_nb.progress import finish_run, resolve_observer
 
     saved_base = dlog.get_log_basedir()
     if log_dir is not None:
         dlog.set_log_basedir(log_dir)
-    pool = _Pool(scheduler, resources, resolve_observer(progress, list(scheduler.task_ids)), batch_target_secs)
+    pool = _Pool(scheduler, resources, resolve_observer(progress, list(scheduler.task_ids)), batch_target_secs, host)
     if hasattr(pool.observer, "attach_runtime"):  # the dashboard's view of the workers
         pool.observer.attach_runtime(pool)
     old_handler = None

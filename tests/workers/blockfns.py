@@ -208,3 +208,48 @@ def light_imports(block):
 def always_raise(block):
     attempt(block)
     raise RuntimeError(f"block {block.block_id[1]} always raises")
+
+
+# ---- 0-argument worker functions and blocks sent ahead (runtime/clients.py) -------
+
+
+def client_takes_three():
+    """Leaves its loop after three blocks, with the next one (sent ahead) still unread."""
+    import daisy_nb.runtime.client as c
+
+    client = c.Client()
+    for _ in range(3):
+        with client.acquire_block() as block:
+            if block is None:
+                return
+            mark(block)
+
+
+def client_loop_killed_on_5():
+    """SIGKILLs itself inside block 5 (first attempt): no goodbye, a block sent ahead unread."""
+    import daisy_nb.runtime.client as c
+
+    client = c.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            if attempt(block) == 1 and block.spatial_id == 5:
+                os.kill(os.getpid(), signal.SIGKILL)
+            done(block)
+
+
+def client_pauses_after_two():
+    """After two blocks, stays away from acquire_block for 2.5 s (the heartbeat gives the next back)."""
+    import daisy_nb.runtime.client as c
+
+    client = c.Client()
+    k = 0
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            mark(block)
+        k += 1
+        if k == 2:
+            time.sleep(2.5)

@@ -1,0 +1,403 @@
+"""TCP transport of ``daisy_nb.Client`` connections: host, authentication, frames, liveness.
+
+Used by 0-argument worker functions and the programs they start (cluster jobs), never
+by block-function workers (those use shared memory, see ``_shm``). Standard library
+only: worker programs import this.
+
+Protocol (version 1) on one TCP connection, all integers little-endian:
+
+1. server -> client: ``MAGIC`` (8 bytes) + server nonce ``Ns`` (16 random bytes).
+2. client -> server: ``HMAC-SHA256(secret, b"daisy_nb client" + Ns)`` (32 bytes) +
+   client nonce ``Nc`` (16 bytes). The server reads exactly these 48 bytes within
+   ``auth`` seconds and compares the MAC with :func:`hmac.compare_digest`; anything
+   else (a wrong MAC, silence, an early close, junk, an HTTP request) closes the
+   connection. Nothing a peer sends is interpreted before this check passes.
+   Handshakes run in the listener's own thread on non-blocking sockets with a
+   deadline each, so a silent stranger delays neither other connections nor the run.
+3. server -> client: ``HMAC-SHA256(secret, b"daisy_nb server" + Ns + Nc)`` (32 bytes).
+   The client checks it, so a worker never talks to another run that reuses the port
+   (or to any other program): it treats that as "the run has ended".
+4. Frames, both ways: ``u32`` length + payload (at most ``MAX_FRAME`` bytes); the
+   payload's first byte is its kind (see ``client.py``). ``P`` is a heartbeat.
+
+The secret (32 random bytes per run) travels hex-encoded in ``DAISY_CONTEXT``
+(``authkey``), like the address. So does liveness: the client sends ``P`` every
+``heartbeat`` seconds from a background thread (also while a block runs) and the
+server pings clients that wait for work; each side treats ``peer_timeout`` seconds
+of silence as the end of the other (the server drops the client and hands its blocks
+out again; the client's ``acquire_block`` yields ``None``). TCP keepalive (and
+``TCP_USER_TIMEOUT``) on both ends notices a vanished host on the same time scale.
+Defaults: ``DAISY_NB_HEARTBEAT_SECS=5``, ``DAISY_NB_PEER_TIMEOUT_SECS=30``,
+``DAISY_NB_AUTH_TIMEOUT_SECS=5`` (read by the scheduler and put in the context).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import selectors
+import socket
+import struct
+import threading
+import time
+
+__all__ = ["Listener", "NotOurRun", "ServerConn", "connect", "liveness", "resolve_host"]
+
+logger = logging.getLogger("daisy")
+
+MAGIC = b"DAISYNB1"
+NONCE = 16
+MAC = 32
+_CLIENT_LABEL = b"daisy_nb client"
+_SERVER_LABEL = b"daisy_nb server"
+MAX_FRAME = 1 << 20  # tracebacks are capped at 8 KiB; a block frame is < 1 KiB
+MAX_PENDING = 64  # handshakes in progress at once; the oldest is dropped beyond this
+_LEN = struct.Struct("<I")
+
+DEFAULTS = {"auth": 5.0, "heartbeat": 5.0, "peer_timeout": 30.0}
+_ENV = {
+    "auth": "DAISY_NB_AUTH_TIMEOUT_SECS",
+    "heartbeat": "DAISY_NB_HEARTBEAT_SECS",
+    "peer_timeout": "DAISY_NB_PEER_TIMEOUT_SECS",
+}
+
+
+class NotOurRun(ConnectionError):
+    """The listener at the address is not this worker's run (another run, another program)."""
+
+
+# ------------------------------------------------------------------------ settings
+def liveness(context=None) -> dict[str, float]:
+    """``{"auth", "heartbeat", "peer_timeout"}`` in seconds: context keys, else env, else defaults."""
+    out = {}
+    for key, default in DEFAULTS.items():
+        raw = None if context is None else context.get(key)
+        name = f"DAISY_CONTEXT key {key!r}"
+        if raw in (None, ""):
+            raw, name = os.environ.get(_ENV[key], ""), _ENV[key]
+        if raw in (None, ""):
+            out[key] = default
+            continue
+        try:
+            v = float(raw)
+        except ValueError:
+            raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+        if not v > 0 or v == float("inf"):
+            raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
+        out[key] = v
+    if out["heartbeat"] >= out["peer_timeout"]:
+        raise ValueError(
+            f"{_ENV['heartbeat']} ({out['heartbeat']:g}) must be smaller than {_ENV['peer_timeout']} "
+            f"({out['peer_timeout']:g}): a peer is declared gone after that much silence"
+        )
+    return out
+
+
+def resolve_host(host) -> tuple[str, str]:
+    """``(address to bind, address to advertise to workers)`` for ``run_blockwise(host=...)``.
+
+    ``None``/``""``: loopback only (``127.0.0.1``). ``"0.0.0.0"``/``"::"``: every
+    interface, advertised as ``socket.getfqdn()``. Anything else: bind that address
+    (or name) and advertise it as given.
+    """
+    if host is None or host == "":
+        return "127.0.0.1", "127.0.0.1"
+    if not isinstance(host, str):
+        raise TypeError(f"host must be a string (an address or host name of this machine), got {type(host).__name__}")
+    if host in ("0.0.0.0", "::"):
+        return host, socket.getfqdn()
+    return host, host
+
+
+def keepalive(sock: socket.socket, peer_timeout: float) -> None:
+    """TCP keepalive and user timeout so that a vanished host is noticed in about ``peer_timeout``."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        idle, intvl = max(1, int(peer_timeout / 3)), max(1, int(peer_timeout / 6))
+        for name, v in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", intvl), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), v)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):  # unacknowledged data (a heartbeat) bounds it too
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(peer_timeout * 1000))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:  # pragma: no cover - exotic platforms; the heartbeat still works
+        logger.debug("could not enable TCP keepalive", exc_info=True)
+
+
+def _mac(secret: bytes, label: bytes, *parts: bytes) -> bytes:
+    return hmac.new(secret, label + b"".join(parts), hashlib.sha256).digest()
+
+
+# -------------------------------------------------------------------------- client
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def connect(host: str, port: int, secret: bytes, timeouts: dict) -> socket.socket:
+    """Connect and authenticate both ways; returns a blocking socket with ``peer_timeout`` set.
+
+    ``OSError`` if nothing answers (refused, unreachable, timeout); :class:`NotOurRun`
+    if something answers that is not this run.
+    """
+    if not secret:
+        raise NotOurRun("the context has no authkey")
+    sock = socket.create_connection((host, port), timeout=timeouts["auth"])
+    try:
+        try:
+            hello = _recv_exact(sock, len(MAGIC) + NONCE)
+            if hello[: len(MAGIC)] != MAGIC:
+                raise NotOurRun("the listener is not a daisy_nb scheduler")
+            ns = hello[len(MAGIC) :]
+            nc = secrets.token_bytes(NONCE)
+            sock.sendall(_mac(secret, _CLIENT_LABEL, ns) + nc)
+            proof = _recv_exact(sock, MAC)
+        except (EOFError, ConnectionResetError):
+            raise NotOurRun("the scheduler closed the connection during authentication (another run)") from None
+        except TimeoutError:
+            raise NotOurRun("no daisy_nb handshake from the listener") from None
+        if not hmac.compare_digest(proof, _mac(secret, _SERVER_LABEL, ns, nc)):
+            raise NotOurRun("the scheduler could not prove it knows this run's secret (another run)")
+        keepalive(sock, timeouts["peer_timeout"])
+        sock.settimeout(timeouts["peer_timeout"])
+        return sock
+    except BaseException:
+        sock.close()
+        raise
+
+
+def send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_LEN.pack(len(payload)) + payload)
+
+
+def recv_frame(sock: socket.socket) -> bytes:
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    if n > MAX_FRAME:
+        raise ConnectionError(f"frame of {n} bytes from the scheduler (protocol error)")
+    return _recv_exact(sock, n)
+
+
+def split_frames(buf: bytearray) -> list[bytes]:
+    """Remove the complete frames at the front of ``buf`` and return their payloads."""
+    out = []
+    while len(buf) >= _LEN.size:
+        (n,) = _LEN.unpack_from(buf)
+        if n > MAX_FRAME:
+            raise ConnectionError(f"frame of {n} bytes (protocol error)")
+        if len(buf) < _LEN.size + n:
+            break
+        out.append(bytes(buf[_LEN.size : _LEN.size + n]))
+        del buf[: _LEN.size + n]
+    return out
+
+
+# -------------------------------------------------------------------------- server
+class ServerConn:
+    """The scheduler's end of an authenticated connection (non-blocking; never blocks the loop)."""
+
+    def __init__(self, sock: socket.socket, peer):
+        self.sock = sock
+        self.peer = peer
+        self._fd = sock.fileno()
+        self._buf = bytearray()
+        self.closed = False
+        sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def send_bytes(self, payload: bytes) -> None:
+        """Send one frame; ``OSError`` if it does not fit at once (the peer has stopped reading)."""
+        data = _LEN.pack(len(payload)) + payload
+        if self.sock.send(data) != len(data):
+            raise OSError("peer is not reading (send buffer full)")
+
+    def recv_frames(self) -> list[bytes]:
+        """The complete frames that have arrived (``EOFError`` at end of stream)."""
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return []
+        if not data:
+            raise EOFError("connection closed")
+        self._buf += data
+        return split_frames(self._buf)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.sock.close()
+
+
+class _Handshake:
+    __slots__ = ("buf", "deadline", "nonce", "peer", "sock")
+
+    def __init__(self, sock, peer, deadline):
+        self.sock, self.peer, self.deadline = sock, peer, deadline
+        self.nonce = secrets.token_bytes(NONCE)
+        self.buf = b""
+
+
+class Listener:
+    """Listens on ``bind_host``; hands each connection that authenticates to ``on_conn(ServerConn)``.
+
+    Accepting and every handshake run in one thread over non-blocking sockets, so a
+    stranger (silent, slow, junk) costs at most ``auth`` seconds of its own socket.
+    """
+
+    def __init__(self, bind_host: str, secret: bytes, on_conn, timeouts: dict):
+        self.secret = secret
+        self.on_conn = on_conn
+        self.timeouts = dict(timeouts)
+        self.rejected = 0
+        self._sock = self._bind(bind_host)
+        self.address = self._sock.getsockname()[:2]
+        self.port = self.address[1]
+        self._stop_r, w = os.pipe()
+        self._stop_w: int | None = w
+        self._thread = threading.Thread(target=self._loop, name="daisy_nb-listener", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _bind(host: str) -> socket.socket:
+        try:
+            infos = socket.getaddrinfo(host, 0, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+        except socket.gaierror as e:
+            raise ValueError(f"host={host!r}: cannot resolve it ({e})") from None
+        err = None
+        for family, kind, proto, _, addr in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.bind(addr)
+                sock.listen(128)
+                sock.setblocking(False)
+                return sock
+            except OSError as e:
+                sock.close()
+                err = e
+        raise ValueError(
+            f"host={host!r}: cannot listen on it ({err}); pass an address or name of this machine, "
+            "or host='0.0.0.0' to listen on every interface"
+        )
+
+    @classmethod
+    def check_bindable(cls, host: str) -> None:
+        """``ValueError`` naming ``host`` unless this machine can listen on it."""
+        cls._bind(host).close()
+
+    def close(self) -> None:
+        """Stop accepting, close the socket and any handshake in progress; waits for the thread."""
+        w = self._stop_w
+        if w is None:
+            return
+        try:
+            os.write(w, b"x")
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
+        os.close(w)
+        os.close(self._stop_r)
+        self._stop_w = None
+
+    # ---------------------------------------------------------------- thread
+    def _reject(self, hs: _Handshake, why: str) -> None:
+        self.rejected += 1
+        log = logger.warning if self.rejected == 1 else logger.debug
+        log("closed a connection from %s that did not authenticate (%s); the run goes on", hs.peer, why)
+        hs.sock.close()
+
+    def _loop(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._sock, selectors.EVENT_READ, None)
+        sel.register(self._stop_r, selectors.EVENT_READ, "stop")
+        pending: dict[socket.socket, _Handshake] = {}  # insertion order: oldest first
+        try:
+            while True:
+                now = time.monotonic()
+                timeout = min((h.deadline for h in pending.values()), default=now + 1.0) - now
+                for key, _ in sel.select(max(0.0, timeout)):
+                    if key.data == "stop":
+                        return
+                    try:
+                        if key.data is None:
+                            self._accept(sel, pending)
+                        else:
+                            self._advance(sel, pending, key.data)
+                    except Exception:  # a bug must not stop the listener: drop that one connection
+                        logger.exception("daisy_nb listener: unexpected error")
+                        hs = key.data
+                        if hs is not None and hs.sock in pending:
+                            self._drop(sel, pending, hs, "internal error")
+                now = time.monotonic()
+                for hs in [h for h in pending.values() if h.deadline <= now]:
+                    self._drop(sel, pending, hs, f"no answer within {self.timeouts['auth']:g} s")
+        finally:
+            for hs in list(pending.values()):
+                hs.sock.close()
+            sel.close()
+            self._sock.close()
+
+    def _drop(self, sel, pending, hs: _Handshake, why: str) -> None:
+        pending.pop(hs.sock, None)
+        sel.unregister(hs.sock)
+        self._reject(hs, why)
+
+    def _accept(self, sel, pending) -> None:
+        while True:
+            try:
+                sock, peer = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # e.g. EMFILE: leave it in the backlog, try again on the next wake-up
+                logger.debug("accept failed", exc_info=True)
+                return
+            sock.setblocking(False)
+            hs = _Handshake(sock, peer, time.monotonic() + self.timeouts["auth"])
+            try:
+                sock.send(MAGIC + hs.nonce)  # 24 bytes into an empty buffer
+            except OSError:
+                self._reject(hs, "closed at once")
+                continue
+            if len(pending) >= MAX_PENDING:
+                self._drop(sel, pending, next(iter(pending.values())), "too many handshakes at once")
+            pending[sock] = hs
+            sel.register(sock, selectors.EVENT_READ, hs)
+
+    def _advance(self, sel, pending, hs: _Handshake) -> None:
+        if hs.sock not in pending:  # dropped earlier in this wake-up
+            return
+        try:
+            chunk = hs.sock.recv(MAC + NONCE - len(hs.buf))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(sel, pending, hs, str(e))
+            return
+        if not chunk:
+            self._drop(sel, pending, hs, "closed before answering")
+            return
+        hs.buf += chunk
+        if len(hs.buf) < MAC + NONCE:
+            return
+        pending.pop(hs.sock)
+        sel.unregister(hs.sock)
+        if not hmac.compare_digest(hs.buf[:MAC], _mac(self.secret, _CLIENT_LABEL, hs.nonce)):
+            self._reject(hs, "wrong answer")
+            return
+        proof = _mac(self.secret, _SERVER_LABEL, hs.nonce, hs.buf[MAC:])
+        try:
+            if hs.sock.send(proof) != len(proof):
+                raise OSError("short send")
+        except OSError as e:
+            self._reject(hs, str(e))
+            return
+        keepalive(hs.sock, self.timeouts["peer_timeout"])
+        self.on_conn(ServerConn(hs.sock, hs.peer))
