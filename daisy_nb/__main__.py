@@ -4,6 +4,8 @@ Subcommands:
 
 * ``status PATH [PATH...]``: counts of done / failed / never-finished blocks from
   block tracking (:mod:`daisy_nb.status`), optionally ``--png FILE``;
+* ``warmup``: compile every numba kernel into the on-disk cache, once after
+  installing (:mod:`daisy_nb.warmup`);
 * ``demo``: the demo in :mod:`daisy_nb.demo`, imported only when asked for (it
   brings its own options and optional dependencies).
 
@@ -39,6 +41,12 @@ def _run_status(args: argparse.Namespace) -> int:
     return status_main(args)
 
 
+def _run_warmup(args: argparse.Namespace) -> int:
+    from .warmup import main as warmup_main
+
+    return warmup_main(args)
+
+
 def build_parser(demo_module=None) -> argparse.ArgumentParser:
     """The argument parser; the ``demo`` options are added only if ``demo_module`` is given."""
     from . import __version__
@@ -63,6 +71,14 @@ def build_parser(demo_module=None) -> argparse.ArgumentParser:
     )
     status_arguments(p_status)
     p_status.set_defaults(func=_run_status)
+    from .warmup import add_arguments as warmup_arguments
+
+    p_warmup = sub.add_parser("warmup", help="compile the numba kernels once (the first large run would, ~15 s)",
+                              description="Compiles every kernel into numba's on-disk cache, so that no run has "
+                              "to. Small runs never need numba; the first large run after installing would "
+                              "otherwise compile for ~15 s. Exit code 0 when the cache is current.")
+    warmup_arguments(p_warmup)
+    p_warmup.set_defaults(func=_run_warmup)
     p_demo = sub.add_parser("demo", help="run the daisy_nb demo (daisy_nb[demo] extra)",
                             add_help=demo_module is not None)
     if demo_module is not None:
