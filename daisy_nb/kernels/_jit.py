@@ -131,13 +131,20 @@ def use_numba() -> None:
     Compilation itself stays lazy (numba compiles, or loads from its cache, at the
     first call of each kernel); when the cache lacks the kernels, says so once.
     """
-    global _compiled
+    global _compiled, _MODE
     if _compiled:
         return
     if CACHE:
         _drop_stale_cache()
-    import numba  # noqa: F401
+    try:
+        import numba  # noqa: F401
+    except ImportError as e:  # a broken numba install: stay correct, only slower
+        _MODE = "python"
+        import warnings
 
+        warnings.warn(f"daisy_nb: numba cannot be imported ({e}); the kernels run as plain Python", RuntimeWarning,
+                      stacklevel=3)
+        return
     _install_notice()
     if CACHE and not cache_is_warm([fn for fn in _entry_points() if fn.__name__ == "step"]):
         _tell()  # before any progress bar is drawn: the scheduler's kernel is not cached
