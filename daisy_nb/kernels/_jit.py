@@ -5,8 +5,8 @@ No other module writes ``numba.njit(``: kernels are decorated with :data:`kernel
 Python threads; no ``fastmath`` (integer kernels gain nothing) and no ``parallel``
 (never combined with ``cache``). ``DAISY_NB_CACHE=0`` switches the on-disk cache off.
 
-**Plain Python first.** Importing numba costs ~0.25 s and ~100 MiB, and loading the
-cached kernels another 0.2-0.35 s: more than a whole small run takes. So a decorated
+**Plain Python first.** Importing numba costs ~0.25 s and ~120 MiB, and loading the
+cached kernels another 0.35-0.5 s: more than a whole small run takes. So a decorated
 kernel stays the plain Python function it is written as (the same body, the single
 source of truth) until compiling pays off. :func:`need` is told how much work is
 coming (what it would cost in plain Python); once that work,
@@ -19,8 +19,9 @@ Plain mode gives the same results, order and counters: the kernels use only inte
 arithmetic on int64/uint8 arrays, whose semantics numba and numpy share. Workers never
 reach this module.
 
-``DAISY_NB_JIT`` overrides the choice: ``auto`` (default), ``1`` (compile at the first
-kernel call of any size), ``0`` (never compile; for tests and debugging).
+``DAISY_NB_JIT`` overrides the choice: ``auto`` (default), ``1`` (compile for any work,
+however small: the first Scheduler or graph call switches), ``0`` (never compile; for
+tests and debugging). :func:`set_mode` does the same from Python and switches at once.
 
 numba decides whether a cached kernel is stale from the stamp of the file that
 defines it only, so a kernel that calls a kernel from another file (all of
@@ -38,8 +39,8 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["COMPILE_AT", "cache_is_warm", "compiled", "flat_kernel", "inline_kernel", "kernel", "need", "use_numba",
-           "use_python"]
+__all__ = ["COMPILE_AT", "cache_is_warm", "compiled", "flat_kernel", "inline_kernel", "kernel", "mode", "need", "set_mode",
+           "use_numba", "use_python"]
 
 CACHE = os.environ.get("DAISY_NB_CACHE", "1") != "0"
 _MODE = os.environ.get("DAISY_NB_JIT", "auto").strip().lower()
@@ -192,6 +193,7 @@ def set_mode(mode: str) -> None:
 
 
 def mode() -> str:
+    """The current mode: ``"auto"``, ``"numba"`` or ``"python"``."""
     return _MODE
 
 
