@@ -97,6 +97,9 @@ def main(args: argparse.Namespace) -> int:
     if not _jit.CACHE:
         print("daisy_nb warmup: DAISY_NB_CACHE=0 switches numba's cache off; nothing would be kept", file=sys.stderr)
         return 2
+    if _jit.mode() == "python":
+        print("daisy_nb warmup: DAISY_NB_JIT=0 keeps the kernels plain Python; nothing to compile", file=sys.stderr)
+        return 2
     warm = _jit.cache_is_warm()
     if args.check:
         print("daisy_nb kernels: " + ("compiled (numba's cache is current)" if warm else "not compiled yet"))
