@@ -4,6 +4,8 @@ Subcommands:
 
 * ``status PATH [PATH...]``: counts of done / failed / never-finished blocks from
   block tracking (:mod:`daisy_nb.status`), optionally ``--png FILE``;
+* ``warmup``: compile every numba kernel into the on-disk cache, once after
+  installing (:mod:`daisy_nb.warmup`);
 * ``dashboard PATH [PATH...]``: the live dashboard's page, read-only, from block
   tracking (:mod:`daisy_nb.dashboard.offline`);
 * ``demo``: the demo in :mod:`daisy_nb.demo`, imported only when asked for (it
@@ -44,6 +46,10 @@ def _run_status(args: argparse.Namespace) -> int:
     return status_main(args)
 
 
+def _run_warmup(args: argparse.Namespace) -> int:
+    from .warmup import main as warmup_main
+
+    return warmup_main(args)
 def _run_dashboard(args: argparse.Namespace) -> int:
     from .dashboard.offline import main as dashboard_main
 
@@ -74,6 +80,14 @@ def build_parser(demo_module=None) -> argparse.ArgumentParser:
     )
     status_arguments(p_status)
     p_status.set_defaults(func=_run_status)
+    from .warmup import add_arguments as warmup_arguments
+
+    p_warmup = sub.add_parser("warmup", help="compile the numba kernels once (the first large run would, ~15 s)",
+                              description="Compiles every kernel into numba's on-disk cache, so that no run has "
+                              "to. Small runs never need numba; the first large run after installing would "
+                              "otherwise compile for ~15 s. Exit code 0 when the cache is current.")
+    warmup_arguments(p_warmup)
+    p_warmup.set_defaults(func=_run_warmup)
     sub.add_parser("run", help="run a program (script.py, -m module, any command) with daisy_nb as daisy",
                    add_help=False)
     from .dashboard.offline import add_arguments as dashboard_arguments

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .block import Block
+from .kernels import _jit
 from .kernels import graph as kg
 from .layout import BlockLayout, pack_layouts, roi_tuple
 
@@ -22,6 +23,12 @@ __all__ = ["BlockwiseDependencyGraph", "GraphArrays"]
 _CHUNK = 4096
 _FIRST_CHUNK = 16
 _EMPTY1 = np.zeros(0, dtype=np.int64)
+# microseconds of kernel work in plain Python (kernels/_jit.py need(); measured on the
+# 2-core machine, 3-D with conflicts: to_arrays 16 µs per block, describing a block 12 µs,
+# one neighbour query a few µs; `benchmarks/bench_small.py --calibrate`)
+_US_FILL = 16
+_US_DESCRIBE = 12
+_US_QUERY = 5
 
 
 class GraphArrays(NamedTuple):
@@ -130,6 +137,7 @@ class BlockwiseDependencyGraph:
         n, nd = len(rows), self.layout.ndim
         ids = np.empty(n, np.int64)
         ro, wo, rs, ws = (np.empty((n, nd), np.int64) for _ in range(4))
+        _jit.need(n * _US_DESCRIBE)
         tt = self._tt
         kg.describe_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, rows, ids, ro, wo, rs, ws)
         return ids, ro, wo, rs, ws
@@ -149,6 +157,7 @@ class BlockwiseDependencyGraph:
         g = self.layout.grid_of_write_offset(woff)
         if g is None or self.num_blocks == 0:
             raise ValueError(f"block {block!r} is not a block of task {self.task_id!r} (its write ROI is not on the block grid)")
+        _jit.need(_US_QUERY)
         tt = self._tt
         return int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, g))
 
@@ -195,6 +204,7 @@ class BlockwiseDependencyGraph:
             return []
         row = self.block_row(block)
         out = np.empty(max(1, len(self.layout.conf_offsets)), dtype=np.int64)
+        _jit.need(_US_QUERY)
         tt = self._tt
         n = kg.intra_neighbours(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, 0, row, downstream, out)
         return self._blocks(out[:n])
@@ -220,6 +230,7 @@ class BlockwiseDependencyGraph:
             return []
         rows = np.empty(n, np.int64)
         ids = np.empty(n, np.int64)
+        _jit.need(n * _US_DESCRIBE)
         tt = self._tt
         kg.grid_box_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, lo, hi, rows, ids)
         return self._blocks(rows)
@@ -228,6 +239,7 @@ class BlockwiseDependencyGraph:
     def _rows_arrays(self, start: int, stop: int) -> GraphArrays:
         lay, tt = self.layout, self._tt
         n, nd = stop - start, lay.ndim
+        _jit.need(n * _US_FILL)
         ids = np.empty(n, np.int64)
         level = np.empty(n, np.int64)
         ro = np.empty((n, nd), np.int64)

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .block import Block, BlockStatus
+from .kernels import _jit
 from .kernels import graph as kg
 from .kernels import surface as ks
 from .kernels import tables as kt
@@ -27,6 +28,7 @@ __all__ = ["BlockBatch", "DependencyGraph", "Scheduler", "TaskState", "WorkerCou
 logger = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_US_BLOCK, _US_PER_DOWNSTREAM = 50, 7  # plain-Python kernel cost of one block (see Scheduler.__init__)
 
 
 class BlockBatch(NamedTuple):
@@ -212,6 +214,12 @@ class Scheduler:
             m = int(np.diff(lay.conf_indptr).max()) if lay.num_levels else 0
             m += sum(int(self._edge_max_down[k]) for k in self._tptr[3][self._tptr[2][t] : self._tptr[2][t + 1]])
             cap = max(cap, m)
+        # Compiled kernels pay off only for enough work (kernels/_jit.py): a block costs the
+        # plain-Python kernels ~30 µs (batch API) to ~95 µs (per-block API, which rebuilds
+        # the packed views twice per block) plus ~7 µs per entry of its downstream list
+        # (measured 1-D to 3-D, 1-3 tasks), so from ~2k blocks (3-D, conflicts, two
+        # tasks) to ~10k (1-D, one task) the scheduler compiles.
+        _jit.need(sum(lay.num_blocks for lay in layouts) * (_US_BLOCK + _US_PER_DOWNSTREAM * cap))
 
         # state: packed into one int64 and one uint8 buffer (see kernels/surface.py);
         # the attributes below are views into them

@@ -20,8 +20,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 @pytest.fixture(scope="session", autouse=True)
 def _warm_kernels(tmp_path_factory):
     from daisy_nb import logging as dlog
+    from daisy_nb.kernels import _jit
     from daisy_nb.warmup import warmup
 
+    # Tests run the kernels compiled unless DAISY_NB_JIT says otherwise: `DAISY_NB_JIT=0`
+    # runs them as plain Python (.ci/run does that for the kernel and scheduler tests);
+    # the automatic choice has its own tests (tests/test_jit.py).
+    if "DAISY_NB_JIT" not in os.environ:
+        _jit.set_mode("numba")
     warmup()
     # worker logs of runs that do not choose a log directory go to a temp dir,
     # not ./daisy_logs in the checkout

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 import daisy_nb
 from daisy_nb import Block, BlockwiseDependencyGraph, Roi
+from daisy_nb.kernels import _jit
 from daisy_nb.kernels import block_id as kb
 from daisy_nb.kernels import graph as kg
 
@@ -47,7 +48,7 @@ except ImportError:
 HERE = pathlib.Path(__file__).resolve().parent
 PACKAGE = pathlib.Path(daisy_nb.__file__).resolve().parent
 GOLDEN_PATH = HERE / "data" / "graph_golden.json.gz"
-JIT_DISABLED = bool(numba.config.DISABLE_JIT)
+JIT_DISABLED = bool(numba.config.DISABLE_JIT) or _jit.mode() == "python"  # DAISY_NB_JIT=0: plain Python kernels
 INT64_MAX = 2**63 - 1
 
 

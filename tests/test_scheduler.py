@@ -1223,7 +1223,8 @@ def test_every_surface_kernel_has_a_twin_check():
             assert callable(globals().get(t)), t
 
 
-@pytest.mark.skipif(os.environ.get("NUMBA_DISABLE_JIT") == "1", reason="no compiled signatures without the JIT")
+@pytest.mark.skipif(os.environ.get("NUMBA_DISABLE_JIT") == "1" or os.environ.get("DAISY_NB_JIT") == "0",
+                    reason="plain-Python kernels have no compiled signatures")
 def test_each_surface_entry_point_has_one_compiled_signature():
     """After a run through every path, each compiled surface kernel has exactly one signature
     (the inlined helpers are compiled only into their callers)."""
