@@ -160,6 +160,19 @@ def machine_note() -> str:
     return f"{os.cpu_count()} CPUs, {la}, python {sys.version.split()[0]}"
 
 
+def compile_bytecode() -> str:
+    """Byte-compile daisy_nb as an installed package is (pip writes ``.pyc`` files), when the
+    environment forbids Python to write them (``PYTHONDONTWRITEBYTECODE``): otherwise every
+    process (the scheduler, the worker template, each worker program) compiles daisy_nb from
+    source, a cost no installed daisy_nb has and the daisy wheel never pays. Returns a note."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return ""
+    import compileall
+
+    compileall.compile_dir(os.path.join(ROOT, "daisy_nb"), quiet=1)
+    return "daisy_nb byte-compiled first (PYTHONDONTWRITEBYTECODE is set here; an installed package has .pyc files)"
+
+
 def warm_daisy_nb() -> float:
     """Compile or load every daisy_nb kernel (before any clock starts); returns its seconds."""
     sys.path.insert(0, ROOT)

@@ -139,6 +139,9 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     workers = 2
     note = _util.machine_note()
+    bc = _util.compile_bytecode()
+    if bc:
+        note += "; " + bc
     libs = [("daisy_nb", sys.executable)] + ([("daisy 2.0.0", args.daisy_python)] if args.daisy_python else [])
     res: dict[str, list[dict]] = {name: [] for name, _ in libs}
     fixed: dict[str, list[float]] = {name: [] for name, _ in libs}  # a 10-block run: start-up and shut-down

@@ -253,6 +253,12 @@ def main():
         ap.error(f"unknown case(s) {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}")
     me = sys.executable
     ref = args.daisy_python
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _util
+
+    bc = _util.compile_bytecode()
+    if bc:
+        print(bc)
     scale = 10 if args.quick else 1
     reps = max(1, args.repeat)
     iters = calibrate_cpu_iters()

@@ -340,6 +340,9 @@ def main() -> int:
     sizes = [int(x) for x in a.sizes.split(",")]
     modes = [m for m in a.modes.split(",") if m]
     print(f"# bench_small: whole-process small runs ({U.machine_note()})\n")
+    note = U.compile_bytecode()
+    if note:
+        print(note + "\n")
     subprocess.run([sys.executable, "-m", "daisy_nb", "warmup"], env=U.child_env(), check=True, capture_output=True)
     headers = ["blocks", "library", "wall (median)", "range", "peak (tree max)", "vs daisy (median of pairs)",
                "first block", "scheduler peak", "worker peak", "numba loaded"]

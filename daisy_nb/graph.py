@@ -215,12 +215,12 @@ class BlockwiseDependencyGraph:
         lay = self.layout
         if len(off) != lay.ndim:
             raise ValueError(f"sub_roi must have {lay.ndim} dimensions, got {len(off)}")
-        off = np.array(off, dtype=np.int64)
-        end = off + np.array(shp, dtype=np.int64)
+        off_a = np.array(off, dtype=np.int64)
+        end = off_a + np.array(shp, dtype=np.int64)
         if read_roi:
-            off = off - lay.cul
+            off_a = off_a - lay.cul
             end = end + lay.clr
-        return _subgraph_box(off, end, lay.tw_offset, lay.tw_shape, lay.write_shape, lay.grid_shape)
+        return _subgraph_box(off_a, end, lay.tw_offset, lay.tw_shape, lay.write_shape, lay.grid_shape)
 
     def get_subgraph_blocks(self, sub_roi, read_roi: bool = False) -> list[Block]:
         """Blocks whose write cell meets ``sub_roi`` (grown by the context if ``read_roi``)."""

@@ -130,6 +130,8 @@ def open_worker_logs(task_id: str, slot: int):
     if get_log_mode() == "console":
         return None
     base = get_worker_log_basename(slot, task_id)
+    if base is None:  # file logging is off
+        return None
     base.parent.mkdir(parents=True, exist_ok=True)
     files = []
     for suffix in (".out", ".err"):

@@ -26,7 +26,7 @@ try:
     _RUSAGE_SELF = _resource.RUSAGE_SELF
     _getrusage = _resource.getrusage
 except ImportError:  # pragma: no cover - Windows
-    _getrusage = None
+    _getrusage = None  # type: ignore[assignment]
 _RSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
 _IO_PATH = "/proc/self/io"
 _io_ok = os.path.exists(_IO_PATH)
@@ -123,7 +123,7 @@ class _Profile:
             now = self._t0 + wall
             if wall >= 0.001 or now - _rss_cache[1] >= _RSS_MAX_AGE:  # reading it is ~12 µs
                 _rss_cache[0], _rss_cache[1] = _peak_rss(), now
-            self.stats = BlockStats(wall, cpu, _rss_cache[0], max(0, r - self._r0), max(0, w - self._w0))
+            self.stats = BlockStats(wall, cpu, int(_rss_cache[0]), max(0, r - self._r0), max(0, w - self._w0))
             b = self.block
             if b is not None and getattr(b, "stats", None) is None:
                 try:
@@ -134,9 +134,8 @@ class _Profile:
 
     __enter__ = start
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:
         self.stop()
-        return False
 
 
 def profile_block(block) -> _Profile:
@@ -152,7 +151,10 @@ def measured_stats(profile: _Profile, block) -> BlockStats:
     """The stats to report for ``block``: the first attached (maybe the user's own), else ``profile``'s."""
     profile.stop()
     s = getattr(block, "stats", None)
-    return s if isinstance(s, BlockStats) else profile.stats
+    if isinstance(s, BlockStats):
+        return s
+    assert profile.stats is not None  # stop() measured
+    return profile.stats
 
 
 class TaskResourceStats:

@@ -35,7 +35,7 @@ class BlockBatch(NamedTuple):
     """Blocks handed out together; ``index`` is each block's row in its task."""
 
     task_id: str
-    index: np.ndarray  # int64[k]
+    index: np.ndarray  # type: ignore[assignment]  # int64[k] (daisy_nb's name; shadows tuple.index)
     spatial_id: np.ndarray  # int64[k]
     read_offset: np.ndarray  # int64[k, nd]
     read_shape: np.ndarray
@@ -281,11 +281,11 @@ class Scheduler:
                 self.cnt[t, kt.C_ROOTS_LEFT] = layouts[t].num_roots
                 self.cnt[t, kt.C_READY] = layouts[t].num_roots
             elif layouts[t].num_roots and self._may_have_free_blocks(t):
-                e = self._e
-                in_ptr, in_e, _, _ = self._tptr
+                edge_t = self._e
+                t_in_ptr, t_in_e, _, _ = self._tptr
                 ks.seed_free_blocks(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
-                                    e[1], e[2], in_ptr, in_e, self.status, self.queue, self.cnt, t)
-        self._dependency_graph = None
+                                    edge_t[1], edge_t[2], t_in_ptr, t_in_e, self.status, self.queue, self.cnt, t)
+        self._dependency_graph: DependencyGraph | None = None
         self._fast_setup()
 
     def _may_have_free_blocks(self, t: int) -> bool:
@@ -569,6 +569,8 @@ class DependencyGraph:
     def downstream(self, block) -> list[Block]:
         s = self._s
         t = s._t(block.task_id)
+        if t is None:
+            raise ValueError(f"block {block.block_id} belongs to no task of this pipeline")
         row = s._row_of(t, block)
         cap = len(s._buf[0])
         maxnd = s._tt.geo.shape[2]
@@ -588,6 +590,8 @@ class DependencyGraph:
     def upstream(self, block) -> list[Block]:
         s = self._s
         t = s._t(block.task_id)
+        if t is None:
+            raise ValueError(f"block {block.block_id} belongs to no task of this pipeline")
         row = s._row_of(t, block)
         tt = s._tt
         lay = s._layouts[t]
