@@ -290,7 +290,7 @@ class Scheduler:
 
     def _may_have_free_blocks(self, t: int) -> bool:
         """False when every block of task t surely reads some upstream block."""
-        for k, (u, d) in enumerate(self._edges):
+        for k, (_u, d) in enumerate(self._edges):
             if d != t:
                 continue
             for ax in range(self._layouts[t].ndim):
