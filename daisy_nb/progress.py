@@ -296,16 +296,17 @@ def print_resource_utilization(states, task_order=None, *, file=None) -> bool:
     return True
 
 
-def finish_run(states, task_order, elapsed, *, summary: bool, interrupted: bool):
+def finish_run(states, task_order, elapsed, *, summary: bool, interrupted: bool, interrupt=None):
     """End of a run, shared by every runtime: print the summary, then re-raise a Ctrl-C
-    as ``KeyboardInterrupt`` carrying the states (daisy 2.0 wheel behaviour)."""
+    as ``KeyboardInterrupt`` (``interrupt``, else a new one) carrying the states (daisy
+    2.0 wheel behaviour)."""
     for st in states.values():  # runtimes that measure nothing (dask) still answer the attribute
         if not hasattr(st, "resource_stats"):
             st.resource_stats = None
     if summary:
         print_summary(states, task_order, elapsed, interrupted=interrupted)
     if interrupted:
-        e = KeyboardInterrupt("run aborted by SIGINT")
+        e = interrupt if interrupt is not None else KeyboardInterrupt("run aborted by SIGINT")
         e.daisy_states = states
         e.daisy_task_order = list(task_order)
         raise e

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 
 from .scheduler import Scheduler
 
@@ -76,16 +75,6 @@ def _execute(tasks, *, multiprocessing, resources, progress, summary, block_trac
             states = run_serial(scheduler, progress=progress, summary=summary)
         elif executor is not None:
             from .runtime.dask import run_dask  # optional extra
-
-            tracked = [t for t in scheduler.task_ids if getattr(scheduler.tasks[t], "resource_tracking", False)]
-            if tracked:
-                warnings.warn(
-                    f"resource_tracking=True is not measured under executor= (dask): tasks {tracked} get no "
-                    "per-block stats and no Resource Utilization panel; the worker pool and the serial runner "
-                    "measure them",
-                    UserWarning,
-                    stacklevel=2,
-                )
 
             states = run_dask(scheduler, executor, progress=progress, summary=summary)
         else:

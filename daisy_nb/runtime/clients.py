@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block
+from daisy_nb.runtime.policy import record_error
 
 __all__ = ["ClientConn", "ClientsMixin"]
 
@@ -128,11 +129,7 @@ class ClientsMixin:
                 if kind == b"E":  # a failure with stats (resource_tracking)
                     stats = _STATS.unpack_from(msg, 9)
                     t0 += _STATS.size
-                text = msg[t0:].decode("utf-8", "replace")
-                c = self.s.counters[tr.tid]
-                c.last_worker_error = text
-                if c.first_worker_error is None:
-                    c.first_worker_error = text
+                record_error(self.s.counters[tr.tid], msg[t0:].decode("utf-8", "replace"))
             sent = cc.held.pop(index, None)
             if sent is not None:  # else: reclaimed after a timeout
                 if stats is not None and tr.res is not None:

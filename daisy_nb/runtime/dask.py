@@ -22,7 +22,7 @@ The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
   summary. Futures are submitted with ``retries=0`` and ``pure=False``.
 * **Lost workers.** Every batch announces its start (worker address, pid) through
   the run's own dask event topic. A small scheduler plugin forwards the
-  scheduler's worker events to that topic; when a worker is removed unexpectedly
+  scheduler's worker events to that topic (:mod:`.dask_events`); when a worker is removed unexpectedly
   (``remove-worker``, not ``expected``), the batches that *started* there are
   cancelled (so dask does not silently rerun them) and their blocks fail once and
   are retried; batches that were merely queued there are left to dask, which runs
@@ -67,11 +67,13 @@ import logging
 import threading
 import time
 import uuid
+import warnings
 from collections import deque
 
 from daisy_nb.progress import Heartbeat, notify
+from daisy_nb.runtime.dask_events import RunTopic
 from daisy_nb.runtime.dask_worker import _cancel_batches, _forget_run_async, _run_batch, _running_batches
-from daisy_nb.runtime.policy import grow_batch, serialize_function, timeout_of
+from daisy_nb.runtime.policy import TaskRun, end_run, grow_batch, record_error
 from daisy_nb.runtime.state import cap_traceback, format_exception
 
 __all__ = ["run_dask"]
@@ -98,51 +100,16 @@ class _Batch:
         self.pid = None
 
 
-class _TaskRun:
-    def __init__(self, task, payload: bytes):
-        self.task = task
-        self.tid = task.task_id
-        self.payload = payload
-        self.payload_arg = payload  # bytes, or a scattered future for large functions
-        self.ndim = len(task.total_roi.shape)
-        self.resources = {k: v for k, v in task.requires.items() if v} or None
-        self.timeout = timeout_of(task)
-        self.batch_k = 1
-        self.inflight = 0
-        self.abandoned = False
-        self.t_first = None
-        self.t_done = None
+class _TaskRun(TaskRun):
+    """dask's run record of a task: the shared one, plus the function as the workers get it."""
+
+    measures_resources = False  # dask workers report no per-block stats
+
+    def __init__(self, task):
+        super().__init__(task)
+        self.payload_arg = None  # the payload bytes, or a scattered future for large functions
+        self.resources = {k: v for k, v in self.requires.items() if v} or None  # dask resource restrictions
         self.workers_seen: set = set()
-
-
-def _forwarder(topic: str):
-    """A scheduler plugin that forwards the cluster's worker events to one run's topic.
-
-    The scheduler logs ``add-worker``/``remove-worker`` (with ``expected``: retired on
-    purpose) on its ``"all"`` topic; a client has one handler per topic, which may
-    be the user's, so the run does not subscribe to ``"all"`` itself. The class is
-    made here, not at module level, so that it is pickled by value: the dask
-    scheduler process need not have daisy_nb installed.
-    """
-    from distributed.diagnostics.plugin import SchedulerPlugin
-
-    class DaisyNbWorkerEvents(SchedulerPlugin):
-        name = f"daisy_nb-events-{topic}"
-
-        def __init__(self):
-            self.topic = topic
-            self.scheduler = None
-
-        def start(self, scheduler):
-            self.scheduler = scheduler
-
-        def log_event(self, topic, msg):
-            if topic != "all" or self.scheduler is None or not isinstance(msg, dict):
-                return
-            if msg.get("action") in ("add-worker", "remove-worker"):
-                self.scheduler.log_event(self.topic, {"cluster": msg})
-
-    return DaisyNbWorkerEvents()
 
 
 class _DaskRun:
@@ -173,31 +140,30 @@ class _DaskRun:
         self.pass_failures: dict = {}  # task id -> error text of futures that erred in this pass
         self.workers_changed = True
         self.interrupted = False
-        self.handler_cell = [None]
-        self.plugin_name = None
-        self.subscribed = False
+        self.watch = RunTopic(client, self.topic, self._on_event)  # dask_events.py
         self.t_start = time.monotonic()
         self.t_first_block = None
         self.t_last_done = None
 
     # ------------------------------------------------------------------ setup
-    def prepare(self) -> None:
+    def prepare(self, records: dict) -> None:
+        """Check and serialize the tasks (``records``: a ``_TaskRun`` per task) that have blocks."""
         for tid in self.order:
-            task = self.s.tasks[tid]
-            if task.layout.num_blocks == 0:
+            tr = records[tid]
+            if tr.task.layout.num_blocks == 0:
                 continue
-            if task.process_function is None:
+            if tr.fn is None:
                 raise RuntimeError(
                     f'invalid configuration: task "{tid}" has no process_function; distributed runs need one'
                 )
-            if task.arity != 1:
+            if tr.arity != 1:
                 raise ValueError(
                     f"invalid configuration: task {tid!r} has a 0-argument worker function (a daisy_nb.Client "
                     "loop). run_blockwise(executor=dask_client) runs 1-argument block functions only: write "
                     "process_function(block) (use Task(init_fn=...) and daisy_nb.dask.worker_state() for "
                     "per-worker setup), or run this task with the local pool (no executor)."
                 )
-            tr = _TaskRun(task, serialize_function(task.process_function, task.init_fn, tid))
+            tr.payload_arg = tr.serialize()
             self.trs[tid] = tr
         for tr in self.trs.values():
             if len(tr.payload) > INLINE_PAYLOAD_BYTES:
@@ -220,44 +186,6 @@ class _DaskRun:
                     "tasks require dask worker resources %s that no current worker has: their blocks wait "
                     "until workers started with --resources join the cluster", sorted(missing),
                 )
-
-    def subscribe(self) -> None:
-        """Start events of batches and the cluster's worker events, on this run's own topic.
-
-        ``unsubscribe_topic`` leaves the handler registered in the client, so the
-        handler only holds this run through a cell that ``unsubscribe`` empties.
-        """
-        cell = self.handler_cell = [self]
-
-        def on_event(event):
-            run = cell[0]
-            if run is not None:
-                run._on_event(event)
-
-        self.client.subscribe_topic(self.topic, on_event)
-        self.subscribed = True
-        plugin = _forwarder(self.topic)
-        try:
-            self.client.register_plugin(plugin, name=plugin.name)
-            self.plugin_name = plugin.name
-        except Exception as e:  # an old or locked-down scheduler: batches still run
-            logger.warning("daisy_nb could not watch the dask cluster for lost workers: %r", e)
-
-    def unsubscribe(self) -> None:
-        if not self.subscribed:
-            return
-        self.subscribed = False
-        self.handler_cell[0] = None
-        try:
-            self.client.unsubscribe_topic(self.topic)
-        except Exception:
-            pass
-        if self.plugin_name is not None:
-            try:
-                self.client.unregister_scheduler_plugin(self.plugin_name)
-            except Exception:
-                pass
-            self.plugin_name = None
 
     # -------------------------------------------------- event loop thread callbacks
     def _wake(self) -> None:
@@ -329,22 +257,16 @@ class _DaskRun:
     def _notify(self, what: str) -> None:
         notify(self.observer, what, self.s)
 
-    def _record_error(self, tid: str, text: str) -> None:
-        c = self.s.counters[tid]
-        c.last_worker_error = text
-        if c.first_worker_error is None:
-            c.first_worker_error = text
-
     def _worker_failure(self, tid: str, text: str) -> None:
         """A batch lost to its worker (death, timeout, init_fn): the pool's dirty exit."""
         c = self.s.counters[tid]
         c.worker_failure_count += 1
-        self._record_error(tid, text)
+        record_error(c, text)
         logger.warning("task %r: %s", tid, text.splitlines()[0])
         tr = self.trs[tid]
         if tr.abandoned:
             return
-        if c.worker_failure_count > tr.task.max_worker_restarts:
+        if tr.restarts_exhausted(c):
             for a in self.s.abandon_task(tid, "worker restart cap exhausted"):
                 atr = self.trs.get(a)
                 if atr is None:
@@ -470,10 +392,7 @@ class _DaskRun:
             st[(st != 2) & (st != 3)] = 0
             self._release(b, st)
             if result.get("first_error"):
-                c = self.s.counters[b.tid]
-                if c.first_worker_error is None:
-                    c.first_worker_error = result["first_error"]
-                c.last_worker_error = result["last_error"]
+                record_error(self.s.counters[b.tid], result["last_error"], first=result["first_error"])
             ran = int(np.count_nonzero(st))
             if ran:
                 tr.batch_k = grow_batch(tr.batch_k, result["elapsed_ns"], ran, self.target, self.max_batch)
@@ -629,7 +548,7 @@ class _DaskRun:
                     self._release(b, 0)
                 except Exception:
                     pass
-        self.unsubscribe()
+        self.watch.unsubscribe()
         if self.next_bid:
             try:
                 self.client.run(_forget_run_async, self.token, wait=False)
@@ -683,13 +602,23 @@ def run_dask(
     attached. A task abandoned after ``max_worker_restarts`` lost workers raises
     ``RuntimeError`` (``raise_on_abandon``), like the local pool.
     """
+    records = {tid: _TaskRun(scheduler.tasks[tid]) for tid in scheduler.task_ids}
+    tracked = [tid for tid, tr in records.items() if tr.track]
+    if tracked:
+        warnings.warn(
+            f"resource_tracking=True is not measured under executor= (dask): tasks {tracked} get no "
+            "per-block stats and no Resource Utilization panel; the worker pool and the serial runner "
+            "measure them",
+            UserWarning,
+            stacklevel=3,
+        )
     try:
         import distributed  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
             "run_blockwise(executor=...) needs dask.distributed: pip install 'daisy_nb[dask]'"
         ) from e
-    from daisy_nb.progress import finish_run, raise_if_abandoned, resolve_observer
+    from daisy_nb.progress import raise_if_abandoned, resolve_observer
 
     client, owned = _as_client(client)
     run = _DaskRun(scheduler, client, resolve_observer(progress, list(scheduler.task_ids)),
@@ -701,8 +630,8 @@ def run_dask(
 
     try:
         try:
-            run.prepare()
-            run.subscribe()
+            run.prepare(records)
+            run.watch.subscribe()
             if in_main:
                 old_handler = signal.signal(signal.SIGINT, run._on_sigint)
             run.run()
@@ -715,16 +644,7 @@ def run_dask(
                 run.shutdown(aborting=True)
             finally:
                 scheduler.flush_tracking()
-        states = scheduler.task_states
-        run._notify("on_finish")
-        elapsed = {}
-        for tid in run.order:
-            tr = run.trs.get(tid)
-            if tr is None or tr.t_first is None:
-                elapsed[tid] = 0.0
-            else:
-                elapsed[tid] = (tr.t_done or time.monotonic()) - tr.t_first
-        finish_run(states, run.order, elapsed, summary=summary, interrupted=interrupted)
+        states = end_run(scheduler, run.observer, run.trs, run.order, summary=summary, interrupted=interrupted)
         run_dask.last_timing = {
             "start_to_first_block": (run.t_first_block - run.t_start) if run.t_first_block else None,
             "futures": run.next_bid,

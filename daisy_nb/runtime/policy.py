@@ -2,6 +2,18 @@
 
 What a runtime needs to decide about a task, decided once, here:
 
+* :class:`TaskRun`: the per-task run record. Every ``Task`` option a runtime uses
+  (process function and its arity, ``init_fn``, timeout, ``max_workers``,
+  ``max_worker_restarts``, ``requires``, ``resource_tracking``) is read from the
+  Task here, once, with the run-time counts the runtimes share (batch size, blocks
+  in flight, abandonment, first/done times, resource stats). The pool and dask
+  extend it with what only they track; the serial runner uses it as it is;
+* :func:`record_error`: a worker error or traceback for the summary (first and last);
+* :func:`end_run`: the end of every run (resource stats, ``on_finish``, the summary,
+  a Ctrl-C re-raised with the states); the periodic chores are
+  :class:`daisy_nb.progress.Heartbeat`, abandonment is raised by
+  :func:`daisy_nb.progress.raise_if_abandoned`;
+
 * :func:`serialize_function`: the task's ``(process_function, init_fn)`` pickled
   once per run (cloudpickle, else pickle), with one clear error when that is
   impossible, before any worker starts;
@@ -21,7 +33,17 @@ from __future__ import annotations
 import inspect
 import pickle
 
-__all__ = ["MAX_GROWTH", "grow_batch", "serialize_function", "timeout_of", "wants_context"]
+__all__ = [
+    "MAX_GROWTH",
+    "TaskRun",
+    "elapsed_of",
+    "end_run",
+    "grow_batch",
+    "record_error",
+    "serialize_function",
+    "timeout_of",
+    "wants_context",
+]
 
 MAX_GROWTH = 4
 
@@ -55,7 +77,10 @@ def timeout_of(task) -> float | None:
 
 
 def grow_batch(k: int, elapsed_ns: int, n: int, target_secs: float, cap: int) -> int:
-    """The next batch size after a batch of ``n`` blocks took ``elapsed_ns``."""
+    """The next batch size after a batch of ``n`` blocks took ``elapsed_ns``.
+
+    Blocks measured at 0 ns (faster than the clock) grow the batch by ``MAX_GROWTH``.
+    """
     per_block = elapsed_ns / n / 1e9 if n else 0.0
     want = int(target_secs / per_block) if per_block > 0 else cap
     return max(1, min(want, k * MAX_GROWTH, cap))
@@ -67,3 +92,88 @@ def wants_context(fn) -> bool:
         return "context" in (inspect.getfullargspec(fn).kwonlyargs or [])
     except TypeError:
         return False
+
+
+def record_error(counters, text: str, first: str | None = None) -> None:
+    """Keep ``text`` as the task's last worker error (and ``first``, else ``text``, as its first)."""
+    if counters.first_worker_error is None:
+        counters.first_worker_error = text if first is None else first
+    counters.last_worker_error = text
+
+
+class TaskRun:
+    """One task of a run as the runtimes see it; the scheduler owns the block state.
+
+    Built from the Task once: the options are read here and nowhere else in the
+    runtimes. ``payload`` (the pickled ``(process_function, init_fn)``) is made by
+    :meth:`serialize`, after a runtime's own checks of the task.
+    """
+
+    measures_resources = True  # False: the runtime measures no per-block stats (dask)
+
+    def __init__(self, task):
+        self.task = task
+        self.tid = task.task_id
+        self.fn = task.process_function
+        self.init_fn = task.init_fn
+        self.arity = task.arity  # 1: block function, 0: worker function (Client loop), None: no function
+        self.wants_context = self.fn is not None and wants_context(self.fn)
+        roi = getattr(task, "total_roi", None)
+        self.ndim = len(roi.shape) if roi is not None else 1
+        self.timeout = timeout_of(task)  # seconds per block, None: none
+        self.max_workers = max(1, int(task.max_workers))
+        self.max_restarts = int(task.max_worker_restarts)
+        self.requires = {k: int(v) for k, v in task.requires.items()}
+        self.track = bool(task.resource_tracking)
+        self.res = None  # TaskResourceStats when the task tracks resources and the runtime measures them
+        if self.track and self.measures_resources:
+            from daisy_nb.profiling import TaskResourceStats
+
+            self.res = TaskResourceStats(self.tid)
+        self.payload: bytes | None = None
+        self.batch_k = 1
+        self.inflight = 0  # blocks acquired and not released yet
+        self.abandoned = False
+        self.t_first = None  # monotonic time of the task's first block handed out
+        self.t_done = None  # monotonic time the task was seen done (serial: its last block released)
+
+    def serialize(self) -> bytes:
+        self.payload = serialize_function(self.fn, self.init_fn, self.tid)
+        return self.payload
+
+    def restarts_exhausted(self, counters) -> bool:
+        """A worker failed that may not be replaced: ``max_worker_restarts`` restarts were made."""
+        return counters.worker_failure_count > counters.worker_restart_count and (
+            counters.worker_restart_count >= self.max_restarts
+        )
+
+    def elapsed(self, now: float) -> float:
+        """Seconds from the first block to done (or to ``now``), for the summary's blocks/s."""
+        if self.t_first is None:
+            return 0.0
+        return (self.t_done or now) - self.t_first
+
+
+def elapsed_of(trs: dict, order) -> dict:
+    """``{task_id: elapsed seconds}`` for the summary; tasks without a run record ran nothing."""
+    import time
+
+    now = time.monotonic()
+    return {tid: trs[tid].elapsed(now) if tid in trs else 0.0 for tid in order}
+
+
+def end_run(scheduler, observer, trs: dict, order, *, summary: bool, interrupted: bool, interrupt=None):
+    """The end of a run, once its workers are gone and tracking is flushed; returns the states.
+
+    Every runtime ends here: each task's resource stats (None unless measured), the
+    observer's ``on_finish``, then :func:`daisy_nb.progress.finish_run` (the summary;
+    a Ctrl-C re-raised as ``KeyboardInterrupt``, ``interrupt`` if given, with the states).
+    """
+    from daisy_nb.progress import finish_run, notify
+
+    states = scheduler.task_states
+    for tid, tr in trs.items():
+        states[tid].resource_stats = tr.res
+    notify(observer, "on_finish", scheduler)
+    finish_run(states, order, elapsed_of(trs, order), summary=summary, interrupted=interrupted, interrupt=interrupt)
+    return states

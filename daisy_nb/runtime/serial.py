@@ -19,25 +19,21 @@ from __future__ import annotations
 import time
 
 from daisy_nb.block import BlockStatus
-from daisy_nb.progress import (
-    Heartbeat,
-    finish_run,
-    notify,
-    print_summary,
-    resolve_observer,
-)
+from daisy_nb.progress import Heartbeat, notify, resolve_observer
+from daisy_nb.runtime.policy import TaskRun, end_run
 
 __all__ = ["run_serial"]
 
 
-def _check(scheduler, order) -> None:
-    for tid in order:
-        task = scheduler.tasks[tid]
-        if task.layout.num_blocks and (task.process_function is None or task.arity != 1):
+def _records(scheduler, order) -> dict:
+    trs = {tid: TaskRun(scheduler.tasks[tid]) for tid in order}
+    for tid, tr in trs.items():
+        if tr.task.layout.num_blocks and (tr.fn is None or tr.arity != 1):
             raise ValueError(
                 f"invalid configuration: task {tid!r} has no 1-argument process_function; serial mode "
                 "(multiprocessing=False) calls process_function(block)"
             )
+    return trs
 
 
 def run_serial(scheduler, *, progress=True, summary: bool = True):
@@ -49,25 +45,15 @@ def run_serial(scheduler, *, progress=True, summary: bool = True):
     ``daisy_states``/``daisy_task_order`` attached, as the pool does.
     """
     order = list(scheduler.task_ids)
-    _check(scheduler, order)
+    trs = _records(scheduler, order)
     from daisy_nb.runtime.state import set_worker_state
 
-    for tid in order:
-        init_fn = scheduler.tasks[tid].init_fn
-        if init_fn is not None and scheduler.tasks[tid].layout.num_blocks:
-            set_worker_state(tid, init_fn())
-    res = {}  # resource_tracking: task id -> TaskResourceStats
-    for tid in order:
-        if getattr(scheduler.tasks[tid], "resource_tracking", False):
-            from daisy_nb.profiling import TaskResourceStats
-
-            res[tid] = TaskResourceStats(tid)
+    for tid, tr in trs.items():
+        if tr.init_fn is not None and tr.task.layout.num_blocks:
+            set_worker_state(tid, tr.init_fn())
     observer = resolve_observer(progress, order)
     notify(observer, "on_start", scheduler)
     heartbeat = Heartbeat(observer, scheduler)
-    tasks = scheduler.tasks
-    t0: dict = {}
-    t1: dict = {}
     try:
         while True:
             progressed = False
@@ -75,52 +61,40 @@ def run_serial(scheduler, *, progress=True, summary: bool = True):
                 block = scheduler.acquire_block(tid)
                 if block is None:
                     continue
-                t0.setdefault(tid, time.monotonic())
+                tr = trs[tid]
+                if tr.t_first is None:
+                    tr.t_first = time.monotonic()
                 block.status = BlockStatus.PROCESSING
-                acc = res.get(tid)
-                if acc is None:
-                    tasks[tid].process_function(block)
+                if tr.res is None:
+                    tr.fn(block)
                 else:
                     from daisy_nb.profiling import measured_stats, profile_block
 
                     prof = profile_block(block)
                     with prof:
-                        tasks[tid].process_function(block)
-                    acc.add_one(measured_stats(prof, block), block.status == BlockStatus.FAILED)
+                        tr.fn(block)
+                    tr.res.add_one(measured_stats(prof, block), block.status == BlockStatus.FAILED)
                 if block.status != BlockStatus.FAILED:
                     block.status = BlockStatus.SUCCESS
                 scheduler.release_block(block)
-                now = time.monotonic()
-                t1[tid] = now
+                now = tr.t_done = time.monotonic()  # the task's last block so far
                 heartbeat(now)
                 progressed = True
                 break
             if not progressed:
                 break
     except KeyboardInterrupt as e:
-        states = _end(scheduler, observer, res)
-        if summary:
-            print_summary(states, order, _elapsed(order, t0, t1), interrupted=True)
-        e.daisy_states = states
-        e.daisy_task_order = order
+        _flush(scheduler, observer)
+        end_run(scheduler, observer, trs, order, summary=summary, interrupted=True, interrupt=e)
+        raise  # not reached: end_run re-raises ``e`` with the states
+    except BaseException:  # the block function's exception, as it is
+        _flush(scheduler, observer)
+        notify(observer, "on_finish", scheduler)
         raise
-    except BaseException:
-        _end(scheduler, observer, res)
-        raise
-    states = _end(scheduler, observer, res)
-    finish_run(states, order, _elapsed(order, t0, t1), summary=summary, interrupted=False)
-    return states
+    _flush(scheduler, observer)
+    return end_run(scheduler, observer, trs, order, summary=summary, interrupted=False)
 
 
-def _end(scheduler, observer, res):
+def _flush(scheduler, observer) -> None:
     scheduler.flush_tracking()
-    states = scheduler.task_states
-    for tid, st in states.items():
-        st.resource_stats = res.get(tid)
     notify(observer, "on_progress", scheduler)  # the final counts, then the bars close
-    notify(observer, "on_finish", scheduler)
-    return states
-
-
-def _elapsed(order, t0, t1) -> dict:
-    return {tid: t1.get(tid, 0.0) - t0.get(tid, 0.0) for tid in order}

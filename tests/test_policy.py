@@ -1,0 +1,130 @@
+"""The run policy the runtimes share (``daisy_nb/runtime/policy.py``).
+
+A ``Task`` option is read in one place, the per-task run record, so the serial
+runner, the pool and dask cannot interpret it differently: each runtime's record
+is built from the same Task with the same fields and values.
+"""
+
+import datetime
+import pickle
+from types import SimpleNamespace
+
+import pytest
+
+import daisy_nb
+from daisy_nb import Roi
+from daisy_nb.runtime import dask as dask_rt
+from daisy_nb.runtime import pool as pool_rt
+from daisy_nb.runtime.policy import MAX_GROWTH, TaskRun, elapsed_of, grow_batch, record_error
+
+RECORDS = [TaskRun, pool_rt._TaskRun, dask_rt._TaskRun]
+
+
+def block_fn(block):
+    pass
+
+
+def worker_fn():
+    pass
+
+
+def worker_fn_ctx(*, context=None):
+    pass
+
+
+def opened():
+    return "state"
+
+
+def task(fn=block_fn, **kw):
+    return daisy_nb.Task(
+        "t",
+        total_roi=Roi((0, 0), (40, 40)),
+        read_roi=Roi((0, 0), (10, 10)),
+        write_roi=Roi((0, 0), (10, 10)),
+        process_function=fn,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("cls", RECORDS, ids=["serial", "pool", "dask"])
+def test_every_runtime_reads_the_task_options_alike(cls):
+    t = task(
+        timeout=datetime.timedelta(seconds=90),
+        max_workers=3,
+        max_worker_restarts=2,
+        requires={"gpu": 1, "mem": 0},
+        resource_tracking=True,
+        init_fn=opened,
+    )
+    tr = cls(t)
+    assert (tr.task, tr.tid, tr.fn, tr.init_fn) == (t, "t", block_fn, opened)
+    assert (tr.arity, tr.wants_context, tr.ndim) == (1, False, 2)
+    assert tr.timeout == 90.0
+    assert (tr.max_workers, tr.max_restarts) == (3, 2)
+    assert tr.requires == {"gpu": 1, "mem": 0}
+    assert tr.track is True
+    # the run-time counts start the same everywhere
+    assert (tr.batch_k, tr.inflight, tr.abandoned, tr.t_first, tr.t_done, tr.payload) == (1, 0, False, None, None, None)
+    # serialized once, with init_fn, the same bytes for every runtime
+    assert pickle.loads(tr.serialize()) == (block_fn, opened)
+    assert tr.payload == TaskRun(t).serialize()
+
+
+def test_what_each_runtime_adds_is_derived_from_the_shared_fields():
+    t = task(timeout=2.5, requires={"gpu": 1, "mem": 0}, resource_tracking=True)
+    p, d = pool_rt._TaskRun(t), dask_rt._TaskRun(t)
+    assert p.timeout_ns == 2_500_000_000
+    assert d.resources == {"gpu": 1}  # dask resource restrictions: zero amounts are no restriction
+    assert dask_rt._TaskRun(task()).resources is None
+    # the pool (and the serial runner) measure per-block stats; dask does not
+    assert p.res is not None and p.res.task_id == "t"
+    assert TaskRun(t).res is not None
+    assert d.res is None
+    assert pool_rt._TaskRun(task()).res is None
+
+
+def test_defaults_and_worker_functions():
+    tr = TaskRun(task())
+    assert tr.timeout == daisy_nb.task.DEFAULT_BLOCK_TIMEOUT_SECS
+    assert (tr.max_workers, tr.max_restarts, tr.requires, tr.track, tr.init_fn) == (1, 10, {}, False, None)
+    assert (TaskRun(task(worker_fn)).arity, TaskRun(task(worker_fn)).wants_context) == (0, False)
+    assert (TaskRun(task(worker_fn_ctx)).arity, TaskRun(task(worker_fn_ctx)).wants_context) == (0, True)
+
+
+@pytest.mark.parametrize("cap", [0, 1, 3])
+def test_restart_cap_is_one_rule(cap):
+    """The pool replaces a failed worker at its next spawn, dask at the failure; both stop
+    after ``max_worker_restarts`` restarts, by the same predicate."""
+    tr = TaskRun(task(max_worker_restarts=cap))
+    c = SimpleNamespace(worker_failure_count=0, worker_restart_count=0)
+    restarts = 0
+    for _ in range(cap + 5):
+        c.worker_failure_count += 1
+        if tr.restarts_exhausted(c):
+            break
+        c.worker_restart_count += 1
+        restarts += 1
+    assert restarts == cap and c.worker_failure_count == cap + 1
+
+
+def test_batch_growth():
+    # 1 ms per block, 10 ms target: 10 blocks, reached in steps of at most MAX_GROWTH
+    assert grow_batch(1, 1_000_000, 1, 0.01, 4096) == MAX_GROWTH
+    assert grow_batch(4, 4_000_000, 4, 0.01, 4096) == 10
+    assert grow_batch(10, 20_000_000, 10, 0.01, 4096) == 5  # slower blocks shrink it at once
+    assert grow_batch(1000, 0, 1000, 0.01, 2048) == 2048  # too fast to measure: grow, up to the cap
+    assert grow_batch(8, 10_000_000_000, 8, 0.01, 4096) == 1  # slow blocks go one at a time
+
+
+def test_errors_and_elapsed():
+    c = SimpleNamespace(first_worker_error=None, last_worker_error=None)
+    record_error(c, "one")
+    record_error(c, "two")
+    assert (c.first_worker_error, c.last_worker_error) == ("one", "two")
+    c = SimpleNamespace(first_worker_error=None, last_worker_error=None)
+    record_error(c, "last", first="first")
+    assert (c.first_worker_error, c.last_worker_error) == ("first", "last")
+    tr = TaskRun(task())
+    tr.t_first, tr.t_done = 10.0, 12.5
+    assert elapsed_of({"t": tr}, ["t", "never"]) == {"t": 2.5, "never": 0.0}
