@@ -445,8 +445,8 @@ def test_cancelled_running_batch_stops_at_a_block_boundary(both_workers, tmp_pat
 def test_dask_executor_uses_no_private_distributed_state():
     import inspect
 
-    from daisy_nb.runtime import dask, dask_worker
+    from daisy_nb.runtime import dask, dask_events, dask_worker
 
-    src = inspect.getsource(dask) + inspect.getsource(dask_worker)
+    src = inspect.getsource(dask) + inspect.getsource(dask_worker) + inspect.getsource(dask_events)
     for private in ("_event_handlers", ".state.tasks", ".state.executing", "get_current_task"):
         assert private not in src
