@@ -91,10 +91,11 @@ def worker(n: int, reps: int, poll_secs: float, browser: bool, first: int) -> di
     import signal
 
     sys.path.insert(0, ROOT)
+    from funlib.geometry import Roi
+
     import daisy_nb as daisy
     import daisy_nb.dashboard
     from daisy_nb.warmup import warmup
-    from funlib.geometry import Roi
 
     warmup()
     daisy_nb.dashboard.Dashboard(quiet=True).start().close()  # http.server's import: a one-off, untimed

@@ -86,10 +86,10 @@ def busy_secs(path: str, n: int) -> float:
 def make_task(n: int, conflict: bool, path: str, tid="bench"):
     import functools
 
+    import bench_dask  # this file as a module: workers import it (the pool's and dask's alike)
+
     import daisy_nb
     from daisy_nb import Roi
-
-    import bench_dask  # this file as a module: workers import it (the pool's and dask's alike)
 
     sleep_block = functools.partial(bench_dask.sleep_block, path)
 
@@ -114,9 +114,9 @@ def run_daisy(task, executor=None) -> float:
 
 def run_naive(client, task, path) -> tuple[float, float]:
     """One future per block, dependencies expressed to dask; (graph build secs, run secs)."""
+    import bench_dask
     from distributed import wait
 
-    import bench_dask
     from daisy_nb.scheduler import Scheduler
 
     t = time.perf_counter()

@@ -130,8 +130,9 @@ def run_case(lib: str, fn_name: str, n: int, workers: int) -> dict:
         from funlib.geometry import Roi
     else:
         sys.path.insert(0, ROOT)
-        import daisy_nb as daisy
         from funlib.geometry import Roi
+
+        import daisy_nb as daisy
 
         if os.environ.get("BENCH_COLD") != "1":
             from daisy_nb.warmup import warmup

@@ -197,8 +197,9 @@ def worker_run(lib: str, api: str, case: str, quick: bool) -> dict:
 
 def worker_memory(method: str, grid: tuple) -> dict:
     U.warm_daisy_nb()
-    import daisy_nb
     from funlib.geometry import Roi
+
+    import daisy_nb
 
     c, b = 1, 10
     total = Roi((-c,) * 3, tuple(g * b + 2 * c for g in grid))

@@ -83,8 +83,9 @@ def child_run(lib: str, n: int, workers: int) -> dict:
         import daisy
         from funlib.geometry import Roi
     else:
-        import daisy_nb as daisy
         from funlib.geometry import Roi
+
+        import daisy_nb as daisy
     t_import = time.time() - t0
     task = daisy.Task("small", total_roi=Roi((0,), (n,)), read_roi=Roi((0,), (1,)), write_roi=Roi((0,), (1,)),
                       process_function=noop, read_write_conflict=False, max_workers=workers, max_retries=0)
@@ -102,8 +103,9 @@ def child_sched(lib: str, n: int) -> dict:
         import daisy
         from funlib.geometry import Roi
     else:
-        import daisy_nb as daisy
         from funlib.geometry import Roi
+
+        import daisy_nb as daisy
     task = daisy.Task("small", total_roi=Roi((0,), (n,)), read_roi=Roi((0,), (1,)), write_roi=Roi((0,), (1,)),
                       process_function=noop, read_write_conflict=False, max_retries=0)
     t1 = time.time()

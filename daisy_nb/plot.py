@@ -23,6 +23,7 @@ the global backend) unless you pass your own ``ax``.
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from .status import CHUNK_CELLS, StatusError, TrackingTarget, resolve_target

@@ -23,9 +23,9 @@ sys.path.insert(0, str(HERE / "workers"))
 import blockfns  # noqa: E402
 import harness  # noqa: E402
 import surfacefns  # noqa: E402
+from funlib.geometry import Roi  # noqa: E402
 
 import daisy_nb  # noqa: E402
-from funlib.geometry import Roi  # noqa: E402
 
 NAMES = json.loads((HERE / "data" / "daisy_names.json").read_text())
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}

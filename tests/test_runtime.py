@@ -23,8 +23,9 @@ from daisy_nb.runtime.pool import raise_if_abandoned, run_pool  # noqa: E402
 pytestmark = [pytest.mark.mp, pytest.mark.timeout(60)]
 
 # ---------------------------------------------------------------- task builders
-import daisy_nb  # noqa: E402
 from funlib.geometry import Roi  # noqa: E402
+
+import daisy_nb  # noqa: E402
 
 _UPSTREAM = {}
 
@@ -562,7 +563,6 @@ def test_named_shared_memory_fallback(out, monkeypatch):
 
 def test_worker_pipe_frames_match_multiprocessing_connection():
     import socket
-
     from multiprocessing.connection import Connection
 
     from daisy_nb.runtime.worker import _Pipe

@@ -451,8 +451,8 @@ def run_demo(
         say(f"  labels == scipy.ndimage.label up to permutation: {lab['equal_up_to_permutation']} "
             f"({lab['components']} objects; {lab['fragments']} block fragments merged, "
             f"{lab['objects_spanning_blocks']} objects span several blocks)")
-        say(("AGREE: the blockwise result equals the whole-volume computation" if checks["agrees"]
-             else "DISAGREE: the blockwise result differs from the whole-volume computation"))
+        say("AGREE: the blockwise result equals the whole-volume computation" if checks["agrees"]
+             else "DISAGREE: the blockwise result differs from the whole-volume computation")
     result["timings"]["total"] = time.monotonic() - t_start
     if complete:
         say(f"\nresult: {p['zarr']}  (arrays raw, smoothed, mask, fragments, labels; "

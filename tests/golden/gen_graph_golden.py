@@ -48,7 +48,6 @@ sys.path.insert(0, HERE)
 
 import daisy  # noqa: E402
 from daisy import Roi  # noqa: E402
-
 from driver import fmt_error, roi_to_json  # noqa: E402
 
 FITS = ("valid", "overhang", "shrink")

@@ -63,7 +63,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import daisy  # noqa: E402
-
 from driver import build_pipeline, make_roi, run_trace  # noqa: E402
 
 FITS = ("valid", "overhang", "shrink")

@@ -26,9 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 import daisy
+import numpy as np
 from funlib.geometry import Roi
 
 assert daisy.__version__ == "2.0.0", daisy.__version__
