@@ -43,7 +43,9 @@ def child_env(extra: dict | None = None) -> dict:
 def spawn(python: str, script: str, args: list[str], env_extra: dict | None = None, timeout: float = 1800) -> dict:
     """Run ``python script --worker args...`` in a fresh interpreter; return its RESULT dict."""
     cmd = [python, script, "--worker", *map(str, args)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=child_env(env_extra), cwd=tempfile.gettempdir(), timeout=timeout)
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, env=child_env(env_extra), cwd=tempfile.gettempdir(), timeout=timeout
+    )
     for line in reversed(r.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -101,8 +103,14 @@ class PeakRss:
 def stats(xs: list[float]) -> dict:
     """best / median / worst of repeated timings and the spread (worst/best - 1)."""
     xs = sorted(xs)
-    return {"best": xs[0], "median": statistics.median(xs), "worst": xs[-1], "n": len(xs),
-            "spread": xs[-1] / xs[0] - 1 if xs[0] > 0 else 0.0, "all": xs}
+    return {
+        "best": xs[0],
+        "median": statistics.median(xs),
+        "worst": xs[-1],
+        "n": len(xs),
+        "spread": xs[-1] / xs[0] - 1 if xs[0] > 0 else 0.0,
+        "all": xs,
+    }
 
 
 def fmt_secs(s: float) -> str:

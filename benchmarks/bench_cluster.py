@@ -55,8 +55,12 @@ def submit() -> None:
     if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     lib = os.environ["BENCH_CLUSTER_LIB"]
-    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--job", lib], env=env,
-                         start_new_session=True, stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--job", lib],
+        env=env,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
     if p.wait():
         raise SystemExit(f"job exited with {p.returncode}")
 
@@ -86,9 +90,17 @@ def child(lib: str, n: int, workers: int) -> dict:
     sys.path.insert(0, HERE)
     import bench_cluster  # the worker function must be importable by reference in the workers
 
-    task = daisy.Task("cluster", Roi((0,), (n,)), Roi((0,), (1,)), Roi((0,), (1,)),
-                      process_function=bench_cluster.submit, read_write_conflict=False, max_workers=workers,
-                      max_retries=0, tracking_path=False)
+    task = daisy.Task(
+        "cluster",
+        Roi((0,), (n,)),
+        Roi((0,), (1,)),
+        Roi((0,), (1,)),
+        process_function=bench_cluster.submit,
+        read_write_conflict=False,
+        max_workers=workers,
+        max_retries=0,
+        tracking_path=False,
+    )
     real = measured_sleep()
     t0 = time.perf_counter()
     states = daisy.run_blockwise(task, progress=False, summary=False, return_states=True, **kw)
@@ -154,8 +166,10 @@ def main() -> None:
     def share(r):
         return n * r["sleep"] / workers / r["secs"]
 
-    print(f"\ncluster-style run: {n:,} blocks of time.sleep({SLEEP}), {workers} detached worker programs over TCP "
-          f"(127.0.0.1), {rounds} round(s)\n{note}\n")
+    print(
+        f"\ncluster-style run: {n:,} blocks of time.sleep({SLEEP}), {workers} detached worker programs over TCP "
+        f"(127.0.0.1), {rounds} round(s)\n{note}\n"
+    )
     rows = []
     for name, _ in libs:
         rs = res[name]
@@ -163,16 +177,29 @@ def main() -> None:
         f = min(fixed[name])
         # per block, beyond its sleep: what the run costs above a 10-block run, per worker
         over = (best["secs"] - f) * workers / (n - 10) - best["sleep"]
-        rows.append([
-            name,
-            ", ".join(f"{r['secs']:.2f}" for r in rs) + " s",
-            f"{share(best):.0%} (ideal {n * best['sleep'] / workers:.2f} s; sleep {best['sleep'] * 1e3:.3f} ms)",
-            ", ".join(f"{share(r):.0%}" for r in rs),
-            f"{f:.2f} s",
-            f"{over * 1e6:,.0f} µs",
-        ])
-    print(_util.table(["library", "wall time per round", "share of ideal, best round", "share per round",
-                       "10-block run (fixed cost), best", "overhead per block (best round)"], rows))
+        rows.append(
+            [
+                name,
+                ", ".join(f"{r['secs']:.2f}" for r in rs) + " s",
+                f"{share(best):.0%} (ideal {n * best['sleep'] / workers:.2f} s; sleep {best['sleep'] * 1e3:.3f} ms)",
+                ", ".join(f"{share(r):.0%}" for r in rs),
+                f"{f:.2f} s",
+                f"{over * 1e6:,.0f} µs",
+            ]
+        )
+    print(
+        _util.table(
+            [
+                "library",
+                "wall time per round",
+                "share of ideal, best round",
+                "share per round",
+                "10-block run (fixed cost), best",
+                "overhead per block (best round)",
+            ],
+            rows,
+        )
+    )
     if args.daisy_python:
         ratios = [d["secs"] / b["secs"] for b, d in zip(res["daisy_nb"], res["daisy 2.0.0"], strict=True)]
         print(f"\ndaisy 2.0.0 / daisy_nb wall time per round: {', '.join(f'{x:.2f}x' for x in ratios)}")

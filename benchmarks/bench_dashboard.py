@@ -65,12 +65,16 @@ def _start_watcher(url: str, secs: float, browser: bool):
         if exe is None:
             raise SystemExit("--browser: no chromium installed")
         profile = tempfile.mkdtemp(prefix="bench_dash_chromium_")
-        proc = subprocess.Popen([exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                                 f"--user-data-dir={profile}", url], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}", url],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         return proc, profile
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--poller", url, str(secs)],
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--poller", url, str(secs)], start_new_session=True
+    )
     return proc, None
 
 
@@ -101,9 +105,16 @@ def worker(n: int, reps: int, poll_secs: float, browser: bool, first: int) -> di
     daisy_nb.dashboard.Dashboard(quiet=True).start().close()  # http.server's import: a one-off, untimed
 
     def task():
-        return daisy.Task("bench", total_roi=Roi((0,), (n * 10,)), read_roi=Roi((0,), (10,)),
-                          write_roi=Roi((0,), (10,)), process_function=noop, read_write_conflict=False,
-                          max_workers=2, max_retries=0)
+        return daisy.Task(
+            "bench",
+            total_roi=Roi((0,), (n * 10,)),
+            read_roi=Roi((0,), (10,)),
+            write_roi=Roi((0,), (10,)),
+            process_function=noop,
+            read_write_conflict=False,
+            max_workers=2,
+            max_retries=0,
+        )
 
     dash = daisy_nb.dashboard.Dashboard(quiet=True).start()
     watcher, profile = _start_watcher(dash.url, poll_secs, browser)
@@ -162,16 +173,20 @@ def main() -> None:
     med = {c: statistics.median(v) for c, v in times.items()}
     pairs = {c: [t / o for t, o in zip(times[c], times["off"])] for c in CASES}  # same cycle: adjacent runs
     watcher = "headless chromium (1 Hz)" if args.browser else f"poller every {args.poll_secs:g} s"
-    print(f"no-op blocks: {n:,}, 2 workers; {rounds} rounds (fresh interpreters) x {reps} cycles of the 3 "
-          f"cases; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
+    print(
+        f"no-op blocks: {n:,}, 2 workers; {rounds} rounds (fresh interpreters) x {reps} cycles of the 3 "
+        f"cases; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
+    )
     print("| case | median wall | blocks/s | ratio to off: median of cycles | ratio quartiles | target |")
     print("|---|---|---|---|---|---|")
     for c in CASES:
         q = statistics.quantiles(pairs[c], n=4) if len(pairs[c]) > 1 else [pairs[c][0]] * 3
         target = {"off": "", "on": "<= 1.02", "polled": "<= 1.05"}[c]
         name = {"off": "dashboard off", "on": "dashboard=True, nobody looks", "polled": f"dashboard, {watcher}"}[c]
-        print(f"| {name} | {med[c] * 1e3:.1f} ms | {n / med[c]:,.0f} | {statistics.median(pairs[c]):.3f} | "
-              f"{q[0]:.3f}-{q[2]:.3f} | {target} |")
+        print(
+            f"| {name} | {med[c] * 1e3:.1f} ms | {n / med[c]:,.0f} | {statistics.median(pairs[c]):.3f} | "
+            f"{q[0]:.3f}-{q[2]:.3f} | {target} |"
+        )
     print("\nRESULT_JSON " + json.dumps({"n": n, "times": times, "load": load}))
 
 

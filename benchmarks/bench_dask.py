@@ -94,12 +94,28 @@ def make_task(n: int, conflict: bool, path: str, tid="bench"):
     sleep_block = functools.partial(bench_dask.sleep_block, path)
 
     if conflict:  # write blocks of 10 with 10 context on each side: n blocks
-        return daisy_nb.Task(tid, Roi((0,), (n * 10 + 20,)), Roi((0,), (30,)), Roi((10,), (10,)),
-                             process_function=sleep_block, read_write_conflict=True, max_workers=WORKERS,
-                             max_retries=0, tracking_path=False)
-    return daisy_nb.Task(tid, Roi((0,), (n * 10,)), Roi((0,), (10,)), Roi((0,), (10,)),
-                         process_function=sleep_block, read_write_conflict=False, max_workers=WORKERS,
-                         max_retries=0, tracking_path=False)
+        return daisy_nb.Task(
+            tid,
+            Roi((0,), (n * 10 + 20,)),
+            Roi((0,), (30,)),
+            Roi((10,), (10,)),
+            process_function=sleep_block,
+            read_write_conflict=True,
+            max_workers=WORKERS,
+            max_retries=0,
+            tracking_path=False,
+        )
+    return daisy_nb.Task(
+        tid,
+        Roi((0,), (n * 10,)),
+        Roi((0,), (10,)),
+        Roi((0,), (10,)),
+        process_function=sleep_block,
+        read_write_conflict=False,
+        max_workers=WORKERS,
+        max_retries=0,
+        tracking_path=False,
+    )
 
 
 def run_daisy(task, executor=None) -> float:
@@ -136,8 +152,9 @@ def run_naive(client, task, path) -> tuple[float, float]:
     t = time.perf_counter()
     futs = {}
     for b, up in zip(blocks, ups):
-        futs[b.spatial_id] = client.submit(bench_dask.naive_block, path, b.spatial_id, *[futs[u] for u in up],
-                                           pure=False)
+        futs[b.spatial_id] = client.submit(
+            bench_dask.naive_block, path, b.spatial_id, *[futs[u] for u in up], pure=False
+        )
     wait(list(futs.values()))
     dt = time.perf_counter() - t
     assert all(f.status == "finished" for f in futs.values())
@@ -208,8 +225,11 @@ def main():
             print(rows[-1], flush=True)
             if conflict and not args.no_naive:
                 secs, busy, (t_graph, _) = best_of(lambda p: run_naive(client, make_task(n, conflict, p), p), 1)
-                rows.append(row(case, "naive dask (future per block)", secs, busy,
-                                f"+ {t_graph:.2f} s to build the block graph"))
+                rows.append(
+                    row(
+                        case, "naive dask (future per block)", secs, busy, f"+ {t_graph:.2f} s to build the block graph"
+                    )
+                )
                 print(rows[-1], flush=True)
         cols = ["case", "runner", "wall", "of ideal", "of achievable", "overhead/block", "notes"]
         print(

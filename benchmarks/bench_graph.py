@@ -195,7 +195,9 @@ def run_code(code: str, cache_dir: str | None) -> tuple[float, float, float, flo
     env = U.child_env({"NUMBA_CACHE_DIR": cache_dir} if cache_dir else None)
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tempfile.gettempdir(), timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tempfile.gettempdir(), timeout=900
+    )
     wall = time.perf_counter() - t
     ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (ru2.ru_utime - ru.ru_utime) + (ru2.ru_stime - ru.ru_stime)
@@ -212,26 +214,52 @@ def startup(repeat: int, quick: bool) -> list[list]:
     if not quick:
         runs = [run_code(IMPORT_CODE, None) for _ in range(repeat)]
         imp = U.stats([x[0] for x in runs])
-        rows.append(["`python -c \"import numpy, numba\"` (for scale)", "–", U.fmt_timing(imp) + f", CPU {min(x[3] for x in runs):.2f} s", "–", ""])
+        rows.append(
+            [
+                '`python -c "import numpy, numba"` (for scale)',
+                "–",
+                U.fmt_timing(imp) + f", CPU {min(x[3] for x in runs):.2f} s",
+                "–",
+                "",
+            ]
+        )
         runs = [run_code(FIRST_JIT_CODE, None) for _ in range(repeat)]
         fj = U.stats([x[0] for x in runs])
-        rows.append(["`import numba` + first call of one small cached kernel (`cantor`): numba's own floor", "–",
-                     U.fmt_timing(fj) + f", CPU {min(x[3] for x in runs):.2f} s", "–",
-                     f"in-process: import numba {min(x[1] for x in runs):.2f} s, first call {min(x[2] for x in runs):.2f} s"])
+        rows.append(
+            [
+                "`import numba` + first call of one small cached kernel (`cantor`): numba's own floor",
+                "–",
+                U.fmt_timing(fj) + f", CPU {min(x[3] for x in runs):.2f} s",
+                "–",
+                f"in-process: import numba {min(x[1] for x in runs):.2f} s, first call {min(x[2] for x in runs):.2f} s",
+            ]
+        )
         cases.append(("`daisy_nb.warmup.warmup()` (every kernel)", WARMUP_CODE, None))
         runs = [run_code(ONE_SHOT_CODE, None) for _ in range(repeat)]
         os_ = U.stats([x[0] for x in runs])
-        rows.append(["fresh process, no warmup: import + 970k-block conflict graph + `to_arrays()` once", "–",
-                     U.fmt_timing(os_) + f", CPU {min(x[3] for x in runs):.2f} s", "report",
-                     f"in-process: import + graph {min(x[1] for x in runs):.2f} s, to_arrays() (numba import, kernel load, "
-                     f"the call) {min(x[2] for x in runs):.2f} s"])
+        rows.append(
+            [
+                "fresh process, no warmup: import + 970k-block conflict graph + `to_arrays()` once",
+                "–",
+                U.fmt_timing(os_) + f", CPU {min(x[3] for x in runs):.2f} s",
+                "report",
+                f"in-process: import + graph {min(x[1] for x in runs):.2f} s, to_arrays() (numba import, kernel load, "
+                f"the call) {min(x[2] for x in runs):.2f} s",
+            ]
+        )
     for label, code, target in cases:
         if quick:
             warm = [run_code(code, None) for _ in range(repeat)]
             st = U.stats([w[0] for w in warm])
-            rows.append([label + " — default cache", "(skipped in --quick)", U.fmt_timing(st) + f", CPU {min(w[3] for w in warm):.2f} s",
-                         "(quick: not judged)",
-                         f"in-process: import {warm[0][1]:.2f} s, call {warm[0][2]:.2f} s"])
+            rows.append(
+                [
+                    label + " — default cache",
+                    "(skipped in --quick)",
+                    U.fmt_timing(st) + f", CPU {min(w[3] for w in warm):.2f} s",
+                    "(quick: not judged)",
+                    f"in-process: import {warm[0][1]:.2f} s, call {warm[0][2]:.2f} s",
+                ]
+            )
             continue
         cold, warm = [], []
         for _ in range(repeat):
@@ -244,11 +272,15 @@ def startup(repeat: int, quick: bool) -> list[list]:
         cs, ws = U.stats([c[0] for c in cold]), U.stats([w[0] for w in warm])
         bi = min(range(len(warm)), key=lambda i: warm[i][0])
         bc = min(range(len(cold)), key=lambda i: cold[i][0])
-        rows.append([
-            label, U.fmt_timing(cs) + f", CPU {min(c[3] for c in cold):.2f} s", U.fmt_timing(ws) + f", CPU {min(w[3] for w in warm):.2f} s",
-            f"warm < {target:.0f} s: {U.verdict(ws['best'], target, False)}" if target else "report",
-            f"in-process, cold: import {cold[bc][1]:.2f} s + call {cold[bc][2]:.2f} s; warm: import {warm[bi][1]:.2f} s + call {warm[bi][2]:.2f} s",
-        ])
+        rows.append(
+            [
+                label,
+                U.fmt_timing(cs) + f", CPU {min(c[3] for c in cold):.2f} s",
+                U.fmt_timing(ws) + f", CPU {min(w[3] for w in warm):.2f} s",
+                f"warm < {target:.0f} s: {U.verdict(ws['best'], target, False)}" if target else "report",
+                f"in-process, cold: import {cold[bc][1]:.2f} s + call {cold[bc][2]:.2f} s; warm: import {warm[bi][1]:.2f} s + call {warm[bi][2]:.2f} s",
+            ]
+        )
     return rows
 
 
@@ -301,7 +333,9 @@ def main():
         row = [label, f"{n:,}", f"{nb['edges']:,}"]
         if d:
             if d["blocks"] != n or d["edges"] != nb["edges"]:
-                raise SystemExit(f"{name}: daisy has {d['blocks']} blocks / {d['edges']} edges, daisy_nb {n} / {nb['edges']}")
+                raise SystemExit(
+                    f"{name}: daisy has {d['blocks']} blocks / {d['edges']} edges, daisy_nb {n} / {nb['edges']}"
+                )
             dst, nst = U.stats(d["times"]), U.stats(d["native"])
             sp = dst["best"] / nbst["best"]
             sp_lo, sp_hi = dst["best"] / nbst["worst"], dst["worst"] / nbst["best"]
@@ -309,8 +343,17 @@ def main():
             sp_native = nst["best"] / nbst["best"]
             sp_cpu = min(d["cpu"]) / min(nb["cpu"])
             tgt = f">= {SPEEDUP_TARGET:.0f}x: {judge(sp, SPEEDUP_TARGET)}" if name == HEADLINE else ""
-            row += [U.fmt_timing(dst), U.fmt_timing(nst), U.fmt_timing(nbst), U.fmt_secs(d["first"]) + " / " + U.fmt_secs(nb["first"]),
-                    U.fmt_ratio(sp, sp_lo, sp_hi), U.fmt_ratio(sp_cpu), U.fmt_ratio(sp_native), U.fmt_ratio(sp_first), tgt]
+            row += [
+                U.fmt_timing(dst),
+                U.fmt_timing(nst),
+                U.fmt_timing(nbst),
+                U.fmt_secs(d["first"]) + " / " + U.fmt_secs(nb["first"]),
+                U.fmt_ratio(sp, sp_lo, sp_hi),
+                U.fmt_ratio(sp_cpu),
+                U.fmt_ratio(sp_native),
+                U.fmt_ratio(sp_first),
+                tgt,
+            ]
         else:
             row += ["–", "–", U.fmt_timing(nbst), "– / " + U.fmt_secs(nb["first"]), "–", "–", "–", "–", ""]
         trows.append(row)
@@ -318,30 +361,70 @@ def main():
         bpb_tm = nb["tracemalloc_peak"] / n
         # RSS moves in pages and allocator arenas: meaningless for a few thousand blocks
         rss_ok = n >= 100_000 and not args.quick
-        mrows.append([
-            label,
-            (f"{bpb_rss:,.0f}" + ("" if nb["peak_exact"] else " (upper bound)")) if rss_ok else "– (too small)",
-            f"{bpb_tm:,.0f}",
-            f"{nb['result_bytes'] / n:,.0f}",
-            ((f"{d['peak_rss'] / n:,.0f}" + ("" if d["peak_exact"] else " (upper bound)")) if rss_ok else "– (too small)") if d else "–",
-            f"< {BYTES_TARGET:.0f}: {judge(max(bpb_rss if rss_ok else 0, bpb_tm), BYTES_TARGET, False)}",
-        ])
+        mrows.append(
+            [
+                label,
+                (f"{bpb_rss:,.0f}" + ("" if nb["peak_exact"] else " (upper bound)")) if rss_ok else "– (too small)",
+                f"{bpb_tm:,.0f}",
+                f"{nb['result_bytes'] / n:,.0f}",
+                (
+                    (f"{d['peak_rss'] / n:,.0f}" + ("" if d["peak_exact"] else " (upper bound)"))
+                    if rss_ok
+                    else "– (too small)"
+                )
+                if d
+                else "–",
+                f"< {BYTES_TARGET:.0f}: {judge(max(bpb_rss if rss_ok else 0, bpb_tm), BYTES_TARGET, False)}",
+            ]
+        )
 
     print("## Dependency graph: daisy 2.0.0 `enumerate_all_dependencies()` vs daisy_nb `to_arrays()`\n")
-    print(U.table(
-        ["config", "blocks", "upstream edges", "daisy 2.0.0 public", "daisy 2.0.0 `_native` (Rust only)", "daisy_nb `to_arrays()`",
-         "first call in fresh process (daisy / daisy_nb)", "speedup (best/best) [range]", "speedup in CPU time", "vs `_native`", "speedup, first calls", "target"],
-        trows))
-    print("\nTimes: wall-clock, best of the repeats after the process's first call (med = median, ± = worst/best − 1); "
-          "[range] = best daisy / worst daisy_nb .. worst daisy / best daisy_nb. CPU time: `time.process_time()` of the best "
-          "repeats (all threads), less disturbed by other jobs on the machine.\n")
+    print(
+        U.table(
+            [
+                "config",
+                "blocks",
+                "upstream edges",
+                "daisy 2.0.0 public",
+                "daisy 2.0.0 `_native` (Rust only)",
+                "daisy_nb `to_arrays()`",
+                "first call in fresh process (daisy / daisy_nb)",
+                "speedup (best/best) [range]",
+                "speedup in CPU time",
+                "vs `_native`",
+                "speedup, first calls",
+                "target",
+            ],
+            trows,
+        )
+    )
+    print(
+        "\nTimes: wall-clock, best of the repeats after the process's first call (med = median, ± = worst/best − 1); "
+        "[range] = best daisy / worst daisy_nb .. worst daisy / best daisy_nb. CPU time: `time.process_time()` of the best "
+        "repeats (all threads), less disturbed by other jobs on the machine.\n"
+    )
     print("## Peak memory per block (first call in a fresh process), bytes/block\n")
-    print(U.table(
-        ["config", "daisy_nb RSS peak", "daisy_nb tracemalloc peak", "daisy_nb result arrays (nbytes)", "daisy 2.0.0 RSS peak (public call)", "target"],
-        mrows))
+    print(
+        U.table(
+            [
+                "config",
+                "daisy_nb RSS peak",
+                "daisy_nb tracemalloc peak",
+                "daisy_nb result arrays (nbytes)",
+                "daisy 2.0.0 RSS peak (public call)",
+                "target",
+            ],
+            mrows,
+        )
+    )
     if not args.no_startup:
         print("\n## Start-up (wall-clock of a fresh `python -c ...`)\n", flush=True)
-        print(U.table(["what", "cold (empty NUMBA_CACHE_DIR)", "warm (cache it left)", "target", "detail"], startup(repeat, args.quick)))
+        print(
+            U.table(
+                ["what", "cold (empty NUMBA_CACHE_DIR)", "warm (cache it left)", "target", "detail"],
+                startup(repeat, args.quick),
+            )
+        )
     print()
 
 

@@ -112,7 +112,15 @@ def calibrate_cpu_iters(target=0.001) -> int:
     return n
 
 
-FUNCS = {"noop": noop, "cpu": cpu_block, "sleep": sleep_block, "stamp": stamp_block, "sleep5": sleep5_block, "cluster": launch_program, "clientloop": client_loop}
+FUNCS = {
+    "noop": noop,
+    "cpu": cpu_block,
+    "sleep": sleep_block,
+    "stamp": stamp_block,
+    "sleep5": sleep5_block,
+    "cluster": launch_program,
+    "clientloop": client_loop,
+}
 CASES = ("noop", "cpu", "sleep", "latency", "many", "client")
 
 
@@ -190,8 +198,14 @@ def import_secs(python: str, lib: str) -> tuple[float, float]:
     t = time.perf_counter()
     subprocess.run([python, "-c", code], check=True, env=env, cwd=tempfile.gettempdir())
     wall = time.perf_counter() - t
-    r = subprocess.run([python, "-X", "importtime", "-c", code], check=True, env=env, capture_output=True,
-                       text=True, cwd=tempfile.gettempdir())
+    r = subprocess.run(
+        [python, "-X", "importtime", "-c", code],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
+    )
     us = 0
     for line in r.stderr.splitlines():  # top-level imports have no indentation in the name column
         parts = line.split("|")
@@ -272,8 +286,10 @@ def main():
     if "noop" in cases:
         n = 100_000 // scale
         nbs = [spawn_case(me, "daisy_nb", "noop", n, 2) for _ in range(reps)]
-        line = {"case": f"no-op, {n:,} blocks, 2 workers",
-                "daisy_nb": each(lambda r: f"{n / r['secs']:,.0f} blocks/s ({r['secs']:.2f} s)", nbs)}
+        line = {
+            "case": f"no-op, {n:,} blocks, 2 workers",
+            "daisy_nb": each(lambda r: f"{n / r['secs']:,.0f} blocks/s ({r['secs']:.2f} s)", nbs),
+        }
         if ref:
             d = spawn_case(ref, "daisy", "noop", n, 2)
             line["daisy 2.0.0"] = f"{n / d['secs']:,.0f} blocks/s ({d['secs']:.2f} s)"
@@ -282,7 +298,9 @@ def main():
 
     if "cpu" in cases:
         n = 2_000 // scale
-        pairs = [(spawn_case(me, "daisy_nb", "cpu", n, 1), spawn_case(me, "daisy_nb", "cpu", n, 2)) for _ in range(reps)]
+        pairs = [
+            (spawn_case(me, "daisy_nb", "cpu", n, 1), spawn_case(me, "daisy_nb", "cpu", n, 2)) for _ in range(reps)
+        ]
         line = {
             "case": f"~1 ms pure-Python CPU, {n:,} blocks",
             "daisy_nb": each(lambda p: f"1 worker {p[0]['secs']:.2f} s, 2 workers {p[1]['secs']:.2f} s", pairs),
@@ -291,7 +309,9 @@ def main():
         if ref:
             d1 = spawn_case(ref, "daisy", "cpu", n, 1)
             d2 = spawn_case(ref, "daisy", "cpu", n, 2)
-            line["daisy 2.0.0"] = f"1 worker {d1['secs']:.2f} s, 2 workers {d2['secs']:.2f} s ({d1['secs'] / d2['secs']:.2f}x)"
+            line["daisy 2.0.0"] = (
+                f"1 worker {d1['secs']:.2f} s, 2 workers {d2['secs']:.2f} s ({d1['secs'] / d2['secs']:.2f}x)"
+            )
         rows.append(line)
 
     if "sleep" in cases:
@@ -308,15 +328,19 @@ def main():
         line = {
             "case": f"1 ms sleep, {n:,} blocks, 2 workers (sleep(0.001) takes {real_sleep * 1000:.3f} ms here)",
             "daisy_nb": each(
-                lambda r: f"{r['secs']:.2f} s = {ideal / r['secs']:.0%} of nominal ideal {ideal:.2f} s, "
-                f"{achievable / r['secs']:.0%} of achievable {achievable:.2f} s",
+                lambda r: (
+                    f"{r['secs']:.2f} s = {ideal / r['secs']:.0%} of nominal ideal {ideal:.2f} s, "
+                    f"{achievable / r['secs']:.0%} of achievable {achievable:.2f} s"
+                ),
                 runs,
             ),
             "ratio": "(target >= 90 %)",
         }
         if ref:
             d = spawn_case(ref, "daisy", "sleep", n, 2)
-            line["daisy 2.0.0"] = f"{d['secs']:.2f} s = {ideal / d['secs']:.0%} nominal, {achievable / d['secs']:.0%} achievable"
+            line["daisy 2.0.0"] = (
+                f"{d['secs']:.2f} s = {ideal / d['secs']:.0%} nominal, {achievable / d['secs']:.0%} achievable"
+            )
         rows.append(line)
 
     if "latency" in cases:
@@ -347,8 +371,11 @@ def main():
             def fmt(r, per=per):
                 return f"{r['secs']:.2f} s = {pct(r):.0%} (sleep {r['sleep'] * 1000:.2f} ms)"
 
-            line = {"case": f"5 ms sleep, {per} blocks per worker, {w} workers: % of ideal",
-                    "daisy_nb": each(fmt, nbs), "ratio": "(target >= 90 % and ahead of daisy 2.0.0)"}
+            line = {
+                "case": f"5 ms sleep, {per} blocks per worker, {w} workers: % of ideal",
+                "daisy_nb": each(fmt, nbs),
+                "ratio": "(target >= 90 % and ahead of daisy 2.0.0)",
+            }
             if ds:
                 line["daisy 2.0.0"] = each(fmt, ds)
                 line["ratio"] = each(lambda p: f"{pct(p[0]) / pct(p[1]):.2f}x", zip(nbs, ds)) + " " + line["ratio"]
@@ -364,8 +391,10 @@ def main():
         def med(xs, i):
             return sorted(x[i] for x in xs)[len(xs) // 2]
 
-        line = {"case": "worker program start: python -c 'import X; X.Client' (wall / importtime total, median)",
-                "daisy_nb": f"{med(nb_t, 0) * 1000:.0f} ms / {med(nb_t, 1) * 1000:.0f} ms"}
+        line = {
+            "case": "worker program start: python -c 'import X; X.Client' (wall / importtime total, median)",
+            "daisy_nb": f"{med(nb_t, 0) * 1000:.0f} ms / {med(nb_t, 1) * 1000:.0f} ms",
+        }
         if d_t:
             line["daisy 2.0.0"] = f"{med(d_t, 0) * 1000:.0f} ms / {med(d_t, 1) * 1000:.0f} ms"
             line["ratio"] = f"{med(d_t, 0) / med(nb_t, 0):.2f}x wall (target >= 1x)"
@@ -378,14 +407,18 @@ def main():
         n = 100 if args.quick else 2000
         nb_l = [spawn_case(me, "daisy_nb", "clientloop", n, 2, {"BENCH_LIB": "daisy_nb"}) for _ in range(reps)]
         d_l = [spawn_case(ref, "daisy", "clientloop", n, 2, {"BENCH_LIB": "daisy"})] if ref else []
-        line = {"case": f"Client loop in a worker function, {n:,} no-op blocks, 2 workers: blocks/s",
-                "daisy_nb": each(lambda r: f"{n / r['secs']:,.0f} blocks/s ({r['secs']:.2f} s)", nb_l)}
+        line = {
+            "case": f"Client loop in a worker function, {n:,} no-op blocks, 2 workers: blocks/s",
+            "daisy_nb": each(lambda r: f"{n / r['secs']:,.0f} blocks/s ({r['secs']:.2f} s)", nb_l),
+        }
         if d_l:
             line["daisy 2.0.0"] = f"{n / d_l[0]['secs']:,.0f} blocks/s ({d_l[0]['secs']:.2f} s)"
             line["ratio"] = each(lambda r: f"{d_l[0]['secs'] / r['secs']:.1f}x", nb_l)
         rows.append(line)
-        line = {"case": "worker program run by a worker function: import + Client() connected / launch -> first block (medians)",
-                "daisy_nb": each(lambda r: f"{r[0] * 1000:.0f} ms / {r[1] * 1000:.0f} ms", nb_c)}
+        line = {
+            "case": "worker program run by a worker function: import + Client() connected / launch -> first block (medians)",
+            "daisy_nb": each(lambda r: f"{r[0] * 1000:.0f} ms / {r[1] * 1000:.0f} ms", nb_c),
+        }
         if d_c:
             line["daisy 2.0.0"] = each(lambda r: f"{r[0] * 1000:.0f} ms / {r[1] * 1000:.0f} ms", d_c)
             line["ratio"] = each(lambda p: f"{p[1][1] / p[0][1]:.2f}x", zip(nb_c, d_c)) + " to first block"

@@ -85,8 +85,19 @@ def _tasks(daisy, spec, b=10):
         g = spec["grid"]
         total = Roi((-c,) * 3, (g * b + 2 * c,) * 3)
     names = ["a", "b", "c"][: spec["tasks"]]
-    return [daisy.Task(n, total, Roi((0,) * 3, (b + 2 * c,) * 3), Roi((c,) * 3, (b,) * 3),
-                       read_write_conflict=True, fit="valid", max_retries=2, tracking_path=False) for n in names]
+    return [
+        daisy.Task(
+            n,
+            total,
+            Roi((0,) * 3, (b + 2 * c,) * 3),
+            Roi((c,) * 3, (b,) * 3),
+            read_write_conflict=True,
+            fit="valid",
+            max_retries=2,
+            tracking_path=False,
+        )
+        for n in names
+    ]
 
 
 def _pipeline(tasks):
@@ -203,8 +214,14 @@ def worker_memory(method: str, grid: tuple) -> dict:
 
     c, b = 1, 10
     total = Roi((-c,) * 3, tuple(g * b + 2 * c for g in grid))
-    task = daisy_nb.Task("big", total, Roi((0,) * 3, (b + 2 * c,) * 3), Roi((c,) * 3, (b,) * 3),
-                         read_write_conflict=True, tracking_path=False)
+    task = daisy_nb.Task(
+        "big",
+        total,
+        Roi((0,) * 3, (b + 2 * c,) * 3),
+        Roi((c,) * 3, (b,) * 3),
+        read_write_conflict=True,
+        tracking_path=False,
+    )
     if method == "tracemalloc":
         import tracemalloc
 
@@ -218,8 +235,16 @@ def worker_memory(method: str, grid: tuple) -> dict:
         after_construct = U.rss() - m.before
         run = drive_batch(s, ["big"], None, 1 << 62)
     n, secs = run["n"], run["secs"]
-    out = {"blocks": s.num_blocks_total, "n": n, "secs": secs, "construct": construct, "state_bytes": state_bytes,
-           "rss_peak": m.delta, "rss_after_construct": after_construct, "exact": m.exact}
+    out = {
+        "blocks": s.num_blocks_total,
+        "n": n,
+        "secs": secs,
+        "construct": construct,
+        "state_bytes": state_bytes,
+        "rss_peak": m.delta,
+        "rss_after_construct": after_construct,
+        "exact": m.exact,
+    }
     if method == "tracemalloc":
         out["tm_peak"] = tracemalloc.get_traced_memory()[1] - base
         tracemalloc.stop()
@@ -232,8 +257,14 @@ def worker_daisy_construct(grid: tuple) -> dict:
 
     c, b = 1, 10
     total = Roi((-c,) * 3, tuple(g * b + 2 * c for g in grid))
-    task = daisy.Task("big", total, Roi((0,) * 3, (b + 2 * c,) * 3), Roi((c,) * 3, (b,) * 3),
-                      read_write_conflict=True, tracking_path=False)
+    task = daisy.Task(
+        "big",
+        total,
+        Roi((0,) * 3, (b + 2 * c,) * 3),
+        Roi((c,) * 3, (b,) * 3),
+        read_write_conflict=True,
+        tracking_path=False,
+    )
     with U.PeakRss() as m:
         t = time.perf_counter()
         s = daisy.Scheduler(task)
@@ -251,7 +282,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=None, help="rounds of measurements (default 3, quick 1)")
     ap.add_argument("--only", default=None, help="comma-separated case names")
     ap.add_argument("--no-memory", action="store_true")
-    ap.add_argument("--huge", action="store_true", help="only: a complete batch run of a 10^8-block task (memory, time)")
+    ap.add_argument(
+        "--huge", action="store_true", help="only: a complete batch run of a 10^8-block task (memory, time)"
+    )
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -259,7 +292,9 @@ def main():
         kind, *rest = args.worker
         if kind == "run":
             lib, apis, quick, *names = rest
-            U.emit({f"{api}/{case}": worker_run(lib, api, case, quick == "1") for api in apis.split(",") for case in names})
+            U.emit(
+                {f"{api}/{case}": worker_run(lib, api, case, quick == "1") for api in apis.split(",") for case in names}
+            )
         elif kind == "memory":
             quick, *methods = rest
             grid = {"1": QUICK_BIG_GRID, "huge": HUGE_GRID}.get(quick, BIG_GRID)
@@ -273,10 +308,12 @@ def main():
         r = U.spawn(sys.executable, SCRIPT, ["memory", "huge", "rss"])["rss"]
         n = r["blocks"]
         print(f"# bench_scheduler --huge ({U.machine_note()})\n")
-        print(f"One task of {n:,} blocks (3-D, context 1, conflict), construction + a complete batch run: "
-              f"peak RSS above the start {r['rss_peak'] / n:.1f} bytes/block ({r['rss_peak'] / 2**30:.2f} GiB), "
-              f"construction {U.fmt_secs(r['construct'])}, run {U.fmt_secs(r['secs'])} = {r['n'] / r['secs']:,.0f} blocks/s, "
-              f"{r['n']:,} blocks completed.")
+        print(
+            f"One task of {n:,} blocks (3-D, context 1, conflict), construction + a complete batch run: "
+            f"peak RSS above the start {r['rss_peak'] / n:.1f} bytes/block ({r['rss_peak'] / 2**30:.2f} GiB), "
+            f"construction {U.fmt_secs(r['construct'])}, run {U.fmt_secs(r['secs'])} = {r['n'] / r['secs']:,.0f} blocks/s, "
+            f"{r['n']:,} blocks completed."
+        )
         return
 
     repeat = args.repeat or (1 if args.quick else 3)
@@ -290,8 +327,11 @@ def main():
     # full runs: a fresh child per (case, library, API); --quick: one child per library and API
     groups = [names] if args.quick else [[n] for n in names]
     jobs = [(ref, "daisy", "per_block")] if ref else []
-    jobs += [(sys.executable, "daisy_nb", "per_block,batch")] if args.quick else \
-        [(sys.executable, "daisy_nb", "per_block"), (sys.executable, "daisy_nb", "batch")]
+    jobs += (
+        [(sys.executable, "daisy_nb", "per_block,batch")]
+        if args.quick
+        else [(sys.executable, "daisy_nb", "per_block"), (sys.executable, "daisy_nb", "batch")]
+    )
     for r in range(repeat):
         for group in groups:
             for python, lib, apis in jobs:
@@ -330,53 +370,96 @@ def main():
             # the same ratios in CPU time (less sensitive to the other jobs on the machine)
             dc = max(rates(R["daisy"], cpu=True))
             cpu_pb, cpu_b = max(rates(R["per_block"], cpu=True)) / dc, max(rates(R["batch"], cpu=True)) / dc
-            row += [_fmt_rates(dr), _fmt_rates(pb), _fmt_rates(bw), _fmt_rates(bf),
-                    U.fmt_ratio(sp_pb, min(pr), max(pr)) + judge(sp_pb, PER_BLOCK_TARGET),
-                    U.fmt_ratio(sp_b, min(br), max(br)) + judge(sp_b, BATCH_TARGET),
-                    f"{U.fmt_ratio(cpu_pb)} / {U.fmt_ratio(cpu_b)}"]
+            row += [
+                _fmt_rates(dr),
+                _fmt_rates(pb),
+                _fmt_rates(bw),
+                _fmt_rates(bf),
+                U.fmt_ratio(sp_pb, min(pr), max(pr)) + judge(sp_pb, PER_BLOCK_TARGET),
+                U.fmt_ratio(sp_b, min(br), max(br)) + judge(sp_b, BATCH_TARGET),
+                f"{U.fmt_ratio(cpu_pb)} / {U.fmt_ratio(cpu_b)}",
+            ]
         else:
             row += ["–", _fmt_rates(pb), _fmt_rates(bw), _fmt_rates(bf), "–", "–", "–"]
         per_task = R["batch"][0]["per_task"]
-        row.append(", ".join(f"{k}: {v:,}" for k, v in R["per_block"][0]["per_task"].items()) if len(per_task) > 1 else "")
+        row.append(
+            ", ".join(f"{k}: {v:,}" for k, v in R["per_block"][0]["per_task"].items()) if len(per_task) > 1 else ""
+        )
         rows.append(row)
 
     print("## Scheduler throughput, blocks/s (in-process, no workers, every block a success)\n")
-    print(U.table(["case", "window", "daisy 2.0.0 per-block", "daisy_nb per-block", f"daisy_nb batch ({BATCH})",
-                   "daisy_nb batch, complete run", f"per-block speedup [per-round range] (target >= {PER_BLOCK_TARGET:.0f}x)",
-                   f"batch speedup [range] (target >= {BATCH_TARGET:.0f}x)", "CPU-time speedup per-block / batch",
-                   "window's blocks per task (per-block)"], rows))
-    print(f"\nRates: wall-clock, best of {repeat} rounds, with the worst in brackets. Speedups: best / best, with the range "
-          "of the per-round ratios; batch speedup = daisy_nb batch over the same window (same number of blocks) / "
-          "daisy 2.0.0 per-block. CPU-time speedup: the same from `time.process_time()` (best rounds), which the "
-          "other jobs on a shared machine disturb much less than wall-clock.\n")
+    print(
+        U.table(
+            [
+                "case",
+                "window",
+                "daisy 2.0.0 per-block",
+                "daisy_nb per-block",
+                f"daisy_nb batch ({BATCH})",
+                "daisy_nb batch, complete run",
+                f"per-block speedup [per-round range] (target >= {PER_BLOCK_TARGET:.0f}x)",
+                f"batch speedup [range] (target >= {BATCH_TARGET:.0f}x)",
+                "CPU-time speedup per-block / batch",
+                "window's blocks per task (per-block)",
+            ],
+            rows,
+        )
+    )
+    print(
+        f"\nRates: wall-clock, best of {repeat} rounds, with the worst in brackets. Speedups: best / best, with the range "
+        "of the per-round ratios; batch speedup = daisy_nb batch over the same window (same number of blocks) / "
+        "daisy 2.0.0 per-block. CPU-time speedup: the same from `time.process_time()` (best rounds), which the "
+        "other jobs on a shared machine disturb much less than wall-clock.\n"
+    )
 
     if not args.no_memory:
         if args.quick:  # one child for both methods (the figures are not judged)
             mem = U.spawn(sys.executable, SCRIPT, ["memory", q, "rss", "tracemalloc"])
         else:
-            mem = {**U.spawn(sys.executable, SCRIPT, ["memory", q, "rss"]), **U.spawn(sys.executable, SCRIPT, ["memory", q, "tracemalloc"])}
+            mem = {
+                **U.spawn(sys.executable, SCRIPT, ["memory", q, "rss"]),
+                **U.spawn(sys.executable, SCRIPT, ["memory", q, "tracemalloc"]),
+            }
         rss, tm = mem["rss"], mem["tracemalloc"]
         dc = U.spawn(ref, SCRIPT, ["daisy_construct", q]) if ref else None
         n = rss["blocks"]
         bpb = max(rss["rss_peak"], tm["tm_peak"]) / n
         print(f"## Memory: one task of {n:,} blocks (3-D, context 1, conflict), construction + a complete batch run\n")
         mrows = [
-            ["peak RSS above the RSS before construction", f"{rss['rss_peak'] / n:.1f}" + ("" if rss["exact"] else " (upper bound)"),
-             f"{rss['rss_peak'] / 2**20:,.0f} MiB"],
-            ["tracemalloc peak (its own fresh child; one child with --quick)", f"{tm['tm_peak'] / n:.1f}", f"{tm['tm_peak'] / 2**20:,.0f} MiB"],
-            ["state arrays (status, n_met, retries, preskip, queue: nbytes)", f"{rss['state_bytes'] / n:.1f}", f"{rss['state_bytes'] / 2**20:,.0f} MiB"],
-            ["RSS right after construction (untouched pages not resident)", f"{rss['rss_after_construct'] / n:.1f}",
-             f"{rss['rss_after_construct'] / 2**20:,.0f} MiB"],
+            [
+                "peak RSS above the RSS before construction",
+                f"{rss['rss_peak'] / n:.1f}" + ("" if rss["exact"] else " (upper bound)"),
+                f"{rss['rss_peak'] / 2**20:,.0f} MiB",
+            ],
+            [
+                "tracemalloc peak (its own fresh child; one child with --quick)",
+                f"{tm['tm_peak'] / n:.1f}",
+                f"{tm['tm_peak'] / 2**20:,.0f} MiB",
+            ],
+            [
+                "state arrays (status, n_met, retries, preskip, queue: nbytes)",
+                f"{rss['state_bytes'] / n:.1f}",
+                f"{rss['state_bytes'] / 2**20:,.0f} MiB",
+            ],
+            [
+                "RSS right after construction (untouched pages not resident)",
+                f"{rss['rss_after_construct'] / n:.1f}",
+                f"{rss['rss_after_construct'] / 2**20:,.0f} MiB",
+            ],
         ]
         print(U.table(["measure", "bytes/block", "total"], mrows))
         verdict = "not judged in --quick" if args.quick else U.verdict(bpb, BYTES_TARGET, False)
         print(f"\nTarget < {BYTES_TARGET:.0f} bytes/block: {verdict} (worst of the two methods: {bpb:.1f}).")
-        print(f"Construction: {U.fmt_secs(rss['construct'])} (tracemalloc child: {U.fmt_secs(tm['construct'])}); "
-              f"complete batch run of {rss['n']:,} blocks: {U.fmt_secs(rss['secs'])} = {rss['n'] / rss['secs']:,.0f} blocks/s.")
+        print(
+            f"Construction: {U.fmt_secs(rss['construct'])} (tracemalloc child: {U.fmt_secs(tm['construct'])}); "
+            f"complete batch run of {rss['n']:,} blocks: {U.fmt_secs(rss['secs'])} = {rss['n'] / rss['secs']:,.0f} blocks/s."
+        )
         if dc:
-            print(f"daisy 2.0.0, same task: construction {U.fmt_secs(dc['construct'])}, first block after "
-                  f"{U.fmt_secs(dc['first_block'])}, peak RSS {dc['rss_peak'] / 2**20:,.0f} MiB so far "
-                  "(a complete daisy run of 10^7 blocks is not timed: ~2 min).")
+            print(
+                f"daisy 2.0.0, same task: construction {U.fmt_secs(dc['construct'])}, first block after "
+                f"{U.fmt_secs(dc['first_block'])}, peak RSS {dc['rss_peak'] / 2**20:,.0f} MiB so far "
+                "(a complete daisy run of 10^7 blocks is not timed: ~2 min)."
+            )
     print()
 
 

@@ -87,12 +87,25 @@ def child_run(lib: str, n: int, workers: int) -> dict:
 
         import daisy_nb as daisy
     t_import = time.time() - t0
-    task = daisy.Task("small", total_roi=Roi((0,), (n,)), read_roi=Roi((0,), (1,)), write_roi=Roi((0,), (1,)),
-                      process_function=noop, read_write_conflict=False, max_workers=workers, max_retries=0)
+    task = daisy.Task(
+        "small",
+        total_roi=Roi((0,), (n,)),
+        read_roi=Roi((0,), (1,)),
+        write_roi=Roi((0,), (1,)),
+        process_function=noop,
+        read_write_conflict=False,
+        max_workers=workers,
+        max_retries=0,
+    )
     ok = daisy.run_blockwise([task])  # defaults, as a user writes it: progress bar and summary (to a file here)
-    return {"ok": bool(ok), "t_start": t0, "t_import": t_import, "t_run_end": time.time(),
-            "sched_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "numba": "numba" in sys.modules}
+    return {
+        "ok": bool(ok),
+        "t_start": t0,
+        "t_import": t_import,
+        "t_run_end": time.time(),
+        "sched_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "numba": "numba" in sys.modules,
+    }
 
 
 def child_sched(lib: str, n: int) -> dict:
@@ -106,8 +119,15 @@ def child_sched(lib: str, n: int) -> dict:
         from funlib.geometry import Roi
 
         import daisy_nb as daisy
-    task = daisy.Task("small", total_roi=Roi((0,), (n,)), read_roi=Roi((0,), (1,)), write_roi=Roi((0,), (1,)),
-                      process_function=noop, read_write_conflict=False, max_retries=0)
+    task = daisy.Task(
+        "small",
+        total_roi=Roi((0,), (n,)),
+        read_roi=Roi((0,), (1,)),
+        write_roi=Roi((0,), (1,)),
+        process_function=noop,
+        read_write_conflict=False,
+        max_retries=0,
+    )
     t1 = time.time()
     s = daisy.Scheduler([task]) if lib == "daisy_nb" else daisy.Scheduler(task)
     done = 0
@@ -121,8 +141,14 @@ def child_sched(lib: str, n: int) -> dict:
         b.status = daisy.BlockStatus.SUCCESS
         s.release_block(b)
         done += 1
-    return {"done": done, "t_first": first, "t_setup": t1 - t0, "t_total": time.time() - t0,
-            "sched_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "numba": "numba" in sys.modules}
+    return {
+        "done": done,
+        "t_first": first,
+        "t_setup": t1 - t0,
+        "t_total": time.time() - t0,
+        "sched_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "numba": "numba" in sys.modules,
+    }
 
 
 def child_calibrate(mode: str) -> dict:
@@ -140,9 +166,17 @@ def child_calibrate(mode: str) -> dict:
     warnings.simplefilter("ignore")
 
     def pipeline(nd, k, ntasks, ctx, conflict):
-        ts = [daisy.Task(f"t{i}", Roi((0,) * nd, (k * 10 + 2 * ctx,) * nd), Roi((0,) * nd, (10 + 2 * ctx,) * nd),
-                         Roi((ctx,) * nd, (10,) * nd), tracking_path=False, read_write_conflict=conflict)
-              for i in range(ntasks)]
+        ts = [
+            daisy.Task(
+                f"t{i}",
+                Roi((0,) * nd, (k * 10 + 2 * ctx,) * nd),
+                Roi((0,) * nd, (10 + 2 * ctx,) * nd),
+                Roi((ctx,) * nd, (10,) * nd),
+                tracking_path=False,
+                read_write_conflict=conflict,
+            )
+            for i in range(ntasks)
+        ]
         p = ts[0]
         for t in ts[1:]:
             p = p + t
@@ -178,7 +212,13 @@ def child_calibrate(mode: str) -> dict:
                 return n
 
     out = []
-    for cfg in [(1, 3000, 1, 0, False), (1, 1500, 2, 1, True), (2, 50, 2, 1, True), (3, 12, 1, 2, True), (3, 10, 2, 2, True)]:
+    for cfg in [
+        (1, 3000, 1, 0, False),
+        (1, 1500, 2, 1, True),
+        (2, 50, 2, 1, True),
+        (3, 12, 1, 2, True),
+        (3, 10, 2, 2, True),
+    ]:
         drain(pipeline(*cfg))
         t = time.perf_counter()
         s, n = drain(pipeline(*cfg))
@@ -220,8 +260,13 @@ def measure(python: str, args: list[str], env_extra: dict | None = None) -> dict
     out = tempfile.TemporaryFile("w+")
     try:
         t0 = time.time()
-        p = subprocess.Popen([python, SCRIPT, "--worker", *map(str, args)], stdout=out, stderr=subprocess.STDOUT,
-                             env=env, cwd=tempfile.gettempdir())
+        p = subprocess.Popen(
+            [python, SCRIPT, "--worker", *map(str, args)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tempfile.gettempdir(),
+        )
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.time() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
@@ -286,11 +331,35 @@ def report(kind: str, n: int, res: dict) -> list[list]:
             ratio = f"{rw:.2f}x wall, {rm:.2f}x peak"
         spread = f"{min(r['wall'] for r in rs):.2f}-{max(r['wall'] for r in rs):.2f} s"
         if kind == "run":
-            rows.append([f"{n:,}", lab, secs(wall), spread, mib(peak), ratio, secs(med(rs, "first_block")),
-                         mib(med(rs, "sched_rss")), mib(med(rs, "worker_hwm")), "yes" if any(r["numba"] for r in rs) else "no"])
+            rows.append(
+                [
+                    f"{n:,}",
+                    lab,
+                    secs(wall),
+                    spread,
+                    mib(peak),
+                    ratio,
+                    secs(med(rs, "first_block")),
+                    mib(med(rs, "sched_rss")),
+                    mib(med(rs, "worker_hwm")),
+                    "yes" if any(r["numba"] for r in rs) else "no",
+                ]
+            )
         else:
-            rows.append([f"{n:,}", lab, secs(wall), spread, mib(peak), ratio, secs(med(rs, "t_first")), "–", "–",
-                         "yes" if any(r["numba"] for r in rs) else "no"])
+            rows.append(
+                [
+                    f"{n:,}",
+                    lab,
+                    secs(wall),
+                    spread,
+                    mib(peak),
+                    ratio,
+                    secs(med(rs, "t_first")),
+                    "–",
+                    "–",
+                    "yes" if any(r["numba"] for r in rs) else "no",
+                ]
+            )
     return rows
 
 
@@ -302,16 +371,38 @@ def calibrate() -> None:
     for p, c in zip(plain, comp):
         nd, k, nt, ctx, conf = p["cfg"]
         est = 50 + 7 * p["cap"]
-        rows.append([f"{nd}-D, {nt} task(s), context {ctx}, conflict {conf}", p["n"], p["cap"],
-                     f"{p['us']:.0f} / {p['us_one']:.0f} µs", f"{est} µs", f"{c['us']:.1f} / {c['us_one']:.1f} µs",
-                     f"{600_000 / est:,.0f}"])
-    print(U.table(["pipeline", "blocks", "downstream cap", "plain / block (batch / per-block API)",
-                   "Scheduler's estimate 50+7*cap", "compiled / block (batch / per-block)", "compiles from (blocks)"], rows))
+        rows.append(
+            [
+                f"{nd}-D, {nt} task(s), context {ctx}, conflict {conf}",
+                p["n"],
+                p["cap"],
+                f"{p['us']:.0f} / {p['us_one']:.0f} µs",
+                f"{est} µs",
+                f"{c['us']:.1f} / {c['us_one']:.1f} µs",
+                f"{600_000 / est:,.0f}",
+            ]
+        )
+    print(
+        U.table(
+            [
+                "pipeline",
+                "blocks",
+                "downstream cap",
+                "plain / block (batch / per-block API)",
+                "Scheduler's estimate 50+7*cap",
+                "compiled / block (batch / per-block)",
+                "compiles from (blocks)",
+            ],
+            rows,
+        )
+    )
     buys = [U.spawn(sys.executable, SCRIPT, ["buy"]) for _ in range(5)]
     imp = statistics.median(b["import"] for b in buys)
     load = statistics.median(b["load"] for b in buys)
-    print(f"\nimport numba: median {imp:.3f} s; first scheduler calls (cached kernels): median {load:.3f} s; "
-          f"together {imp + load:.3f} s (COMPILE_AT = 0.600 s of plain-Python kernel work); 5 fresh processes")
+    print(
+        f"\nimport numba: median {imp:.3f} s; first scheduler calls (cached kernels): median {load:.3f} s; "
+        f"together {imp + load:.3f} s (COMPILE_AT = 0.600 s of plain-Python kernel work); 5 fresh processes"
+    )
 
 
 def main() -> int:
@@ -346,8 +437,18 @@ def main() -> int:
     if note:
         print(note + "\n")
     subprocess.run([sys.executable, "-m", "daisy_nb", "warmup"], env=U.child_env(), check=True, capture_output=True)
-    headers = ["blocks", "library", "wall (median)", "range", "peak (tree max)", "vs daisy (median of pairs)",
-               "first block", "scheduler peak", "worker peak", "numba loaded"]
+    headers = [
+        "blocks",
+        "library",
+        "wall (median)",
+        "range",
+        "peak (tree max)",
+        "vs daisy (median of pairs)",
+        "first block",
+        "scheduler peak",
+        "worker peak",
+        "numba loaded",
+    ]
     rows = []
     for n in sizes:
         rows += report("run", n, run_pairs(a.daisy_python, "run", n, a.workers, a.pairs, modes))
@@ -358,7 +459,11 @@ def main() -> int:
         for n in sizes:
             rows += report("sched", n, run_pairs(a.daisy_python, "sched", n, a.workers, a.pairs, modes))
         print(f"\n### Scheduler only (acquire_block/release_block in one process, no workers), {a.pairs} pairs\n")
-        print(U.table(headers[:7] + ["", "", "numba loaded"], rows).replace("| first block |", "| first block handed out |"))
+        print(
+            U.table(headers[:7] + ["", "", "numba loaded"], rows).replace(
+                "| first block |", "| first block handed out |"
+            )
+        )
     if a.calibrate:
         calibrate()
     print(f"\n({U.machine_note()} at the end)")

@@ -135,13 +135,23 @@ def kill_child(lib: str, mode: str, n: int, track: str) -> None:
     from funlib.geometry import Roi
 
     one = Roi((0,), (1,))
-    task = daisy.Task("k", total_roi=Roi((0,), (n,)), read_roi=one, write_roi=one, process_function=_log_block,
-                      read_write_conflict=False, max_workers=2, max_retries=0, tracking_path=track)
+    task = daisy.Task(
+        "k",
+        total_roi=Roi((0,), (n,)),
+        read_roi=one,
+        write_roi=one,
+        process_function=_log_block,
+        read_write_conflict=False,
+        max_workers=2,
+        max_retries=0,
+        tracking_path=track,
+    )
     if mode == "dask":  # daisy_nb only: daisy 2.0.0 has no dask executor
         from distributed import Client, LocalCluster
 
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                               dashboard_address=":0")
+        cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
+        )
         client = Client(cluster)
         client.wait_for_workers(2, timeout=60)
         daisy.run_blockwise([task], executor=client, progress=False, summary=False)
@@ -176,14 +186,21 @@ def kill_run(python: str, lib: str, mode: str, n: int, kill_after: float, workdi
     if os.path.exists(log):
         os.unlink(log)
     env = child_env({"BENCH_TRACK_LOG": log})
-    proc = subprocess.Popen([python, os.path.abspath(__file__), "--kill-child", lib, mode, str(n), track],
-                            env=env, cwd=workdir, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [python, os.path.abspath(__file__), "--kill-child", lib, mode, str(n), track],
+        env=env,
+        cwd=workdir,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + timeout
         while not (os.path.exists(log) and os.path.getsize(log) > 0):
             if proc.poll() is not None:
-                raise RuntimeError(f"{tag}: the run ended before its first block:\n{proc.stderr.read().decode()[-3000:]}")
+                raise RuntimeError(
+                    f"{tag}: the run ended before its first block:\n{proc.stderr.read().decode()[-3000:]}"
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{tag}: no block finished within {timeout} s")
             time.sleep(0.01)
@@ -200,7 +217,10 @@ def kill_run(python: str, lib: str, mode: str, n: int, kill_after: float, workdi
     recorded = read_done(track)
     lost = [i for i in finished if i not in recorded]
     return {
-        "lib": lib, "mode": mode, "finished": len(finished), "recorded": len(recorded),
+        "lib": lib,
+        "mode": mode,
+        "finished": len(finished),
+        "recorded": len(recorded),
         "bad": len(recorded - set(finished)),
         "lost": len(lost),
         "lost_older_1s": sum(1 for i in lost if finished[i] < t_kill - 1.0),
@@ -249,8 +269,10 @@ def main() -> None:
                 bs = [f["bytes"] for f in r["flushes"]]
                 secs = [f["secs"] for f in r["flushes"]]
                 shown = " / ".join(_mb(b) for b in bs)
-                print(f"| {s} | {shown} | {' / '.join(f'{t:.3f}' for t in secs)} | {r['open_secs']:.3f} "
-                      f"| {_mb(r['disk_bytes'])} |")
+                print(
+                    f"| {s} | {shown} | {' / '.join(f'{t:.3f}' for t in secs)} | {r['open_secs']:.3f} "
+                    f"| {_mb(r['disk_bytes'])} |"
+                )
             rw = [f["bytes"] for f in res["rewrite"]["flushes"]]
             for s in ("shared", "shared-resumed"):
                 sh = [f["bytes"] for f in res[s]["flushes"]]
@@ -258,10 +280,14 @@ def main() -> None:
                     print(f"\nrewrite / {s}: {sum(rw) / sum(sh):,.0f}x the bytes per flush")
         if "kill" in cases:
             kn = 2000 if a.quick else 100_000
-            print(f"\n### SIGKILL {kill_after:g} s after the first block ({BLOCK_SECS * 1e3:g} ms blocks, "
-                  "log fsync'd per block)\n")
-            print("| library | mode | finished | recorded | recorded, not finished | lost | lost > 1 s before kill "
-                  "| oldest lost (s) |")
+            print(
+                f"\n### SIGKILL {kill_after:g} s after the first block ({BLOCK_SECS * 1e3:g} ms blocks, "
+                "log fsync'd per block)\n"
+            )
+            print(
+                "| library | mode | finished | recorded | recorded, not finished | lost | lost > 1 s before kill "
+                "| oldest lost (s) |"
+            )
             print("|---|---|---|---|---|---|---|---|")
             libs = [("daisy_nb", sys.executable)] + ([("daisy", a.daisy_python)] if a.daisy_python else [])
             for mode in a.modes.split(","):
@@ -269,8 +295,10 @@ def main() -> None:
                     if mode == "dask" and (lib != "daisy_nb" or importlib.util.find_spec("distributed") is None):
                         continue
                     r = kill_run(py, lib, mode, kn, kill_after, workdir)
-                    print(f"| {lib} | {mode} | {r['finished']} | {r['recorded']} | {r['bad']} | {r['lost']} "
-                          f"| {r['lost_older_1s']} | {r['lost_max_age']:.2f} |")
+                    print(
+                        f"| {lib} | {mode} | {r['finished']} | {r['recorded']} | {r['bad']} | {r['lost']} "
+                        f"| {r['lost_older_1s']} | {r['lost_max_age']:.2f} |"
+                    )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

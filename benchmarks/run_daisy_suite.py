@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=120, help="pytest-timeout per test, seconds (default 120)")
     parser.add_argument("--log-dir", help="keep each side's full pytest output in this directory")
     argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     try:
         root = find_root(args.checkout)

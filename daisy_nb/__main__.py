@@ -33,8 +33,7 @@ def _load_demo():
     except ModuleNotFoundError as e:
         if e.name in ("daisy_nb.demo", f"{__package__}.demo"):
             return None, "the demo is not available in this version of daisy_nb (no module daisy_nb.demo)"
-        return None, (f"the demo needs {e.name!r}, which is not installed: "
-                      "pip install 'daisy_nb[demo]'")
+        return None, (f"the demo needs {e.name!r}, which is not installed: pip install 'daisy_nb[demo]'")
     if not (hasattr(demo, "add_arguments") and hasattr(demo, "main")):
         return None, "daisy_nb.demo does not provide add_arguments(parser) and main(args)"
     return demo, None
@@ -50,6 +49,8 @@ def _run_warmup(args: argparse.Namespace) -> int:
     from .warmup import main as warmup_main
 
     return warmup_main(args)
+
+
 def _run_dashboard(args: argparse.Namespace) -> int:
     from .dashboard.offline import main as dashboard_main
 
@@ -82,14 +83,18 @@ def build_parser(demo_module=None) -> argparse.ArgumentParser:
     p_status.set_defaults(func=_run_status)
     from .warmup import add_arguments as warmup_arguments
 
-    p_warmup = sub.add_parser("warmup", help="compile the numba kernels once (the first large run would, ~15 s)",
-                              description="Compiles every kernel into numba's on-disk cache, so that no run has "
-                              "to. Small runs never need numba; the first large run after installing would "
-                              "otherwise compile for ~15 s. Exit code 0 when the cache is current.")
+    p_warmup = sub.add_parser(
+        "warmup",
+        help="compile the numba kernels once (the first large run would, ~15 s)",
+        description="Compiles every kernel into numba's on-disk cache, so that no run has "
+        "to. Small runs never need numba; the first large run after installing would "
+        "otherwise compile for ~15 s. Exit code 0 when the cache is current.",
+    )
     warmup_arguments(p_warmup)
     p_warmup.set_defaults(func=_run_warmup)
-    sub.add_parser("run", help="run a program (script.py, -m module, any command) with daisy_nb as daisy",
-                   add_help=False)
+    sub.add_parser(
+        "run", help="run a program (script.py, -m module, any command) with daisy_nb as daisy", add_help=False
+    )
     from .dashboard.offline import add_arguments as dashboard_arguments
 
     p_dash = sub.add_parser(
@@ -102,8 +107,9 @@ def build_parser(demo_module=None) -> argparse.ArgumentParser:
     )
     dashboard_arguments(p_dash)
     p_dash.set_defaults(func=_run_dashboard)
-    p_demo = sub.add_parser("demo", help="run the daisy_nb demo (daisy_nb[demo] extra)",
-                            add_help=demo_module is not None)
+    p_demo = sub.add_parser(
+        "demo", help="run the daisy_nb demo (daisy_nb[demo] extra)", add_help=demo_module is not None
+    )
     if demo_module is not None:
         demo_module.add_arguments(p_demo)
         p_demo.set_defaults(func=demo_module.main)

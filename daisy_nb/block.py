@@ -76,7 +76,18 @@ class Block:
     ``block_id`` only.
     """
 
-    __slots__ = ("_task_id", "_spatial_id", "_read", "_write", "_read_roi", "_write_roi", "_status", "index", "_stats", "__weakref__")
+    __slots__ = (
+        "_task_id",
+        "_spatial_id",
+        "_read",
+        "_write",
+        "_read_roi",
+        "_write_roi",
+        "_status",
+        "index",
+        "_stats",
+        "__weakref__",
+    )
 
     def __init__(self, total_roi, read_roi, write_roi, block_id=None, task_id=None):
         if isinstance(block_id, str) and task_id is None:
@@ -105,7 +116,9 @@ class Block:
             try:
                 self._spatial_id = operator.index(block_id)
             except TypeError:
-                raise TypeError(f"block_id must be an int (or a (task_id, int) pair), got {type(block_id).__name__}") from None
+                raise TypeError(
+                    f"block_id must be an int (or a (task_id, int) pair), got {type(block_id).__name__}"
+                ) from None
         self._status = BlockStatus.CREATED
         self.index = -1
 

@@ -103,15 +103,26 @@ class BlockwiseDependencyGraph:
     """
 
     def __init__(
-        self, task_id, block_read_roi=None, block_write_roi=None, read_write_conflict=True, fit="valid",
-        total_read_roi=None, total_write_roi=None, *, read_roi=None, write_roi=None,
+        self,
+        task_id,
+        block_read_roi=None,
+        block_write_roi=None,
+        read_write_conflict=True,
+        fit="valid",
+        total_read_roi=None,
+        total_write_roi=None,
+        *,
+        read_roi=None,
+        write_roi=None,
     ):
         block_read_roi = _one_of(block_read_roi, read_roi, "block_read_roi", "read_roi")
         block_write_roi = _one_of(block_write_roi, write_roi, "block_write_roi", "write_roi")
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
         self.task_id = task_id
-        self.layout = BlockLayout(total_read_roi, block_read_roi, block_write_roi, read_write_conflict, fit, total_write_roi)
+        self.layout = BlockLayout(
+            total_read_roi, block_read_roi, block_write_roi, read_write_conflict, fit, total_write_roi
+        )
         self._tt = pack_layouts([self.layout])
 
     # -- counts -------------------------------------------------------------------
@@ -148,7 +159,9 @@ class BlockwiseDependencyGraph:
         make = Block._make
         return [
             make(tid, i, (tuple(a), tuple(b)), (tuple(c), tuple(d)), r)
-            for i, a, b, c, d, r in zip(ids.tolist(), ro.tolist(), rs.tolist(), wo.tolist(), ws.tolist(), np.asarray(rows).tolist())
+            for i, a, b, c, d, r in zip(
+                ids.tolist(), ro.tolist(), rs.tolist(), wo.tolist(), ws.tolist(), np.asarray(rows).tolist()
+            )
         ]
 
     def block_row(self, block) -> int:
@@ -156,7 +169,9 @@ class BlockwiseDependencyGraph:
         woff, _ = roi_tuple(block.write_roi, "block.write_roi")
         g = self.layout.grid_of_write_offset(woff)
         if g is None or self.num_blocks == 0:
-            raise ValueError(f"block {block!r} is not a block of task {self.task_id!r} (its write ROI is not on the block grid)")
+            raise ValueError(
+                f"block {block!r} is not a block of task {self.task_id!r} (its write ROI is not on the block grid)"
+            )
         _jit.need(_US_QUERY)
         tt = self._tt
         return int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, g))
@@ -206,7 +221,9 @@ class BlockwiseDependencyGraph:
         out = np.empty(max(1, len(self.layout.conf_offsets)), dtype=np.int64)
         _jit.need(_US_QUERY)
         tt = self._tt
-        n = kg.intra_neighbours(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, 0, row, downstream, out)
+        n = kg.intra_neighbours(
+            tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, 0, row, downstream, out
+        )
         return self._blocks(out[:n])
 
     def subgraph_box(self, sub_roi, read_roi: bool = False):

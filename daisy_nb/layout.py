@@ -62,7 +62,9 @@ def roi_tuple(roi, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     try:
         offset, shape = roi.offset, roi.shape
     except AttributeError:
-        raise TypeError(f"{name} must be a Roi (anything with integer offset and shape), got {type(roi).__name__}") from None
+        raise TypeError(
+            f"{name} must be a Roi (anything with integer offset and shape), got {type(roi).__name__}"
+        ) from None
     if offset is None or shape is None:
         raise ValueError(f"{name} must be bounded, got {roi!r}")
     offset, shape = tuple(offset), tuple(shape)
@@ -96,7 +98,9 @@ class BlockLayout:
         wr = roi_tuple(write_roi, "write_roi")
         nd = len(rd[0])
         if len(wr[0]) != nd:
-            raise ValueError(f"read_roi and write_roi must have the same number of dimensions, got {nd} and {len(wr[0])}")
+            raise ValueError(
+                f"read_roi and write_roi must have the same number of dimensions, got {nd} and {len(wr[0])}"
+            )
         if any(s <= 0 for s in wr[1]):
             raise ValueError(f"write_roi must have a positive shape on every axis, got {wr[1]}")
         cul = tuple(w - r for w, r in zip(wr[0], rd[0]))
@@ -106,12 +110,16 @@ class BlockLayout:
         if total_roi is not None:
             tr = roi_tuple(total_roi, "total_roi")
             if len(tr[0]) != nd:
-                raise ValueError(f"total_roi must have the same number of dimensions as read_roi/write_roi ({nd}), got {len(tr[0])}")
+                raise ValueError(
+                    f"total_roi must have the same number of dimensions as read_roi/write_roi ({nd}), got {len(tr[0])}"
+                )
             if total_write_roi is not None:
                 tw = roi_tuple(total_write_roi, "total_write_roi")
-                if len(tw[0]) != nd or tuple(t + c for t, c in zip(tr[0], cul)) != tw[0] or tuple(
-                    s - a - b for s, a, b in zip(tr[1], cul, clr)
-                ) != tw[1]:
+                if (
+                    len(tw[0]) != nd
+                    or tuple(t + c for t, c in zip(tr[0], cul)) != tw[0]
+                    or tuple(s - a - b for s, a, b in zip(tr[1], cul, clr)) != tw[1]
+                ):
                     raise ValueError("total_roi and total_write_roi must differ by exactly the block context")
         else:
             tw = roi_tuple(total_write_roi, "total_write_roi")
@@ -205,7 +213,9 @@ class BlockLayout:
         lo = self.level_offsets
         g = self.grid_shape
         if self.num_levels:
-            counts = np.where(g[None, :] > lo, (g[None, :] - lo + self.period[None, :] - 1) // np.maximum(self.period, 1)[None, :], 0)
+            counts = np.where(
+                g[None, :] > lo, (g[None, :] - lo + self.period[None, :] - 1) // np.maximum(self.period, 1)[None, :], 0
+            )
         else:
             counts = np.zeros((0, nd), dtype=np.int64)
         self.level_counts = np.ascontiguousarray(counts, dtype=np.int64)
@@ -305,8 +315,15 @@ def pack_layouts(layouts: list[BlockLayout]) -> TaskTables:
             (G_TRACK, lay.track_shape),
         ):
             geo[t, row, :nd] = vec
-        for col, v in ((I_NDIM, nd), (I_FIT, lay.fit_code), (I_NLEVELS, lay.num_levels), (I_LEVEL_BASE, level_base),
-                       (I_NBLOCKS, lay.num_blocks), (I_BLOCK_BASE, block_base), (I_NROOTS, lay.num_roots)):
+        for col, v in (
+            (I_NDIM, nd),
+            (I_FIT, lay.fit_code),
+            (I_NLEVELS, lay.num_levels),
+            (I_LEVEL_BASE, level_base),
+            (I_NBLOCKS, lay.num_blocks),
+            (I_BLOCK_BASE, block_base),
+            (I_NROOTS, lay.num_roots),
+        ):
             info[t, col] = v
         pad = np.zeros((lay.num_levels, maxnd), dtype=np.int64)
         pad[:, :nd] = lay.level_offsets
@@ -327,7 +344,9 @@ def pack_layouts(layouts: list[BlockLayout]) -> TaskTables:
         conf_base += len(lay.conf_offsets)
         level_base += lay.num_levels
         block_base += lay.num_blocks
-    cat = lambda xs, shape: np.ascontiguousarray(np.concatenate(xs) if xs else np.zeros(shape, dtype=np.int64), dtype=np.int64)  # noqa: E731
+    cat = lambda xs, shape: np.ascontiguousarray(
+        np.concatenate(xs) if xs else np.zeros(shape, dtype=np.int64), dtype=np.int64
+    )  # noqa: E731
     return TaskTables(
         geo,
         info,

@@ -64,9 +64,7 @@ STATE_LABELS = {
     STATE_SKIPPED: "skipped (skip_mask)",
 }
 
-_RGB = np.array(
-    [[int(STATE_COLORS[k][i : i + 2], 16) for i in (1, 3, 5)] for k in range(5)], dtype=np.uint8
-)
+_RGB = np.array([[int(STATE_COLORS[k][i : i + 2], 16) for i in (1, 3, 5)] for k in range(5)], dtype=np.uint8)
 
 # image budget in reduced cells
 _MAX_W = 1200
@@ -371,13 +369,15 @@ def _decorate(ax, g: BlockStateGrid, FuncFormatter, MaxNLocator) -> None:
         ax.yaxis.set_major_formatter(scaled)
         nd = len(g.shape)
         ax.set_ylabel(f"block index, axis {nd - 2}", fontsize=8)
-        ax.set_xlabel(f"axis {nd - 1} (one panel per slice group of axis 0{'..' + str(nd - 3) if nd > 3 else ''})",
-                      fontsize=8)
+        ax.set_xlabel(
+            f"axis {nd - 1} (one panel per slice group of axis 0{'..' + str(nd - 3) if nd > 3 else ''})", fontsize=8
+        )
         pw = g.panel_width
         for k in range(g.panels):
             xc = k * (pw + _GAP) + (pw - 1) / 2
-            ax.text(xc, -0.5, g.panel_label(k), ha="center", va="bottom", fontsize=8, clip_on=False,
-                    transform=ax.transData)
+            ax.text(
+                xc, -0.5, g.panel_label(k), ha="center", va="bottom", fontsize=8, clip_on=False, transform=ax.transData
+            )
 
 
 def _ring_failures(ax, g: BlockStateGrid, cell_px: int) -> None:
@@ -400,18 +400,19 @@ def _ring_failures(ax, g: BlockStateGrid, cell_px: int) -> None:
                 neighbours |= p[dy : dy + h, dx : dx + w]
     rows, cols = np.nonzero(failed & ~neighbours)
     if 0 < rows.size <= 2000:
-        ax.scatter(cols, rows, s=60, facecolors="none", edgecolors=STATE_COLORS[STATE_FAILED],
-                   linewidths=1.0, clip_on=False)
+        ax.scatter(
+            cols, rows, s=60, facecolors="none", edgecolors=STATE_COLORS[STATE_FAILED], linewidths=1.0, clip_on=False
+        )
 
 
 def _handles(g: BlockStateGrid, Patch):
     states = [STATE_DONE, STATE_FAILED, STATE_NEVER] + ([STATE_SKIPPED] if g.counts["skipped"] else [])
-    return [Patch(facecolor=STATE_COLORS[s], edgecolor="#555555", linewidth=0.5, label=STATE_LABELS[s])
-            for s in states]
+    return [Patch(facecolor=STATE_COLORS[s], edgecolor="#555555", linewidth=0.5, label=STATE_LABELS[s]) for s in states]
 
 
-def plot_block_states(task_or_path, file=None, ax=None, *, title: str | None = None,
-                      chunk_cells: int = CHUNK_CELLS) -> BlockStatePlot:
+def plot_block_states(
+    task_or_path, file=None, ax=None, *, title: str | None = None, chunk_cells: int = CHUNK_CELLS
+) -> BlockStatePlot:
     """Draw the block states of one task: done, failed (not done), never finished.
 
     Parameters
@@ -465,8 +466,14 @@ def plot_block_states(task_or_path, file=None, ax=None, *, title: str | None = N
         ax.imshow(rgb, interpolation="nearest", aspect="auto")
         _decorate(ax, g, FuncFormatter, MaxNLocator)
         ax.set_title(f"{head}\n{sub}", fontsize=9)
-        ax.legend(handles=_handles(g, Patch), loc="upper center", bbox_to_anchor=(0.5, -0.12),
-                  ncol=4, frameon=False, fontsize=8)
+        ax.legend(
+            handles=_handles(g, Patch),
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.12),
+            ncol=4,
+            frameon=False,
+            fontsize=8,
+        )
         if file is not None:
             ax.figure.savefig(file)
         return BlockStatePlot(ax.figure, ax, g, None if file is None else str(file), None, None)
@@ -490,8 +497,16 @@ def plot_block_states(task_or_path, file=None, ax=None, *, title: str | None = N
     _ring_failures(ax, g, min(cw, ch))
     fig.text(0.5, 1 - 6 / H, head, ha="center", va="top", fontsize=11, fontweight="bold")
     fig.text(0.5, 1 - 24 / H, sub, ha="center", va="top", fontsize=8, linespacing=1.2)
-    fig.legend(handles=_handles(g, Patch), loc="lower center", bbox_to_anchor=(0.5, 4 / H),
-               ncol=4, frameon=False, fontsize=8, handlelength=1.2, columnspacing=1.2)
+    fig.legend(
+        handles=_handles(g, Patch),
+        loc="lower center",
+        bbox_to_anchor=(0.5, 4 / H),
+        ncol=4,
+        frameon=False,
+        fontsize=8,
+        handlelength=1.2,
+        columnspacing=1.2,
+    )
     if file is not None:
         import matplotlib
 

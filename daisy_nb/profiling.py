@@ -243,11 +243,23 @@ class TaskResourceStats:
         return self.cpu_seconds / self.wall_seconds if self.wall_seconds > 0 else math.nan
 
     def as_dict(self) -> dict:
-        keys = ("blocks", "failed", "wall_seconds", "cpu_seconds", "peak_rss_bytes", "io_read_bytes",
-                "io_write_bytes", "mean_block_ms", "block_ms_slope", "cpu_per_block_second")
+        keys = (
+            "blocks",
+            "failed",
+            "wall_seconds",
+            "cpu_seconds",
+            "peak_rss_bytes",
+            "io_read_bytes",
+            "io_write_bytes",
+            "mean_block_ms",
+            "block_ms_slope",
+            "cpu_per_block_second",
+        )
         return {k: getattr(self, k) for k in keys}
 
     def __repr__(self):
-        return (f"TaskResourceStats({self.task_id!r}, blocks={self.blocks}, failed={self.failed}, "
-                f"wall={self.wall_seconds:.3f}s, cpu={self.cpu_seconds:.3f}s, peak_rss={self.peak_rss_bytes}, "
-                f"io_read={self.io_read_bytes}, io_write={self.io_write_bytes})")
+        return (
+            f"TaskResourceStats({self.task_id!r}, blocks={self.blocks}, failed={self.failed}, "
+            f"wall={self.wall_seconds:.3f}s, cpu={self.cpu_seconds:.3f}s, peak_rss={self.peak_rss_bytes}, "
+            f"io_read={self.io_read_bytes}, io_write={self.io_write_bytes})"
+        )

@@ -188,11 +188,30 @@ def print_summary(states, task_order=None, elapsed_per_task=None, *, interrupted
         secs = float(elapsed_per_task.get(tid, 0.0) or 0.0)
         ran = int(st.completed_count) - int(st.skipped_count) + int(st.failed_count)
         rate = f"{ran / secs:,.0f}" if secs > 0 else "-"
-        rows.append((tid, sym, st.total_block_count, st.completed_count, st.skipped_count, st.failed_count,
-                     st.orphaned_count, f"{secs:.2f}s", rate))
+        rows.append(
+            (
+                tid,
+                sym,
+                st.total_block_count,
+                st.completed_count,
+                st.skipped_count,
+                st.failed_count,
+                st.orphaned_count,
+                f"{secs:.2f}s",
+                rate,
+            )
+        )
     name_w = max(len("task"), *(len(r[0]) for r in rows))
-    heads = [(name_w + 2, "task", "<"), (7, "blocks", ">"), (10, "completed", ">"), (7, "skipped", ">"),
-             (6, "failed", ">"), (8, "orphaned", ">"), (9, "time", ">"), (10, "blocks/s", ">")]
+    heads = [
+        (name_w + 2, "task", "<"),
+        (7, "blocks", ">"),
+        (10, "completed", ">"),
+        (7, "skipped", ">"),
+        (6, "failed", ">"),
+        (8, "orphaned", ">"),
+        (9, "time", ">"),
+        (10, "blocks/s", ">"),
+    ]
     p()
     p("    " + "  ".join(f"{h:{a}{w}}" for w, h, a in heads))
     p("    " + "  ".join("─" * w for w, _, _ in heads))
@@ -218,8 +237,10 @@ def print_summary(states, task_order=None, elapsed_per_task=None, *, interrupted
             shown = f"{t:g}s" if t is not None else "the configured timeout"
             default = " — the default" if t == 600.0 else ""
             p()
-            p(f"    {reclaims} block attempt(s) in task '{tid}' exceeded the block timeout ({shown}{default}; "
-              "pass Task(timeout=...) to raise it for slow blocks)")
+            p(
+                f"    {reclaims} block attempt(s) in task '{tid}' exceeded the block timeout ({shown}{default}; "
+                "pass Task(timeout=...) to raise it for slow blocks)"
+            )
     base = dlog.get_log_basedir()
     if failed_tasks and base is not None and dlog.get_log_mode() != "console":
         p()
@@ -250,8 +271,11 @@ def print_resource_utilization(states, task_order=None, *, file=None) -> bool:
     (ms per block) against the release index, over successful blocks. Peak RSS is
     the largest worker-process peak seen (``ru_maxrss``), not a sum over workers.
     """
-    tracked = [(tid, states[tid].resource_stats) for tid in _ordered(states, task_order)
-               if getattr(states[tid], "resource_stats", None) is not None]
+    tracked = [
+        (tid, states[tid].resource_stats)
+        for tid in _ordered(states, task_order)
+        if getattr(states[tid], "resource_stats", None) is not None
+    ]
     if not tracked:
         return False
     out = file if file is not None else (sys.stdout or sys.__stdout__)
@@ -286,8 +310,14 @@ def print_resource_utilization(states, task_order=None, *, file=None) -> bool:
         ms = "-" if mean != mean else (f"{mean:.1f} ∠ " + ("-" if slope != slope else f"{slope:+.3f}"))
         rows.append((tid, f"{r.blocks:,}", f"{r.failed:,}", ms, f"{r.cpu_seconds:.2f}", _bytes(r.peak_rss_bytes)))
     name_w = max(len("task"), *(len(r[0]) for r in rows))
-    heads = [(name_w, "task", "<"), (8, "blocks", ">"), (6, "fails", ">"), (18, "mean ms ∠ slope", ">"),
-             (8, "cpu s", ">"), (10, "peak RSS", ">")]
+    heads = [
+        (name_w, "task", "<"),
+        (8, "blocks", ">"),
+        (6, "fails", ">"),
+        (18, "mean ms ∠ slope", ">"),
+        (8, "cpu s", ">"),
+        (10, "peak RSS", ">"),
+    ]
     p()
     p("    " + "  ".join(f"{h:{a}{w}}" for w, h, a in heads))
     p("    " + "  ".join("─" * w for w, _, _ in heads))

@@ -39,8 +39,16 @@ def run_blockwise(
     ``"0.0.0.0"`` listens on every interface and advertises ``socket.getfqdn()``.
     """
     states, order = _execute(
-        pipeline, multiprocessing=multiprocessing, resources=resources, progress=progress, summary=summary,
-        block_tracking=block_tracking, host=host, executor=executor, log_dir=log_dir, dashboard=dashboard,
+        pipeline,
+        multiprocessing=multiprocessing,
+        resources=resources,
+        progress=progress,
+        summary=summary,
+        block_tracking=block_tracking,
+        host=host,
+        executor=executor,
+        log_dir=log_dir,
+        dashboard=dashboard,
     )
     if multiprocessing and executor is None:
         from .runtime.pool import raise_if_abandoned
@@ -51,8 +59,9 @@ def run_blockwise(
     return all(s.completed_count == s.total_block_count for s in states.values())
 
 
-def _execute(tasks, *, multiprocessing, resources, progress, summary, block_tracking, host, executor, log_dir,
-             dashboard=None):
+def _execute(
+    tasks, *, multiprocessing, resources, progress, summary, block_tracking, host, executor, log_dir, dashboard=None
+):
     """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``."""
     host = host if host is not None else os.environ.get("DAISY_HOST")
     if host is not None and not isinstance(host, str):

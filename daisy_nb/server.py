@@ -52,8 +52,9 @@ class Server:
         self.last_task_order = None
         self.last_tracking_summary = None
 
-    def run_blockwise(self, pipeline, resources=None, progress=True, block_tracking=True, host=None, summary=True,
-                      dashboard=None):
+    def run_blockwise(
+        self, pipeline, resources=None, progress=True, block_tracking=True, host=None, summary=True, dashboard=None
+    ):
         """Run ``pipeline`` (a Pipeline, a Task or a list of tasks); returns ``{task_id: TaskState}``.
 
         ``dashboard`` (daisy_nb's): as in :func:`daisy_nb.run_blockwise`.
@@ -61,8 +62,16 @@ class Server:
         host = host if host is not None else self.host
         try:
             states, order = _execute(
-                pipeline, multiprocessing=True, resources=resources, progress=progress, summary=summary,
-                block_tracking=block_tracking, host=host, executor=None, log_dir=None, dashboard=dashboard,
+                pipeline,
+                multiprocessing=True,
+                resources=resources,
+                progress=progress,
+                summary=summary,
+                block_tracking=block_tracking,
+                host=host,
+                executor=None,
+                log_dir=None,
+                dashboard=dashboard,
             )
         except KeyboardInterrupt as e:
             if getattr(e, "daisy_task_order", None) is not None:
@@ -89,7 +98,14 @@ class SerialServer:
         Returns ``{task_id: TaskState}`` and prints the execution summary.
         """
         states, _ = _execute(
-            tasks, multiprocessing=False, resources=None, progress=False, summary=True,
-            block_tracking=block_tracking, host=None, executor=None, log_dir=None,
+            tasks,
+            multiprocessing=False,
+            resources=None,
+            progress=False,
+            summary=True,
+            block_tracking=block_tracking,
+            host=None,
+            executor=None,
+            log_dir=None,
         )
         return states

@@ -157,8 +157,9 @@ class _StoreReader:
         """``(done, failures)`` of the flat cells ``[start, start + count)``."""
         return self.done.read(start, count), self.failures.read(start, count)
 
-    def slabs(self, lo: tuple[int, ...], hi: tuple[int, ...], chunk_cells: int = CHUNK_CELLS
-              ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    def slabs(
+        self, lo: tuple[int, ...], hi: tuple[int, ...], chunk_cells: int = CHUNK_CELLS
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """Yield ``(r0, done, failures)`` for rows ``[r0, r1)`` of axis 0 within ``[lo0, hi0)``.
 
         Each piece has shape ``(r1 - r0, *grid_shape[1:])`` (the whole rows, not
@@ -257,10 +258,14 @@ def _is_store(p: Path) -> bool:
             meta = json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(meta, dict) and meta.get("node_type") == "group" and (
-        HASH_ATTRIBUTE in (meta.get("attributes") or {})
-        or (p / DONE_ARRAY / "zarr.json").exists()
-        or (p / FAILURES_ARRAY / "zarr.json").exists()
+    return (
+        isinstance(meta, dict)
+        and meta.get("node_type") == "group"
+        and (
+            HASH_ATTRIBUTE in (meta.get("attributes") or {})
+            or (p / DONE_ARRAY / "zarr.json").exists()
+            or (p / FAILURES_ARRAY / "zarr.json").exists()
+        )
     )
 
 
@@ -295,7 +300,10 @@ def _task_target(task, name: str | None = None) -> TrackingTarget:
             "set_tracking_basedir())"
         )
     return TrackingTarget.from_layout(
-        name or task.task_id, path, task.layout, skip_mask=task.skip_mask,
+        name or task.task_id,
+        path,
+        task.layout,
+        skip_mask=task.skip_mask,
         expected_hash=task_hash(task.total_roi, task.read_roi, task.write_roi, task.fit),
     )
 
@@ -326,7 +334,7 @@ def resolve_target(obj, name: str | None = None) -> TrackingTarget:
             raise StatusError(
                 f"got a dict of {len(obj)} task states; pass one of them (e.g. states[{next(iter(obj), 'task')!r}])"
             )
-        (key, value), = obj.items()
+        ((key, value),) = obj.items()
         return resolve_target(value, name or str(key))
     tp = getattr(obj, "tracking_path", None)
     if isinstance(tp, (str, os.PathLike)):
@@ -343,9 +351,7 @@ def resolve_target(obj, name: str | None = None) -> TrackingTarget:
                 "(set_tracking_basedir()); pass the Task or its tracking path instead"
             )
         return TrackingTarget(name or tid, Path(base) / tid)
-    raise TypeError(
-        f"expected a Task, a tracking path, or a TaskState, got {type(obj).__name__}"
-    )
+    raise TypeError(f"expected a Task, a tracking path, or a TaskState, got {type(obj).__name__}")
 
 
 # ---------------------------------------------------------------------------
@@ -399,8 +405,7 @@ def _count_into(acc: dict[str, Any], d: np.ndarray, f: np.ndarray, mask: np.ndar
 
 
 def _new_acc() -> dict[str, Any]:
-    return {"cells": 0, "done": 0, "failed": 0, "done_after_failures": 0, "skipped_by_mask": 0,
-            "hist": _Histogram()}
+    return {"cells": 0, "done": 0, "failed": 0, "done_after_failures": 0, "skipped_by_mask": 0, "hist": _Histogram()}
 
 
 def task_status(task_or_path, *, chunk_cells: int = CHUNK_CELLS) -> dict[str, Any]:
@@ -437,9 +442,7 @@ def task_status(task_or_path, *, chunk_cells: int = CHUNK_CELLS) -> dict[str, An
         grid = reader.grid_shape
         acc = _new_acc()
         outside = _new_acc()
-        full = not target.knows_blocks or (
-            target.block_lo == (0,) * len(grid) and target.block_hi == grid
-        )
+        full = not target.knows_blocks or (target.block_lo == (0,) * len(grid) and target.block_hi == grid)
         if full and target.skip_mask is None:
             for s in range(0, reader.size, chunk_cells):
                 d, f = reader.read(s, min(chunk_cells, reader.size - s))
@@ -565,8 +568,10 @@ def format_status(status) -> str:
             grid += f", {s['outside_marked']} of them marked)" if s["outside_marked"] else ")"
     else:
         dims = f"{_shape(s['grid_shape'])} = " if len(s["grid_shape"]) > 1 else ""
-        grid = (f"{dims}{total} tracking cells (block grid unknown: every cell counts "
-                "as a block; with context some cells are never blocks)")
+        grid = (
+            f"{dims}{total} tracking cells (block grid unknown: every cell counts "
+            "as a block; with context some cells are never blocks)"
+        )
     w = 18
     lines.append(f"  {'grid':<{w}}{grid}")
     lines.append(f"  {'done':<{w}}{s['done']} / {total} {unit} ({s['percent_done']:.1f}%)")

@@ -35,13 +35,21 @@ def _parse_roi(text: str):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m daisy_nb status``."""
-    parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="a task's tracking directory, or a basedir holding <task_id>/ directories")
-    parser.add_argument("--png", metavar="FILE",
-                        help="write a picture of the block states (needs matplotlib: pip install "
-                             "'daisy_nb[plot]'); with several tasks, FILE gets a _<task> suffix per task")
-    parser.add_argument("--json", action="store_true",
-                        help="print the counts as JSON (a list with one object per task)")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a task's tracking directory, or a basedir holding <task_id>/ directories",
+    )
+    parser.add_argument(
+        "--png",
+        metavar="FILE",
+        help="write a picture of the block states (needs matplotlib: pip install "
+        "'daisy_nb[plot]'); with several tasks, FILE gets a _<task> suffix per task",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the counts as JSON (a list with one object per task)"
+    )
     geo = parser.add_argument_group(
         "task layout (optional)",
         "the ROIs of the task (as given to daisy.Task) to count only real blocks instead of the whole "

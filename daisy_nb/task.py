@@ -40,10 +40,14 @@ def function_arity(fn, name: str = "process_function") -> int:
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = [p for p in positional if p.default is p.empty]
     if len(required) > 1:
-        raise TypeError(f"{name} {fn!r} takes {len(required)} required arguments; it must take one argument (a block) or none")
+        raise TypeError(
+            f"{name} {fn!r} takes {len(required)} required arguments; it must take one argument (a block) or none"
+        )
     kw_required = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty and p.name != "context"]
     if kw_required:
-        raise TypeError(f"{name} {fn!r} has required keyword-only arguments {kw_required}; it must take one argument (a block) or none")
+        raise TypeError(
+            f"{name} {fn!r} has required keyword-only arguments {kw_required}; it must take one argument (a block) or none"
+        )
     # like daisy (getfullargspec(f).args): any positional parameter makes a block function
     if positional or any(p.kind == p.VAR_POSITIONAL for p in params):
         return 1
@@ -148,7 +152,9 @@ class Task:
             warnings.warn("done_marker_path is deprecated; use tracking_path", DeprecationWarning, stacklevel=2)
             tracking_path = done_marker_path
         if tracking_path is True:
-            raise TypeError("tracking_path=True is not a valid value; pass a path, None (use the tracking basedir) or False")
+            raise TypeError(
+                "tracking_path=True is not a valid value; pass a path, None (use the tracking basedir) or False"
+            )
         if tracking_path is not None and tracking_path is not False and not isinstance(tracking_path, (str, Path)):
             raise TypeError(f"tracking_path must be a str, a Path, None or False, got {type(tracking_path).__name__}")
         self._tracking_path = str(tracking_path) if isinstance(tracking_path, Path) else tracking_path
@@ -157,7 +163,9 @@ class Task:
         if skip_mask is not None:
             mask = np.ascontiguousarray(np.asarray(skip_mask) != 0, dtype=np.uint8)
             if tuple(mask.shape) != tuple(self.block_grid_shape):
-                raise ValueError(f"skip_mask must have the task's block grid shape {self.block_grid_shape}, got {list(mask.shape)}")
+                raise ValueError(
+                    f"skip_mask must have the task's block grid shape {self.block_grid_shape}, got {list(mask.shape)}"
+                )
             self._skip_mask = mask
 
         if init_fn is not None and not callable(init_fn):
@@ -168,7 +176,9 @@ class Task:
 
         self._v1_upstream_tasks = []
         if upstream_tasks is not None:
-            warnings.warn("upstream_tasks is deprecated; compose tasks into a Pipeline (a + b)", DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                "upstream_tasks is deprecated; compose tasks into a Pipeline (a + b)", DeprecationWarning, stacklevel=2
+            )
             ups = list(upstream_tasks) if isinstance(upstream_tasks, (list, tuple)) else [upstream_tasks]
             for u in ups:
                 if not isinstance(u, Task):
@@ -251,7 +261,14 @@ class Task:
         cells = np.argwhere(mask)
         from .graph import BlockwiseDependencyGraph
 
-        g = BlockwiseDependencyGraph(self._task_id, self._read_roi, self._write_roi, self.read_write_conflict, self.fit, total_read_roi=self._total_roi)
+        g = BlockwiseDependencyGraph(
+            self._task_id,
+            self._read_roi,
+            self._write_roi,
+            self.read_write_conflict,
+            self.fit,
+            total_read_roi=self._total_roi,
+        )
         out = []
         lay = self.layout
         for c in cells:
@@ -263,7 +280,12 @@ class Task:
             from .layout import roi_tuple
 
             wr = roi_tuple(self._write_roi, "write_roi")
-            fake = Block(self._total_roi, (tuple(int(v) for v in woff - lay.cul), tuple(lay.read_shape.tolist())), (tuple(woff.tolist()), wr[1]), task_id=self._task_id)
+            fake = Block(
+                self._total_roi,
+                (tuple(int(v) for v in woff - lay.cul), tuple(lay.read_shape.tolist())),
+                (tuple(woff.tolist()), wr[1]),
+                task_id=self._task_id,
+            )
             row = g.block_row(fake)
             out.extend(g._blocks([row]))
         return out
@@ -324,7 +346,9 @@ class Pipeline:
             if id(u) not in seen:
                 raise ValueError(f"edge upstream task {getattr(u, 'task_id', u)!r} is not in the pipeline's task list")
             if id(d) not in seen:
-                raise ValueError(f"edge downstream task {getattr(d, 'task_id', d)!r} is not in the pipeline's task list")
+                raise ValueError(
+                    f"edge downstream task {getattr(d, 'task_id', d)!r} is not in the pipeline's task list"
+                )
             if (id(u), id(d)) not in eseen:
                 eseen.add((id(u), id(d)))
                 self._edges.append((u, d))
@@ -387,7 +411,9 @@ class Pipeline:
     def __repr__(self):
         q = lambda ts: "[" + ", ".join(f'"{t.task_id}"' for t in ts) + "]"  # noqa: E731
         edges = ", ".join(f'("{u.task_id}", "{d.task_id}")' for u, d in self._edges)
-        return f"Pipeline(tasks={q(self._tasks)}, sources={q(self.sources)}, outputs={q(self.outputs)}, edges=[{edges}])"
+        return (
+            f"Pipeline(tasks={q(self._tasks)}, sources={q(self.sources)}, outputs={q(self.outputs)}, edges=[{edges}])"
+        )
 
     def __copy__(self):
         return Pipeline(self._tasks, self._edges)

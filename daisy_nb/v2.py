@@ -35,7 +35,9 @@ _NAMES = (
 __all__ = list(_NAMES)  # loaded lazily by __getattr__
 
 _V1_ONLY = ("num_workers", "upstream_tasks")
-_MAX_WORKERS_ARG = 8  # Task(task_id, total_roi, read_roi, write_roi, process_function, check_function, rwc, fit, max_workers)
+_MAX_WORKERS_ARG = (
+    8  # Task(task_id, total_roi, read_roi, write_roi, process_function, check_function, rwc, fit, max_workers)
+)
 
 
 def _make_task_class():
@@ -60,7 +62,11 @@ def _make_task_class():
                         f"Task() got an unexpected keyword argument {name!r}: daisy.v2 has no daisy 1.x aliases; "
                         f"use {hint}, or import daisy_nb (the v1-compatible surface)"
                     )
-            given = kwargs["max_workers"] if "max_workers" in kwargs else (args[_MAX_WORKERS_ARG] if len(args) > _MAX_WORKERS_ARG else 1)
+            given = (
+                kwargs["max_workers"]
+                if "max_workers" in kwargs
+                else (args[_MAX_WORKERS_ARG] if len(args) > _MAX_WORKERS_ARG else 1)
+            )
             if given is None:
                 raise TypeError("max_workers must be an int, got NoneType")
             return super().__new__(cls)

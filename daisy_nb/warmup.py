@@ -45,7 +45,9 @@ def warmup() -> float:
     from .scheduler import Scheduler
     from .task import Task
 
-    g = BlockwiseDependencyGraph("w", Roi((0, 0), (4, 4)), Roi((1, 1), (2, 2)), True, "shrink", total_read_roi=Roi((0, 0), (9, 9)))
+    g = BlockwiseDependencyGraph(
+        "w", Roi((0, 0), (4, 4)), Roi((1, 1), (2, 2)), True, "shrink", total_read_roi=Roi((0, 0), (9, 9))
+    )
     g.to_arrays()
     b = g.root_gen()[0]
     g.upstream(b)
@@ -54,13 +56,31 @@ def warmup() -> float:
     kb.cantor_ids(np.zeros((1, 2), np.int64), np.zeros(1, np.int64))
     mask = np.zeros((3, 3), np.uint8)
     mask[0, 0] = 1
-    a = Task("a", Roi((0, 0), (9, 9)), Roi((0, 0), (4, 4)), Roi((1, 1), (2, 2)), max_retries=0, tracking_path=False, skip_mask=mask)
+    a = Task(
+        "a",
+        Roi((0, 0), (9, 9)),
+        Roi((0, 0), (4, 4)),
+        Roi((1, 1), (2, 2)),
+        max_retries=0,
+        tracking_path=False,
+        skip_mask=mask,
+    )
     # c reaches past a: its far blocks read nothing of a and are ready from the start
     c = Task("c", Roi((0, 0), (15, 15)), Roi((0, 0), (4, 4)), Roi((1, 1), (2, 2)), tracking_path=False)
     s = Scheduler(a + c)
     tt = s._tt
-    ks.rows_to_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, np.zeros(1, np.int64),
-                     np.ones(2, np.int64), np.zeros(2, np.int64), np.zeros(1, np.int64))
+    ks.rows_to_cells(
+        tt.geo,
+        tt.info,
+        tt.lvl_off,
+        tt.lvl_cnt,
+        tt.lvl_start,
+        0,
+        np.zeros(1, np.int64),
+        np.ones(2, np.int64),
+        np.zeros(2, np.int64),
+        np.zeros(1, np.int64),
+    )
     first = True
     a_block = None
     while True:
@@ -86,8 +106,9 @@ def warmup() -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--check", action="store_true",
-                        help="only report whether the kernels are compiled (exit code 1 if not)")
+    parser.add_argument(
+        "--check", action="store_true", help="only report whether the kernels are compiled (exit code 1 if not)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -87,7 +87,9 @@ def _records(path):
 def test_without_the_alias_the_fake_daisy_is_found(tree):
     """The control: the fake daisy really is the one a plain run imports."""
     rep = tree / "rep.jsonl"
-    r = subprocess.run([sys.executable, "main.py", str(rep)], cwd=tree, env=_env(tree / "site"), capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "main.py", str(rep)], cwd=tree, env=_env(tree / "site"), capture_output=True, text=True
+    )
     assert r.returncode == 11, r.stderr  # the worker fails: the fake daisy has no v2 etc.
     (main,) = _records(rep)
     assert main["fake"] and main["name"] == "daisy"
@@ -109,7 +111,9 @@ def test_daisy_nb_run_script_and_its_child_get_daisy_nb(tree, launcher):
     assert main["tag"] == "main" and main["argv"] == ["--flag", "x"]
     for rec in (main, worker):
         assert rec["name"] == "daisy_nb" and not rec["fake"], rec
-        assert rec["file"] == str(ROOT / "daisy_nb" / "__init__.py") or rec["file"].endswith(os.path.join("daisy_nb", "__init__.py"))
+        assert rec["file"] == str(ROOT / "daisy_nb" / "__init__.py") or rec["file"].endswith(
+            os.path.join("daisy_nb", "__init__.py")
+        )
         assert rec["numba"] is False  # the alias loads no more than import daisy_nb
     assert worker["block_module"] == "daisy_nb.block" and worker["logging"] == "daisy_nb.logging"
     assert worker["same_modules"] and worker["same_class"]
@@ -120,10 +124,21 @@ def test_daisy_nb_run_module_code_and_any_program(tree):
     (tree / "pkg").mkdir()
     (tree / "pkg" / "__init__.py").write_text("")
     (tree / "pkg" / "__main__.py").write_text("import sys, daisy\nprint(daisy.__name__, sys.argv[1:])\nsys.exit(3)\n")
-    r = subprocess.run([sys.executable, "-m", "daisy_nb", "run", "-m", "pkg", "a", "b"], cwd=tree, env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "run", "-m", "pkg", "a", "b"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert (r.returncode, r.stdout) == (3, "daisy_nb ['a', 'b']\n"), r.stderr
-    r = subprocess.run([sys.executable, "-m", "daisy_nb", "run", "-c", "import daisy.v2 as d; print(d.__name__)"], cwd=tree, env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "run", "-c", "import daisy.v2 as d; print(d.__name__)"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert (r.returncode, r.stdout) == (0, "daisy_nb.v2\n"), r.stderr
     # any program found on PATH, e.g. a console script with its own shebang
     bindir = tree / "bin"
@@ -132,9 +147,17 @@ def test_daisy_nb_run_module_code_and_any_program(tree):
     prog.write_text(f"#!{sys.executable}\nimport sys, daisy.block\nprint(daisy.block.__name__)\nsys.exit(7)\n")
     prog.chmod(prog.stat().st_mode | stat.S_IXUSR)
     env["PATH"] = str(bindir) + os.pathsep + env["PATH"]
-    r = subprocess.run([sys.executable, "-m", "daisy_nb", "run", "my-daisy-tool"], cwd=tree, env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "run", "my-daisy-tool"], cwd=tree, env=env, capture_output=True, text=True
+    )
     assert (r.returncode, r.stdout) == (7, "daisy_nb.block\n"), r.stderr
-    r = subprocess.run([sys.executable, "-m", "daisy_nb", "run", "no-such-program-here"], cwd=tree, env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "run", "no-such-program-here"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 127 and "command not found" in r.stderr
     r = subprocess.run([sys.executable, "-m", "daisy_nb", "run"], cwd=tree, env=env, capture_output=True, text=True)
     assert r.returncode == 2 and "usage: daisy-nb run" in r.stderr
@@ -182,8 +205,13 @@ def test_worker_programs_of_a_spawn_function_get_daisy_nb(tree):
     outdir.mkdir()
     (tree / "client_prog.py").write_text(WORKER_PROGRAM)
     (tree / "driver.py").write_text(DRIVER)
-    r = subprocess.run([sys.executable, "-m", "daisy_nb", "run", "driver.py", str(rep), str(outdir)], cwd=tree,
-                       env=_env(tree / "site"), capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "run", "driver.py", str(rep), str(outdir)],
+        cwd=tree,
+        env=_env(tree / "site"),
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(p.name for p in outdir.iterdir()) == [f"done_{i}" for i in range(6)]
     recs = _records(rep)
@@ -212,7 +240,9 @@ INSTALL_SCRIPT = textwrap.dedent(
 def test_install_in_python_covers_this_process_and_children(tree):
     rep = tree / "rep.jsonl"
     (tree / "installer.py").write_text(INSTALL_SCRIPT)
-    r = subprocess.run([sys.executable, "installer.py", str(rep)], cwd=tree, env=_env(tree / "site"), capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "installer.py", str(rep)], cwd=tree, env=_env(tree / "site"), capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     installer, worker = _records(rep)
     for rec in (installer, worker):
@@ -229,9 +259,13 @@ def test_install_refuses_when_another_daisy_is_imported(tree):
 def test_alias_imports_no_more_than_daisy_nb():
     """``import daisy`` under the alias loads the modules of ``import daisy_nb`` plus the alias itself."""
     probe = "import sys; before = set(sys.modules); import {mod}; print(sorted(set(sys.modules) - before))"
-    plain = subprocess.run([sys.executable, "-c", probe.format(mod="daisy_nb")], capture_output=True, text=True, check=True)
+    plain = subprocess.run(
+        [sys.executable, "-c", probe.format(mod="daisy_nb")], capture_output=True, text=True, check=True
+    )
     env = alias.child_env()
-    aliased = subprocess.run([sys.executable, "-c", probe.format(mod="daisy")], env=env, capture_output=True, text=True, check=True)
+    aliased = subprocess.run(
+        [sys.executable, "-c", probe.format(mod="daisy")], env=env, capture_output=True, text=True, check=True
+    )
     extra = set(eval(aliased.stdout)) - set(eval(plain.stdout))  # noqa: S307 - our own printed list
     assert extra == {"daisy", "daisy_nb.alias"}, extra
 

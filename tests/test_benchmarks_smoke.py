@@ -11,11 +11,26 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["bench_graph.py", "bench_scheduler.py", "bench_runtime.py", "bench_tracking.py",
-                                    "bench_cluster.py", "bench_small.py"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "bench_graph.py",
+        "bench_scheduler.py",
+        "bench_runtime.py",
+        "bench_tracking.py",
+        "bench_cluster.py",
+        "bench_small.py",
+    ],
+)
 def test_benchmark_quick(script):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| " in r.stdout  # printed its markdown table

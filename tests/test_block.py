@@ -45,7 +45,16 @@ def test_spatial_ids_core_2_2_tables():
     for x0, x1 in product(range(4), range(4)):
         w = Roi((10 * x0, 10 * x1), (10, 10))
         assert Block(TOTAL, w, w).spatial_id == CANTOR_2D[x0][x1]
-    for x, want in [((0, 0, 1), 1), ((0, 1, 0), 2), ((1, 0, 0), 3), ((0, 2, 0), 7), ((1, 1, 1), 14), ((2, 0, 1), 15), ((3, 2, 1), 74), ((1, 2, 3), 63)]:
+    for x, want in [
+        ((0, 0, 1), 1),
+        ((0, 1, 0), 2),
+        ((1, 0, 0), 3),
+        ((0, 2, 0), 7),
+        ((1, 1, 1), 14),
+        ((2, 0, 1), 15),
+        ((3, 2, 1), 74),
+        ((1, 2, 3), 63),
+    ]:
         w = Roi(tuple(10 * v for v in x), (10, 10, 10))
         assert Block(Roi((0, 0, 0), (100, 100, 100)), w, w).spatial_id == want
         assert cantor_number(x) == want
@@ -117,7 +126,9 @@ def test_pickle_round_trip():
     assert c.status == BlockStatus.SUCCESS
     assert repr(c) == repr(b)
     # graph blocks (built lazily from tuples) too
-    g = BlockwiseDependencyGraph("g", Roi((0,), (20,)), Roi((5,), (10,)), True, "shrink", total_read_roi=Roi((0,), (63,)))
+    g = BlockwiseDependencyGraph(
+        "g", Roi((0,), (20,)), Roi((5,), (10,)), True, "shrink", total_read_roi=Roi((0,), (63,))
+    )
     for blk in g.blocks():
         d = pickle.loads(pickle.dumps(blk, protocol=pickle.HIGHEST_PROTOCOL))
         assert d == blk and d.read_roi == blk.read_roi and d.write_roi == blk.write_roi and d.status == blk.status
@@ -160,7 +171,9 @@ def test_repr_like_daisy_2():
     one = Block(Roi((0,), (10,)), Roi((-3,), (20,)), Roi((2,), (10,)), "x")
     assert repr(one) == "x/0 read=Roi((-3), (20)) write=Roi((2), (10))"
     assert repr(Block(TOTAL, READ, WRITE)) == "/4 read=Roi((10, 10), (20, 20)) write=Roi((15, 15), (10, 10))"
-    g = BlockwiseDependencyGraph("t", Roi((0,), (20,)), Roi((5,), (10,)), True, "shrink", total_read_roi=Roi((0,), (63,)))
+    g = BlockwiseDependencyGraph(
+        "t", Roi((0,), (20,)), Roi((5,), (10,)), True, "shrink", total_read_roi=Roi((0,), (63,))
+    )
     assert [repr(blk) for blk in g.root_gen()] == [
         "t/1 read=Roi((10), (20)) write=Roi((15), (10))",
         "t/3 read=Roi((30), (20)) write=Roi((35), (10))",

@@ -47,7 +47,9 @@ def _ours(module_name):
 
 def make_task(tid, n, fn, cls=None, **kw):
     kw.setdefault("read_write_conflict", False)
-    return (cls or daisy_nb.Task)(tid, Roi((0,), (10 * n,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=fn, **kw)
+    return (cls or daisy_nb.Task)(
+        tid, Roi((0,), (10 * n,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=fn, **kw
+    )
 
 
 @pytest.fixture
@@ -67,7 +69,14 @@ def no_leaks():
 
 # ---------------------------------------------------------------- names
 def test_golden_names_cover_the_wheel_modules():
-    assert set(NAMES["modules"]) == {"daisy", "daisy.block", "daisy.cl_monitor", "daisy.logging", "daisy.v1_compat", "daisy.v2"}
+    assert set(NAMES["modules"]) == {
+        "daisy",
+        "daisy.block",
+        "daisy.cl_monitor",
+        "daisy.logging",
+        "daisy.v1_compat",
+        "daisy.v2",
+    }
     assert NAMES["daisy_version"] == "2.0.0"
 
 
@@ -82,7 +91,9 @@ def test_every_public_name_of_the_wheel_exists(module):
     not_listed = [n for n in required if n not in listed]
     assert not missing, f"{module}: missing {missing}"
     assert not not_listed, f"{module}: not in dir(): {not_listed}"
-    assert set(entry["all"]) <= set(getattr(ours, "__all__", ())), f"{module}.__all__ lacks {set(entry['all']) - set(ours.__all__)}"
+    assert set(entry["all"]) <= set(getattr(ours, "__all__", ())), (
+        f"{module}.__all__ lacks {set(entry['all']) - set(ours.__all__)}"
+    )
     for n, info in entry["names"].items():
         if _required(info) and info["kind"] == "module":
             assert getattr(ours, n) is importlib.import_module(f"daisy_nb.{n}")
@@ -210,7 +221,12 @@ def test_v2_has_no_daisy1_aliases():
 def test_server_runs_a_pipeline_and_returns_the_states(out, no_leaks, capsys):
     a = make_task("a", 12, blockfns.mark, max_workers=2)
     b = daisy_nb.Task(
-        "b", Roi((0,), (120,)), Roi((0,), (20,)), Roi((0,), (20,)), process_function=blockfns.mark, read_write_conflict=False
+        "b",
+        Roi((0,), (120,)),
+        Roi((0,), (20,)),
+        Roi((0,), (20,)),
+        process_function=blockfns.mark,
+        read_write_conflict=False,
     )
     server = daisy_nb.Server()
     assert server.hostname is None and server.port is None
@@ -234,7 +250,12 @@ def test_server_runs_a_pipeline_and_returns_the_states(out, no_leaks, capsys):
 def test_server_reports_abandonment_in_the_states_without_raising(out, no_leaks):
     crashy = make_task("crashy", 6, blockfns.always_exit, max_worker_restarts=1)
     after = daisy_nb.Task(
-        "after", Roi((0,), (60,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=blockfns.mark, read_write_conflict=False
+        "after",
+        Roi((0,), (60,)),
+        Roi((0,), (10,)),
+        Roi((0,), (10,)),
+        process_function=blockfns.mark,
+        read_write_conflict=False,
     )
     states = daisy_nb.Server().run_blockwise(crashy + after, progress=False, summary=False)
     c = states["crashy"]
@@ -281,7 +302,9 @@ def test_server_forwards_host(monkeypatch):
 @pytest.mark.timeout(120)
 def test_server_tracking_summary_has_the_resource_figures(out, no_leaks):
     server = daisy_nb.Server()
-    states = server.run_blockwise(make_task("r", 6, blockfns.mark, resource_tracking=True), progress=False, summary=False)
+    states = server.run_blockwise(
+        make_task("r", 6, blockfns.mark, resource_tracking=True), progress=False, summary=False
+    )
     assert states["r"].completed_count == 6
     per_task = server.last_tracking_summary["per_task"]
     assert set(per_task) == {"r"}
@@ -318,7 +341,9 @@ def test_server_ctrl_c_raises_keyboardinterrupt(out, tmp_path):
 
     script = tmp_path / "run.py"
     script.write_text(SERVER_CTRL_C.format(workers=str(HERE / "workers")))
-    p = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 30
     while len(list(out.glob("attempt_slow_*"))) < 2:
         assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else ""
@@ -420,7 +445,9 @@ def test_emit_failure_and_slot_files_in_a_worker(out, tmp_path, no_leaks):
     saved = dlog.get_log_basedir()
     dlog.set_log_basedir(tmp_path / "logs")
     try:
-        states = daisy_nb.run_blockwise(make_task("lg", 2, surfacefns.report_via_logging), progress=False, summary=False)
+        states = daisy_nb.run_blockwise(
+            make_task("lg", 2, surfacefns.report_via_logging), progress=False, summary=False
+        )
     finally:
         dlog.set_log_basedir(saved)
     assert states
@@ -463,7 +490,16 @@ def test_keyword_names_of_daisy_2():
     import inspect
 
     params = list(inspect.signature(daisy_nb.run_blockwise).parameters)
-    assert params[:8] == ["pipeline", "multiprocessing", "resources", "progress", "block_tracking", "return_states", "host", "summary"]
+    assert params[:8] == [
+        "pipeline",
+        "multiprocessing",
+        "resources",
+        "progress",
+        "block_tracking",
+        "return_states",
+        "host",
+        "summary",
+    ]
     calls = []
     t = make_task("kw", 3, lambda b: calls.append(b.block_id[1]), tracking_path=False)
     # positional as in daisy: (pipeline, multiprocessing, resources, progress, block_tracking, return_states)
@@ -472,8 +508,12 @@ def test_keyword_names_of_daisy_2():
     assert daisy_nb.run_blockwise(pipeline=t, multiprocessing=False, summary=False) is True
     assert list(inspect.signature(daisy_nb.Server.run_blockwise).parameters)[1] == "pipeline"
     r, w, total = Roi((0,), (10,)), Roi((0,), (10,)), Roi((0,), (100,))
-    by_2_0 = daisy_nb.BlockwiseDependencyGraph("g", read_roi=r, write_roi=w, read_write_conflict=False, fit="valid", total_read_roi=total)
-    by_1_x = daisy_nb.BlockwiseDependencyGraph("g", block_read_roi=r, block_write_roi=w, read_write_conflict=False, total_read_roi=total)
+    by_2_0 = daisy_nb.BlockwiseDependencyGraph(
+        "g", read_roi=r, write_roi=w, read_write_conflict=False, fit="valid", total_read_roi=total
+    )
+    by_1_x = daisy_nb.BlockwiseDependencyGraph(
+        "g", block_read_roi=r, block_write_roi=w, read_write_conflict=False, total_read_roi=total
+    )
     assert by_2_0.num_blocks == by_1_x.num_blocks == 10
     with pytest.raises(TypeError, match="not both"):
         daisy_nb.BlockwiseDependencyGraph("g", r, w, read_roi=r, total_read_roi=total)

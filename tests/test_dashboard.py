@@ -67,8 +67,15 @@ LAYOUTS = [
 
 def _task(geom, name="t"):
     (to, ts), (ro, rs), (wo, ws), conflict, fit = geom
-    return daisy_nb.Task(name, total_roi=Roi(to, ts), read_roi=Roi(ro, rs), write_roi=Roi(wo, ws),
-                         process_function=dashfns.work, read_write_conflict=conflict, fit=fit)
+    return daisy_nb.Task(
+        name,
+        total_roi=Roi(to, ts),
+        read_roi=Roi(ro, rs),
+        write_roi=Roi(wo, ws),
+        process_function=dashfns.work,
+        read_write_conflict=conflict,
+        fit=fit,
+    )
 
 
 def _grid_of_rows(sched, t):
@@ -155,8 +162,14 @@ def test_inverse_cantor(nd):
 
 @pytest.mark.parametrize("bad, exc", [("yes", TypeError), (-1, ValueError), (70000, ValueError), (1.5, TypeError)])
 def test_bad_dashboard_argument_fails_before_work(tmp_path, bad, exc):
-    t = daisy_nb.Task("t", total_roi=Roi((0,), (20,)), read_roi=Roi((0,), (10,)), write_roi=Roi((0,), (10,)),
-                      process_function=dashfns.work, tracking_path=str(tmp_path / "trk"))
+    t = daisy_nb.Task(
+        "t",
+        total_roi=Roi((0,), (20,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=dashfns.work,
+        tracking_path=str(tmp_path / "trk"),
+    )
     with pytest.raises(exc, match="dashboard"):
         daisy_nb.run_blockwise([t], dashboard=bad, progress=False)
     assert not (tmp_path / "trk").exists()  # nothing ran, no tracking store made
@@ -238,12 +251,28 @@ def test_read_only_methods():
 
 
 def _tasks(n_a=300, n_b=200, **kw):
-    a = daisy_nb.Task("alpha", total_roi=Roi((0, 0), (10 * 20, 10 * (n_a // 20))), read_roi=Roi((0, 0), (10, 10)),
-                      write_roi=Roi((0, 0), (10, 10)), process_function=dashfns.work, read_write_conflict=False,
-                      max_workers=2, max_retries=1, **kw)
-    b = daisy_nb.Task("beta", total_roi=Roi((0,), (10 * n_b,)), read_roi=Roi((0,), (10,)), write_roi=Roi((0,), (10,)),
-                      process_function=dashfns.work, read_write_conflict=False, max_workers=1, max_retries=0,
-                      **kw)
+    a = daisy_nb.Task(
+        "alpha",
+        total_roi=Roi((0, 0), (10 * 20, 10 * (n_a // 20))),
+        read_roi=Roi((0, 0), (10, 10)),
+        write_roi=Roi((0, 0), (10, 10)),
+        process_function=dashfns.work,
+        read_write_conflict=False,
+        max_workers=2,
+        max_retries=1,
+        **kw,
+    )
+    b = daisy_nb.Task(
+        "beta",
+        total_roi=Roi((0,), (10 * n_b,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=dashfns.work,
+        read_write_conflict=False,
+        max_workers=1,
+        max_retries=0,
+        **kw,
+    )
     return [a, b]
 
 
@@ -263,8 +292,11 @@ def test_state_agrees_with_final_task_states_and_shows_failures(tmp_path, monkey
     monkeypatch.setenv("DASH_FAIL", "4,17")
     with Dashboard(quiet=True) as dash:
         states = daisy_nb.run_blockwise(_tasks(), dashboard=dash, return_states=True, progress=False, summary=True)
-        summary = {ln.split()[0]: ln.split() for ln in capsys.readouterr().out.splitlines()
-                   if ln.strip().startswith(("alpha ", "beta "))}
+        summary = {
+            ln.split()[0]: ln.split()
+            for ln in capsys.readouterr().out.splitlines()
+            if ln.strip().startswith(("alpha ", "beta "))
+        }
         s = get_json(dash.url + "api/state")
         assert s["finished"] is True
         assert [t["task_id"] for t in s["tasks"]] == list(states)
@@ -341,8 +373,9 @@ def test_counts_grow_while_running_and_workers_are_listed(tmp_path, monkeypatch)
 
         th = threading.Thread(target=watch)
         th.start()
-        states = daisy_nb.run_blockwise(_tasks(400, 100), dashboard=dash, return_states=True, progress=False,
-                                        summary=False)
+        states = daisy_nb.run_blockwise(
+            _tasks(400, 100), dashboard=dash, return_states=True, progress=False, summary=False
+        )
         th.join()
         assert seen, "the counts did not grow while the run was going on"
         assert seen["later"] > seen["first"]
@@ -361,8 +394,9 @@ def test_dead_worker_shows_as_restart_and_error(tmp_path, monkeypatch):
     monkeypatch.setenv("DASH_DIE", f"6:{tmp_path / 'died'}")
     monkeypatch.delenv("DASH_FAIL", raising=False)
     with Dashboard(quiet=True) as dash:
-        states = daisy_nb.run_blockwise(_tasks(40, 30), dashboard=dash, return_states=True, progress=False,
-                                        summary=False)
+        states = daisy_nb.run_blockwise(
+            _tasks(40, 30), dashboard=dash, return_states=True, progress=False, summary=False
+        )
         s = get_json(dash.url + "api/state")
     assert (tmp_path / "died").exists()
     died = [t for t in s["tasks"] if t["worker_failures"]]
@@ -391,8 +425,9 @@ def test_ctrl_c_with_a_watched_dashboard_stops_promptly(tmp_path):
         "daisy_nb.run_blockwise(t, dashboard=True, progress=False)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT), DASH_SLOW=str(flag), DASH_SLEEP="0.01")
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("daisy_nb dashboard: http://127.0.0.1:"), line + proc.stderr.read()
@@ -415,8 +450,9 @@ def test_ctrl_c_with_a_watched_dashboard_stops_promptly(tmp_path):
 
 def test_serial_runner_and_server_owned_by_the_run(capsys):
     t = _tasks(40, 20)
-    states = daisy_nb.run_blockwise(t, multiprocessing=False, dashboard=True, return_states=True, progress=False,
-                                    summary=False)
+    states = daisy_nb.run_blockwise(
+        t, multiprocessing=False, dashboard=True, return_states=True, progress=False, summary=False
+    )
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.startswith("daisy_nb dashboard: http://127.0.0.1:")]
     assert len(lines) == 1  # printed once
@@ -466,8 +502,13 @@ def test_a_watching_page_sees_the_end_of_a_dashboard_true_run(tmp_path, monkeypa
 def test_a_dashboard_shows_the_next_run():
     with Dashboard(quiet=True) as dash:
         daisy_nb.run_blockwise(_tasks(40, 20), multiprocessing=False, dashboard=dash, progress=False, summary=False)
-        t2 = daisy_nb.Task("gamma", total_roi=Roi((0,), (50,)), read_roi=Roi((0,), (10,)), write_roi=Roi((0,), (10,)),
-                           process_function=dashfns.work)
+        t2 = daisy_nb.Task(
+            "gamma",
+            total_roi=Roi((0,), (50,)),
+            read_roi=Roi((0,), (10,)),
+            write_roi=Roi((0,), (10,)),
+            process_function=dashfns.work,
+        )
         daisy_nb.run_blockwise([t2], multiprocessing=False, dashboard=dash, progress=False, summary=False)
         s = get_json(dash.url + "api/state")
         assert [t["task_id"] for t in s["tasks"]] == ["gamma"] and s["tasks"][0]["completed"] == 5
@@ -480,10 +521,14 @@ def test_dask_executor_run_agrees(monkeypatch):
     from distributed import Client, LocalCluster
 
     monkeypatch.setenv("DASH_FAIL", "5")
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client, Dashboard(quiet=True) as dash:
-        states = daisy_nb.run_blockwise(_tasks(100, 50), executor=client, dashboard=dash, return_states=True,
-                                        progress=False, summary=False)
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+        Dashboard(quiet=True) as dash,
+    ):
+        states = daisy_nb.run_blockwise(
+            _tasks(100, 50), executor=client, dashboard=dash, return_states=True, progress=False, summary=False
+        )
         s = get_json(dash.url + "api/state")
         assert s["runtime"] == "dask" and s["finished"]
         for t in s["tasks"]:
@@ -504,9 +549,17 @@ def _tracked_run(tmp_path, monkeypatch):
     old = dlog.get_log_basedir()
     dlog.set_log_basedir(tmp_path / "daisy_logs")
     try:
-        t = daisy_nb.Task("vol", total_roi=Roi((0, 0, 0), (40, 40, 40)), read_roi=Roi((0, 0, 0), (10, 10, 10)),
-                          write_roi=Roi((0, 0, 0), (10, 10, 10)), process_function=dashfns.work, max_retries=0,
-                          read_write_conflict=False, tracking_path=str(tmp_path / "trk" / "vol"), max_workers=2)
+        t = daisy_nb.Task(
+            "vol",
+            total_roi=Roi((0, 0, 0), (40, 40, 40)),
+            read_roi=Roi((0, 0, 0), (10, 10, 10)),
+            write_roi=Roi((0, 0, 0), (10, 10, 10)),
+            process_function=dashfns.work,
+            max_retries=0,
+            read_write_conflict=False,
+            tracking_path=str(tmp_path / "trk" / "vol"),
+            max_workers=2,
+        )
         return daisy_nb.run_blockwise([t], return_states=True, progress=False, summary=False)["vol"]
     finally:
         dlog.set_log_basedir(old)
@@ -517,8 +570,14 @@ def _tracked_run(tmp_path, monkeypatch):
 def test_cli_serves_tracking_read_only(tmp_path, monkeypatch):
     st = _tracked_run(tmp_path, monkeypatch)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "daisy_nb", "dashboard", "trk", "--port", "0"], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daisy_nb", "dashboard", "trk", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert "daisy_nb dashboard (read-only" in line, line + proc.stderr.read()
@@ -544,16 +603,27 @@ def test_cli_serves_tracking_read_only(tmp_path, monkeypatch):
 
 
 def test_cli_bad_path_exit_code(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "daisy_nb", "dashboard", str(tmp_path / "missing")],
-                       capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "dashboard", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert r.returncode == 2 and "no such file" in r.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_benchmark_quick():
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_dashboard.py"), "--quick"], cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=280)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_dashboard.py"), "--quick"],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| dashboard=True, nobody looks |" in r.stdout and "| dashboard, poller every" in r.stdout
 
@@ -568,8 +638,19 @@ def test_tracking_source_with_the_task_layout_gives_rois(tmp_path, monkeypatch):
     _tracked_run(tmp_path, monkeypatch)
     p = argparse.ArgumentParser()
     add_arguments(p)
-    args = p.parse_args(["trk", "--total-roi", "0,0,0:40,40,40", "--read-roi", "0,0,0:10,10,10",
-                         "--write-roi", "0,0,0:10,10,10", "--logs", str(tmp_path / "daisy_logs")])
+    args = p.parse_args(
+        [
+            "trk",
+            "--total-roi",
+            "0,0,0:40,40,40",
+            "--read-roi",
+            "0,0,0:10,10,10",
+            "--write-roi",
+            "0,0,0:10,10,10",
+            "--logs",
+            str(tmp_path / "daisy_logs"),
+        ]
+    )
     src = make_source(args)
     (t,) = src.state()["tasks"]
     assert t["counted"] == "blocks" and t["total"] == 64 and t["failed"] == 2

@@ -36,11 +36,22 @@ pytestmark = [
 def dump_dom(url: str, budget_ms: int = 2500) -> str:
     """The DOM after the page ran ``budget_ms`` of (virtual) time; the browser is gone afterwards."""
     with tempfile.TemporaryDirectory() as profile:
-        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-               "--disable-extensions",
-               f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                start_new_session=True)
+        cmd = [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-extensions",
+            f"--user-data-dir={profile}",
+            f"--virtual-time-budget={budget_ms}",
+            "--dump-dom",
+            url,
+        ]
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+        )
         try:
             out, _ = proc.communicate(timeout=120)
         finally:
@@ -106,11 +117,26 @@ class Page(HTMLParser):
 
 
 def _tasks():
-    a = daisy_nb.Task("segment", total_roi=Roi((0, 0, 0), (40, 100, 100)), read_roi=Roi((0, 0, 0), (10, 10, 10)),
-                      write_roi=Roi((0, 0, 0), (10, 10, 10)), process_function=dashfns.work, read_write_conflict=False,
-                      max_workers=2, max_retries=0)
-    b = daisy_nb.Task("relabel", total_roi=Roi((0,), (3000,)), read_roi=Roi((0,), (10,)), write_roi=Roi((0,), (10,)),
-                      process_function=dashfns.work, read_write_conflict=False, max_workers=1, max_retries=0)
+    a = daisy_nb.Task(
+        "segment",
+        total_roi=Roi((0, 0, 0), (40, 100, 100)),
+        read_roi=Roi((0, 0, 0), (10, 10, 10)),
+        write_roi=Roi((0, 0, 0), (10, 10, 10)),
+        process_function=dashfns.work,
+        read_write_conflict=False,
+        max_workers=2,
+        max_retries=0,
+    )
+    b = daisy_nb.Task(
+        "relabel",
+        total_roi=Roi((0,), (3000,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=dashfns.work,
+        read_write_conflict=False,
+        max_workers=1,
+        max_retries=0,
+    )
     return [a, b]
 
 
@@ -174,8 +200,14 @@ def test_page_of_a_running_pipeline(tmp_path, monkeypatch):
 
 
 def test_page_with_token_on_another_address():
-    t = daisy_nb.Task("tok", total_roi=Roi((0,), (200,)), read_roi=Roi((0,), (10,)), write_roi=Roi((0,), (10,)),
-                      process_function=dashfns.work, read_write_conflict=False)
+    t = daisy_nb.Task(
+        "tok",
+        total_roi=Roi((0,), (200,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=dashfns.work,
+        read_write_conflict=False,
+    )
     with Dashboard(host="127.0.0.2", quiet=True) as dash:
         daisy_nb.run_blockwise([t], multiprocessing=False, dashboard=dash, progress=False, summary=False)
         ok = Page(dump_dom(dash.url))

@@ -94,9 +94,15 @@ def make_pipeline(out, n=3, conflict=True, skip_mask=None, check=None, max_retri
         fn = functools.partial(layer, out=str(out), tid=tid, up=ids[i - 1] if i else None, **kw)
         tasks.append(
             daisy_nb.Task(
-                tid, Roi((0,), (LENGTH,)), Roi((0,), (30,)), Roi((10,), (10,)), process_function=fn,
-                read_write_conflict=conflict, max_retries=max_retries,
-                skip_mask=skip_mask if i == 0 else None, check_function=check if i == n - 1 else None,
+                tid,
+                Roi((0,), (LENGTH,)),
+                Roi((0,), (30,)),
+                Roi((10,), (10,)),
+                process_function=fn,
+                read_write_conflict=conflict,
+                max_retries=max_retries,
+                skip_mask=skip_mask if i == 0 else None,
+                check_function=check if i == n - 1 else None,
                 tracking_path=False if tracking is None else os.path.join(tracking, tid),
             )
         )
@@ -116,8 +122,16 @@ def counts(out, tid, n=118):
 
 def summary_of(states):
     return {
-        tid: (st.total_block_count, st.completed_count, st.skipped_count, st.failed_count, st.orphaned_count,
-              st.ready_count, st.processing_count, st.abandoned)
+        tid: (
+            st.total_block_count,
+            st.completed_count,
+            st.skipped_count,
+            st.failed_count,
+            st.orphaned_count,
+            st.ready_count,
+            st.processing_count,
+            st.abandoned,
+        )
         for tid, st in states.items()
     }
 
@@ -173,11 +187,21 @@ def test_pipeline_matches_serial(both_workers, tmp_path):
     ser, dsk = tmp_path / "serial", tmp_path / "dask"
     ser.mkdir()
     dsk.mkdir()
-    ref = daisy_nb.run_blockwise(make_pipeline(ser, skip_mask=mask, check=check_c), multiprocessing=False,
-                                 progress=False, summary=False, return_states=True)
+    ref = daisy_nb.run_blockwise(
+        make_pipeline(ser, skip_mask=mask, check=check_c),
+        multiprocessing=False,
+        progress=False,
+        summary=False,
+        return_states=True,
+    )
     rec = Recorder()
-    states = daisy_nb.run_blockwise(make_pipeline(dsk, skip_mask=mask, check=check_c), executor=both_workers,
-                                    progress=rec, summary=False, return_states=True)
+    states = daisy_nb.run_blockwise(
+        make_pipeline(dsk, skip_mask=mask, check=check_c),
+        executor=both_workers,
+        progress=rec,
+        summary=False,
+        return_states=True,
+    )
     assert summary_of(states) == summary_of(ref)
     assert states["a"].skipped_count == 4 and states["c"].skipped_count == 13
     o_ref, o = outputs(ser), outputs(dsk)
@@ -200,8 +224,9 @@ def test_failures_retry_and_orphan_as_locally(both_workers, tmp_path, capsys):
         d.mkdir()
     ref = reference_states(make_pipeline(ref_dir, **kw))
     pool = daisy_nb.run_blockwise(make_pipeline(pool_dir, **kw), progress=False, summary=False, return_states=True)
-    states = daisy_nb.run_blockwise(make_pipeline(dsk, **kw), executor=both_workers, progress=False,
-                                    summary=True, return_states=True)
+    states = daisy_nb.run_blockwise(
+        make_pipeline(dsk, **kw), executor=both_workers, progress=False, summary=True, return_states=True
+    )
     assert summary_of(states) == summary_of(ref) == summary_of(pool)
     a = states["a"]
     assert a.failed_count == 1 and a.orphaned_count == 0 and states["b"].orphaned_count > 0
@@ -217,8 +242,10 @@ def test_failures_retry_and_orphan_as_locally(both_workers, tmp_path, capsys):
     o_ref, o = outputs(ref_dir), outputs(dsk)
     for tid in "abc":
         np.testing.assert_array_equal(o[tid], o_ref[tid], err_msg=tid)
-    assert daisy_nb.run_blockwise(make_pipeline(tmp_path, **kw), executor=both_workers, progress=False,
-                                  summary=False) is False
+    assert (
+        daisy_nb.run_blockwise(make_pipeline(tmp_path, **kw), executor=both_workers, progress=False, summary=False)
+        is False
+    )
 
 
 def init_state(out):
@@ -235,10 +262,16 @@ def use_state(block, out):
 
 
 def test_init_fn_once_per_worker(both_workers, tmp_path):
-    task = daisy_nb.Task("init", Roi((0,), (300,)), Roi((0,), (1,)), Roi((0,), (1,)),
-                         process_function=functools.partial(use_state, out=str(tmp_path)),
-                         init_fn=functools.partial(init_state, str(tmp_path)), read_write_conflict=False,
-                         tracking_path=False)
+    task = daisy_nb.Task(
+        "init",
+        Roi((0,), (300,)),
+        Roi((0,), (1,)),
+        Roi((0,), (1,)),
+        process_function=functools.partial(use_state, out=str(tmp_path)),
+        init_fn=functools.partial(init_state, str(tmp_path)),
+        read_write_conflict=False,
+        tracking_path=False,
+    )
     with Scheduler(task, block_tracking=False) as s:  # the tuning knobs: run_dask directly
         st = run_dask(s, both_workers, progress=False, summary=False, batch_target_secs=0.01, futures_per_thread=3)
     assert st["init"].completed_count == 300 and st["init"].failed_count == 0
@@ -275,8 +308,9 @@ def test_worker_function_is_refused(both_workers, tmp_path):
     def worker_fn():
         pass
 
-    task = daisy_nb.Task("w", Roi((0,), (10,)), Roi((0,), (1,)), Roi((0,), (1,)), process_function=worker_fn,
-                         tracking_path=False)
+    task = daisy_nb.Task(
+        "w", Roi((0,), (10,)), Roi((0,), (1,)), Roi((0,), (1,)), process_function=worker_fn, tracking_path=False
+    )
     with pytest.raises(ValueError, match="0-argument worker function"):
         daisy_nb.run_blockwise(task, executor=both_workers, progress=False, summary=False)
 
@@ -286,8 +320,13 @@ def test_resume_after_failures_and_ctrl_c(both_workers, tmp_path):
     # run 1: some blocks fail for good (no retries); tracking records the rest
     r1 = tmp_path / "r1"
     r1.mkdir()
-    st1 = daisy_nb.run_blockwise(make_pipeline(r1, n=2, max_retries=0, tracking=track, fail_always={"a": {20, 90}}),
-                                 executor=both_workers, progress=False, summary=False, return_states=True)
+    st1 = daisy_nb.run_blockwise(
+        make_pipeline(r1, n=2, max_retries=0, tracking=track, fail_always={"a": {20, 90}}),
+        executor=both_workers,
+        progress=False,
+        summary=False,
+        return_states=True,
+    )
     done1 = {t: s.completed_count for t, s in st1.items()}
     assert st1["a"].failed_count == 2 and st1["b"].orphaned_count > 0
     # run 2, stopped early by Ctrl-C: blocks finished so far are tracked, the rest given back
@@ -320,8 +359,9 @@ def test_resume_after_failures_and_ctrl_c(both_workers, tmp_path):
     # run 3: resumes; the functions run only on the blocks not done before
     r3 = tmp_path / "r3"
     r3.mkdir()
-    st3 = daisy_nb.run_blockwise(make_pipeline(r3, n=2, tracking=track), executor=both_workers, progress=False,
-                                 summary=False, return_states=True)
+    st3 = daisy_nb.run_blockwise(
+        make_pipeline(r3, n=2, tracking=track), executor=both_workers, progress=False, summary=False, return_states=True
+    )
     for tid in "ab":
         assert st3[tid].completed_count == 118 and st3[tid].failed_count == 0
         assert st3[tid].skipped_count == tracked[tid]
@@ -342,10 +382,16 @@ def slow_mark(block, out, hang=(), hang_secs=0.0, sleep=0.06):
 def test_timeout_cancels_batch_and_retries(both_workers, tmp_path):
     _new(os.path.join(tmp_path, "k.cnt"), 200)
     # blocks slower than batch_target_secs go one per future: the per-batch deadline is 0.5 s
-    task = daisy_nb.Task("k", Roi((0,), (12,)), Roi((0,), (1,)), Roi((0,), (1,)),
-                         process_function=functools.partial(slow_mark, out=str(tmp_path), hang={5}, hang_secs=3.0,
-                                                            sleep=0.12),
-                         read_write_conflict=False, timeout=0.5, tracking_path=False)
+    task = daisy_nb.Task(
+        "k",
+        Roi((0,), (12,)),
+        Roi((0,), (1,)),
+        Roi((0,), (1,)),
+        process_function=functools.partial(slow_mark, out=str(tmp_path), hang={5}, hang_secs=3.0, sleep=0.12),
+        read_write_conflict=False,
+        timeout=0.5,
+        tracking_path=False,
+    )
     t = time.monotonic()
     st = daisy_nb.run_blockwise(task, executor=both_workers, progress=False, summary=False, return_states=True)["k"]
     assert time.monotonic() - t < 2.8  # did not wait for the hanging block
@@ -360,9 +406,15 @@ def test_timeout_cancels_batch_and_retries(both_workers, tmp_path):
 def test_killed_worker_loses_nothing(both_workers, tmp_path):
     client = both_workers
     _new(os.path.join(tmp_path, "k.cnt"), 200)
-    task = daisy_nb.Task("k", Roi((0,), (100,)), Roi((0,), (1,)), Roi((0,), (1,)),
-                         process_function=functools.partial(slow_mark, out=str(tmp_path)),
-                         read_write_conflict=False, tracking_path=False)
+    task = daisy_nb.Task(
+        "k",
+        Roi((0,), (100,)),
+        Roi((0,), (1,)),
+        Roi((0,), (1,)),
+        process_function=functools.partial(slow_mark, out=str(tmp_path)),
+        read_write_conflict=False,
+        tracking_path=False,
+    )
     pids = client.run(os.getpid)
     victim = sorted(pids.values())[0]
 

@@ -88,8 +88,9 @@ def test_demo_multiprocessing_matches_whole_volume(tmp_path):
 @pytest.mark.timeout(120)
 def test_demo_resume_skips_finished_blocks(tmp_path):
     out = tmp_path / "demo"
-    first = demo.run_demo(out, size=48, block=16, workers=2, multiprocessing=True,
-                          fail_fraction=0.3, fail_task="label", **QUIET)
+    first = demo.run_demo(
+        out, size=48, block=16, workers=2, multiprocessing=True, fail_fraction=0.3, fail_task="label", **QUIET
+    )
     assert not first["complete"] and first["agrees"] is False and first["checks"] is None
     c1 = first["counts"]
     for tid in ("generate", "smooth", "threshold"):
@@ -123,16 +124,25 @@ def test_demo_serial_uneven_shapes(tmp_path):
 def _graph(task):
     import daisy_nb
 
-    return daisy_nb.BlockwiseDependencyGraph(task.task_id, task.read_roi, task.write_roi, task.read_write_conflict,
-                                             task.fit, total_read_roi=task.total_roi)
+    return daisy_nb.BlockwiseDependencyGraph(
+        task.task_id, task.read_roi, task.write_roi, task.read_write_conflict, task.fit, total_read_roi=task.total_roi
+    )
 
 
 def _grid_key(block, B):
     return tuple(int(v) // b for v, b in zip(block.write_roi.begin, B))
 
 
-@pytest.mark.parametrize("size,block", [((48,) * 3, (16,) * 3), ((80,) * 3, (16,) * 3), ((40, 35, 29), (16, 12, 16)),
-                                        ((96, 80, 112), (16, 16, 16)), ((demo.DEFAULT_SIZE,) * 3, (demo.DEFAULT_BLOCK,) * 3)])
+@pytest.mark.parametrize(
+    "size,block",
+    [
+        ((48,) * 3, (16,) * 3),
+        ((80,) * 3, (16,) * 3),
+        ((40, 35, 29), (16, 12, 16)),
+        ((96, 80, 112), (16, 16, 16)),
+        ((demo.DEFAULT_SIZE,) * 3, (demo.DEFAULT_BLOCK,) * 3),
+    ],
+)
 def test_label_conflict_levels_order_every_face_adjacent_pair(tmp_path, size, block):
     """What the connected-components merge relies on: for two face-adjacent label blocks, one is a
     (transitive) upstream of the other, so they never run at the same time and the later one sees
@@ -239,7 +249,9 @@ def test_cli_serial_run_and_json(tmp_path):
 
 def test_module_entry_point_help():
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, "-m", "daisy_nb.demo", "--help"], cwd=root, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb.demo", "--help"], cwd=root, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     for opt in ("--size", "--block", "--workers", "--out", "--resume", "--fail-fraction"):
         assert opt in r.stdout

@@ -113,7 +113,14 @@ def array_entries(a, rows) -> list[list]:
 
 
 def ref_entry(ref: RefGraph, b) -> list:
-    return [b.spatial_id, list(b.read[0]), list(b.read[1]), list(b.write[0]), list(b.write[1]), [u.spatial_id for u in ref.upstream(b)]]
+    return [
+        b.spatial_id,
+        list(b.read[0]),
+        list(b.read[1]),
+        list(b.write[0]),
+        list(b.write[1]),
+        [u.spatial_id for u in ref.upstream(b)],
+    ]
 
 
 def check_csr(a, n: int) -> None:
@@ -362,7 +369,9 @@ def _check_properties(config):
     if n:
         assert sorted(set(a.level.tolist())) == list(range(g.num_levels))
     # within a level, grid positions in C order (rightmost axis fastest) over a full box
-    tw_off = np.asarray(config["total_roi"][0]) + (np.asarray(config["write_roi"][0]) - np.asarray(config["read_roi"][0]))
+    tw_off = np.asarray(config["total_roi"][0]) + (
+        np.asarray(config["write_roi"][0]) - np.asarray(config["read_roi"][0])
+    )
     ws = np.asarray(config["write_roi"][1])
     grid = (a.write_offset - tw_off) // ws
     assert np.all((a.write_offset - tw_off) % ws == 0)
@@ -405,7 +414,9 @@ def test_downstream_inverse_of_upstream_asymmetric_context(config):
 
 def test_downstream_inverse_asymmetric_example():
     """A hand-made asymmetric 2-D task: downstream lists equal the inverted upstream lists."""
-    g = BlockwiseDependencyGraph("t", Roi((0, 0), (19, 13)), Roi((7, 2), (10, 10)), True, "overhang", total_read_roi=Roi((3, -4), (97, 61)))
+    g = BlockwiseDependencyGraph(
+        "t", Roi((0, 0), (19, 13)), Roi((7, 2), (10, 10)), True, "overhang", total_read_roi=Roi((3, -4), (97, 61))
+    )
     assert g.num_levels > 1
     blocks = list(g.blocks())
     inv = {sid(b): [] for b in blocks}
@@ -486,7 +497,10 @@ def check_grid_to_row(g, ref, rng):
     tt = _tables(g)
     blocks, _ = _twin_rows(ref)
     for i, b in enumerate(blocks):
-        assert kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, np.array(b.grid, dtype=np.int64)) == i
+        assert (
+            kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, np.array(b.grid, dtype=np.int64))
+            == i
+        )
 
 
 def check_rows_to_grid(g, ref, rng):
@@ -548,7 +562,9 @@ def check_intra_neighbours(g, ref, rng):
     out = np.zeros(max(1, 2**ref.ndim), np.int64)
     for i, b in enumerate(blocks):
         for downstream, twin in ((False, ref.upstream), (True, ref.downstream)):
-            k = kg.intra_neighbours(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, 0, i, downstream, out)
+            k = kg.intra_neighbours(
+                tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, 0, i, downstream, out
+            )
             assert out[:k].tolist() == [by_id[x.spatial_id] for x in twin(b)]
 
 
@@ -665,11 +681,15 @@ def test_ids_exact_at_the_int64_limit_and_overflow_raises():
     """The largest accepted 2-D grid still gives exact IDs; one more row of blocks raises ValueError."""
     s = _largest_2d_first_index()
     one = (1, 1)
-    g = BlockwiseDependencyGraph("t", Roi((0, 0), one), Roi((0, 0), one), False, "valid", total_read_roi=Roi((0, 0), (s + 1, 1)))
+    g = BlockwiseDependencyGraph(
+        "t", Roi((0, 0), one), Roi((0, 0), one), False, "valid", total_read_roi=Roi((0, 0), (s + 1, 1))
+    )
     assert g.root_gen()[-1].block_id == ("t", cantor((s, 0)))
     assert cantor((s, 0)) > 2**61
     with pytest.raises(ValueError, match="64 bits|too large"):
-        BlockwiseDependencyGraph("t", Roi((0, 0), one), Roi((0, 0), one), False, "valid", total_read_roi=Roi((0, 0), (s + 2, 1)))
+        BlockwiseDependencyGraph(
+            "t", Roi((0, 0), one), Roi((0, 0), one), False, "valid", total_read_roi=Roi((0, 0), (s + 2, 1))
+        )
 
 
 @pytest.mark.parametrize(
@@ -686,17 +706,23 @@ def test_ids_overflowing_int64_raise_at_construction(total):
     one = (1,) * nd
     assert cantor(tuple(t - 1 for t in total)) > INT64_MAX or np.prod(total, dtype=object) > INT64_MAX
     with pytest.raises(ValueError, match="64 bits|too large"):
-        BlockwiseDependencyGraph("t", Roi((0,) * nd, one), Roi((0,) * nd, one), True, "valid", total_read_roi=Roi((0,) * nd, total))
+        BlockwiseDependencyGraph(
+            "t", Roi((0,) * nd, one), Roi((0,) * nd, one), True, "valid", total_read_roi=Roi((0,) * nd, total)
+        )
 
 
 def test_id_offset_counts_towards_overflow():
     """IDs start at ``cul div ws`` (CORE 2.2): a large context pushes the far corner over the limit."""
     s = _largest_2d_first_index()
-    ok = BlockwiseDependencyGraph("t", Roi((0, 0), (1, 1)), Roi((0, 0), (1, 1)), False, "valid", total_read_roi=Roi((0, 0), (s + 1, 1)))
+    ok = BlockwiseDependencyGraph(
+        "t", Roi((0, 0), (1, 1)), Roi((0, 0), (1, 1)), False, "valid", total_read_roi=Roi((0, 0), (s + 1, 1))
+    )
     assert ok.root_gen()[-1].block_id[1] == cantor((s, 0))
     with pytest.raises(ValueError, match="64 bits|too large"):
         # cul = 1 = ws shifts every grid index by one
-        BlockwiseDependencyGraph("t", Roi((0, 0), (2, 1)), Roi((1, 0), (1, 1)), False, "valid", total_read_roi=Roi((0, 0), (s + 2, 1)))
+        BlockwiseDependencyGraph(
+            "t", Roi((0, 0), (2, 1)), Roi((1, 0), (1, 1)), False, "valid", total_read_roi=Roi((0, 0), (s + 2, 1))
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -714,7 +740,9 @@ class DuckRoi:
 
 
 def graph(read=BR, write=BW, conflict=True, fit="valid", total=TR, total_write=None, task_id="t"):
-    return BlockwiseDependencyGraph(task_id, read, write, conflict, fit, total_read_roi=total, total_write_roi=total_write)
+    return BlockwiseDependencyGraph(
+        task_id, read, write, conflict, fit, total_read_roi=total, total_write_roi=total_write
+    )
 
 
 @pytest.mark.parametrize(
@@ -758,7 +786,9 @@ def test_bad_input_raises_at_construction(kwargs, exc, pattern):
 
 def test_duck_typed_rois_and_total_write_roi_are_accepted():
     ref = graph()
-    duck = graph(read=DuckRoi((0, 0), (20, 20)), write=DuckRoi((5, 5), (10, 10)), total=DuckRoi([0, 0], np.array([100, 100])))
+    duck = graph(
+        read=DuckRoi((0, 0), (20, 20)), write=DuckRoi((5, 5), (10, 10)), total=DuckRoi([0, 0], np.array([100, 100]))
+    )
     tw = graph(total=None, total_write=Roi((5, 5), (90, 90)))
     both = graph(total_write=Roi((5, 5), (90, 90)))
     for g in (duck, tw, both):
@@ -804,11 +834,15 @@ def test_total_that_cannot_hold_a_block_is_an_empty_task(read, write, total, con
 
 def test_overhang_total_smaller_than_a_block_has_one_block():
     """CORE 9: TW smaller than one block with overhang (and conflict) gives 1 level and 1 block, as daisy."""
-    g = BlockwiseDependencyGraph("t", Roi((0,), (20,)), Roi((5,), (10,)), True, "overhang", total_read_roi=Roi((0,), (13,)))
+    g = BlockwiseDependencyGraph(
+        "t", Roi((0,), (20,)), Roi((5,), (10,)), True, "overhang", total_read_roi=Roi((0,), (13,))
+    )
     assert (g.num_blocks, g.num_levels, g.num_roots) == (1, 1, 1)
     (b,) = g.root_gen()
     assert rt(b.write_roi) == ((5,), (10,)) and b.block_id == ("t", 0)
-    g = BlockwiseDependencyGraph("t", Roi((0,), (20,)), Roi((5,), (10,)), True, "shrink", total_read_roi=Roi((0,), (13,)))
+    g = BlockwiseDependencyGraph(
+        "t", Roi((0,), (20,)), Roi((5,), (10,)), True, "shrink", total_read_roi=Roi((0,), (13,))
+    )
     (b,) = g.root_gen()
     assert rt(b.write_roi) == ((5,), (3,)) and rt(b.read_roi) == ((0,), (13,))
 
@@ -823,20 +857,43 @@ def test_block_of_another_graph_is_rejected():
 
 def test_worked_examples_core_3_6_and_3_10():
     """CORE 3.6 (1-D, all fits) and 3.10 (2-D, 3-D) through the public API."""
-    for fit, last in (("valid", None), ("overhang", ((50,), (20,), (55,), (10,))), ("shrink", ((50,), (15,), (55,), (5,)))):
-        g = BlockwiseDependencyGraph("t", Roi((0,), (20,)), Roi((5,), (10,)), True, fit, total_read_roi=Roi((0,), (65,)))
+    for fit, last in (
+        ("valid", None),
+        ("overhang", ((50,), (20,), (55,), (10,))),
+        ("shrink", ((50,), (15,), (55,), (5,))),
+    ):
+        g = BlockwiseDependencyGraph(
+            "t", Roi((0,), (20,)), Roi((5,), (10,)), True, fit, total_read_roi=Roi((0,), (65,))
+        )
         want = [1, 3, 0, 2, 4] if fit == "valid" else [1, 3, 5, 0, 2, 4]
         assert sids(g.blocks()) == want
         if last:
             b5 = [b for b in g.blocks() if sid(b) == 5][0]
             assert rt(b5.read_roi) + rt(b5.write_roi) == last
-    g = BlockwiseDependencyGraph("t", Roi((0,), (20,)), Roi((5,), (10,)), True, "valid", total_read_roi=Roi((0,), (65,)))
+    g = BlockwiseDependencyGraph(
+        "t", Roi((0,), (20,)), Roi((5,), (10,)), True, "valid", total_read_roi=Roi((0,), (65,))
+    )
     by = {sid(b): b for b in g.blocks()}
-    assert sids(g.upstream(by[2])) == [1, 3] and sids(g.downstream(by[1])) == [2, 0] and sids(g.downstream(by[3])) == [4, 2]
-    g = BlockwiseDependencyGraph("t", Roi((0, 0), (20, 20)), Roi((5, 5), (10, 10)), True, "valid", total_read_roi=Roi((0, 0), (40, 30)))
+    assert (
+        sids(g.upstream(by[2])) == [1, 3]
+        and sids(g.downstream(by[1])) == [2, 0]
+        and sids(g.downstream(by[3])) == [4, 2]
+    )
+    g = BlockwiseDependencyGraph(
+        "t", Roi((0, 0), (20, 20)), Roi((5, 5), (10, 10)), True, "valid", total_read_roi=Roi((0, 0), (40, 30))
+    )
     got = [(sid(b), rt(b.write_roi)[0], sids(u)) for b, u in g.enumerate_all_dependencies()]
-    assert got == [(4, (15, 15), []), (2, (15, 5), [4]), (1, (5, 15), [2]), (8, (25, 15), [2]), (0, (5, 5), [1]), (5, (25, 5), [8])]
-    g = BlockwiseDependencyGraph("t", Roi((0,) * 3, (20,) * 3), Roi((5,) * 3, (10,) * 3), True, "valid", total_read_roi=Roi((0,) * 3, (50,) * 3))
+    assert got == [
+        (4, (15, 15), []),
+        (2, (15, 5), [4]),
+        (1, (5, 15), [2]),
+        (8, (25, 15), [2]),
+        (0, (5, 5), [1]),
+        (5, (25, 5), [8]),
+    ]
+    g = BlockwiseDependencyGraph(
+        "t", Roi((0,) * 3, (20,) * 3), Roi((5,) * 3, (10,) * 3), True, "valid", total_read_roi=Roi((0,) * 3, (50,) * 3)
+    )
     assert (g.num_blocks, g.num_levels, g.num_roots) == (64, 8, 8)
     assert sids(g.blocks()[:10]) == [14, 39, 46, 95, 48, 97, 108, 189, 8, 24]
 

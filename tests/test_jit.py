@@ -41,8 +41,14 @@ def _env(**extra):
 
 
 def _python(code: str, tmp_path, **env) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=tmp_path,
-                       env=_env(**env), timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(**env),
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -64,7 +70,8 @@ def test_small_run_never_imports_numba(tmp_path):
     """10 blocks, 2 real worker processes: numba stays unloaded in the scheduler and in the workers."""
     out = tmp_path / "out"
     out.mkdir()
-    r = _python("""
+    r = _python(
+        """
         import json, sys
         import daisy_nb as daisy
         from daisy_nb import Roi
@@ -74,7 +81,10 @@ def test_small_run_never_imports_numba(tmp_path):
         ok = daisy.run_blockwise([t], progress=False, summary=False)
         print(json.dumps({"ok": ok, "numba": "numba" in sys.modules,
                           "kernels": sorted(m for m in sys.modules if m.startswith("daisy_nb.kernels"))}))
-    """, tmp_path, DAISY_NB_TEST_OUT=str(out))
+    """,
+        tmp_path,
+        DAISY_NB_TEST_OUT=str(out),
+    )
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["ok"] is True
     assert res["numba"] is False, "the scheduler process imported numba for a 10-block run"
@@ -89,7 +99,8 @@ def test_small_run_never_imports_numba(tmp_path):
 def test_large_run_compiles_and_small_pieces_add_up(tmp_path):
     """One Scheduler above the threshold compiles at once; small ones compile once their
     plain-Python work adds up to the price of loading numba (rent or buy)."""
-    r = _python("""
+    r = _python(
+        """
         import json, sys
         import daisy_nb as daisy
         from daisy_nb import Roi
@@ -106,13 +117,16 @@ def test_large_run_compiles_and_small_pieces_add_up(tmp_path):
         daisy.Scheduler([small(n + 10)])
         out["after_all"] = _jit.compiled()
         print(json.dumps(out))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res == {"after_10": False, "after_two_thirds": False, "after_all": True}
 
 
 def test_big_graph_compiles_small_graph_does_not(tmp_path):
-    r = _python("""
+    r = _python(
+        """
         import json, sys
         from daisy_nb import BlockwiseDependencyGraph, Roi
         g = BlockwiseDependencyGraph("g", Roi((0, 0), (4, 4)), Roi((1, 1), (2, 2)), True, total_read_roi=Roi((0, 0), (20, 20)))
@@ -121,30 +135,40 @@ def test_big_graph_compiles_small_graph_does_not(tmp_path):
         g = BlockwiseDependencyGraph("g", Roi((0, 0), (4, 4)), Roi((1, 1), (2, 2)), True, total_read_roi=Roi((0, 0), (1000, 1000)))
         a = g.to_arrays()
         print(json.dumps([small, "numba" in sys.modules, len(a.block_id)]))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [False, True, 499 * 499]
 
 
 def test_forced_plain_never_compiles(tmp_path):
-    r = _python("""
+    r = _python(
+        """
         import sys
         import daisy_nb as daisy
         from daisy_nb import Roi
         daisy.Scheduler([daisy.Task("s", Roi((0,), (100000,)), Roi((0,), (1,)), Roi((0,), (1,)))])
         print("numba" in sys.modules)
-    """, tmp_path, DAISY_NB_JIT="0")
+    """,
+        tmp_path,
+        DAISY_NB_JIT="0",
+    )
     assert r.stdout.split()[-1] == "False"
 
 
 def test_a_run_that_compiles_says_so_once(tmp_path):
     """An empty numba cache: one notice on stderr with an estimate, however many kernels compile."""
-    r = _python("""
+    r = _python(
+        """
         import numpy as np
         from daisy_nb.kernels import _jit, block_id, graph
         _jit.use_numba()
         block_id.cantor_ids(np.zeros((3, 2), np.int64), np.zeros(3, np.int64))
         graph.row_level(np.zeros((1, 7), np.int64), np.zeros(2, np.int64), 0, 0)
-    """, tmp_path, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    """,
+        tmp_path,
+        NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+    )
     lines = [ln for ln in r.stderr.splitlines() if "compiling" in ln]
     assert len(lines) == 1, r.stderr
     assert "daisy_nb" in lines[0] and "once" in lines[0] and " s " in lines[0] and "warmup" in lines[0]
@@ -152,7 +176,8 @@ def test_a_run_that_compiles_says_so_once(tmp_path):
 
 def test_a_warm_cache_says_nothing(tmp_path):
     """After warmup (the session did it), a large run loads the kernels silently."""
-    r = _python("""
+    r = _python(
+        """
         import sys
         import daisy_nb as daisy
         from daisy_nb import Roi
@@ -160,21 +185,41 @@ def test_a_warm_cache_says_nothing(tmp_path):
         s = daisy.Scheduler([daisy.Task("s", Roi((0,), (100000,)), Roi((0,), (1,)), Roi((0,), (1,)))])
         b = s.acquire_blocks("s", 10)
         print(_jit.compiled(), _jit.cache_is_warm())
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert r.stdout.split()[-2:] == ["True", "True"]
     assert "compiling" not in r.stderr
 
 
 def test_warmup_command(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "daisy_nb", "warmup"], capture_output=True, text=True, cwd=tmp_path,
-                       env=_env(), timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "warmup"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(),
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "already compiled" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "daisy_nb", "warmup", "--check"], capture_output=True, text=True,
-                       cwd=tmp_path, env=_env(), timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "warmup", "--check"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(),
+        timeout=300,
+    )
     assert r.returncode == 0 and "compiled" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "daisy_nb", "warmup", "--check"], capture_output=True, text=True,
-                       cwd=tmp_path, env=_env(NUMBA_CACHE_DIR=str(tmp_path / "empty")), timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "warmup", "--check"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(NUMBA_CACHE_DIR=str(tmp_path / "empty")),
+        timeout=300,
+    )
     assert r.returncode == 1 and "not compiled" in r.stdout
 
 
@@ -188,9 +233,18 @@ def _trace(config, seed):
     """Drive a Scheduler through a seeded mix of batch and single acquires, releases with
     failures and give-backs; return every observable step and the final counters."""
     rng = np.random.default_rng(seed)
-    tasks = {tid: daisy.Task(tid, _roi(c["total_roi"]), _roi(c["read_roi"]), _roi(c["write_roi"]),
-                             read_write_conflict=c["read_write_conflict"], fit=c["fit"], max_retries=c["max_retries"])
-             for tid, c in config["tasks"].items()}
+    tasks = {
+        tid: daisy.Task(
+            tid,
+            _roi(c["total_roi"]),
+            _roi(c["read_roi"]),
+            _roi(c["write_roi"]),
+            read_write_conflict=c["read_write_conflict"],
+            fit=c["fit"],
+            max_retries=c["max_retries"],
+        )
+        for tid, c in config["tasks"].items()
+    }
     s = daisy.Scheduler(daisy.Pipeline(list(tasks.values()), [(tasks[u], tasks[d]) for u, d in config["edges"]]))
     log, probes = [], []
     for _ in range(5000):
@@ -216,15 +270,20 @@ def _trace(config, seed):
                 s.release_blocks(tid, batch.index, codes)
         if not progressed:
             break
-    states = {tid: (st.completed_count, st.skipped_count, st.failed_count, st.orphaned_count, st.is_done())
-              for tid, st in s.task_states.items()}
+    states = {
+        tid: (st.completed_count, st.skipped_count, st.failed_count, st.orphaned_count, st.is_done())
+        for tid, st in s.task_states.items()
+    }
     g = s.dependency_graph
     neigh = [([u.block_id for u in g.upstream(b)], [d.block_id for d in g.downstream(b)]) for b in probes]
     return log, states, neigh
 
 
-@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    deadline=None,
+    max_examples=40,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+)
 @given(pipeline_configs(max_tasks=4), st.integers(0, 2**32 - 1))
 def test_scheduler_plain_and_compiled_give_the_same_run(plain_then_back, config, seed):
     _jit.set_mode("numba")
@@ -235,16 +294,28 @@ def test_scheduler_plain_and_compiled_give_the_same_run(plain_then_back, config,
     assert _trace(config, seed) == compiled
 
 
-@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(graph_configs())
 def test_graph_plain_and_compiled_give_the_same_arrays(plain_then_back, config):
     def arrays():
-        g = daisy.BlockwiseDependencyGraph("g", _roi(config["read_roi"]), _roi(config["write_roi"]),
-                                           config["read_write_conflict"], config["fit"], total_read_roi=_roi(config["total_roi"]))
+        g = daisy.BlockwiseDependencyGraph(
+            "g",
+            _roi(config["read_roi"]),
+            _roi(config["write_roi"]),
+            config["read_write_conflict"],
+            config["fit"],
+            total_read_roi=_roi(config["total_roi"]),
+        )
         a = g.to_arrays()
         blocks = list(g.blocks())[:20]
-        return ([np.asarray(x).tolist() for x in a], [b.block_id for b in blocks],
-                [[u.block_id for u in g.upstream(b)] for b in blocks], [[d.block_id for d in g.downstream(b)] for b in blocks])
+        return (
+            [np.asarray(x).tolist() for x in a],
+            [b.block_id for b in blocks],
+            [[u.block_id for u in g.upstream(b)] for b in blocks],
+            [[d.block_id for d in g.downstream(b)] for b in blocks],
+        )
 
     _jit.set_mode("numba")
     compiled = arrays()

@@ -34,7 +34,9 @@ def ids(blocks):
 
 def bench_graph(total, block, c, conflict):
     """The benchmark configs of CORE 3.11: TR = 0 + total, BR = 0 + (b + 2c), BW = c + b, valid."""
-    return RefGraph(((0,) * 3, (total,) * 3), ((0,) * 3, (block + 2 * c,) * 3), ((c,) * 3, (block,) * 3), conflict, "valid")
+    return RefGraph(
+        ((0,) * 3, (total,) * 3), ((0,) * 3, (block + 2 * c,) * 3), ((c,) * 3, (block,) * 3), conflict, "valid"
+    )
 
 
 def build_pipeline(config):

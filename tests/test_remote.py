@@ -39,8 +39,14 @@ FAST = {"DAISY_NB_HEARTBEAT_SECS": "0.5", "DAISY_NB_PEER_TIMEOUT_SECS": "3", "DA
 
 def make_task(tid, n, fn, **kw):
     return daisy_nb.Task(
-        tid, Roi((0,), (10 * n,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=fn,
-        read_write_conflict=False, tracking_path=False, **kw,
+        tid,
+        Roi((0,), (10 * n,)),
+        Roi((0,), (10,)),
+        Roi((0,), (10,)),
+        process_function=fn,
+        read_write_conflict=False,
+        tracking_path=False,
+        **kw,
     )
 
 
@@ -257,8 +263,9 @@ def test_a_silent_handshake_does_not_hold_up_others():
 def _straggle(out, ctx):
     env = {"PATH": os.environ["PATH"], "DAISY_CONTEXT": ctx.to_env()}
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, cluster.PROG, str(out), "plain", "0"], env=env, capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, cluster.PROG, str(out), "plain", "0"], env=env, capture_output=True, text=True, timeout=30
+    )
     return r, time.monotonic() - t0
 
 
@@ -322,8 +329,7 @@ def test_vanished_scheduler_ends_its_worker_within_the_deadline(out, fast, tmp_p
     script = tmp_path / "sched.py"
     script.write_text(SCHED.format(workers=str(HERE / "workers"), n=n))
     env = dict(os.environ, DAISY_NB_TEST_OUT=str(out))
-    sched = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True,
-                             cwd=tmp_path)
+    sched = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         wait_for(lambda: len(done(out, "vs")) >= 3, 60, "the first blocks")
         (pid,) = [j.name[4:] for j in out.glob("job_*") if not (out / f"rc_{j.name[4:]}").exists()]
@@ -406,7 +412,9 @@ def test_ctrl_c_of_a_cluster_run_ends_its_jobs(out, fast, tmp_path):
     script = tmp_path / "sched.py"
     body = SCHED.format(workers=str(HERE / "workers"), n=2000).replace("max_workers=1", "max_workers=2")
     body = body.replace("st = daisy_nb.run_blockwise", "try:\n    st = daisy_nb.run_blockwise")
-    body = body.replace('print("RESULT"', 'except KeyboardInterrupt:\n    print("KI", flush=True)\n    sys.exit(42)\nprint("R"')
+    body = body.replace(
+        'print("RESULT"', 'except KeyboardInterrupt:\n    print("KI", flush=True)\n    sys.exit(42)\nprint("R"'
+    )
     script.write_text(body)
     env = dict(os.environ, DAISY_NB_TEST_OUT=str(out))
     sched = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
@@ -422,5 +430,6 @@ def test_ctrl_c_of_a_cluster_run_ends_its_jobs(out, fast, tmp_path):
     assert sched.returncode == 42 and "KI" in stdout
     # the jobs (in their own sessions) see the connection close and end cleanly, at once
     wait_for(lambda: all((out / f"rc_{pid}").exists() or not psutil.pid_exists(int(pid)) for pid in jobs), 10, "jobs")
-    assert all(not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE
-               for pid in jobs)
+    assert all(
+        not psutil.pid_exists(int(pid)) or psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE for pid in jobs
+    )

@@ -82,8 +82,15 @@ def _write_bytes_counted(d: Path) -> bool:
 def test_block_stats_fields_and_defaults():
     s = daisy_nb.BlockStats()
     assert daisy_nb.BlockStats is daisy_nb.profiling.BlockStats
-    assert s._fields == ("wall_seconds", "cpu_seconds", "peak_rss_bytes", "io_read_bytes", "io_write_bytes",
-                         "gpu_util_pct", "gpu_mem_bytes")
+    assert s._fields == (
+        "wall_seconds",
+        "cpu_seconds",
+        "peak_rss_bytes",
+        "io_read_bytes",
+        "io_write_bytes",
+        "gpu_util_pct",
+        "gpu_mem_bytes",
+    )
     assert math.isnan(s.gpu_util_pct) and s.gpu_mem_bytes == 0 and s.wall_seconds == 0.0
     b = daisy_nb.Block(Roi((0,), (100,)), Roi((0,), (10,)), Roi((0,), (10,)), task_id="t")
     assert b.stats is None
@@ -146,9 +153,11 @@ def test_task_stats_slope_leaves_failed_blocks_out():
 @pytest.mark.timeout(60)
 def test_pool_measures_every_block_and_prints_the_panel(out, no_leaks, capsys):
     n = 8
-    tasks = [make_task("burn", n, resfns.burn, resource_tracking=True),
-             make_task("write", n, resfns.write_file, resource_tracking=True),
-             make_task("plain", n, resfns.burn)]
+    tasks = [
+        make_task("burn", n, resfns.burn, resource_tracking=True),
+        make_task("write", n, resfns.write_file, resource_tracking=True),
+        make_task("plain", n, resfns.burn),
+    ]
     states = run(tasks, summary=True)
     text = capsys.readouterr().out
     assert all(s.completed_count == n for s in states.values())
@@ -162,7 +171,9 @@ def test_pool_measures_every_block_and_prints_the_panel(out, no_leaks, capsys):
         assert write.io_write_bytes >= n * resfns.WRITE_BYTES
     p = panel(text)
     assert p and "blocks measured" in p and "mean ms ∠ slope" in p and "peak RSS" in p
-    rows = {line.split()[0]: line.split() for line in p.splitlines() if line.strip().startswith(("burn", "write", "plain"))}
+    rows = {
+        line.split()[0]: line.split() for line in p.splitlines() if line.strip().startswith(("burn", "write", "plain"))
+    }
     assert set(rows) == {"burn", "write"}  # untracked tasks have no row
     assert rows["burn"][1:3] == [str(n), "0"]
 
@@ -232,8 +243,11 @@ def test_named_segment_fallback_carries_stats(out, no_leaks, monkeypatch):
 # ------------------------------------------------------------------ serial runner
 def test_serial_runner_measures(out, capsys):
     n = 5
-    states = run([make_task("ser", n, resfns.burn, resource_tracking=True), make_task("p", 2, resfns.burn)],
-                 multiprocessing=False, summary=True)
+    states = run(
+        [make_task("ser", n, resfns.burn, resource_tracking=True), make_task("p", 2, resfns.burn)],
+        multiprocessing=False,
+        summary=True,
+    )
     r = states["ser"].resource_stats
     assert r.blocks == n and r.failed == 0 and r.cpu_seconds >= 0.8 * n * resfns.CPU_SECS
     assert states["p"].resource_stats is None
@@ -244,5 +258,9 @@ def test_serial_runner_measures(out, capsys):
 def test_dask_executor_warns_that_it_does_not_measure():
     with pytest.warns(UserWarning, match="not measured under executor"):
         with pytest.raises(Exception):  # noqa: B017 - not a dask client: fails after the warning
-            daisy_nb.run_blockwise(make_task("dk", 2, resfns.burn, resource_tracking=True), executor=object(),
-                                   progress=False, summary=False)
+            daisy_nb.run_blockwise(
+                make_task("dk", 2, resfns.burn, resource_tracking=True),
+                executor=object(),
+                progress=False,
+                summary=False,
+            )

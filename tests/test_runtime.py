@@ -199,7 +199,9 @@ def test_bad_authkey_is_rejected(out):
 
 # ---------------------------------------------------------------- failures
 def test_exception_fails_block_retries_and_logs(out, tmp_path, capsys):
-    states = run([make_task("e", 8, blockfns.raise_first_attempt_and_block3, max_workers=2, max_retries=2)], summary=True)
+    states = run(
+        [make_task("e", 8, blockfns.raise_first_attempt_and_block3, max_workers=2, max_retries=2)], summary=True
+    )
     st = states["e"]
     assert st.completed_count == 7 and st.failed_count == 1
     assert attempts(out, "e", 3) == 3  # max_retries + 1
@@ -301,8 +303,9 @@ def test_resources_limit_concurrency(out):
         t0, t1, pid = f.read_text().split()
         lo, hi = spans.get(pid, (float("inf"), 0.0))
         spans[pid] = (min(lo, float(t0)), max(hi, float(t1)))
-    events = sorted([(t0, 1) for t0, _ in spans.values()] + [(t1, -1) for _, t1 in spans.values()],
-                    key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(t0, 1) for t0, _ in spans.values()] + [(t1, -1) for _, t1 in spans.values()], key=lambda e: (e[0], e[1])
+    )
     cur = peak = 0
     for _, d in events:
         cur += d
@@ -384,12 +387,16 @@ def test_ctrl_c_stops_within_two_seconds(out, tmp_path, fn, size, started):
     script = tmp_path / "run.py"
     script.write_text(CTRL_C_SCRIPT.format(workers=str(HERE / "workers"), root=str(HERE.parent), fn=fn, size=size))
     before = harness.shm_segments()
-    p = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 20
     while len(list(out.glob("attempt_slow_*"))) < started:
         assert time.monotonic() < deadline and p.poll() is None
         time.sleep(0.05)
-    worker_pids = {int(f.read_text().split()[0]) for f in out.glob("done_slow_*")} if list(out.glob("done_slow_*")) else set()
+    worker_pids = (
+        {int(f.read_text().split()[0]) for f in out.glob("done_slow_*")} if list(out.glob("done_slow_*")) else set()
+    )
     import psutil
 
     kids = {c.pid for c in psutil.Process(p.pid).children(recursive=True)}

@@ -5,6 +5,7 @@ The template is exec'd once per run, forks every block worker, reports their exi
 dies with the run and takes its workers with it; a killed template makes the pool give the
 lost blocks back and start later workers by exec.
 """
+
 import os
 import signal
 import subprocess
@@ -159,8 +160,9 @@ KILL_SCRIPT = textwrap.dedent(
 def test_sigkilled_run_takes_template_and_workers_with_it(out, tmp_path):
     script = tmp_path / "run.py"
     script.write_text(KILL_SCRIPT.format(workers=str(HERE / "workers"), root=str(HERE.parent)))
-    p = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 30
         while len(list(out.glob("done_k_*"))) < 40:

@@ -54,8 +54,14 @@ def test_golden_file_has_every_kind_of_case():
     """The golden file is what the tests below rely on (it can silently shrink on regeneration)."""
     assert len(CLEAN) >= 150 and len(DEFECT) >= 30 and len(REJECTED) >= 5
     reasons = Counter(r for c in DEFECT for r in c["defect_reasons"])
-    for r in ("never_ready_upstream_done", "never_ready_no_upstream", "acquired_after_success",
-              "orphan_count_mismatch", "negative_counter", "acquired_after_orphaned"):
+    for r in (
+        "never_ready_upstream_done",
+        "never_ready_no_upstream",
+        "acquired_after_success",
+        "orphan_count_mismatch",
+        "negative_counter",
+        "acquired_after_orphaned",
+    ):
         assert reasons[r] > 0, r
     errors = " ".join(c["result"]["error"] for c in REJECTED)
     assert "cycle" in errors and "read nothing" in errors and "index out of bounds" in errors
@@ -90,9 +96,15 @@ def nb_pipeline(config, skip=None, on_skip=None, tracking=None):
         if skip and skip.get(tid):
             check = _skip_check(frozenset(skip[tid]), on_skip)
         tasks[tid] = daisy.Task(
-            tid, roi(c["total_roi"]), roi(c["read_roi"]), roi(c["write_roi"]),
-            check_function=check, read_write_conflict=c["read_write_conflict"], fit=c["fit"],
-            max_retries=c["max_retries"], tracking_path=None if tracking is None else str(Path(tracking) / tid),
+            tid,
+            roi(c["total_roi"]),
+            roi(c["read_roi"]),
+            roi(c["write_roi"]),
+            check_function=check,
+            read_write_conflict=c["read_write_conflict"],
+            fit=c["fit"],
+            max_retries=c["max_retries"],
+            tracking_path=None if tracking is None else str(Path(tracking) / tid),
         )
     return daisy.Pipeline(list(tasks.values()), [(tasks[u], tasks[d]) for u, d in config["edges"]])
 
@@ -144,8 +156,19 @@ class _CheckSet:
 
 
 class _RefTask:
-    def __init__(self, task_id, total_roi, read_roi, write_roi, process_function=None, check_function=None,
-                 read_write_conflict=True, fit="valid", max_retries=2, **_):
+    def __init__(
+        self,
+        task_id,
+        total_roi,
+        read_roi,
+        write_roi,
+        process_function=None,
+        check_function=None,
+        read_write_conflict=True,
+        fit="valid",
+        max_retries=2,
+        **_,
+    ):
         self.task_id = task_id
         self.graph = RefGraph(total_roi, read_roi, write_roi, read_write_conflict, fit)
         self.check_function = check_function
@@ -169,7 +192,9 @@ class _RefSchedulerFacade:
         ids = [t.task_id for t in pipeline.tasks]
         if len(set(ids)) != len(ids):
             raise ValueError("duplicate task_id")
-        p = RefPipeline({t.task_id: t.graph for t in pipeline.tasks}, [(u.task_id, d.task_id) for u, d in pipeline.edges])
+        p = RefPipeline(
+            {t.task_id: t.graph for t in pipeline.tasks}, [(u.task_id, d.task_id) for u, d in pipeline.edges]
+        )
         self.s = RefScheduler(p, {t.task_id: t.max_retries for t in pipeline.tasks})
         for t in pipeline.tasks:
             if t.check_function is not None:
@@ -231,8 +256,9 @@ class _Recorder:
 
             return daisy.Task(*a, check_function=check_function, **k)
 
-        self.ns = types.SimpleNamespace(Roi=daisy.Roi, Task=task, Pipeline=daisy.Pipeline, Scheduler=RecScheduler,
-                                        BlockStatus=BlockStatus)
+        self.ns = types.SimpleNamespace(
+            Roi=daisy.Roi, Task=task, Pipeline=daisy.Pipeline, Scheduler=RecScheduler, BlockStatus=BlockStatus
+        )
 
 
 def check_run_invariants(sched, events, states):
@@ -402,12 +428,13 @@ def test_golden_zero_level_case_runs():
 def draw_skips(config, rng, p):
     if p == 0:
         return None
-    return {tid: {b.spatial_id for b in ref_graph(c).blocks() if rng.random() < p} for tid, c in config["tasks"].items()}
+    return {
+        tid: {b.spatial_id for b in ref_graph(c).blocks() if rng.random() < p} for tid, c in config["tasks"].items()
+    }
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(pipeline_configs(), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.15, 0.4]),
-       st.sampled_from([0.0, 0.2]))
+@given(pipeline_configs(), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.15, 0.4]), st.sampled_from([0.0, 0.2]))
 def test_prop_per_block_api_lockstep_with_reference(config, seed, fail_p, skip_p):
     """Random acquires (including of unknown tasks) and releases with random outcomes:
     daisy_nb and RefScheduler hand out the same blocks and report the same counters
@@ -457,8 +484,13 @@ def _ref_give_back(ref, tid, sids):
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(pipeline_configs(), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.2, 0.4]), st.sampled_from([0.0, 0.2]),
-       st.sampled_from([0.0, 0.3]))
+@given(
+    pipeline_configs(),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0.0, 0.2, 0.4]),
+    st.sampled_from([0.0, 0.2]),
+    st.sampled_from([0.0, 0.3]),
+)
 def test_prop_batch_api(config, seed, fail_p, give_back_p, skip_p):
     """acquire_blocks of random sizes and release_blocks of random chunks with random
     statuses (2 success, 3 failed, 0 given back): the batch API hands out exactly what
@@ -517,7 +549,7 @@ def test_prop_batch_api(config, seed, fail_p, give_back_p, skip_p):
                     in_flight[tid].append((row, b))
         else:
             got_any = False
-            for tid in (tids if not n_in else [rng.choice(tids)]):
+            for tid in tids if not n_in else [rng.choice(tids)]:
                 n = rng.randint(1, 6)
                 batch = sched.acquire_blocks(tid, n)
                 want = []
@@ -545,7 +577,9 @@ def test_prop_batch_api(config, seed, fail_p, give_back_p, skip_p):
         for tid, s in states.items():
             assert s["processing"] == len(in_flight[tid])
             assert s["pending"] >= 0
-            assert s["total"] == s["ready"] + s["processing"] + s["completed"] + s["failed"] + s["orphaned"] + s["pending"]
+            assert (
+                s["total"] == s["ready"] + s["processing"] + s["completed"] + s["failed"] + s["orphaned"] + s["pending"]
+            )
     else:
         pytest.fail("run did not end")
     assert_consistent(nb_states(sched))
@@ -717,7 +751,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         for tid, s in states.items():
             p = self.prev[tid]
             assert min(s[k] for k in STATE_KEYS) >= 0, s
-            assert s["total"] == s["ready"] + s["processing"] + s["completed"] + s["failed"] + s["orphaned"] + s["pending"]
+            assert (
+                s["total"] == s["ready"] + s["processing"] + s["completed"] + s["failed"] + s["orphaned"] + s["pending"]
+            )
             assert s["skipped"] <= s["completed"]
             for k in ("completed", "skipped", "failed", "orphaned"):
                 assert s[k] >= p[k], (tid, k)
@@ -759,7 +795,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = settings(
-    deadline=None, max_examples=100, stateful_step_count=50,
+    deadline=None,
+    max_examples=100,
+    stateful_step_count=50,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 
@@ -898,9 +936,15 @@ def test_skip_mask(tmp_path):
     mask = np.zeros((4, 4), np.uint8)
     mask[0] = 1
     checked = []
-    t = daisy.Task("m", Roi((0, 0), (400, 400)), Roi((0, 0), (100, 100)), Roi((0, 0), (100, 100)),
-                   check_function=lambda b: checked.append(b.write_roi.begin) or False,
-                   skip_mask=mask, tracking_path=str(tmp_path / "m"))
+    t = daisy.Task(
+        "m",
+        Roi((0, 0), (400, 400)),
+        Roi((0, 0), (100, 100)),
+        Roi((0, 0), (100, 100)),
+        check_function=lambda b: checked.append(b.write_roi.begin) or False,
+        skip_mask=mask,
+        tracking_path=str(tmp_path / "m"),
+    )
     assert t.block_grid_shape == [4, 4]
     s = daisy.Scheduler(t)
     got = []
@@ -921,8 +965,14 @@ def test_skip_mask_in_a_serial_run_does_not_call_the_function():
     mask = np.zeros((4, 4), bool)
     mask[:, 1] = True
     calls = []
-    t = daisy.Task("m", Roi((0, 0), (400, 400)), Roi((0, 0), (100, 100)), Roi((0, 0), (100, 100)),
-                   process_function=lambda b: calls.append(tuple(b.write_roi.begin)), skip_mask=mask)
+    t = daisy.Task(
+        "m",
+        Roi((0, 0), (400, 400)),
+        Roi((0, 0), (100, 100)),
+        Roi((0, 0), (100, 100)),
+        process_function=lambda b: calls.append(tuple(b.write_roi.begin)),
+        skip_mask=mask,
+    )
     states = daisy.run_blockwise(t, multiprocessing=False, return_states=True, summary=False)
     assert len(calls) == 12 and all(c[1] != 100 for c in calls)
     assert (states["m"].completed_count, states["m"].skipped_count) == (16, 4)
@@ -1019,20 +1069,34 @@ def test_asymmetric_context_dependency_graph_is_inverse():
 
 def test_asymmetric_context_serial_run():
     calls = []
-    a = daisy.Task("A", Roi((0,), (60,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=lambda b: calls.append(b.task_id))
-    b = daisy.Task("B", Roi((0,), (60,)), Roi((0,), (20,)), Roi((0,), (10,)), process_function=lambda b: calls.append(b.task_id))
+    a = daisy.Task(
+        "A", Roi((0,), (60,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=lambda b: calls.append(b.task_id)
+    )
+    b = daisy.Task(
+        "B", Roi((0,), (60,)), Roi((0,), (20,)), Roi((0,), (10,)), process_function=lambda b: calls.append(b.task_id)
+    )
     assert daisy.run_blockwise(a + b, multiprocessing=False, summary=False) is True
     assert Counter(calls) == {"A": 6, "B": 5}
 
 
-@pytest.mark.parametrize("total,read,write,fit", [
-    (15, (0, 20), (5, 10), "valid"),  # CORE 9: TW = [5,10) smaller than one block
-    (5, (0, 10), (0, 10), "valid"),  # total smaller than a block
-    (3, (0, 10), (2, 4), "valid"),  # total smaller than the context (negative TW)
-])
+@pytest.mark.parametrize(
+    "total,read,write,fit",
+    [
+        (15, (0, 20), (5, 10), "valid"),  # CORE 9: TW = [5,10) smaller than one block
+        (5, (0, 10), (0, 10), "valid"),  # total smaller than a block
+        (3, (0, 10), (2, 4), "valid"),  # total smaller than the context (negative TW)
+    ],
+)
 def test_zero_level_task_is_done_immediately(total, read, write, fit):
-    t = daisy.Task("z", Roi((0,), (total,)), Roi((read[0],), (read[1],)), Roi((write[0],), (write[1],)),
-                   read_write_conflict=True, fit=fit, process_function=lambda b: None)
+    t = daisy.Task(
+        "z",
+        Roi((0,), (total,)),
+        Roi((read[0],), (read[1],)),
+        Roi((write[0],), (write[1],)),
+        read_write_conflict=True,
+        fit=fit,
+        process_function=lambda b: None,
+    )
     s = daisy.Scheduler(t)
     st_ = s.task_states["z"]
     assert st_.total_block_count == 0 and st_.is_done() and st_.pending_count == 0
@@ -1048,7 +1112,11 @@ def test_zero_level_task_inside_a_pipeline():
     a = task_1d("a", 40, process_function=lambda b: None)
     c = task_1d("c", 40, process_function=lambda b: None)
     states = daisy.run_blockwise(a + z + c, multiprocessing=False, return_states=True, summary=False)
-    assert {k: (v.total_block_count, v.completed_count) for k, v in states.items()} == {"a": (4, 4), "z": (0, 0), "c": (4, 4)}
+    assert {k: (v.total_block_count, v.completed_count) for k, v in states.items()} == {
+        "a": (4, 4),
+        "z": (0, 0),
+        "c": (4, 4),
+    }
     assert all(v.is_done() for v in states.values())
 
 
@@ -1189,7 +1257,10 @@ SURFACE_TWINS = {
     "_acquire": ("test_prop_batch_api", "test_golden_cases_match_reference_twin"),
     "_release": ("test_prop_batch_api", "test_golden_cases_match_reference_twin"),
     "_on_success": ("test_prop_per_block_api_lockstep_with_reference", "test_golden_cases_match_reference_twin"),
-    "_down_lj": ("test_prop_per_block_api_lockstep_with_reference", "test_asymmetric_context_dependency_graph_is_inverse"),
+    "_down_lj": (
+        "test_prop_per_block_api_lockstep_with_reference",
+        "test_asymmetric_context_dependency_graph_is_inverse",
+    ),
     "_n_up_lj": ("test_prop_per_block_api_lockstep_with_reference",),
     "_pop": ("test_order_core_6_5_roots_first_then_fifo", "test_prop_per_block_api_lockstep_with_reference"),
     "_push_back": ("test_retries_go_to_the_back_of_the_queue", "test_prop_batch_api"),
@@ -1223,16 +1294,18 @@ def test_every_surface_kernel_has_a_twin_check():
             assert callable(globals().get(t)), t
 
 
-@pytest.mark.skipif(os.environ.get("NUMBA_DISABLE_JIT") == "1" or os.environ.get("DAISY_NB_JIT") == "0",
-                    reason="plain-Python kernels have no compiled signatures")
+@pytest.mark.skipif(
+    os.environ.get("NUMBA_DISABLE_JIT") == "1" or os.environ.get("DAISY_NB_JIT") == "0",
+    reason="plain-Python kernels have no compiled signatures",
+)
 def test_each_surface_entry_point_has_one_compiled_signature():
     """After a run through every path, each compiled surface kernel has exactly one signature
     (the inlined helpers are compiled only into their callers)."""
     from numba.core.dispatcher import Dispatcher
 
-    p = daisy.Task("a", Roi((0, 0), (9, 9)), Roi((0, 0), (4, 4)), Roi((1, 1), (2, 2)), max_retries=0,
-                   tracking_path=False) + daisy.Task("c", Roi((0, 0), (9, 9)), Roi((0, 0), (4, 4)),
-                                                     Roi((1, 1), (2, 2)), tracking_path=False)
+    p = daisy.Task(
+        "a", Roi((0, 0), (9, 9)), Roi((0, 0), (4, 4)), Roi((1, 1), (2, 2)), max_retries=0, tracking_path=False
+    ) + daisy.Task("c", Roi((0, 0), (9, 9)), Roi((0, 0), (4, 4)), Roi((1, 1), (2, 2)), tracking_path=False)
     s = daisy.Scheduler(p)
     first = True
     while True:

@@ -61,8 +61,15 @@ def task_2d(tid, fn, path=None, max_retries=1, **kw):
     """4 x 4 blocks of 10 x 10, no context."""
     if path is not None:
         kw["tracking_path"] = str(path)
-    return daisy.Task(tid, Roi((0, 0), (40, 40)), Roi((0, 0), (10, 10)), Roi((0, 0), (10, 10)),
-                      process_function=fn, max_retries=max_retries, **kw)
+    return daisy.Task(
+        tid,
+        Roi((0, 0), (40, 40)),
+        Roi((0, 0), (10, 10)),
+        Roi((0, 0), (10, 10)),
+        process_function=fn,
+        max_retries=max_retries,
+        **kw,
+    )
 
 
 ALL_2D = {(x, y) for x in range(0, 40, 10) for y in range(0, 40, 10)}
@@ -91,7 +98,13 @@ def test_return_states():
     states = run(task_2d("a", f, max_retries=2), return_states=True)
     assert set(states) == {"a"}
     s = states["a"]
-    assert (s.total_block_count, s.completed_count, s.failed_count, s.orphaned_count, s.skipped_count) == (16, 15, 1, 0, 0)
+    assert (s.total_block_count, s.completed_count, s.failed_count, s.orphaned_count, s.skipped_count) == (
+        16,
+        15,
+        1,
+        0,
+        0,
+    )
     assert (s.ready_count, s.processing_count, s.pending_count) == (0, 0, 0) and s.is_done() and s.started
     assert f.calls.count((0, 0)) == 3  # max_retries + 1 attempts
 
@@ -157,8 +170,9 @@ def test_serial_runs_every_task_of_a_pipeline_in_dependency_order():
         order.append((block.task_id, wb(block)))
 
     a = daisy.Task("a", Roi((0,), (60,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=f)
-    b = daisy.Task("b", Roi((0,), (60,)), Roi((-10,), (30,)), Roi((0,), (10,)), process_function=f,
-                   read_write_conflict=False)  # writes [10, 50)
+    b = daisy.Task(
+        "b", Roi((0,), (60,)), Roi((-10,), (30,)), Roi((0,), (10,)), process_function=f, read_write_conflict=False
+    )  # writes [10, 50)
     c = daisy.Task("c", Roi((0,), (60,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=f)
     assert run((a + b) | c) is True
     pos = {k: i for i, k in enumerate(order)}
@@ -197,10 +211,24 @@ def test_rerun_of_a_chain_skips_done_blocks_and_runs_orphans(tmp_path):
     a1, b1 = Recorder(fail=[(10,)]), Recorder()
 
     def pipeline(fa, fb):
-        a = daisy.Task("a", Roi((0,), (50,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=fa, max_retries=0,
-                       tracking_path=str(tmp_path / "a"))
-        b = daisy.Task("b", Roi((0,), (50,)), Roi((-10,), (30,)), Roi((0,), (10,)), process_function=fb,
-                       read_write_conflict=False, tracking_path=str(tmp_path / "b"))
+        a = daisy.Task(
+            "a",
+            Roi((0,), (50,)),
+            Roi((0,), (10,)),
+            Roi((0,), (10,)),
+            process_function=fa,
+            max_retries=0,
+            tracking_path=str(tmp_path / "a"),
+        )
+        b = daisy.Task(
+            "b",
+            Roi((0,), (50,)),
+            Roi((-10,), (30,)),
+            Roi((0,), (10,)),
+            process_function=fb,
+            read_write_conflict=False,
+            tracking_path=str(tmp_path / "b"),
+        )
         return a + b
 
     st1 = run(pipeline(a1, b1), return_states=True)
@@ -295,8 +323,14 @@ def test_layout_mismatch_raises_naming_the_path(tmp_path):
     path = tmp_path / "a"
     run(task_2d("a", Recorder(), path=path))
     f = Recorder()
-    other = daisy.Task("a", Roi((0, 0), (40, 40)), Roi((0, 0), (20, 20)), Roi((0, 0), (20, 20)), process_function=f,
-                       tracking_path=str(path))
+    other = daisy.Task(
+        "a",
+        Roi((0, 0), (40, 40)),
+        Roi((0, 0), (20, 20)),
+        Roi((0, 0), (20, 20)),
+        process_function=f,
+        tracking_path=str(path),
+    )
     with pytest.raises(RuntimeError, match="different task layout") as ei:
         run(other)
     assert str(path) in str(ei.value) and "rm -rf" in str(ei.value)
@@ -317,8 +351,17 @@ def test_layout_mismatch_raises_naming_the_path(tmp_path):
 def fixture_task(name, path, fn, **kw):
     c = EXPECTED[name]
     r = lambda d: Roi(tuple(d["offset"]), tuple(d["shape"]))  # noqa: E731
-    return daisy.Task(name, r(c["total_roi"]), r(c["read_roi"]), r(c["write_roi"]), process_function=fn, fit=c["fit"],
-                      max_retries=c["max_retries"], tracking_path=str(path), **kw)
+    return daisy.Task(
+        name,
+        r(c["total_roi"]),
+        r(c["read_roi"]),
+        r(c["write_roi"]),
+        process_function=fn,
+        fit=c["fit"],
+        max_retries=c["max_retries"],
+        tracking_path=str(path),
+        **kw,
+    )
 
 
 def copy_fixture(name, tmp_path):
@@ -388,8 +431,9 @@ def test_daisy2_rerun_with_the_same_failures_matches_daisy(tmp_path):
     (cell,) = [tuple(x) for x in np.argwhere(before > 0)]
     assert fails[cell] == before[cell] + 2 and fails.sum() == before.sum() + 2
     assert np.array_equal(np.asarray(read_tracking(path)["done"]), np.array(c["done"], np.uint8))
-    assert sorted(wb(b) for b in fixture_task("t3d", path, None).failed_blocks()) == \
-        sorted(tuple(x) for x in c["failed_blocks_write_begin"])
+    assert sorted(wb(b) for b in fixture_task("t3d", path, None).failed_blocks()) == sorted(
+        tuple(x) for x in c["failed_blocks_write_begin"]
+    )
 
 
 @pytest.mark.parametrize("name", ["t2d", "t3d"])
@@ -403,8 +447,15 @@ def test_daisy2_failed_blocks(name, tmp_path):
 def test_daisy2_store_with_another_layout_is_refused(tmp_path):
     path = copy_fixture("t2d", tmp_path)
     f = Recorder()
-    t = daisy.Task("t2d", Roi((0, 0), (50, 30)), Roi((0, 0), (20, 20)), Roi((5, 5), (10, 10)), process_function=f,
-                   fit="overhang", tracking_path=str(path))
+    t = daisy.Task(
+        "t2d",
+        Roi((0, 0), (50, 30)),
+        Roi((0, 0), (20, 20)),
+        Roi((5, 5), (10, 10)),
+        process_function=f,
+        fit="overhang",
+        tracking_path=str(path),
+    )
     with pytest.raises(RuntimeError, match="different task layout") as ei:
         run(t)
     assert str(path) in str(ei.value)

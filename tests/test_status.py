@@ -43,8 +43,14 @@ def _no_basedir():
 def _cli(*args, cwd=None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.run([sys.executable, "-m", "daisy_nb", "status", *map(str, args)],
-                          capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "status", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def _roi_arg(roi: Roi) -> str:
@@ -76,8 +82,7 @@ def _run(path, fail_begins=(), max_retries=MAX_RETRIES):
             seen[wb] = "success"
 
     task = daisy_nb.Task("grid2d", TOTAL, READ, WRITE, process, max_retries=max_retries, tracking_path=str(path))
-    states = daisy_nb.run_blockwise([task], multiprocessing=False, return_states=True, progress=False,
-                                    summary=False)
+    states = daisy_nb.run_blockwise([task], multiprocessing=False, return_states=True, progress=False, summary=False)
     return task, states["grid2d"], seen
 
 
@@ -141,7 +146,11 @@ def test_cli_counts_exit_codes_and_rerun(failed_run):
     assert r.returncode == 1, r.stderr
     (s,) = json.loads(r.stdout)
     assert (s["total"], s["done"], s["failed"], s["never"]) == (
-        24, state.completed_count, state.failed_count, state.orphaned_count)
+        24,
+        state.completed_count,
+        state.failed_count,
+        state.orphaned_count,
+    )
     assert s["failure_histogram"] == {str(MAX_RETRIES + 1): 2}
 
     r = _cli(path.parent)  # basedir, text output
@@ -184,8 +193,9 @@ def test_cli_exit_zero_when_tracking_grid_is_block_grid(tmp_path):
 
     def run():
         t = daisy_nb.Task("vol", total, block, block, process, max_retries=0, tracking_path=str(tmp_path / "vol"))
-        return daisy_nb.run_blockwise([t], multiprocessing=False, return_states=True, progress=False,
-                                      summary=False)["vol"]
+        return daisy_nb.run_blockwise([t], multiprocessing=False, return_states=True, progress=False, summary=False)[
+            "vol"
+        ]
 
     st = run()
     r = _cli(tmp_path / "vol", "--json")
@@ -225,13 +235,18 @@ def test_daisy2_fixture_counts(name):
 
     # with the task known: the real block grid, and daisy's own counters of the last run
     total, read, write = _case_rois(c)
-    task = daisy_nb.Task(name, total, read, write, fit=c["fit"], max_retries=c["max_retries"],
-                         tracking_path=str(FIXTURE / name))
+    task = daisy_nb.Task(
+        name, total, read, write, fit=c["fit"], max_retries=c["max_retries"], tracking_path=str(FIXTURE / name)
+    )
     t = task_status(task)
     assert t["block_grid_shape"] == c["block_grid_shape"]
     last = c["runs"][-1]
     assert (t["total"], t["done"], t["failed"], t["never"]) == (
-        last["total"], last["completed"], last["failed"], last["orphaned"])
+        last["total"],
+        last["completed"],
+        last["failed"],
+        last["orphaned"],
+    )
     assert t["outside_marked"] == 0
 
 
@@ -246,8 +261,14 @@ def test_daisy2_fixture_cli():
 
     c = CASES["t3d"]
     total, read, write = _case_rois(c)
-    r = _cli(FIXTURE / "t3d", f"--total-roi={_roi_arg(total)}", f"--read-roi={_roi_arg(read)}",
-             f"--write-roi={_roi_arg(write)}", "--fit", c["fit"])
+    r = _cli(
+        FIXTURE / "t3d",
+        f"--total-roi={_roi_arg(total)}",
+        f"--read-roi={_roi_arg(read)}",
+        f"--write-roi={_roi_arg(write)}",
+        "--fit",
+        c["fit"],
+    )
     assert r.returncode == 1
     assert "3 x 3 x 2 = 18 blocks (tracking grid 4 x 3 x 2; 6 cells that are not blocks" in r.stdout
     assert "done              15 / 18 blocks (83.3%)" in r.stdout
@@ -348,8 +369,7 @@ def test_png_2d_task_pixels(failed_run, tmp_path):
         assert _rgb_at(img, p.pixel_of(g)) == want, (g, wb, status)
         n_checked[{"success": "done"}.get(status, status)] += 1
     assert n_checked["failed"] == 2 and n_checked["done"] == state.completed_count
-    assert p.grid.counts == {"done": state.completed_count, "failed": 2, "never": state.orphaned_count,
-                             "skipped": 0}
+    assert p.grid.counts == {"done": state.completed_count, "failed": 2, "never": state.orphaned_count, "skipped": 0}
 
     # the bare directory draws the whole tracking grid: block g sits at cell g + 1
     q = daisy_nb.plot_block_states(path, file=tmp_path / "cells.png")
@@ -452,8 +472,15 @@ def test_plot_from_run_states_and_into_own_axes(tmp_path):
 def test_skip_mask_blocks_are_not_never(tmp_path):
     mask = np.zeros((2, 3), bool)
     mask[1, 2] = True
-    t = daisy_nb.Task("m", Roi((0, 0), (4, 6)), Roi((0, 0), (2, 2)), Roi((0, 0), (2, 2)), lambda b: None,
-                      skip_mask=mask, tracking_path=str(tmp_path / "m"))
+    t = daisy_nb.Task(
+        "m",
+        Roi((0, 0), (4, 6)),
+        Roi((0, 0), (2, 2)),
+        Roi((0, 0), (2, 2)),
+        lambda b: None,
+        skip_mask=mask,
+        tracking_path=str(tmp_path / "m"),
+    )
     daisy_nb.run_blockwise([t], multiprocessing=False, progress=False, summary=False)
     s = task_status(t)
     assert (s["done"], s["skipped_by_mask"], s["never"], s["complete"]) == (5, 1, 0, True)

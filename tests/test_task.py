@@ -44,9 +44,21 @@ def test_signature_matches_daisy_2():
     params = list(inspect.signature(daisy.Task).parameters.values())
     positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
     assert positional == [
-        "task_id", "total_roi", "read_roi", "write_roi", "process_function", "check_function",
-        "read_write_conflict", "fit", "max_workers", "max_retries", "timeout", "tracking_path", "requires",
-        "max_worker_restarts", "skip_mask",
+        "task_id",
+        "total_roi",
+        "read_roi",
+        "write_roi",
+        "process_function",
+        "check_function",
+        "read_write_conflict",
+        "fit",
+        "max_workers",
+        "max_retries",
+        "timeout",
+        "tracking_path",
+        "requires",
+        "max_worker_restarts",
+        "skip_mask",
     ]
     kw_only = {p.name for p in params if p.kind == p.KEYWORD_ONLY}
     assert {"num_workers", "upstream_tasks", "done_marker_path"} <= kw_only
@@ -78,7 +90,13 @@ def test_positional_arguments_in_daisy_order():
 
     t = daisy.Task("p", T2, R2, W2, f, c, False, "overhang", 3, 4, 5.0, False, {"gpu": 1}, 7, None)
     assert t.process_function is f and t.check_function is c
-    assert (t.read_write_conflict, t.fit, t.max_workers, t.max_retries, t.timeout_secs) == (False, "overhang", 3, 4, 5.0)
+    assert (t.read_write_conflict, t.fit, t.max_workers, t.max_retries, t.timeout_secs) == (
+        False,
+        "overhang",
+        3,
+        4,
+        5.0,
+    )
     assert (t.tracking_path, t.requires, t.max_worker_restarts) == (False, {"gpu": 1}, 7)
 
 
@@ -432,11 +450,14 @@ def test_bad_parameters_raise_naming_the_parameter(name, kw, exc):
         mk(**kw)
 
 
-@pytest.mark.parametrize("total,read,write", [
-    (Roi((0,), (40,)), R2, W2),
-    (T2, Roi((0,), (10,)), W2),
-    (T2, R2, Roi((0, 0, 0), (10, 10, 10))),
-])
+@pytest.mark.parametrize(
+    "total,read,write",
+    [
+        (Roi((0,), (40,)), R2, W2),
+        (T2, Roi((0,), (10,)), W2),
+        (T2, R2, Roi((0, 0, 0), (10, 10, 10))),
+    ],
+)
 def test_mismatched_roi_dimensions_raise(total, read, write):
     with pytest.raises(ValueError, match="dimensions"):
         daisy.Task("t", total, read, write)
@@ -489,8 +510,15 @@ def _noop(block):
 
 def test_host_this_machine_does_not_have_is_refused(tmp_path, monkeypatch):
     """host= (or DAISY_HOST) is bound by the pool: an address that is not this machine's is a ValueError."""
-    t = daisy.Task("h", Roi((0,), (20,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=_noop,
-                   read_write_conflict=False, tracking_path=False)
+    t = daisy.Task(
+        "h",
+        Roi((0,), (20,)),
+        Roi((0,), (10,)),
+        Roi((0,), (10,)),
+        process_function=_noop,
+        read_write_conflict=False,
+        tracking_path=False,
+    )
     psutil = pytest.importorskip("psutil")
     mine = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
     if {"203.0.113.77", "203.0.113.78"} & mine:  # TEST-NET-3 (documentation): never a real host's

@@ -238,7 +238,11 @@ def test_flush_leaves_no_temp_files_and_replaces_chunk(tmp_path):
     s.close()
     files = sorted(str(f.relative_to(p)) for f in p.rglob("*") if f.is_file())
     assert files == [
-        "done/c/0/0", "done/zarr.json", "failures/c/0/0", "failures/zarr.json", "zarr.json",
+        "done/c/0/0",
+        "done/zarr.json",
+        "failures/c/0/0",
+        "failures/zarr.json",
+        "zarr.json",
     ]
     # issue #12: the chunk is mapped shared and written in place (a flush is an msync of
     # the changed pages); it used to be rewritten whole aside and os.replace-d
@@ -458,7 +462,7 @@ def test_large_store_opens_cheaply(tmp_path):
     assert peak < 2_000_000, peak  # python-level allocations: nothing proportional to the grid
     if rss0 is not None and rss1 is not None:
         # generous: < 2 bytes/cell even though the flush streamed 50 MB of chunks
-        assert rss1 - rss0 < 2 * n0 * n1, (rss1 - rss0)
+        assert rss1 - rss0 < 2 * n0 * n1, rss1 - rss0
     info = read_tracking(p)
     assert info["done"].reshape(-1)[[0, 1, 2, 3, 4, 997]].tolist() == [1, 1, 1, 1, 0, 1]
     assert info["failures"].reshape(-1)[[5, 6, 7, 8]].tolist() == [1, 1, 1, 0]

@@ -54,9 +54,14 @@ def test_sigkill_keeps_every_finished_block_but_the_last_second(mode, tmp_path):
         pytest.importorskip("distributed")
     track, log = tmp_path / "track", tmp_path / "finished.log"
     n = 20_000  # far more than can finish before the kill
-    proc = subprocess.Popen([sys.executable, str(KILLRUN), mode, str(n), str(track), str(log)],
-                            env=_env(), cwd=tmp_path, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(KILLRUN), mode, str(n), str(track), str(log)],
+        env=_env(),
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 90
         while len(_read_log(log)) < 30:  # the run is well under way (workers up)
@@ -230,8 +235,9 @@ def test_serial_run_shows_tqdm_bars_and_json_progress(capsys):
     assert "bar ✔" in err and "30/30" in err  # the tqdm bar (stderr)
     assert "Execution Summary" in out
     sink = io.StringIO()
-    daisy.run_blockwise(_serial_task("j", 40), multiprocessing=False, summary=False,
-                        progress=daisy.JsonProgressObserver(stream=sink))
+    daisy.run_blockwise(
+        _serial_task("j", 40), multiprocessing=False, summary=False, progress=daisy.JsonProgressObserver(stream=sink)
+    )
     events = [line.split('"event": "')[1].split('"')[0] for line in sink.getvalue().splitlines()]
     assert events[0] == "start" and events[-1] == "finish" and "progress" in events
 
@@ -247,8 +253,9 @@ def test_serial_run_flushes_tracking_while_it_runs(tmp_path, monkeypatch):
 
     monkeypatch.setattr(TrackingStore, "flush", counting)
     t0 = time.monotonic()
-    daisy.run_blockwise(_serial_task("f", 250, tracking_path=tmp_path / "f"), multiprocessing=False,
-                        progress=False, summary=False)
+    daisy.run_blockwise(
+        _serial_task("f", 250, tracking_path=tmp_path / "f"), multiprocessing=False, progress=False, summary=False
+    )
     t1 = time.monotonic()
     during = [t for t in flushes if t < t1 - 0.05]
     assert t1 - t0 > 2.0 and len(during) >= 1, (t1 - t0, flushes)
@@ -264,8 +271,15 @@ def test_serial_ctrl_c_prints_partial_summary_and_keeps_the_blocks(tmp_path, cap
             raise KeyboardInterrupt
 
     one = Roi((0,), (1,))
-    t = daisy.Task("c", Roi((0,), (20,)), one, one, process_function=interrupting, read_write_conflict=False,
-                   tracking_path=tmp_path / "c")
+    t = daisy.Task(
+        "c",
+        Roi((0,), (20,)),
+        one,
+        one,
+        process_function=interrupting,
+        read_write_conflict=False,
+        tracking_path=tmp_path / "c",
+    )
     with pytest.raises(KeyboardInterrupt) as ei:
         daisy.run_blockwise(t, multiprocessing=False, progress=False)
     assert ei.value.daisy_states["c"].completed_count == 5

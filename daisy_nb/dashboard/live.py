@@ -260,8 +260,7 @@ class LiveSource:
         if trs:  # the pool's own per-task times: blocks/s as in the execution summary
             try:
                 self.elapsed = {
-                    tid: ((tr.t_done or now) - tr.t_first) if tr.t_first is not None else 0.0
-                    for tid, tr in trs.items()
+                    tid: ((tr.t_done or now) - tr.t_first) if tr.t_first is not None else 0.0 for tid, tr in trs.items()
                 }
             except Exception:
                 self.elapsed = {}
@@ -318,11 +317,17 @@ class LiveSource:
                     c = int(w.bufs[k][_shm.H_CUR])
                     if 0 <= c < len(idx):
                         row = int(idx[c])
-                out.append({
-                    "id": int(w.wid), "task": w.tr.tid, "pid": int(w.proc.pid) if w.proc else None,
-                    "state": _STATE_NAMES[w.state] if 0 <= w.state < len(_STATE_NAMES) else str(w.state),
-                    "alive": True, "row": row, "age_s": round(now - w.t_spawn, 1),
-                })
+                out.append(
+                    {
+                        "id": int(w.wid),
+                        "task": w.tr.tid,
+                        "pid": int(w.proc.pid) if w.proc else None,
+                        "state": _STATE_NAMES[w.state] if 0 <= w.state < len(_STATE_NAMES) else str(w.state),
+                        "alive": True,
+                        "row": row,
+                        "age_s": round(now - w.t_spawn, 1),
+                    }
+                )
         except Exception:  # the pool changed shape under us (another runtime): show nothing
             out = []
         with self.lock:
@@ -454,9 +459,7 @@ class LiveSource:
             return {"tasks": {}}
         now = time.monotonic()
         with self._pic_lock:
-            fresh = self._pics is not None and (
-                self._pics_final or now - self._pics_t < max(0.5, 20 * self._pics_cost)
-            )
+            fresh = self._pics is not None and (self._pics_final or now - self._pics_t < max(0.5, 20 * self._pics_cost))
             if fresh:
                 return self._pics
             final = self.finished
@@ -502,7 +505,9 @@ class LiveSource:
             lo_a = np.zeros(tt.geo.shape[2], np.int64)
             hi_a = np.zeros(tt.geo.shape[2], np.int64)
             lo_a[: len(lo)], hi_a[: len(hi)] = lo, hi
-            k = kg.grid_box_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, lo_a, hi_a, out_rows, out_ids)
+            k = kg.grid_box_rows(
+                tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, lo_a, hi_a, out_rows, out_ids
+            )
             parts.append(out_rows[:k])
         rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         st = s.status[base + rows]
@@ -522,15 +527,22 @@ class LiveSource:
                         tb = self.tracebacks.get((tid, bid))
                     if tb is None:
                         tb = find_traceback_in_logs(self.log_base, tid, bid)
-                blocks.append({
-                    "block_id": bid,
-                    "row": int(row),
-                    "status": _STATUS_NAMES[code] if code < 6 else str(code),
-                    "skipped": bool(code == 3 and s.preskip[base + row]),
-                    "failed_attempts": int(s.retries[base + row]) + (1 if code == 4 else 0),
-                    "read_roi": {"offset": ro[i].tolist(), "shape": rs[i].tolist()},
-                    "write_roi": {"offset": wo[i].tolist(), "shape": ws[i].tolist()},
-                    "traceback": tb,
-                })
-        return {"task": tid, "blocks_in_pixel": len(rows), "counts": counts, "blocks": blocks,
-                "boxes": [[list(map(int, lo)), list(map(int, hi))] for lo, hi in boxes]}
+                blocks.append(
+                    {
+                        "block_id": bid,
+                        "row": int(row),
+                        "status": _STATUS_NAMES[code] if code < 6 else str(code),
+                        "skipped": bool(code == 3 and s.preskip[base + row]),
+                        "failed_attempts": int(s.retries[base + row]) + (1 if code == 4 else 0),
+                        "read_roi": {"offset": ro[i].tolist(), "shape": rs[i].tolist()},
+                        "write_roi": {"offset": wo[i].tolist(), "shape": ws[i].tolist()},
+                        "traceback": tb,
+                    }
+                )
+        return {
+            "task": tid,
+            "blocks_in_pixel": len(rows),
+            "counts": counts,
+            "blocks": blocks,
+            "boxes": [[list(map(int, lo)), list(map(int, hi))] for lo, hi in boxes],
+        }

@@ -69,9 +69,23 @@ class TrackingSource:
             tasks = []
             for name, s in self._status().items():
                 if "error" in s:
-                    tasks.append({"task_id": name, "error": s["error"], "total": 0, "completed": 0, "skipped": 0,
-                                  "failed": 0, "orphaned": 0, "processing": 0, "remaining": 0, "blocks_per_s": 0.0,
-                                  "eta_s": None, "done": False, "rate_history": []})
+                    tasks.append(
+                        {
+                            "task_id": name,
+                            "error": s["error"],
+                            "total": 0,
+                            "completed": 0,
+                            "skipped": 0,
+                            "failed": 0,
+                            "orphaned": 0,
+                            "processing": 0,
+                            "remaining": 0,
+                            "blocks_per_s": 0.0,
+                            "eta_s": None,
+                            "done": False,
+                            "rate_history": [],
+                        }
+                    )
                     continue
                 h = self.history[name]
                 h.add(now, s["done"])
@@ -82,20 +96,34 @@ class TrackingSource:
                 for (t0, r0), (t1, r1) in zip(smp, smp[1:]):
                     if t1 > t0:
                         hist.append([round(t1 - self.t_mono, 2), round(max(0, r1 - r0) / (t1 - t0), 1)])
-                tasks.append({
-                    "task_id": name, "total": s["total"], "completed": s["done"] + s["skipped_by_mask"],
-                    "skipped": s["skipped_by_mask"], "failed": s["failed"], "orphaned": 0, "processing": 0,
-                    "remaining": remaining, "blocks_per_s": round(rate, 1),
-                    "eta_s": 0.0 if remaining == 0 else (round(remaining / slow, 1) if slow > 0 else None),
-                    "done": bool(s["complete"]), "counted": s["counted"], "path": s["path"],
-                    "failure_histogram": {str(k): v for k, v in s["failure_histogram"].items()},
-                    "rate_history": hist,
-                })
+                tasks.append(
+                    {
+                        "task_id": name,
+                        "total": s["total"],
+                        "completed": s["done"] + s["skipped_by_mask"],
+                        "skipped": s["skipped_by_mask"],
+                        "failed": s["failed"],
+                        "orphaned": 0,
+                        "processing": 0,
+                        "remaining": remaining,
+                        "blocks_per_s": round(rate, 1),
+                        "eta_s": 0.0 if remaining == 0 else (round(remaining / slow, 1) if slow > 0 else None),
+                        "done": bool(s["complete"]),
+                        "counted": s["counted"],
+                        "path": s["path"],
+                        "failure_histogram": {str(k): v for k, v in s["failure_histogram"].items()},
+                        "rate_history": hist,
+                    }
+                )
             self._state = {
-                "mode": self.mode, "runtime": "tracking", "paths": self.paths,
+                "mode": self.mode,
+                "runtime": "tracking",
+                "paths": self.paths,
                 "elapsed_s": round(now - self.t_mono, 2),
                 "finished": all(t.get("done") for t in tasks),
-                "tasks": tasks, "workers": [], "errors": self._errors(),
+                "tasks": tasks,
+                "workers": [],
+                "errors": self._errors(),
                 "log_dir": None if self.logs is None else str(self.logs),
             }
             self._state_t = now
@@ -128,8 +156,11 @@ class TrackingSource:
                 try:
                     with t.open() as reader:
                         lo, hi = (t.block_lo, t.block_hi) if t.knows_blocks else (None, None)
-                        shape = (tuple(b - a for a, b in zip(lo, hi)) if lo is not None and hi is not None
-                                 else reader.grid_shape)
+                        shape = (
+                            tuple(b - a for a, b in zip(lo, hi))
+                            if lo is not None and hi is not None
+                            else reader.grid_shape
+                        )
                         found: list = []
                         out[name] = pic.picture(shape, pic.tracking_slabs(reader, lo, hi, found))
                         self._failed[name] = found
@@ -187,15 +218,28 @@ class TrackingSource:
         for i in order.tolist():
             c = [int(v) for v in cells[i]]
             bid = cantor_number(c)
-            b = {"block_id": bid, "cell": c, "status": names[int(status[i])], "skipped": False,
-                 "failed_attempts": int(fails[i]), "read_roi": None, "write_roi": None, "traceback": None}
+            b = {
+                "block_id": bid,
+                "cell": c,
+                "status": names[int(status[i])],
+                "skipped": False,
+                "failed_attempts": int(fails[i]),
+                "read_roi": None,
+                "write_roi": None,
+                "traceback": None,
+            }
             if self.geometry is not None:
                 b["read_roi"], b["write_roi"] = _rois(self.geometry, c)
             if fails[i] and self.logs is not None:
                 b["traceback"] = find_traceback_in_logs(self.logs, name, bid)
             blocks.append(b)
-        return {"task": name, "blocks_in_pixel": len(status), "counts": counts, "blocks": blocks,
-                "boxes": [[list(map(int, lo)), list(map(int, hi))] for lo, hi in boxes]}
+        return {
+            "task": name,
+            "blocks_in_pixel": len(status),
+            "counts": counts,
+            "blocks": blocks,
+            "boxes": [[list(map(int, lo)), list(map(int, hi))] for lo, hi in boxes],
+        }
 
 
 def _rois(lay, cell):
@@ -213,16 +257,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``daisy-nb dashboard``."""
     from daisy_nb.status_cli import _parse_roi
 
-    parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="a task's tracking directory, or a basedir holding <task_id>/ directories")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a task's tracking directory, or a basedir holding <task_id>/ directories",
+    )
     parser.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
-    parser.add_argument("--bind", metavar="ADDRESS", default=None,
-                        help="listen on this address instead of 127.0.0.1; then the URL carries a token "
-                             "that every request must present")
-    parser.add_argument("--logs", metavar="DIR", default=None,
-                        help="worker log basedir for tracebacks (default: ./daisy_logs if it exists)")
+    parser.add_argument(
+        "--bind",
+        metavar="ADDRESS",
+        default=None,
+        help="listen on this address instead of 127.0.0.1; then the URL carries a token "
+        "that every request must present",
+    )
+    parser.add_argument(
+        "--logs",
+        metavar="DIR",
+        default=None,
+        help="worker log basedir for tracebacks (default: ./daisy_logs if it exists)",
+    )
     geo = parser.add_argument_group(
-        "task layout (optional)", "the task's ROIs, to count its real blocks and show ROIs (as for `status`)")
+        "task layout (optional)", "the task's ROIs, to count its real blocks and show ROIs (as for `status`)"
+    )
     geo.add_argument("--total-roi", type=_parse_roi, metavar="ROI")
     geo.add_argument("--read-roi", type=_parse_roi, metavar="ROI")
     geo.add_argument("--write-roi", type=_parse_roi, metavar="ROI")

@@ -29,8 +29,12 @@ from urllib.parse import parse_qs, urlsplit
 __all__ = ["LOOPBACK_HOSTS", "DashboardServer"]
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
-_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
 
 
 def _static_files() -> dict[str, tuple[bytes, str]]:
@@ -38,7 +42,7 @@ def _static_files() -> dict[str, tuple[bytes, str]]:
     root = resources.files(__package__) / "static"
     for entry in root.iterdir():
         name = entry.name
-        ext = name[name.rfind("."):]
+        ext = name[name.rfind(".") :]
         if ext in _TYPES:
             out[name] = (entry.read_bytes(), _TYPES[ext])
     return out
@@ -96,11 +100,11 @@ class _Handler(BaseHTTPRequestHandler):
                 body, ctype = srv.static["index.html"]
                 if srv.token is not None:  # the page's own files need the token too
                     t = f"?token={srv.token}".encode()
-                    body = body.replace(b'static/style.css"', b'static/style.css' + t + b'"')
-                    body = body.replace(b'static/app.js"', b'static/app.js' + t + b'"')
+                    body = body.replace(b'static/style.css"', b"static/style.css" + t + b'"')
+                    body = body.replace(b'static/app.js"', b"static/app.js" + t + b'"')
                 self._send(200, body, ctype)
             elif path.startswith("/static/"):
-                item = srv.static.get(path[len("/static/"):])
+                item = srv.static.get(path[len("/static/") :])
                 if item is None:
                     self._error(404, "not found")
                 else:

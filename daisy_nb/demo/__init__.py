@@ -170,12 +170,35 @@ def _prepare_fresh(out: Path, p: dict) -> None:
     root.attrs.update({"description": "daisy_nb demo (python -m daisy_nb demo)", "world_units": "voxels"})
     common = {"chunks": tuple(p["block"]), "fill_value": 0}
     specs = [
-        ("raw", p["raw_shape"], "float32", p["raw_offset"], "synthetic blobs + noise (with a margin of the smoothing radius)"),
-        ("smoothed", p["size"], "float32", [0, 0, 0], f"gaussian_filter(raw, sigma={p['sigma']}, truncate={p['truncate']})"),
+        (
+            "raw",
+            p["raw_shape"],
+            "float32",
+            p["raw_offset"],
+            "synthetic blobs + noise (with a margin of the smoothing radius)",
+        ),
+        (
+            "smoothed",
+            p["size"],
+            "float32",
+            [0, 0, 0],
+            f"gaussian_filter(raw, sigma={p['sigma']}, truncate={p['truncate']})",
+        ),
         ("mask", p["size"], "uint8", [0, 0, 0], f"smoothed > {p['threshold']}"),
-        ("fragments", p["size"], p["label_dtype"], [0, 0, 0],
-         "per-block connected components, ids block_index * block_voxels + local"),
-        ("labels", p["size"], p["label_dtype"], [0, 0, 0], "connected components of mask (6-connectivity), 0 = background"),
+        (
+            "fragments",
+            p["size"],
+            p["label_dtype"],
+            [0, 0, 0],
+            "per-block connected components, ids block_index * block_voxels + local",
+        ),
+        (
+            "labels",
+            p["size"],
+            p["label_dtype"],
+            [0, 0, 0],
+            "connected components of mask (6-connectivity), 0 = background",
+        ),
     ]
     for name, shape, dtype, offset, desc in specs:
         root.create_array(
@@ -195,7 +218,9 @@ def _load_for_resume(out: Path, size, block, seed) -> dict:
     p = json.loads(marker.read_text())
     for name, given in (("size", size), ("block", block)):
         if given is not None and list(_triple(given, name)) != p[name]:
-            raise ValueError(f"--resume: {name} {list(_triple(given, name))} differs from the interrupted run's {p[name]}")
+            raise ValueError(
+                f"--resume: {name} {list(_triple(given, name))} differs from the interrupted run's {p[name]}"
+            )
     if seed is not None and int(seed) != p["seed"]:
         raise ValueError(f"--resume: seed {seed} differs from the interrupted run's {p['seed']}")
     if p.get("version") != 1:
@@ -241,7 +266,9 @@ def build_pipeline(p: dict, workers: int = 2):
         # raw covers [-r, S + r): one block per raw chunk
         task("generate", Roi(p["raw_offset"], p["raw_shape"]), blk, blk, False),
         # read = write grown by the kernel radius r; writes tile [0, S)
-        task("smooth", Roi((-r,) * 3, [s + 2 * r for s in S]), Roi(zero, [b + 2 * r for b in B]), Roi((r,) * 3, B), False),
+        task(
+            "smooth", Roi((-r,) * 3, [s + 2 * r for s in S]), Roi(zero, [b + 2 * r for b in B]), Roi((r,) * 3, B), False
+        ),
         task("threshold", volume, blk, blk, False),
         # read = write grown by 1 (the neighbours' faces); conflict levels order adjacent blocks
         task("label", Roi((-1,) * 3, [s + 2 for s in S]), Roi(zero, [b + 2 for b in B]), Roi((1,) * 3, B), True),
@@ -292,8 +319,11 @@ def check_result(p: dict) -> dict:
     ref_mask = ref_sm > p["threshold"]
     del ref_sm
     mask = _open(p, "mask")[...].astype(bool)
-    masks = {"equal": bool(np.array_equal(mask, ref_mask)), "mismatches": int(np.count_nonzero(mask != ref_mask)),
-             "foreground_fraction": float(ref_mask.mean())}
+    masks = {
+        "equal": bool(np.array_equal(mask, ref_mask)),
+        "mismatches": int(np.count_nonzero(mask != ref_mask)),
+        "foreground_fraction": float(ref_mask.mean()),
+    }
     del mask
     ref_labels, nref = ndimage.label(ref_mask)
     del ref_mask
@@ -306,8 +336,7 @@ def check_result(p: dict) -> dict:
     sizes = np.bincount(final.astype(np.int64))[1:]
     info["fragments"] = int(final.size)
     info["objects_spanning_blocks"] = int(np.count_nonzero(sizes > 1))
-    return {"smoothed": smooth, "mask": masks, "labels": info,
-            "agrees": smooth["equal"] and masks["equal"] and ok}
+    return {"smoothed": smooth, "mask": masks, "labels": info, "agrees": smooth["equal"] and masks["equal"] and ok}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,23 +409,34 @@ def run_demo(
     if resume:
         p = _load_for_resume(out, size, block, seed)
     else:
-        p = _params(out, DEFAULT_SIZE if size is None else size, DEFAULT_BLOCK if block is None else block,
-                    DEFAULT_SEED if seed is None else seed)
+        p = _params(
+            out,
+            DEFAULT_SIZE if size is None else size,
+            DEFAULT_BLOCK if block is None else block,
+            DEFAULT_SEED if seed is None else seed,
+        )
         _prepare_fresh(out, p)
     run_p = dict(p, fail_fraction=float(fail_fraction), fail_task=fail_task, multiprocessing=bool(multiprocessing))
 
     S, B = p["size"], p["block"]
     nvox = int(np.prod(S))
-    say(f"daisy_nb demo: volume {'x'.join(map(str, S))} ({nvox * 4 / 2**20:.0f} MiB as float32), "
+    say(
+        f"daisy_nb demo: volume {'x'.join(map(str, S))} ({nvox * 4 / 2**20:.0f} MiB as float32), "
         f"blocks {'x'.join(map(str, B))} ({int(np.prod(p['grid']))} per task), "
-        f"{workers} worker{'s' if workers != 1 else ''}{'' if multiprocessing else ' (serial, in-process)'}")
+        f"{workers} worker{'s' if workers != 1 else ''}{'' if multiprocessing else ' (serial, in-process)'}"
+    )
     say(f"output: {out}" + ("  [resuming: finished blocks are skipped]" if resume else ""))
     if fail_fraction > 0:
         say(f"injecting failures: {fail_fraction:.0%} of the '{fail_task}' blocks fail in this run")
 
     pipeline, _ = build_pipeline(run_p, workers)
-    kwargs = {"multiprocessing": multiprocessing, "return_states": True, "progress": progress,
-              "summary": summary, "log_dir": str(out / "logs")}
+    kwargs = {
+        "multiprocessing": multiprocessing,
+        "return_states": True,
+        "progress": progress,
+        "summary": summary,
+        "log_dir": str(out / "logs"),
+    }
     if multiprocessing:
         kwargs["resources"] = {"cpu": workers}
     interrupted = False
@@ -430,12 +470,16 @@ def run_demo(
     }
     if resume:
         skipped = sum(c["skipped"] for c in counts.values())
-        say(f"resume: {skipped} finished blocks were skipped by block tracking "
-            f"(" + ", ".join(f"{t} {c['skipped']}/{c['total']}" for t, c in counts.items()) + ")")
+        say(
+            f"resume: {skipped} finished blocks were skipped by block tracking "
+            f"(" + ", ".join(f"{t} {c['skipped']}/{c['total']}" for t, c in counts.items()) + ")"
+        )
     if not complete:
         bad = sum(c["total"] - c["completed"] for c in counts.values())
-        say(f"\nrun {'interrupted' if interrupted else 'incomplete'}: {bad} blocks not done. "
-            f"Finish it with:  python -m daisy_nb demo --out {out} --resume")
+        say(
+            f"\nrun {'interrupted' if interrupted else 'incomplete'}: {bad} blocks not done. "
+            f"Finish it with:  python -m daisy_nb demo --out {out} --resume"
+        )
     elif check:
         say("\nchecking against the whole-volume computation (scipy.ndimage on the full arrays) ...")
         t1 = time.monotonic()
@@ -444,23 +488,39 @@ def run_demo(
         result["checks"] = checks
         result["agrees"] = checks["agrees"]
         lab = checks["labels"]
-        say(f"  smoothed == gaussian_filter(whole raw) cropped: {checks['smoothed']['equal']} "
-            f"(max |diff| {checks['smoothed']['max_abs_diff']:.3g})")
-        say(f"  mask == (whole smoothed > {p['threshold']}):             {checks['mask']['equal']} "
-            f"(foreground {checks['mask']['foreground_fraction']:.1%})")
-        say(f"  labels == scipy.ndimage.label up to permutation: {lab['equal_up_to_permutation']} "
+        say(
+            f"  smoothed == gaussian_filter(whole raw) cropped: {checks['smoothed']['equal']} "
+            f"(max |diff| {checks['smoothed']['max_abs_diff']:.3g})"
+        )
+        say(
+            f"  mask == (whole smoothed > {p['threshold']}):             {checks['mask']['equal']} "
+            f"(foreground {checks['mask']['foreground_fraction']:.1%})"
+        )
+        say(
+            f"  labels == scipy.ndimage.label up to permutation: {lab['equal_up_to_permutation']} "
             f"({lab['components']} objects; {lab['fragments']} block fragments merged, "
-            f"{lab['objects_spanning_blocks']} objects span several blocks)")
-        say("AGREE: the blockwise result equals the whole-volume computation" if checks["agrees"]
-             else "DISAGREE: the blockwise result differs from the whole-volume computation")
+            f"{lab['objects_spanning_blocks']} objects span several blocks)"
+        )
+        say(
+            "AGREE: the blockwise result equals the whole-volume computation"
+            if checks["agrees"]
+            else "DISAGREE: the blockwise result differs from the whole-volume computation"
+        )
     result["timings"]["total"] = time.monotonic() - t_start
     if complete:
-        say(f"\nresult: {p['zarr']}  (arrays raw, smoothed, mask, fragments, labels; "
-            f"{_nbytes(Path(p['zarr'])) / 2**20:.0f} MiB on disk)")
-        say(f"  open it:  python3 -c \"import zarr; a = zarr.open_array('{p['zarr']}/labels'); "
-            f"print(a.shape, a.dtype, a[:].max(), 'objects')\"")
-    say(f"time: pipeline {t_run:.1f}s" + (f", check {result['timings']['check']:.1f}s" if "check" in result["timings"] else "")
-        + f", total {result['timings']['total']:.1f}s")
+        say(
+            f"\nresult: {p['zarr']}  (arrays raw, smoothed, mask, fragments, labels; "
+            f"{_nbytes(Path(p['zarr'])) / 2**20:.0f} MiB on disk)"
+        )
+        say(
+            f"  open it:  python3 -c \"import zarr; a = zarr.open_array('{p['zarr']}/labels'); "
+            f"print(a.shape, a.dtype, a[:].max(), 'objects')\""
+        )
+    say(
+        f"time: pipeline {t_run:.1f}s"
+        + (f", check {result['timings']['check']:.1f}s" if "check" in result["timings"] else "")
+        + f", total {result['timings']['total']:.1f}s"
+    )
     return result
 
 
@@ -471,21 +531,38 @@ def run_demo(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m daisy_nb demo``."""
-    parser.add_argument("--size", default=None, metavar="N|Z,Y,X",
-                        help=f"volume size in voxels (default {DEFAULT_SIZE}; with --resume: the interrupted run's)")
-    parser.add_argument("--block", default=None, metavar="N|Z,Y,X",
-                        help=f"block (= zarr chunk) size (default {DEFAULT_BLOCK})")
+    parser.add_argument(
+        "--size",
+        default=None,
+        metavar="N|Z,Y,X",
+        help=f"volume size in voxels (default {DEFAULT_SIZE}; with --resume: the interrupted run's)",
+    )
+    parser.add_argument(
+        "--block", default=None, metavar="N|Z,Y,X", help=f"block (= zarr chunk) size (default {DEFAULT_BLOCK})"
+    )
     parser.add_argument("--workers", type=int, default=2, help="worker processes running blocks at once (default 2)")
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default ./{DEFAULT_OUT})")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue an interrupted run in --out: block tracking skips finished blocks")
-    parser.add_argument("--fail-fraction", type=float, default=0.0, metavar="F",
-                        help="make this fraction of the --fail-task blocks fail in this run, to try --resume")
-    parser.add_argument("--fail-task", default="label", choices=FAILABLE, help="task whose blocks --fail-fraction fails")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run in --out: block tracking skips finished blocks",
+    )
+    parser.add_argument(
+        "--fail-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="make this fraction of the --fail-task blocks fail in this run, to try --resume",
+    )
+    parser.add_argument(
+        "--fail-task", default="label", choices=FAILABLE, help="task whose blocks --fail-fraction fails"
+    )
     parser.add_argument("--seed", type=int, default=None, help=f"random seed of the volume (default {DEFAULT_SEED})")
     parser.add_argument("--serial", action="store_true", help="run the blocks in this process (no workers)")
     parser.add_argument("--no-check", action="store_true", help="skip the whole-volume comparison")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the result (counts, checks, timings) as JSON")
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="also write the result (counts, checks, timings) as JSON"
+    )
 
 
 def main(args) -> int:

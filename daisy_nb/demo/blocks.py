@@ -127,8 +127,10 @@ def generate_block(p: dict, block) -> None:
     hi = np.minimum(hi, we)
     for i in np.flatnonzero(np.all(lo < hi, axis=1)):
         cz, cy, cx, r, a = blobs[i]
-        prof = [np.exp(-0.5 * ((np.arange(lo_d, hi_d, dtype=np.float64) - c) / r) ** 2)
-                for lo_d, hi_d, c in zip(lo[i], hi[i], (cz, cy, cx))]
+        prof = [
+            np.exp(-0.5 * ((np.arange(lo_d, hi_d, dtype=np.float64) - c) / r) ** 2)
+            for lo_d, hi_d, c in zip(lo[i], hi[i], (cz, cy, cx))
+        ]
         box = tuple(slice(lo_d - b, hi_d - b) for lo_d, hi_d, b in zip(lo[i], hi[i], wb))
         vol[box] += a * prof[0][:, None, None] * prof[1][None, :, None] * prof[2][None, None, :]
     # noise seeded per chunk: reproducible whichever worker runs the block, in any order

@@ -39,8 +39,19 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["COMPILE_AT", "cache_is_warm", "compiled", "flat_kernel", "inline_kernel", "kernel", "mode", "need", "set_mode",
-           "use_numba", "use_python"]
+__all__ = [
+    "COMPILE_AT",
+    "cache_is_warm",
+    "compiled",
+    "flat_kernel",
+    "inline_kernel",
+    "kernel",
+    "mode",
+    "need",
+    "set_mode",
+    "use_numba",
+    "use_python",
+]
 
 CACHE = os.environ.get("DAISY_NB_CACHE", "1") != "0"
 _MODE = os.environ.get("DAISY_NB_JIT", "auto").strip().lower()
@@ -143,8 +154,9 @@ def use_numba() -> None:
         _MODE = "python"
         import warnings
 
-        warnings.warn(f"daisy_nb: numba cannot be imported ({e}); the kernels run as plain Python", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(
+            f"daisy_nb: numba cannot be imported ({e}); the kernels run as plain Python", RuntimeWarning, stacklevel=3
+        )
         return
     _install_notice()
     if CACHE and not cache_is_warm([fn for fn in _entry_points() if fn.__name__ == "step"]):
@@ -274,8 +286,12 @@ def _tell() -> None:
     global _told
     if not _told:
         _told = True
-        print(f"daisy_nb: compiling kernels, once, ~{_compile_estimate()} s "
-              "(`python -m daisy_nb warmup` does it ahead of time)", file=sys.stderr, flush=True)
+        print(
+            f"daisy_nb: compiling kernels, once, ~{_compile_estimate()} s "
+            "(`python -m daisy_nb warmup` does it ahead of time)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _install_notice() -> None:

@@ -92,9 +92,26 @@ def counter_to_row(info, lvl_cnt, lvl_start, t, lev, j):
 
 
 @kernel
-def fill_rows(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, t, row_start, row_stop,
-              out_id, out_level, out_read_off, out_write_off, out_read_shape, out_write_shape,
-              out_up_ptr, out_up_idx):
+def fill_rows(
+    geo,
+    info,
+    lvl_off,
+    lvl_cnt,
+    lvl_start,
+    conf_ptr,
+    conf_jump,
+    t,
+    row_start,
+    row_stop,
+    out_id,
+    out_level,
+    out_read_off,
+    out_write_off,
+    out_read_shape,
+    out_write_shape,
+    out_up_ptr,
+    out_up_idx,
+):
     """Describe rows ``[row_start, row_stop)`` of task ``t`` in enumeration order.
 
     Outputs (all written, first axis = row - row_start; pass size-0 arrays to skip one):
@@ -275,16 +292,55 @@ def rows_to_grid(info, lvl_off, lvl_cnt, lvl_start, geo, t, rows, out_g):
 
 
 @kernel
-def describe_rows(geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, out_id, out_read_off, out_write_off, out_read_shape, out_write_shape):
+def describe_rows(
+    geo,
+    info,
+    lvl_off,
+    lvl_cnt,
+    lvl_start,
+    t,
+    rows,
+    out_id,
+    out_read_off,
+    out_write_off,
+    out_read_shape,
+    out_write_shape,
+):
     """IDs and ROIs of arbitrary rows (int64[n]); outputs as in :func:`fill_rows`, all written."""
     scr = np.zeros((2, info[t, I_NDIM]), dtype=np.int64)
-    return describe_rows_into(geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, out_id, out_read_off, out_write_off,
-                              out_read_shape, out_write_shape, scr)
+    return describe_rows_into(
+        geo,
+        info,
+        lvl_off,
+        lvl_cnt,
+        lvl_start,
+        t,
+        rows,
+        out_id,
+        out_read_off,
+        out_write_off,
+        out_read_shape,
+        out_write_shape,
+        scr,
+    )
 
 
 @kernel
-def describe_rows_into(geo, info, lvl_off, lvl_cnt, lvl_start, t, rows, out_id, out_read_off, out_write_off, out_read_shape,
-                       out_write_shape, scr):
+def describe_rows_into(
+    geo,
+    info,
+    lvl_off,
+    lvl_cnt,
+    lvl_start,
+    t,
+    rows,
+    out_id,
+    out_read_off,
+    out_write_off,
+    out_read_shape,
+    out_write_shape,
+    scr,
+):
     """:func:`describe_rows` with caller-provided scratch ``scr`` (int64[2, >= nd]): allocates nothing."""
     nd = info[t, I_NDIM]
     lb = info[t, I_LEVEL_BASE]

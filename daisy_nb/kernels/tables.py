@@ -35,8 +35,20 @@ PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED = range(6)
 # -- release codes (one per released block; SUCCESS and FAILED are daisy's BlockStatus values)
 R_GIVE_BACK, R_SUCCESS, R_FAILED, R_SKIPPED = 0, 2, 3, 4
 # -- per-task counters and queue pointers: columns of ``cnt``
-(C_READY, C_PROC, C_COMPLETED, C_SKIPPED, C_FAILED, C_ORPHANED, C_QHEAD, C_QLEN, C_NEXT_ROOT, C_ROOTS_LEFT,
- C_STARTED, C_GIVEN) = range(12)
+(
+    C_READY,
+    C_PROC,
+    C_COMPLETED,
+    C_SKIPPED,
+    C_FAILED,
+    C_ORPHANED,
+    C_QHEAD,
+    C_QLEN,
+    C_NEXT_ROOT,
+    C_ROOTS_LEFT,
+    C_STARTED,
+    C_GIVEN,
+) = range(12)
 N_CNT = 12
 # -- per-task settings: columns of ``tcfg``; run states of F_STATE
 F_MAX_RETRIES, F_STATE = range(2)
@@ -117,14 +129,18 @@ def pack_int64(tables: dict, shapes: dict, n_blocks: int) -> tuple[np.ndarray, d
     ``tables[name]``, where given, is copied in; the rest start at zero.
     """
     if set(shapes) != set(SLOT):
-        raise ValueError(f"pack_int64: shapes for {sorted(set(SLOT) - set(shapes))} missing, "
-                         f"{sorted(set(shapes) - set(SLOT))} unknown")
+        raise ValueError(
+            f"pack_int64: shapes for {sorted(set(SLOT) - set(shapes))} missing, "
+            f"{sorted(set(shapes) - set(SLOT))} unknown"
+        )
     sizes = []
     for s in PACKED_INT64:
         sh = tuple(shapes[s.name])
         if len(sh) != s.ndim or any(d <= 0 for d in sh[1:]):
-            raise ValueError(f"pack_int64: slot {s.name!r} needs {s.ndim} dimensions, the trailing ones "
-                             f"positive (the kernels reshape with -1), got {sh}")
+            raise ValueError(
+                f"pack_int64: slot {s.name!r} needs {s.ndim} dimensions, the trailing ones "
+                f"positive (the kernels reshape with -1), got {sh}"
+            )
         sizes.append(int(np.prod(sh)))
     offsets = np.cumsum([P_HEADER, *sizes])
     b = np.zeros(int(offsets[-1]), dtype=np.int64)  # calloc: untouched pages cost nothing
@@ -152,7 +168,14 @@ def groups(views: dict, u8: np.ndarray, n_met: np.ndarray, n_blocks: int) -> tup
     """
     N = n_blocks
     T = tuple(views[s.name] for s in PACKED_INT64 if s.group == "T")
-    S = (u8[U8_STATUS * N : (U8_STATUS + 1) * N], n_met, u8[U8_RETRIES * N : (U8_RETRIES + 1) * N],
-         u8[U8_PRESKIP * N : (U8_PRESKIP + 1) * N], views["queue"], views["cnt"], views["tcfg"])
+    S = (
+        u8[U8_STATUS * N : (U8_STATUS + 1) * N],
+        n_met,
+        u8[U8_RETRIES * N : (U8_RETRIES + 1) * N],
+        u8[U8_PRESKIP * N : (U8_PRESKIP + 1) * N],
+        views["queue"],
+        views["cnt"],
+        views["tcfg"],
+    )
     W = tuple(views[n] for n in ("scr", "buf_t", "buf_row", "buf_id", "buf_lev", "buf_j"))
     return T, S, W

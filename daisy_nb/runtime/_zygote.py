@@ -150,8 +150,14 @@ class Template:
         self.sock = ours
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daisy_nb.runtime._zygote", str(theirs.fileno()), str(os.getpid()),
-                 "client" if preload_client else "blocks"],
+                [
+                    sys.executable,
+                    "-m",
+                    "daisy_nb.runtime._zygote",
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                    "client" if preload_client else "blocks",
+                ],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 env=env,

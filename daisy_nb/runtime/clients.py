@@ -134,7 +134,9 @@ class ClientsMixin:
             if sent is not None:  # else: reclaimed after a timeout
                 if stats is not None and tr.res is not None:
                     tr.res.add_one(stats, status != 2)
-                self.s.release_blocks(tr.tid, np.array([index], np.int64), np.array([2 if status == 2 else 3], np.uint8))
+                self.s.release_blocks(
+                    tr.tid, np.array([index], np.int64), np.array([2 if status == 2 else 3], np.uint8)
+                )
                 tr.inflight -= 1
                 now = time.monotonic_ns()
                 secs = (now - max(sent, cc.t_free_ns)) / 1e9

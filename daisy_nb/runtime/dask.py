@@ -169,7 +169,9 @@ class _DaskRun:
             if len(tr.payload) > INLINE_PAYLOAD_BYTES:
                 logger.warning(
                     "task %r: the pickled process_function is %.1f MB; it is scattered to every dask worker. "
-                    "Load large objects in Task(init_fn=...) instead.", tr.tid, len(tr.payload) / 1e6,
+                    "Load large objects in Task(init_fn=...) instead.",
+                    tr.tid,
+                    len(tr.payload) / 1e6,
                 )
                 tr.payload_arg = self.client.scatter(tr.payload, broadcast=True, hash=False)
         self._refresh_nthreads()
@@ -184,7 +186,8 @@ class _DaskRun:
             if missing:
                 logger.warning(
                     "tasks require dask worker resources %s that no current worker has: their blocks wait "
-                    "until workers started with --resources join the cluster", sorted(missing),
+                    "until workers started with --resources join the cluster",
+                    sorted(missing),
                 )
 
     # -------------------------------------------------- event loop thread callbacks
@@ -344,15 +347,32 @@ class _DaskRun:
                     progressed = True  # check_function may have skipped them all: look again
                     continue
                 packed = np.concatenate(
-                    [batch.index[:, None], batch.spatial_id[:, None], batch.read_offset, batch.read_shape,
-                     batch.write_offset, batch.write_shape], axis=1,
+                    [
+                        batch.index[:, None],
+                        batch.spatial_id[:, None],
+                        batch.read_offset,
+                        batch.read_shape,
+                        batch.write_offset,
+                        batch.write_shape,
+                    ],
+                    axis=1,
                 ).astype(np.int64, copy=False)
                 bid = self.next_bid
                 self.next_bid += 1
                 fut = self.client.submit(
-                    _run_batch, self.token, self.topic, bid, tid, tr.payload_arg, packed, tr.ndim,
-                    key=f"daisy_nb-{tid}-{self.token[:8]}-{bid}", pure=False, retries=0,
-                    resources=tr.resources, **placement,
+                    _run_batch,
+                    self.token,
+                    self.topic,
+                    bid,
+                    tid,
+                    tr.payload_arg,
+                    packed,
+                    tr.ndim,
+                    key=f"daisy_nb-{tid}-{self.token[:8]}-{bid}",
+                    pure=False,
+                    retries=0,
+                    resources=tr.resources,
+                    **placement,
                 )
                 now = time.monotonic()
                 b = _Batch(bid, tid, fut, np.array(batch.index, dtype=np.int64), now)
@@ -615,14 +635,18 @@ def run_dask(
     try:
         import distributed  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "run_blockwise(executor=...) needs dask.distributed: pip install 'daisy_nb[dask]'"
-        ) from e
+        raise ImportError("run_blockwise(executor=...) needs dask.distributed: pip install 'daisy_nb[dask]'") from e
     from daisy_nb.progress import raise_if_abandoned, resolve_observer
 
     client, owned = _as_client(client)
-    run = _DaskRun(scheduler, client, resolve_observer(progress, list(scheduler.task_ids)),
-                   batch_target_secs, futures_per_thread, max_batch)
+    run = _DaskRun(
+        scheduler,
+        client,
+        resolve_observer(progress, list(scheduler.task_ids)),
+        batch_target_secs,
+        futures_per_thread,
+        max_batch,
+    )
     in_main = threading.current_thread() is threading.main_thread()
     old_handler = None
     interrupted = False
@@ -658,5 +682,3 @@ def run_dask(
 
 
 run_dask.last_timing = {}
-
-

@@ -113,8 +113,16 @@ def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, 
             worker.log_event(topic, {"bid": bid, "worker": addr, "pid": pid})
         except Exception:
             pass
-    out = {"status": b"", "elapsed_ns": 0, "first_error": None, "last_error": None, "n_errors": 0,
-           "init_error": None, "worker": addr, "pid": pid}
+    out = {
+        "status": b"",
+        "elapsed_ns": 0,
+        "first_error": None,
+        "last_error": None,
+        "n_errors": 0,
+        "init_error": None,
+        "worker": addr,
+        "pid": pid,
+    }
     run = _worker_run(token)
     try:
         fn = _setup(run, task_id, payload)

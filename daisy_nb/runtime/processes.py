@@ -264,8 +264,10 @@ class ProcessesMixin:
     def _template_gone(self) -> None:
         if not self.template_failed:
             self.template_failed = True
-            logger.warning("daisy_nb: the worker template process died; its workers' unfinished blocks are "
-                           "given back and new workers start by exec")
+            logger.warning(
+                "daisy_nb: the worker template process died; its workers' unfinished blocks are "
+                "given back and new workers start by exec"
+            )
 
     def _kill(self, w: Worker) -> None:
         try:
@@ -370,7 +372,9 @@ class ProcessesMixin:
                         f"{self.net['peer_timeout']:g}s (heartbeat; DAISY_NB_PEER_TIMEOUT_SECS)"
                     )
                 else:
-                    msg = f"daisy worker process exited with code {rc}" + (" while processing blocks" if was_busy else "")
+                    msg = f"daisy worker process exited with code {rc}" + (
+                        " while processing blocks" if was_busy else ""
+                    )
                 tail = self._err_tail(w)
                 if tail:
                     msg += "\nworker stderr tail:\n" + tail

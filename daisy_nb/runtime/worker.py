@@ -175,7 +175,12 @@ def _tracked(fn, pos: list):
             s = measured_stats(p, b)  # the block function's own profile_block wins
             v, j = pos
             v[j], v[j + 1], v[j + 2], v[j + 3], v[j + 4] = (
-                float(s[0]), float(s[1]), float(s[2]), float(s[3]), float(s[4]))
+                float(s[0]),
+                float(s[1]),
+                float(s[2]),
+                float(s[3]),
+                float(s[4]),
+            )
             pos[1] = j + 5
 
     return call

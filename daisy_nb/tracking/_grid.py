@@ -32,9 +32,7 @@ def _roi_parts(roi, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         try:
             offset, shape = roi.offset, roi.shape
         except AttributeError:
-            raise TypeError(
-                f"{name} must be a Roi (or have .offset and .shape), got {roi!r}"
-            ) from None
+            raise TypeError(f"{name} must be a Roi (or have .offset and .shape), got {roi!r}") from None
     try:
         off = tuple(int(v) for v in offset)
         shp = tuple(int(v) for v in shape)
@@ -54,9 +52,7 @@ def _fit_name(fit) -> str:
     try:
         return _FIT_NAMES[key]
     except KeyError:
-        raise ValueError(
-            f"unknown fit {fit!r}; expected 'valid', 'overhang' or 'shrink'"
-        ) from None
+        raise ValueError(f"unknown fit {fit!r}; expected 'valid', 'overhang' or 'shrink'") from None
 
 
 def _i64le(values) -> bytes:
@@ -172,10 +168,7 @@ def resolve_tracking_path(task_id: str, tracking_path) -> Path | None:
     when a basedir is set, else None. ``True`` raises ``TypeError``.
     """
     if tracking_path is True:
-        raise TypeError(
-            "tracking_path=True is not a valid value; use None (auto), "
-            "False (disabled), or a str/Path"
-        )
+        raise TypeError("tracking_path=True is not a valid value; use None (auto), False (disabled), or a str/Path")
     if tracking_path is False:
         return None
     if tracking_path is None:
@@ -183,9 +176,7 @@ def resolve_tracking_path(task_id: str, tracking_path) -> Path | None:
         return None if base is None else base / str(task_id)
     if isinstance(tracking_path, (str, os.PathLike)):
         return Path(os.fspath(tracking_path))
-    raise TypeError(
-        f"tracking_path must be None, False, or a str/Path, got {type(tracking_path).__name__}"
-    )
+    raise TypeError(f"tracking_path must be None, False, or a str/Path, got {type(tracking_path).__name__}")
 
 
 def reset(path) -> str | None:

@@ -75,8 +75,21 @@ _PAGE = mmap.PAGESIZE
 class _TrackedArray:
     """One array of the group: metadata + chunk + its data (shared map or private copy)."""
 
-    __slots__ = ("allocate_all", "chunk", "data", "dir", "dirty", "dtype", "fd", "flat", "mm", "name",
-                 "reserved", "rewrite_meta", "shape")
+    __slots__ = (
+        "allocate_all",
+        "chunk",
+        "data",
+        "dir",
+        "dirty",
+        "dtype",
+        "fd",
+        "flat",
+        "mm",
+        "name",
+        "reserved",
+        "rewrite_meta",
+        "shape",
+    )
 
     def __init__(self, root: Path, name: str, dtype: np.dtype, shape: tuple[int, ...], allocate_all: bool):
         self.name = name
@@ -145,8 +158,7 @@ class _TrackedArray:
                     one_by_one = st.st_blocks == 0 or not self.allocate_all
                     if self.allocate_all and st.st_blocks * 512 < st.st_size:
                         _allocate(fd, 0, self.nbytes)
-                    mm = mmap.mmap(fd, self.nbytes, flags=mmap.MAP_SHARED,
-                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                    mm = mmap.mmap(fd, self.nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
                 except OSError as e:
                     os.close(fd)
                     if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
@@ -193,8 +205,9 @@ class _TrackedArray:
             try:
                 _allocate(self.fd, page * _PAGE, min(_PAGE, self.nbytes - page * _PAGE))
             except OSError as e:
-                warnings.warn(f"block tracking at {self.chunk}: cannot record failure counts ({e})",
-                              RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    f"block tracking at {self.chunk}: cannot record failure counts ({e})", RuntimeWarning, stacklevel=4
+                )
                 return False
             self.reserved.add(page)
         return True
@@ -209,8 +222,7 @@ class _TrackedArray:
             data = self.data
             staged = self.dir / f".c{_TMP_MARK}{os.getpid()}"
             shutil.rmtree(staged, ignore_errors=True)
-            _atomic_write(_chunk_path(staged, len(self.shape)), lambda f: _write_array(f, data),
-                          durable=durable)
+            _atomic_write(_chunk_path(staged, len(self.shape)), lambda f: _write_array(f, data), durable=durable)
             shutil.rmtree(self.dir / "c", ignore_errors=True)
             os.replace(staged / "c", self.dir / "c")
             shutil.rmtree(staged, ignore_errors=True)
@@ -506,9 +518,7 @@ def read_tracking(path) -> dict[str, Any]:
         "grid_shape": None,
         "done": None,
         "failures": None,
-        "arrays": sorted(
-            c.name for c in p.iterdir() if c.is_dir() and (c / "zarr.json").exists()
-        ),
+        "arrays": sorted(c.name for c in p.iterdir() if c.is_dir() and (c / "zarr.json").exists()),
     }
     for name, dtype in ((DONE_ARRAY, _DONE_DTYPE), (FAILURES_ARRAY, _FAILURES_DTYPE)):
         array_json = p / name / "zarr.json"

@@ -59,8 +59,7 @@ import warnings
 
 _PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
-STATE_KEYS = ("total", "ready", "processing", "completed", "skipped", "failed",
-              "orphaned", "pending", "is_done")
+STATE_KEYS = ("total", "ready", "processing", "completed", "skipped", "failed", "orphaned", "pending", "is_done")
 
 
 def fmt_error(exc):
@@ -84,6 +83,7 @@ def _make_check(skip, task_id, checks, trace):
         res = sid in skip
         checks.append([len(trace), task_id, int(sid), bool(res)])
         return res
+
     return check_function
 
 
@@ -213,8 +213,12 @@ def run_trace(daisy, case, on_step=None):
     except _PASS_THROUGH:
         raise
     except BaseException as e:  # noqa: B036
-        return {"error": fmt_error(e), "stage": "run", "trace": trace, "checks": checks,
-                "states": read_states(daisy, sched)}
+        return {
+            "error": fmt_error(e),
+            "stage": "run",
+            "trace": trace,
+            "checks": checks,
+            "states": read_states(daisy, sched),
+        }
 
-    return {"trace": trace, "checks": checks, "states": read_states(daisy, sched),
-            "truncated": truncated}
+    return {"trace": trace, "checks": checks, "states": read_states(daisy, sched), "truncated": truncated}

@@ -54,8 +54,12 @@ def main() -> None:
     for info in pkgutil.iter_modules(daisy.__path__):
         if not info.name.startswith("_"):
             modules[f"daisy.{info.name}"] = importlib.import_module(f"daisy.{info.name}")
-    out = {"generator": "tests/golden/gen_daisy_names.py", "daisy_version": daisy.__version__,
-           "python": sys.version.split()[0], "modules": {}}
+    out = {
+        "generator": "tests/golden/gen_daisy_names.py",
+        "daisy_version": daisy.__version__,
+        "python": sys.version.split()[0],
+        "modules": {},
+    }
     for name, mod in sorted(modules.items()):
         entry = {"all": list(getattr(mod, "__all__", [])), "names": {}, "classes": {}, "signatures": {}}
         for attr in public(dir(mod)):
@@ -67,7 +71,9 @@ def main() -> None:
             targets = [(attr, obj)]
             if inspect.isclass(obj):
                 entry["classes"][attr] = public(dir(obj))
-                targets += [(f"{attr}.{m}", getattr(obj, m)) for m in public(dir(obj)) if callable(getattr(obj, m, None))]
+                targets += [
+                    (f"{attr}.{m}", getattr(obj, m)) for m in public(dir(obj)) if callable(getattr(obj, m, None))
+                ]
             for key, target in targets:
                 if callable(target) and parameters(target) is not None:
                     entry["signatures"][key] = parameters(target)

@@ -207,9 +207,9 @@ def random_config(rng):
         if mode < 0.25:
             c0 = c1 = 0
         elif mode < 0.45:
-            c0 = c1 = rng.randint(0, ws[d] + 2)          # symmetric, sometimes >= ws
+            c0 = c1 = rng.randint(0, ws[d] + 2)  # symmetric, sometimes >= ws
         else:
-            c0 = rng.randint(0, ws[d] + 3)                # asymmetric
+            c0 = rng.randint(0, ws[d] + 3)  # asymmetric
             c1 = rng.randint(0, ws[d] + 3)
         cul.append(c0)
         clr.append(c1)
@@ -226,9 +226,9 @@ def random_config(rng):
     for d in range(nd):
         ctx = cul[d] + clr[d]
         if tkind < 0.08 and d == 0:
-            tw = rng.randint(0, ws[d] - 1) if ws[d] > 1 else 0   # TW smaller than a block
+            tw = rng.randint(0, ws[d] - 1) if ws[d] > 1 else 0  # TW smaller than a block
         elif tkind < 0.13 and d == 0:
-            tw = -rng.randint(1, ctx) if ctx > 0 else 0          # total smaller than the context
+            tw = -rng.randint(1, ctx) if ctx > 0 else 0  # total smaller than the context
         else:
             k = rng.randint(1, kmax)
             tw = k * ws[d] + (rng.randint(0, ws[d] - 1) if rng.random() < 0.6 else 0)
@@ -243,24 +243,38 @@ def random_config(rng):
 
 
 def cfg(total, read, write, conflict, fit):
-    return {"total_roi": jroi(*total), "read_roi": jroi(*read), "write_roi": jroi(*write),
-            "read_write_conflict": conflict, "fit": fit}
+    return {
+        "total_roi": jroi(*total),
+        "read_roi": jroi(*read),
+        "write_roi": jroi(*write),
+        "read_write_conflict": conflict,
+        "fit": fit,
+    }
 
 
 def worked_examples(rng):
     out = []
     for fit in FITS:
-        out.append(record_case("core-3.6-%s" % fit,
-                               cfg(((0,), (65,)), ((0,), (20,)), ((5,), (10,)), True, fit), rng))
-    out.append(record_case("core-3.10-2d",
-                           cfg(((0, 0), (40, 30)), ((0, 0), (20, 20)), ((5, 5), (10, 10)), True, "valid"), rng))
-    out.append(record_case("core-3.10-3d-30",
-                           cfg(((0,) * 3, (30,) * 3), ((0,) * 3, (20,) * 3), ((5,) * 3, (10,) * 3), True, "valid"), rng))
-    out.append(record_case("core-3.10-3d-50",
-                           cfg(((0,) * 3, (50,) * 3), ((0,) * 3, (20,) * 3), ((5,) * 3, (10,) * 3), True, "valid"), rng))
+        out.append(record_case("core-3.6-%s" % fit, cfg(((0,), (65,)), ((0,), (20,)), ((5,), (10,)), True, fit), rng))
+    out.append(
+        record_case("core-3.10-2d", cfg(((0, 0), (40, 30)), ((0, 0), (20, 20)), ((5, 5), (10, 10)), True, "valid"), rng)
+    )
+    out.append(
+        record_case(
+            "core-3.10-3d-30",
+            cfg(((0,) * 3, (30,) * 3), ((0,) * 3, (20,) * 3), ((5,) * 3, (10,) * 3), True, "valid"),
+            rng,
+        )
+    )
+    out.append(
+        record_case(
+            "core-3.10-3d-50",
+            cfg(((0,) * 3, (50,) * 3), ((0,) * 3, (20,) * 3), ((5,) * 3, (10,) * 3), True, "valid"),
+            rng,
+        )
+    )
     # CORE.md 2.2: cul = ws gives ids 1..n; 4 (task B of the 2-task example)
-    out.append(record_case("core-4-taskB",
-                           cfg(((0,), (100,)), ((0,), (30,)), ((10,), (10,)), True, "valid"), rng))
+    out.append(record_case("core-4-taskB", cfg(((0,), (100,)), ((0,), (30,)), ((10,), (10,)), True, "valid"), rng))
     return out
 
 
@@ -292,7 +306,7 @@ def block_id_cases(rng, n):
         for d in range(nd):
             if big:
                 # large grid index, kept so that the id stays below 2**63
-                lim = {1: 10 ** 12, 2: 10 ** 6, 3: 10 ** 4, 4: 2000}[nd]
+                lim = {1: 10**12, 2: 10**6, 3: 10**4, 4: 2000}[nd]
                 woff.append(toff[d] + rng.randint(0, lim) * ws[d] + rng.randint(0, ws[d] - 1))
             else:
                 woff.append(toff[d] + rng.randint(-3 * ws[d], 20 * ws[d]))  # may start before total
@@ -339,8 +353,12 @@ def main(argv=None):
         i += 1
     big = [] if args.no_big else big_configs()
     data = {
-        "meta": {"generator": "tests/golden/gen_graph_golden.py", "daisy_version": daisy.__version__,
-                 "seed": args.seed, "n_random": args.n},
+        "meta": {
+            "generator": "tests/golden/gen_graph_golden.py",
+            "daisy_version": daisy.__version__,
+            "seed": args.seed,
+            "n_random": args.n,
+        },
         "cases": cases,
         "big": big,
         "block_ids": block_id_cases(rng, args.n_block_ids),
@@ -351,9 +369,11 @@ def main(argv=None):
     with open(out, "wb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0) as f:
         f.write(raw)
     n_err = sum(1 for c in cases if "error" in c)
-    print("wrote %s: %d cases (%d with errors), %d big, %d block_ids, %.2f MB"
-          % (out, len(cases), n_err, len(big), len(data["block_ids"]), os.path.getsize(out) / 1e6),
-          file=sys.stderr)
+    print(
+        "wrote %s: %d cases (%d with errors), %d big, %d block_ids, %.2f MB"
+        % (out, len(cases), n_err, len(big), len(data["block_ids"]), os.path.getsize(out) / 1e6),
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -78,19 +78,33 @@ KINDS = {
     "parallel": (["a", "b"], []),
     "chain2+iso": (["a", "b", "c"], [["a", "b"]]),
 }
-KIND_WEIGHTS = {"single": 14, "chain2": 20, "chain3": 13, "fanin": 13, "fanout": 13,
-                "diamond": 13, "parallel": 7, "chain2+iso": 7}
+KIND_WEIGHTS = {
+    "single": 14,
+    "chain2": 20,
+    "chain3": 13,
+    "fanin": 13,
+    "fanout": 13,
+    "diamond": 13,
+    "parallel": 7,
+    "chain2+iso": 7,
+}
 
 
 # ---------------------------------------------------------------------------
 # geometry helpers
 
+
 def graph_for(t):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return daisy.BlockwiseDependencyGraph(
-            t["id"], make_roi(daisy, t["read_roi"]), make_roi(daisy, t["write_roi"]),
-            bool(t["read_write_conflict"]), t["fit"], total_read_roi=make_roi(daisy, t["total_roi"]))
+            t["id"],
+            make_roi(daisy, t["read_roi"]),
+            make_roi(daisy, t["write_roi"]),
+            bool(t["read_write_conflict"]),
+            t["fit"],
+            total_read_roi=make_roi(daisy, t["total_roi"]),
+        )
 
 
 def task_blocks(t):
@@ -167,8 +181,9 @@ def random_case(rng, mode):
     k0 = rand_grid(rng, nd)
     toff = [rng.randint(-20, 20) for _ in range(nd)]
     ctx_pad = [rng.randint(0, 2 * ws0[d] + 2) for d in range(nd)]
-    tshape = [k0[d] * ws0[d] + ctx_pad[d] + (rng.randint(0, ws0[d] - 1) if rng.random() < 0.4 else 0)
-              for d in range(nd)]
+    tshape = [
+        k0[d] * ws0[d] + ctx_pad[d] + (rng.randint(0, ws0[d] - 1) if rng.random() < 0.4 else 0) for d in range(nd)
+    ]
     tasks = []
     for tid in ids:
         if mode == "same":
@@ -185,8 +200,7 @@ def random_case(rng, mode):
     rng.shuffle(tasks)
     order = list(ids)
     rng.shuffle(order)
-    return kind, {"seed": rng.randrange(2 ** 31), "task_order": order, "tasks": tasks,
-                  "edges": [list(e) for e in edges]}
+    return kind, {"seed": rng.randrange(2**31), "task_order": order, "tasks": tasks, "edges": [list(e) for e in edges]}
 
 
 def add_failures_and_skips(rng, case):
@@ -214,6 +228,7 @@ def add_failures_and_skips(rng, case):
 # ---------------------------------------------------------------------------
 # defect analysis
 
+
 def analyse(case, result, min_counters):
     """Return (reasons, details) for a run_trace result from daisy."""
     reasons, details = set(), []
@@ -232,8 +247,11 @@ def analyse(case, result, min_counters):
         if st["pending"] != 0:
             flag("pending_nonzero", "%s pending=%d" % (tid, st["pending"]))
         if st["completed"] + st["failed"] + st["orphaned"] != st["total"]:
-            flag("not_done", "%s completed+failed+orphaned=%d total=%d"
-                 % (tid, st["completed"] + st["failed"] + st["orphaned"], st["total"]))
+            flag(
+                "not_done",
+                "%s completed+failed+orphaned=%d total=%d"
+                % (tid, st["completed"] + st["failed"] + st["orphaned"], st["total"]),
+            )
     for tid, (k, v) in min_counters.items():
         if v < 0:
             flag("negative_counter", "%s %s reached %d" % (tid, k, v))
@@ -281,8 +299,10 @@ def analyse(case, result, min_counters):
             flag("acquired_after_failed", "%s/%d (%s)" % (key[0], key[1], how))
         missing = [u for u in up(key) if u not in succeeded]
         if missing:
-            flag("acquired_before_upstream_done", "%s/%d (%s) while %s not done"
-                 % (key[0], key[1], how, ",".join("%s/%d" % u for u in missing[:4])))
+            flag(
+                "acquired_before_upstream_done",
+                "%s/%d (%s) while %s not done" % (key[0], key[1], how, ",".join("%s/%d" % u for u in missing[:4])),
+            )
 
     trace = result["trace"]
     for i in range(len(trace) + 1):
@@ -355,28 +375,50 @@ def run_case(name, kind, case):
 
     def on_step(sched, trace):
         for tid, st in sched.task_states.items():
-            for k in ("ready_count", "processing_count", "completed_count", "skipped_count",
-                      "failed_count", "orphaned_count", "pending_count"):
+            for k in (
+                "ready_count",
+                "processing_count",
+                "completed_count",
+                "skipped_count",
+                "failed_count",
+                "orphaned_count",
+                "pending_count",
+            ):
                 v = int(getattr(st, k))
                 if v < mins.get(tid, (k, 0))[1]:
                     mins[tid] = (k, v)
 
     result = run_trace(daisy, case, on_step=on_step)
     reasons, details = analyse(case, result, mins)
-    return {"name": name, "kind": kind, "case": case, "result": result,
-            "defect": bool(reasons), "defect_reasons": sorted(reasons), "defect_details": details}
+    return {
+        "name": name,
+        "kind": kind,
+        "case": case,
+        "result": result,
+        "defect": bool(reasons),
+        "defect_reasons": sorted(reasons),
+        "defect_details": details,
+    }
 
 
 # ---------------------------------------------------------------------------
 # named cases (CORE.md worked examples)
+
 
 def R1(o, s):
     return [[o], [s]]
 
 
 def T(tid, total, read, write, conflict=True, fit="valid", max_retries=2, **kw):
-    t = {"id": tid, "total_roi": total, "read_roi": read, "write_roi": write,
-         "read_write_conflict": conflict, "fit": fit, "max_retries": max_retries}
+    t = {
+        "id": tid,
+        "total_roi": total,
+        "read_roi": read,
+        "write_roi": write,
+        "read_write_conflict": conflict,
+        "fit": fit,
+        "max_retries": max_retries,
+    }
     t.update(kw)
     return t
 
@@ -385,10 +427,18 @@ def named_cases():
     out = []
     grid2d = dict(total=[[0, 0], [50, 50]], read=[[0, 0], [20, 20]], write=[[5, 5], [10, 10]])
     # CORE.md 4: release order A0 A1 A2 A3 B1 A4 B2 A5 A6 B3 A7 A8 B4 A9 B5 B6 B7 B8
-    ex4 = {"seed": 0, "policy": "fifo", "task_order": ["A", "B"],
-           "tasks": [T("A", R1(0, 100), R1(0, 10), R1(0, 10), conflict=False),
-                     T("B", R1(0, 100), R1(0, 30), R1(10, 10), conflict=False)],
-           "edges": [["A", "B"]], "fail_always": [], "fail_first": []}
+    ex4 = {
+        "seed": 0,
+        "policy": "fifo",
+        "task_order": ["A", "B"],
+        "tasks": [
+            T("A", R1(0, 100), R1(0, 10), R1(0, 10), conflict=False),
+            T("B", R1(0, 100), R1(0, 30), R1(10, 10), conflict=False),
+        ],
+        "edges": [["A", "B"]],
+        "fail_always": [],
+        "fail_first": [],
+    }
     out.append(("core-4-release-order", "chain2", ex4))
     ex4c = copy.deepcopy(ex4)
     for t in ex4c["tasks"]:
@@ -399,9 +449,15 @@ def named_cases():
     ex4r["seed"] = 4
     out.append(("core-4-random", "chain2", ex4r))
     # CORE.md 6.5: 4, 11, 13, 24, 2, 7, 9, 18, 1, 6, 8, 17, 0, 3, 5, 12
-    ex65 = {"seed": 0, "policy": "fifo", "task_order": ["a"],
-            "tasks": [T("a", grid2d["total"], grid2d["read"], grid2d["write"])],
-            "edges": [], "fail_always": [], "fail_first": []}
+    ex65 = {
+        "seed": 0,
+        "policy": "fifo",
+        "task_order": ["a"],
+        "tasks": [T("a", grid2d["total"], grid2d["read"], grid2d["write"])],
+        "edges": [],
+        "fail_always": [],
+        "fail_first": [],
+    }
     out.append(("core-6.5-order", "single", ex65))
     # CORE.md 6.4: max_retries=1, a permanently failing block orphans its downstream
     ex64 = copy.deepcopy(ex65)
@@ -420,33 +476,59 @@ def named_cases():
     exsk["tasks"][0]["skip"] = [4, 11, 2, 0]
     out.append(("core-6.3-skip", "single", exsk))
     # CORE.md 10.1: asymmetric downstream context -> B never starts
-    ex101 = {"seed": 0, "policy": "fifo", "task_order": ["A", "B"],
-             "tasks": [T("A", R1(0, 60), R1(0, 10), R1(0, 10)),
-                       T("B", R1(0, 60), R1(0, 20), R1(0, 10))],
-             "edges": [["A", "B"]], "fail_always": [], "fail_first": []}
+    ex101 = {
+        "seed": 0,
+        "policy": "fifo",
+        "task_order": ["A", "B"],
+        "tasks": [T("A", R1(0, 60), R1(0, 10), R1(0, 10)), T("B", R1(0, 60), R1(0, 20), R1(0, 10))],
+        "edges": [["A", "B"]],
+        "fail_always": [],
+        "fail_first": [],
+    }
     out.append(("core-10.1-asymmetric", "chain2", ex101))
     # CORE.md 9: 0-level task (TW smaller than a block, valid, conflict) -> Scheduler panics
-    ex9 = {"seed": 0, "task_order": ["a"],
-           "tasks": [T("a", R1(0, 15), R1(0, 20), R1(5, 10))],
-           "edges": [], "fail_always": [], "fail_first": []}
+    ex9 = {
+        "seed": 0,
+        "task_order": ["a"],
+        "tasks": [T("a", R1(0, 15), R1(0, 20), R1(5, 10))],
+        "edges": [],
+        "fail_always": [],
+        "fail_first": [],
+    }
     out.append(("core-9-zero-levels", "single", ex9))
     # CORE.md 9: TW smaller than a block, no conflict -> 0 blocks, done at once
     ex9b = copy.deepcopy(ex9)
     ex9b["tasks"][0]["read_write_conflict"] = False
     out.append(("core-9-zero-blocks", "single", ex9b))
     # CORE.md 8.7 / 9: cycle, and 8.13: downstream reading nothing upstream writes
-    excy = {"seed": 0, "task_order": ["a", "b"],
-            "tasks": [T("a", R1(0, 40), R1(0, 10), R1(0, 10)), T("b", R1(0, 40), R1(0, 10), R1(0, 10))],
-            "edges": [["a", "b"], ["b", "a"]], "fail_always": [], "fail_first": []}
+    excy = {
+        "seed": 0,
+        "task_order": ["a", "b"],
+        "tasks": [T("a", R1(0, 40), R1(0, 10), R1(0, 10)), T("b", R1(0, 40), R1(0, 10), R1(0, 10))],
+        "edges": [["a", "b"], ["b", "a"]],
+        "fail_always": [],
+        "fail_first": [],
+    }
     out.append(("core-8.7-cycle", "cycle", excy))
-    ex813 = {"seed": 0, "task_order": ["a", "b"],
-             "tasks": [T("a", R1(0, 40), R1(0, 10), R1(0, 10)), T("b", R1(100, 40), R1(0, 10), R1(0, 10))],
-             "edges": [["a", "b"]], "fail_always": [], "fail_first": []}
+    ex813 = {
+        "seed": 0,
+        "task_order": ["a", "b"],
+        "tasks": [T("a", R1(0, 40), R1(0, 10), R1(0, 10)), T("b", R1(100, 40), R1(0, 10), R1(0, 10))],
+        "edges": [["a", "b"]],
+        "fail_always": [],
+        "fail_first": [],
+    }
     out.append(("core-8.13-reads-nothing", "chain2", ex813))
     # CORE.md 8.13: passes the check although b's last block reads nothing of a
-    ex813b = {"seed": 0, "policy": "fifo", "task_order": ["a", "b"],
-              "tasks": [T("a", R1(0, 100), R1(0, 10), R1(0, 10)), T("b", R1(0, 110), R1(0, 10), R1(0, 10))],
-              "edges": [["a", "b"]], "fail_always": [], "fail_first": []}
+    ex813b = {
+        "seed": 0,
+        "policy": "fifo",
+        "task_order": ["a", "b"],
+        "tasks": [T("a", R1(0, 100), R1(0, 10), R1(0, 10)), T("b", R1(0, 110), R1(0, 10), R1(0, 10))],
+        "edges": [["a", "b"]],
+        "fail_always": [],
+        "fail_first": [],
+    }
     out.append(("core-8.13-missed", "chain2", ex813b))
     return out
 
@@ -455,8 +537,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=20240602)
     ap.add_argument("--n", type=int, default=300)
-    ap.add_argument("--error-share", type=float, default=0.10,
-                    help="max share of random cases that daisy rejects at Scheduler construction")
+    ap.add_argument(
+        "--error-share",
+        type=float,
+        default=0.10,
+        help="max share of random cases that daisy rejects at Scheduler construction",
+    )
     ap.add_argument("--out", default=os.path.join(HERE, "..", "data", "scheduler_golden.json.gz"))
     args = ap.parse_args(argv)
     assert daisy.__version__ == "2.0.0", daisy.__version__
@@ -488,15 +574,23 @@ def main(argv=None):
 
     summary = {
         "kinds": dict(collections.Counter(e["kind"] for e in entries)),
-        "errors": dict(collections.Counter(e["result"]["error"].split(" (")[0][:90]
-                                           for e in entries if "error" in e["result"])),
+        "errors": dict(
+            collections.Counter(e["result"]["error"].split(" (")[0][:90] for e in entries if "error" in e["result"])
+        ),
         "defects": sum(1 for e in entries if e["defect"]),
         "defect_reasons": dict(collections.Counter(r for e in entries for r in e["defect_reasons"])),
         "resampled": dict(rejected),
     }
-    data = {"meta": {"generator": "tests/golden/gen_scheduler_golden.py", "daisy_version": daisy.__version__,
-                     "seed": args.seed, "n_random": args.n, "summary": summary},
-            "cases": entries}
+    data = {
+        "meta": {
+            "generator": "tests/golden/gen_scheduler_golden.py",
+            "daisy_version": daisy.__version__,
+            "seed": args.seed,
+            "n_random": args.n,
+            "summary": summary,
+        },
+        "cases": entries,
+    }
     out = os.path.normpath(args.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "wb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0) as f:

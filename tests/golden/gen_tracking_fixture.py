@@ -109,8 +109,14 @@ def run_case(workdir: Path, name, total, read, write, fit, fail, runs, max_retri
 def hash_only(workdir: Path, name, total, read, write, fit):
     path = workdir / name
     task = daisy.Task(
-        name, total, read, write, process_function=lambda b: None, fit=fit,
-        tracking_path=str(path), read_write_conflict=False,
+        name,
+        total,
+        read,
+        write,
+        process_function=lambda b: None,
+        fit=fit,
+        tracking_path=str(path),
+        read_write_conflict=False,
     )
     daisy.run_blockwise([task], multiprocessing=False)
     meta = json.loads((path / "zarr.json").read_text())
@@ -134,16 +140,22 @@ def main():
         cases = [
             # 2-D: grid [5,3] for a 4x2 block grid (context 5); two blocks fail
             run_case(
-                stores, "t2d",
-                Roi((0, 0), (50, 30)), Roi((0, 0), (20, 20)), Roi((5, 5), (10, 10)),
+                stores,
+                "t2d",
+                Roi((0, 0), (50, 30)),
+                Roi((0, 0), (20, 20)),
+                Roi((5, 5), (10, 10)),
                 "valid",
                 fail=lambda wb: wb in ([15, 5], [25, 15]),
                 runs=1,
             ),
             # 3-D, negative offset, overhang, two runs (failures accumulate)
             run_case(
-                stores, "t3d",
-                Roi((-4, 0, 2), (13, 9, 8)), Roi((0, 0, 0), (6, 5, 4)), Roi((1, 1, 0), (4, 3, 4)),
+                stores,
+                "t3d",
+                Roi((-4, 0, 2), (13, 9, 8)),
+                Roi((0, 0, 0), (6, 5, 4)),
+                Roi((1, 1, 0), (4, 3, 4)),
                 "overhang",
                 fail=lambda wb: wb == [5, 4, 2],
                 runs=2,
@@ -152,9 +164,17 @@ def main():
         hash_cases = [
             hash_only(stores, "h1", Roi((0,), (100,)), Roi((0,), (10,)), Roi((0,), (10,)), "valid"),
             hash_only(stores, "h2", Roi((-7, 3), (31, 17)), Roi((-2, -2), (9, 8)), Roi((0, 0), (5, 4)), "shrink"),
-            hash_only(stores, "h3", Roi((10**12, -(10**12)), (40, 40)), Roi((0, 0), (20, 20)),
-                      Roi((5, 5), (10, 10)), "overhang"),
-            hash_only(stores, "h4", Roi((0, 0, 0), (7, 7, 7)), Roi((0, 0, 0), (3, 3, 3)), Roi((0, 0, 0), (3, 3, 3)), "valid"),
+            hash_only(
+                stores,
+                "h3",
+                Roi((10**12, -(10**12)), (40, 40)),
+                Roi((0, 0), (20, 20)),
+                Roi((5, 5), (10, 10)),
+                "overhang",
+            ),
+            hash_only(
+                stores, "h4", Roi((0, 0, 0), (7, 7, 7)), Roi((0, 0, 0), (3, 3, 3)), Roi((0, 0, 0), (3, 3, 3)), "valid"
+            ),
         ]
         if OUT.exists():
             shutil.rmtree(OUT)

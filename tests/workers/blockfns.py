@@ -2,6 +2,7 @@
 
 Outputs go to files under ``$DAISY_NB_TEST_OUT`` (workers are separate processes).
 """
+
 import os
 import signal
 import sys

@@ -4,6 +4,7 @@ Like ``bsub -K`` / ``sbatch --wait``: the program runs in its own session with a
 environment of nothing but ``PATH`` and ``DAISY_CONTEXT`` and connects back over TCP.
 Records ``job_<pid>`` (for the tests' clean-up) and ``rc_<pid>`` (its exit code).
 """
+
 import os
 import subprocess
 import sys

@@ -4,6 +4,7 @@ Its environment holds only PATH and DAISY_CONTEXT; daisy_nb is found through the
 interpreter's own installation. Writes ``prog_<pid>`` (what it saw) and, when its loop
 ends, ``end_<pid>``; blocks leave ``done_*`` files as in blockfns (extra "cluster").
 """
+
 import os
 import signal
 import socket

@@ -4,6 +4,7 @@
 exists every block sleeps ``DASH_SLEEP`` seconds (default 0.005), so a test decides
 when the run may finish.
 """
+
 import os
 import time
 

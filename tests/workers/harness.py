@@ -1,4 +1,5 @@
 """Shared helpers for tests/test_runtime*.py: task builders and leak checks."""
+
 import os
 import time
 

@@ -5,6 +5,7 @@ and fsyncs it: LOG lists exactly the blocks that finished. Every 7th block fails
 (an exception in the pool, ``block.status = FAILED`` in serial mode, where an
 exception would end the run) and must never be recorded done.
 """
+
 import os
 import sys
 import time
@@ -41,13 +42,23 @@ def main():
     from daisy_nb import Roi
 
     one = Roi((0,), (1,))
-    task = daisy.Task("k", Roi((0,), (n,)), one, one, process_function=fn, read_write_conflict=False,
-                      max_workers=2, max_retries=0, tracking_path=track)
+    task = daisy.Task(
+        "k",
+        Roi((0,), (n,)),
+        one,
+        one,
+        process_function=fn,
+        read_write_conflict=False,
+        max_workers=2,
+        max_retries=0,
+        tracking_path=track,
+    )
     if mode == "dask":
         from distributed import Client, LocalCluster
 
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                               dashboard_address=":0")
+        cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
+        )
         client = Client(cluster)
         client.wait_for_workers(2, timeout=60)
         daisy.run_blockwise(task, executor=client, progress=False, summary=False)

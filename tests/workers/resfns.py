@@ -1,4 +1,5 @@
 """Block and worker functions for tests/test_resource_tracking.py (run in worker processes)."""
+
 import os
 import time
 

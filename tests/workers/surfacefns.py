@@ -1,4 +1,5 @@
 """Block functions for tests/test_daisy_surface.py (imported by worker processes: keep light)."""
+
 import os
 
 

@@ -3,6 +3,7 @@
 A ``done`` line is ``<pid> <offset> <shape> <parent pid>[,<heavy modules>]``: the parent of a
 worker forked by the run's template is the template; of an exec'd worker, the pool.
 """
+
 import os
 import signal
 import sys

@@ -1,4 +1,5 @@
 """An external worker program, launched by a 0-argument worker function (daisy 1.x tutorial style)."""
+
 import os
 import sys
 
