@@ -205,7 +205,8 @@ class LiveSource:
         self._seen_err: dict = {}
         self.workers: list = []
         self.exited: deque = deque(maxlen=20)
-        self.wanted_until = 0.0
+        # a page that asked just before this run began (the server starts first) still watches it
+        self.wanted_until = getattr(self, "wanted_until", 0.0)
         self.log_base = None
         self._pics = None
         self._pics_t = -1e9
