@@ -177,6 +177,14 @@ def read_log(log: str) -> dict[int, float]:
     return out
 
 
+def _sems() -> set:
+    """Python multiprocessing's named semaphores in /dev/shm (Linux)."""
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("sem.mp-")}
+    except OSError:
+        return set()
+
+
 def kill_run(python: str, lib: str, mode: str, n: int, kill_after: float, workdir: str, timeout: float = 120) -> dict:
     """Start a run, SIGKILL its process group ``kill_after`` s after the first block, compare."""
     tag = f"{lib}-{mode}"
@@ -186,6 +194,7 @@ def kill_run(python: str, lib: str, mode: str, n: int, kill_after: float, workdi
     if os.path.exists(log):
         os.unlink(log)
     env = child_env({"BENCH_TRACK_LOG": log})
+    shm_before = _sems()
     proc = subprocess.Popen(
         [python, os.path.abspath(__file__), "--kill-child", lib, mode, str(n), track],
         env=env,
@@ -213,6 +222,13 @@ def kill_run(python: str, lib: str, mode: str, n: int, kill_after: float, workdi
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         proc.stderr.close()
+        # the kill took multiprocessing's resource tracker with it (dask's LocalCluster makes
+        # named semaphores): remove what the killed run left in /dev/shm
+        for name in _sems() - shm_before:
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
     finished = read_log(log)
     recorded = read_done(track)
     lost = [i for i in finished if i not in recorded]
