@@ -51,12 +51,8 @@ class BlockBatch(NamedTuple):
         return [
             make(tid, i, (tuple(a), tuple(b)), (tuple(c), tuple(d)), r)
             for i, a, b, c, d, r in zip(
-                self.spatial_id.tolist(),
-                self.read_offset.tolist(),
-                self.read_shape.tolist(),
-                self.write_offset.tolist(),
-                self.write_shape.tolist(),
-                self.index.tolist(),
+                self.spatial_id.tolist(), self.read_offset.tolist(), self.read_shape.tolist(),
+                self.write_offset.tolist(), self.write_shape.tolist(), self.index.tolist(),
             )
         ]
 
@@ -99,12 +95,8 @@ class TaskState:
     @property
     def pending_count(self) -> int:
         return (
-            self.total_block_count
-            - self.ready_count
-            - self.processing_count
-            - self.completed_count
-            - self.failed_count
-            - self.orphaned_count
+            self.total_block_count - self.ready_count - self.processing_count - self.completed_count
+            - self.failed_count - self.orphaned_count
         )
 
     def is_done(self) -> bool:
@@ -203,9 +195,7 @@ class Scheduler:
                 dn_parts.append(dns[ax])
                 prod *= int((dns[ax][:, 1] - dns[ax][:, 0]).max()) if len(dns[ax]) else 0
             self._edge_max_down[k] = prod
-        cat = lambda parts: np.ascontiguousarray(
-            np.concatenate(parts) if parts else np.zeros((0, 2), np.int64), dtype=np.int64
-        )  # noqa: E731
+        cat = lambda parts: np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, 2), np.int64), dtype=np.int64)  # noqa: E731
         self._e = (e_uv, cat(up_parts), e_up_off, cat(dn_parts), e_dn_off)
         in_ptr = np.zeros(T + 1, dtype=np.int64)
         out_ptr = np.zeros(T + 1, dtype=np.int64)
@@ -236,36 +226,13 @@ class Scheduler:
         N = sum(lay.num_blocks for lay in layouts)
         self.num_blocks_total = N
         e, p = self._e, self._tptr
-        tables = dict(
-            zip(
-                ("geo", "info", "lvl_off", "lvl_cnt", "lvl_start", "conf_ptr", "conf_jump"),
-                (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump),
-            )
-        )
-        tables.update(
-            e_uv=e[0],
-            e_up=e[1],
-            e_up_off=e[2],
-            e_dn=e[3],
-            e_dn_off=e[4],
-            t_in_ptr=p[0],
-            t_in_e=p[1],
-            t_out_ptr=p[2],
-            t_out_e=p[3],
-        )
+        tables = dict(zip(("geo", "info", "lvl_off", "lvl_cnt", "lvl_start", "conf_ptr", "conf_jump"),
+                          (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump)))
+        tables.update(e_uv=e[0], e_up=e[1], e_up_off=e[2], e_dn=e[3], e_dn_off=e[4],
+                      t_in_ptr=p[0], t_in_e=p[1], t_out_ptr=p[2], t_out_e=p[3])
         shapes = {name: a.shape for name, a in tables.items()}
-        shapes.update(
-            queue=(max(N, 1),),
-            cnt=(T, kt.N_CNT),
-            tcfg=(T, kt.N_CFG),
-            buf_t=(cap,),
-            buf_row=(cap,),
-            buf_id=(cap,),
-            buf_lev=(cap,),
-            buf_j=(cap, maxnd),
-            scr=(8, max(maxnd, 3)),
-            row1=(1,),
-        )
+        shapes.update(queue=(max(N, 1),), cnt=(T, kt.N_CNT), tcfg=(T, kt.N_CFG), buf_t=(cap,), buf_row=(cap,),
+                      buf_id=(cap,), buf_lev=(cap,), buf_j=(cap, maxnd), scr=(8, max(maxnd, 3)), row1=(1,))
         self._b, views = kt.pack_int64(tables, shapes, N)
         self.queue, self.cnt, self.tcfg = views["queue"], views["cnt"], views["tcfg"]
         self._buf = (views["buf_t"], views["buf_row"], views["buf_id"])
@@ -296,38 +263,16 @@ class Scheduler:
                     raise RuntimeError(f"invalid configuration: {e}") from None
                 self.tracking[tid] = store
                 lay = layouts[t]
-                n = ks.flag_grid_cells(
-                    tt.geo,
-                    tt.info,
-                    tt.lvl_off,
-                    tt.lvl_cnt,
-                    tt.lvl_start,
-                    t,
-                    store.done.reshape(-1),
-                    np.asarray(store.grid_shape, np.int64),
-                    lay.id_offset,
-                    self.preskip,
-                    np.uint8(1),
-                )
+                n = ks.flag_grid_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, store.done.reshape(-1),
+                                       np.asarray(store.grid_shape, np.int64), lay.id_offset, self.preskip, np.uint8(1))
                 if n:
                     logger.info("task %r: resumed — %d/%d blocks skipped via block tracking", tid, n, lay.num_blocks)
         for t, tid in enumerate(order):
             mask = self.tasks[tid].skip_mask
             if mask is not None:
                 lay = layouts[t]
-                ks.flag_grid_cells(
-                    tt.geo,
-                    tt.info,
-                    tt.lvl_off,
-                    tt.lvl_cnt,
-                    tt.lvl_start,
-                    t,
-                    mask.reshape(-1),
-                    lay.grid_shape,
-                    np.zeros(lay.ndim, np.int64),
-                    self.preskip,
-                    np.uint8(2),
-                )
+                ks.flag_grid_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, mask.reshape(-1),
+                                   lay.grid_shape, np.zeros(lay.ndim, np.int64), self.preskip, np.uint8(2))
 
         # roots: source tasks hand out level 0 lazily; downstream tasks start with the
         # level-0 blocks that have no upstream block at all (daisy never runs them)
@@ -338,23 +283,8 @@ class Scheduler:
             elif layouts[t].num_roots and self._may_have_free_blocks(t):
                 edge_t = self._e
                 t_in_ptr, t_in_e, _, _ = self._tptr
-                ks.seed_free_blocks(
-                    tt.geo,
-                    tt.info,
-                    tt.lvl_off,
-                    tt.lvl_cnt,
-                    tt.lvl_start,
-                    tt.conf_ptr,
-                    tt.conf_jump,
-                    edge_t[1],
-                    edge_t[2],
-                    t_in_ptr,
-                    t_in_e,
-                    self.status,
-                    self.queue,
-                    self.cnt,
-                    t,
-                )
+                ks.seed_free_blocks(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
+                                    edge_t[1], edge_t[2], t_in_ptr, t_in_e, self.status, self.queue, self.cnt, t)
         self._dependency_graph: DependencyGraph | None = None
         self._fast_setup()
 
@@ -421,18 +351,8 @@ class Scheduler:
         lay = self._layouts[t]
         cells = np.empty(len(rows), np.int64)
         tt = self._tt
-        ks.rows_to_cells(
-            tt.geo,
-            tt.info,
-            tt.lvl_off,
-            tt.lvl_cnt,
-            tt.lvl_start,
-            t,
-            rows,
-            np.asarray(store.grid_shape, np.int64),
-            lay.id_offset,
-            cells,
-        )
+        ks.rows_to_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, rows,
+                         np.asarray(store.grid_shape, np.int64), lay.id_offset, cells)
         ok = cells >= 0
         done = ok & ((codes == kt.R_SUCCESS) | (codes == kt.R_SKIPPED))
         if done.any():
@@ -469,13 +389,8 @@ class Scheduler:
                 return None
             v = out.tolist()
             row = v[0]
-            block = Block._make(
-                task_id,
-                v[1],
-                (tuple(v[2 : 2 + nd]), tuple(v[2 + nd : 2 + 2 * nd])),
-                (tuple(v[2 + 2 * nd : 2 + 3 * nd]), tuple(v[2 + 3 * nd :])),
-                row,
-            )
+            block = Block._make(task_id, v[1], (tuple(v[2 : 2 + nd]), tuple(v[2 + nd : 2 + 2 * nd])),
+                                (tuple(v[2 + 2 * nd : 2 + 3 * nd]), tuple(v[2 + 3 * nd :])), row)
             if check is not None and self._check(t, block):
                 rows = np.full(1, row, np.int64)
                 codes = np.full(1, kt.R_SKIPPED, np.uint8)
@@ -495,9 +410,7 @@ class Scheduler:
         elif status == 3:  # BlockStatus.FAILED
             code = kt.R_FAILED
         else:
-            raise ValueError(
-                f"unexpected status for released block: {BlockStatus.name(status)} (set SUCCESS or FAILED)"
-            )
+            raise ValueError(f"unexpected status for released block: {BlockStatus.name(status)} (set SUCCESS or FAILED)")
         row = block.index
         if row < 0 or row >= self._nblocks[t]:
             row = self._row_of(t, block)
@@ -601,9 +514,7 @@ class Scheduler:
                 continue
             tid = self.task_ids[t]
             c = self.cnt[t]
-            c[kt.C_ORPHANED] += max(
-                0, self._layouts[t].num_blocks - c[kt.C_COMPLETED] - c[kt.C_FAILED] - c[kt.C_ORPHANED]
-            )
+            c[kt.C_ORPHANED] += max(0, self._layouts[t].num_blocks - c[kt.C_COMPLETED] - c[kt.C_FAILED] - c[kt.C_ORPHANED])
             c[kt.C_READY] = 0
             c[kt.C_PROC] = 0
             c[kt.C_ROOTS_LEFT] = 0
@@ -619,15 +530,9 @@ class Scheduler:
     @property
     def task_states(self) -> dict[str, TaskState]:
         return {
-            tid: TaskState(
-                tid,
-                self._layouts[t].num_blocks,
-                self.cnt[t],
-                self.counters[tid],
-                self.tcfg[t, kt.F_STATE] == kt.ABANDONED,
-                self._abandon_reason.get(tid),
-                self.tasks[tid].timeout_secs,
-            )
+            tid: TaskState(tid, self._layouts[t].num_blocks, self.cnt[t], self.counters[tid],
+                           self.tcfg[t, kt.F_STATE] == kt.ABANDONED, self._abandon_reason.get(tid),
+                           self.tasks[tid].timeout_secs)
             for t, tid in enumerate(self.task_ids)
         }
 
@@ -674,27 +579,8 @@ class DependencyGraph:
         scr = np.empty((8, max(maxnd, 3)), np.int64)
         scr[7, 0] = -1
         tt, e, p = s._tt, s._e, s._tptr
-        n = ks._down_lj(
-            tt.geo,
-            tt.info,
-            tt.lvl_off,
-            tt.lvl_cnt,
-            tt.lvl_start,
-            tt.conf_ptr,
-            tt.conf_jump,
-            e[0],
-            e[3],
-            e[4],
-            p[2],
-            p[3],
-            t,
-            row,
-            scr,
-            bt,
-            br,
-            bl,
-            bj,
-        )
+        n = ks._down_lj(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
+                        e[0], e[3], e[4], p[2], p[3], t, row, scr, bt, br, bl, bj)
         ids = np.empty(n, np.int64)
         for u in set(bt[:n].tolist()):
             sel = bt[:n] == u
@@ -711,9 +597,7 @@ class DependencyGraph:
         lay = s._layouts[t]
         ts, rs, ids = [], [], []
         out = np.empty(max(1, len(lay.conf_offsets)), np.int64)
-        n = kg.intra_neighbours(
-            tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, t, row, False, out
-        )
+        n = kg.intra_neighbours(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, t, row, False, out)
         rows = out[:n].copy()
         ts.append(np.full(n, t, np.int64))
         rs.append(rows)

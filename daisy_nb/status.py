@@ -42,14 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .tracking import (
-    DONE_ARRAY,
-    FAILURES_ARRAY,
-    HASH_ATTRIBUTE,
-    get_tracking_basedir,
-    read_tracking,
-    task_hash,
-)
+from .tracking import DONE_ARRAY, FAILURES_ARRAY, HASH_ATTRIBUTE, get_tracking_basedir, read_tracking, task_hash
 
 __all__ = [
     "CHUNK_CELLS",

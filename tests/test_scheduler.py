@@ -26,13 +26,7 @@ import pytest
 from driver import build_pipeline, read_states, run_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from reference import RefGraph, RefPipeline, RefScheduler
 from strategies import pipeline_configs, ref_graph
 

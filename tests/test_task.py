@@ -451,12 +451,7 @@ def test_bad_parameters_raise_naming_the_parameter(name, kw, exc):
 
 
 @pytest.mark.parametrize(
-    "total,read,write",
-    [
-        (Roi((0,), (40,)), R2, W2),
-        (T2, Roi((0,), (10,)), W2),
-        (T2, R2, Roi((0, 0, 0), (10, 10, 10))),
-    ],
+    "total,read,write", [(Roi((0,), (40,)), R2, W2), (T2, Roi((0,), (10,)), W2), (T2, R2, Roi((0, 0, 0), (10, 10, 10)))]
 )
 def test_mismatched_roi_dimensions_raise(total, read, write):
     with pytest.raises(ValueError, match="dimensions"):

@@ -237,13 +237,7 @@ def test_flush_leaves_no_temp_files_and_replaces_chunk(tmp_path):
         s.flush()
     s.close()
     files = sorted(str(f.relative_to(p)) for f in p.rglob("*") if f.is_file())
-    assert files == [
-        "done/c/0/0",
-        "done/zarr.json",
-        "failures/c/0/0",
-        "failures/zarr.json",
-        "zarr.json",
-    ]
+    assert files == ["done/c/0/0", "done/zarr.json", "failures/c/0/0", "failures/zarr.json", "zarr.json"]
     # issue #12: the chunk is mapped shared and written in place (a flush is an msync of
     # the changed pages); it used to be rewritten whole aside and os.replace-d
     assert chunk.stat().st_ino == ino

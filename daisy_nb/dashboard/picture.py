@@ -31,13 +31,7 @@ import zlib
 
 import numpy as np
 
-__all__ = [
-    "CODE_NAMES",
-    "PictureLayout",
-    "live_slabs",
-    "picture",
-    "tracking_slabs",
-]
+__all__ = ["CODE_NAMES", "PictureLayout", "live_slabs", "picture", "tracking_slabs"]
 
 # display codes, in priority order (a reduced pixel shows the maximum)
 NONE, SKIPPED, DONE, WAITING, PROCESSING, ORPHANED, FAILED = range(7)

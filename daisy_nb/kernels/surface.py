@@ -193,27 +193,8 @@ def _n_up_lj(geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t
 
 
 @inline_kernel
-def _down_lj(
-    geo,
-    info,
-    lvl_off,
-    lvl_cnt,
-    lvl_start,
-    conf_ptr,
-    conf_jump,
-    e_uv,
-    e_dn,
-    e_dn_off,
-    t_out_ptr,
-    t_out_e,
-    t,
-    row,
-    scr,
-    out_t,
-    out_row,
-    out_lev,
-    out_j,
-):
+def _down_lj(geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row,
+             scr, out_t, out_row, out_lev, out_j):
     """All downstream blocks of ``row``: intra-task, then per downstream task.
 
     Writes (task, row, level, in-level counter) of each into the out arrays without
@@ -317,47 +298,12 @@ def _on_success(T, S, W, t, row):
     increasing spatial ID order (daisy sorts ``downstream()`` by spatial ID).
     Returns 0, or -needed when the scratch buffers are too small (nothing changed then).
     """
-    (
-        tt_geo,
-        info,
-        lvl_off,
-        lvl_cnt,
-        lvl_start,
-        conf_ptr,
-        conf_jump,
-        e_uv,
-        e_up,
-        e_up_off,
-        e_dn,
-        e_dn_off,
-        t_in_ptr,
-        t_in_e,
-        t_out_ptr,
-        t_out_e,
-    ) = T
+    (tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+     t_in_ptr, t_in_e, t_out_ptr, t_out_e) = T
     status, n_met, retries, preskip, queue, cnt, tcfg = S
     scr, buf_t, buf_row, buf_id, buf_lev, buf_j = W
-    n = _down_lj(
-        tt_geo,
-        info,
-        lvl_off,
-        lvl_cnt,
-        lvl_start,
-        conf_ptr,
-        conf_jump,
-        e_uv,
-        e_dn,
-        e_dn_off,
-        t_out_ptr,
-        t_out_e,
-        t,
-        row,
-        scr,
-        buf_t,
-        buf_row,
-        buf_lev,
-        buf_j,
-    )
+    n = _down_lj(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, t, row,
+                 scr, buf_t, buf_row, buf_lev, buf_j)
     if n < 0:
         return n
     m = 0
@@ -368,25 +314,7 @@ def _on_success(T, S, W, t, row):
             continue
         rem = n_met[gi]
         if rem == 0:
-            rem = (
-                _n_up_lj(
-                    tt_geo,
-                    info,
-                    lvl_off,
-                    lvl_cnt,
-                    conf_ptr,
-                    conf_jump,
-                    e_up,
-                    e_up_off,
-                    t_in_ptr,
-                    t_in_e,
-                    v,
-                    buf_lev[i],
-                    buf_j,
-                    i,
-                )
-                + 1
-            )
+            rem = _n_up_lj(tt_geo, info, lvl_off, lvl_cnt, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, v, buf_lev[i], buf_j, i) + 1
         rem -= 1
         n_met[gi] = rem
         if rem == 1:
@@ -437,24 +365,8 @@ def fail_block(T, S, W, t, row):
     numba's runtime. The Scheduler calls it with the ``(T, S, W)`` tuples of views of
     the packed buffers (``tables.groups``), the same tuples ``step`` builds.
     """
-    (
-        tt_geo,
-        info,
-        lvl_off,
-        lvl_cnt,
-        lvl_start,
-        conf_ptr,
-        conf_jump,
-        e_uv,
-        e_up,
-        e_up_off,
-        e_dn,
-        e_dn_off,
-        t_in_ptr,
-        t_in_e,
-        t_out_ptr,
-        t_out_e,
-    ) = T
+    (tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+     t_in_ptr, t_in_e, t_out_ptr, t_out_e) = T
     status, n_met, retries, preskip, queue, cnt, tcfg = S
     scr, buf_t, buf_row, buf_id, buf_lev, buf_j = W
     scr[7, 0] = -1  # no memo of a previous row
@@ -468,27 +380,8 @@ def fail_block(T, S, W, t, row):
         sp -= 1
         u = stack_t[sp]
         r = stack_r[sp]
-        n = _down_lj(
-            tt_geo,
-            info,
-            lvl_off,
-            lvl_cnt,
-            lvl_start,
-            conf_ptr,
-            conf_jump,
-            e_uv,
-            e_dn,
-            e_dn_off,
-            t_out_ptr,
-            t_out_e,
-            u,
-            r,
-            scr,
-            buf_t,
-            buf_row,
-            buf_lev,
-            buf_j,
-        )
+        n = _down_lj(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_dn, e_dn_off, t_out_ptr, t_out_e, u, r,
+                     scr, buf_t, buf_row, buf_lev, buf_j)
         if n < 0:
             return RC_SCRATCH
         for i in range(n):
@@ -529,24 +422,8 @@ def _release(T, S, W, t, rows, codes, start):
     were too small for a downstream list (the scheduler sizes them from the geometry
     so that this cannot happen).
     """
-    (
-        tt_geo,
-        info,
-        lvl_off,
-        lvl_cnt,
-        lvl_start,
-        conf_ptr,
-        conf_jump,
-        e_uv,
-        e_up,
-        e_up_off,
-        e_dn,
-        e_dn_off,
-        t_in_ptr,
-        t_in_e,
-        t_out_ptr,
-        t_out_e,
-    ) = T
+    (tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+     t_in_ptr, t_in_e, t_out_ptr, t_out_e) = T
     status, n_met, retries, preskip, queue, cnt, tcfg = S
     scr, buf_t, buf_row, buf_id, buf_lev, buf_j = W
     scr[7, 0] = -1  # no memo of a previous row
@@ -604,24 +481,8 @@ def _acquire(T, S, W, t, max_n, out_rows):
     block that needed them is given back first; cannot happen with the sizes the
     scheduler computes).
     """
-    (
-        tt_geo,
-        info,
-        lvl_off,
-        lvl_cnt,
-        lvl_start,
-        conf_ptr,
-        conf_jump,
-        e_uv,
-        e_up,
-        e_up_off,
-        e_dn,
-        e_dn_off,
-        t_in_ptr,
-        t_in_e,
-        t_out_ptr,
-        t_out_e,
-    ) = T
+    (tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+     t_in_ptr, t_in_e, t_out_ptr, t_out_e) = T
     status, n_met, retries, preskip, queue, cnt, tcfg = S
     scr, buf_t, buf_row, buf_id, buf_lev, buf_j = W
     if tcfg[t, F_STATE] != RUNNING:
@@ -657,23 +518,8 @@ def _acquire(T, S, W, t, max_n, out_rows):
 
 
 @kernel
-def seed_free_blocks(
-    tt_geo,
-    info,
-    lvl_off,
-    lvl_cnt,
-    lvl_start,
-    conf_ptr,
-    conf_jump,
-    e_up,
-    e_up_off,
-    t_in_ptr,
-    t_in_e,
-    status,
-    queue,
-    cnt,
-    t,
-):
+def seed_free_blocks(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e,
+                     status, queue, cnt, t):
     """Queue the level-0 blocks of a downstream task that have no upstream block at all.
 
     daisy never runs them (CORE.md 10.3); here they are ready from the start, in
@@ -681,12 +527,7 @@ def seed_free_blocks(
     """
     n = 0
     for r in range(info[t, I_NROOTS]):
-        if (
-            n_upstream(
-                tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, r
-            )
-            == 0
-        ):
+        if n_upstream(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_up, e_up_off, t_in_ptr, t_in_e, t, r) == 0:
             status[info[t, I_BLOCK_BASE] + r] = READY
             _push_back(queue, cnt, info, t, r)
             cnt[t, C_READY] += 1
@@ -796,54 +637,19 @@ def step(b, u8, n_met, op, t, x, y, rows, codes):
     scr = b[b[4 * P_SCR] : b[4 * P_SCR + 1]].reshape((-1, b[4 * P_SCR + 2]))
     buf_lev = b[b[4 * P_BUF_LEV] : b[4 * P_BUF_LEV + 1]]
     buf_j = b[b[4 * P_BUF_J] : b[4 * P_BUF_J + 1]].reshape((-1, b[4 * P_BUF_J + 2]))
-    T = (
-        geo,
-        info,
-        lvl_off,
-        lvl_cnt,
-        lvl_start,
-        conf_ptr,
-        conf_jump,
-        e_uv,
-        e_up,
-        e_up_off,
-        e_dn,
-        e_dn_off,
-        t_in_ptr,
-        t_in_e,
-        t_out_ptr,
-        t_out_e,
-    )
-    S = (
-        u8[U8_STATUS * N : (U8_STATUS + 1) * N],
-        n_met,
-        u8[U8_RETRIES * N : (U8_RETRIES + 1) * N],
-        u8[U8_PRESKIP * N : (U8_PRESKIP + 1) * N],
-        queue,
-        cnt,
-        tcfg,
-    )
+    T = (geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_jump, e_uv, e_up, e_up_off, e_dn, e_dn_off,
+         t_in_ptr, t_in_e, t_out_ptr, t_out_e)
+    S = (u8[U8_STATUS * N : (U8_STATUS + 1) * N], n_met, u8[U8_RETRIES * N : (U8_RETRIES + 1) * N],
+         u8[U8_PRESKIP * N : (U8_PRESKIP + 1) * N], queue, cnt, tcfg)
     W = (scr, buf_t, buf_row, buf_id, buf_lev, buf_j)
     if op == OP_ACQUIRE or op == OP_ACQUIRE_ONE:
         n = _acquire(T, S, W, t, x if op == OP_ACQUIRE else 1, rows)
         if op == OP_ACQUIRE or n != 1:
             return n
         nd = info[t, I_NDIM]
-        describe_rows_into(
-            geo,
-            info,
-            lvl_off,
-            lvl_cnt,
-            lvl_start,
-            t,
-            rows[:1],
-            rows[1:2],
-            rows[2 : 2 + nd].reshape((1, nd)),
-            rows[2 + 2 * nd : 2 + 3 * nd].reshape((1, nd)),
-            rows[2 + nd : 2 + 2 * nd].reshape((1, nd)),
-            rows[2 + 3 * nd : 2 + 4 * nd].reshape((1, nd)),
-            scr[:2],
-        )
+        describe_rows_into(geo, info, lvl_off, lvl_cnt, lvl_start, t, rows[:1], rows[1:2], rows[2 : 2 + nd].reshape((1, nd)),
+                           rows[2 + 2 * nd : 2 + 3 * nd].reshape((1, nd)), rows[2 + nd : 2 + 2 * nd].reshape((1, nd)),
+                           rows[2 + 3 * nd : 2 + 4 * nd].reshape((1, nd)), scr[:2])
         return 1
     if op == OP_RELEASE_ONE:
         one = b[b[4 * P_ROW1] : b[4 * P_ROW1 + 1]]

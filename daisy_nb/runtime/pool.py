@@ -374,14 +374,7 @@ class _Pool(ProcessesMixin, ClientsMixin):
 
 
 def run_pool(
-    scheduler,
-    *,
-    resources=None,
-    progress=True,
-    summary=True,
-    log_dir=None,
-    batch_target_secs: float = 0.01,
-    host=None,
+    scheduler, *, resources=None, progress=True, summary=True, log_dir=None, batch_target_secs: float = 0.01, host=None
 ):
     """Run every task of ``scheduler`` on worker processes; returns ``{task_id: TaskState}``.
 

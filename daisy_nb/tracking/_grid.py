@@ -154,9 +154,7 @@ def set_done_marker_basedir(path) -> None:
 def get_done_marker_basedir() -> Path | None:
     """Deprecated alias for :func:`get_tracking_basedir`."""
     warnings.warn(
-        "get_done_marker_basedir() is deprecated; use get_tracking_basedir().",
-        DeprecationWarning,
-        stacklevel=2,
+        "get_done_marker_basedir() is deprecated; use get_tracking_basedir().", DeprecationWarning, stacklevel=2
     )
     return get_tracking_basedir()
 

@@ -275,15 +275,7 @@ class TrackingStore:
 
     @classmethod
     def open(
-        cls,
-        path,
-        total_roi,
-        read_roi,
-        write_roi,
-        fit="valid",
-        *,
-        require_hash: bool = False,
-        durable: bool = True,
+        cls, path, total_roi, read_roi, write_roi, fit="valid", *, require_hash: bool = False, durable: bool = True
     ) -> TrackingStore:
         """Open the tracking group at ``path``, creating it if absent.
 

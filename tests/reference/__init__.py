@@ -25,11 +25,4 @@ from .graph import RefBlock, RefGraph
 from .pipeline import RefPipeline
 from .scheduler import RefScheduler
 
-__all__ = [
-    "RefBlock",
-    "RefGraph",
-    "RefPipeline",
-    "RefScheduler",
-    "block_spatial_id",
-    "cantor",
-]
+__all__ = ["RefBlock", "RefGraph", "RefPipeline", "RefScheduler", "block_spatial_id", "cantor"]
