@@ -71,7 +71,10 @@ def test_sigkilled_forked_worker_is_replaced_by_a_forked_one(out):
     st = states["sk"]
     assert st.completed_count == 30 and st.failed_count == 0
     assert attempts(out, "sk", 5) == 2
-    assert st.worker_failure_count == 1 and st.worker_restart_count == 1 and st.worker_start_count == 4
+    assert st.worker_failure_count == 1 and st.worker_restart_count == 1
+    # 3 workers and the replacement; a growth spawn (not a restart) can add one when a worker's
+    # exit and the ready blocks interleave (seen once in CI at load ~2)
+    assert st.worker_start_count in (4, 5)
     assert "exited with code -9" in st.last_worker_error  # the template's report of the SIGKILL
     (template,) = parents(out, "sk")
     assert template != os.getpid()
