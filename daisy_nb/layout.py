@@ -19,9 +19,8 @@ This module does not import numba.
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
-
-import numpy as np
+import sys
+from typing import TYPE_CHECKING, NamedTuple
 
 from .block import cantor_number
 from .kernels.tables import (
@@ -46,6 +45,9 @@ from .kernels.tables import (
     N_INFO,
 )
 
+if TYPE_CHECKING:
+    import numpy as np
+
 __all__ = ["BlockLayout", "FITS", "TaskTables", "pack_layouts", "roi_tuple"]
 
 FITS = {"valid": 0, "overhang": 1, "shrink": 2}
@@ -53,6 +55,32 @@ FIT_NAMES = {v: k.capitalize() for k, v in FITS.items()}
 
 
 _INT64_MAX = 2**63 - 1
+
+
+def _prod(values) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
+
+
+def _is_numpy_bool(x) -> bool:
+    """``numpy.bool_`` without importing numpy (no numpy loaded: ``x`` cannot be one)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.bool_)
+
+
+def _zero_levels(conflict: bool, fit_code: int, cul, clr, ws, ts) -> bool:
+    """CORE 3.2: with conflicts, a level stride that rounds to zero leaves no levels (no blocks)."""
+    if not conflict:
+        return False
+    for c, d, w, t in zip(cul, clr, ws, ts):
+        m = max(c, d) + w
+        s = ((m - 1) // w + 1) * w
+        rounded = t - (t % w) if fit_code == 0 else t + ((-t) % w)
+        if min(s, rounded) <= 0:
+            return True
+    return False
 
 
 def roi_tuple(roi, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -130,7 +158,7 @@ class BlockLayout:
             raise ValueError(f"total_roi must not have a negative shape, got {tr[1]}")
         if not isinstance(fit, str) or fit not in FITS:
             raise ValueError(f"fit must be one of 'valid', 'overhang', 'shrink', got {fit!r}")
-        if not isinstance(read_write_conflict, (bool, np.bool_, int)):
+        if not isinstance(read_write_conflict, (bool, int)) and not _is_numpy_bool(read_write_conflict):
             raise TypeError(f"read_write_conflict must be a bool, got {type(read_write_conflict).__name__}")
 
         self.ndim = nd
@@ -138,6 +166,34 @@ class BlockLayout:
         self.fit = fit
         self.fit_code = FITS[fit]
         self.read_write_conflict = bool(read_write_conflict)
+        # The block count and the ID range in plain ints, so that a grid too large for
+        # int64 IDs raises here; the arrays below are derived on first use (see
+        # __getattr__): building a Task does not import numpy, and a run can start its
+        # worker template while numpy loads.
+        ts = [s - a - b for s, a, b in zip(tr[1], cul, clr)]
+        r = wr[1] if self.fit_code == 0 else (1,) * nd
+        grid = [(t - q) // w + 1 if t - q >= 0 else 0 for t, q, w in zip(ts, r, wr[1])]
+        n = 0 if _zero_levels(self.read_write_conflict, self.fit_code, cul, clr, wr[1], ts) else _prod(grid)
+        if n > _INT64_MAX:
+            raise ValueError("task has more blocks than fit in 64 bits")
+        if n:
+            _check_cantor_fits([g - 1 + c // w for g, c, w in zip(grid, cul, wr[1])])
+        self.num_blocks = n
+        self._cul_t, self._clr_t = cul, clr
+
+    def __getattr__(self, name):
+        """The derived arrays (``grid_shape``, ``level_offsets``, ...), computed on first access."""
+        d = self.__dict__
+        if name.startswith("__") or "_cul_t" not in d or "grid_shape" in d:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self._derive()
+        return d[name] if name in d else object.__getattribute__(self, name)
+
+    def _derive(self) -> None:
+        import numpy as np
+
+        nd, (tr, rd, wr) = self.ndim, (self.total_roi_t, self.read_roi_t, self.write_roi_t)
+        cul, clr = self._cul_t, self._clr_t
         ws = np.array(wr[1], dtype=np.int64)
         self.write_shape = ws
         self.read_shape = np.array(rd[1], dtype=np.int64)
@@ -150,7 +206,7 @@ class BlockLayout:
         self.tw_shape = ts
         r = ws if self.fit_code == 0 else np.ones(nd, dtype=np.int64)
         # number of block positions per axis: p = 0, ws, 2ws, ... <= Ts - r (CORE 3.5)
-        self.grid_shape = np.where(ts - r >= 0, (ts - r) // ws + 1, 0).astype(np.int64)
+        grid_shape = np.where(ts - r >= 0, (ts - r) // ws + 1, 0).astype(np.int64)
         self.id_offset = self.cul // ws  # CORE 2.2: grid index = position + cul div ws
         # tracking grid (CORE 7.1): ceil(TR.shape / ws), at least 1
         self.track_shape = np.maximum(1, -(-self.total_shape // ws)).astype(np.int64)
@@ -181,7 +237,7 @@ class BlockLayout:
             k = self.period
             for i in range(1, self.num_levels):
                 delta = self.level_offsets[i - 1] - self.level_offsets[i]
-                per_axis = []
+                per_axis: list[tuple[int, ...]] = []
                 for d in range(nd):
                     dv = int(delta[d])
                     if dv < 0:
@@ -193,8 +249,8 @@ class BlockLayout:
                 conflicts.append(list(itertools.product(*per_axis)) if self.read_write_conflict else [])
         self.conflicts = conflicts
         self.conf_indptr = np.zeros(self.num_levels + 1, dtype=np.int64)
-        for i, c in enumerate(conflicts):
-            self.conf_indptr[i + 1] = self.conf_indptr[i] + len(c)
+        for i, level_conflicts in enumerate(conflicts):
+            self.conf_indptr[i + 1] = self.conf_indptr[i] + len(level_conflicts)
         flat = [c for cs in conflicts for c in cs]
         self.conf_offsets = np.array(flat, dtype=np.int64).reshape(len(flat), nd)
         # The same offsets in steps of the previous level's own block counter: a block
@@ -211,7 +267,7 @@ class BlockLayout:
 
         # blocks per level and axis (CORE 3.7), level start rows
         lo = self.level_offsets
-        g = self.grid_shape
+        g = grid_shape
         if self.num_levels:
             counts = np.where(
                 g[None, :] > lo, (g[None, :] - lo + self.period[None, :] - 1) // np.maximum(self.period, 1)[None, :], 0
@@ -219,21 +275,16 @@ class BlockLayout:
         else:
             counts = np.zeros((0, nd), dtype=np.int64)
         self.level_counts = np.ascontiguousarray(counts, dtype=np.int64)
-        sizes = np.array([int(np.prod([int(v) for v in row], dtype=object)) for row in counts], dtype=object)
-        self.level_sizes = [int(v) for v in sizes]
+        self.level_sizes = [_prod(int(v) for v in row) for row in counts]
         self.level_start = np.zeros(self.num_levels + 1, dtype=np.int64)
         total = 0
         for i, n in enumerate(self.level_sizes):
             total += n
-            if total > _INT64_MAX:
-                raise ValueError("task has more blocks than fit in 64 bits")
             self.level_start[i + 1] = total
-        self.num_blocks = total
+        if total != self.num_blocks:  # pragma: no cover - the two derivations must agree
+            raise AssertionError(f"block count {total} != {self.num_blocks}")
         self.num_roots = self.level_sizes[0] if self.num_levels else 0
-        # IDs must stay exact in int64 (the kernel computes them there): check the far corner
-        if self.num_blocks:
-            corner = [int(a) - 1 + int(b) for a, b in zip(g, self.id_offset)]
-            _check_cantor_fits(corner)
+        self.grid_shape = grid_shape  # last: its presence marks the derivation done (__getattr__)
 
     # -- convenience -------------------------------------------------------------
     @property
@@ -245,6 +296,8 @@ class BlockLayout:
 
     def grid_of_write_offset(self, write_offset) -> np.ndarray | None:
         """Grid position of a block given its write ROI offset, or None if no block starts there."""
+        import numpy as np
+
         rel = np.asarray(write_offset, dtype=np.int64) - self.tw_offset
         if np.any(rel % self.write_shape):
             return None
@@ -292,6 +345,8 @@ class TaskTables(NamedTuple):
 
 def pack_layouts(layouts: list[BlockLayout]) -> TaskTables:
     """Pack per-task layouts into one :class:`TaskTables` (level base indices per task)."""
+    import numpy as np
+
     T = len(layouts)
     maxnd = max((lay.ndim for lay in layouts), default=1)
     geo = np.zeros((T, N_GEO, maxnd), dtype=np.int64)

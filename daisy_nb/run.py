@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-from .scheduler import Scheduler
-
 __all__ = ["run_blockwise"]
 
 
@@ -70,9 +68,16 @@ def _execute(
         from .dashboard import check_dashboard
 
         check_dashboard(dashboard)
-    scheduler = Scheduler(tasks, block_tracking=block_tracking)
+    # A pool run starts its worker template first: its start-up then overlaps the
+    # Scheduler's (numpy, the task tables) instead of following it. Building the Tasks
+    # did not import numpy (see ``task``), so this is the earliest point.
+    template = _early_template(tasks) if multiprocessing and executor is None else None
+    scheduler = None
     dashboard_done = None
     try:
+        from .scheduler import Scheduler
+
+        scheduler = Scheduler(tasks, block_tracking=block_tracking)
         if dashboard is not None and dashboard is not False:
             from .dashboard import start_for_run
 
@@ -90,10 +95,33 @@ def _execute(
             from .runtime.pool import run_pool
 
             states = run_pool(
-                scheduler, resources=resources, progress=progress, summary=summary, log_dir=log_dir, host=host
+                scheduler,
+                resources=resources,
+                progress=progress,
+                summary=summary,
+                log_dir=log_dir,
+                host=host,
+                template=template,
             )
         return states, list(scheduler.task_ids)
     finally:
+        if template is not None:
+            template.close()  # the pool closed it already, unless bad input ended the run first
         if dashboard_done is not None:
             dashboard_done()
-        scheduler.close()
+        if scheduler is not None:
+            scheduler.close()
+
+
+def _early_template(tasks):
+    """The worker template for a pool run about to start, or None (see ``_zygote.start_early``)."""
+    if os.environ.get("DAISY_NB_EARLY_TEMPLATE", "1") == "0":
+        return None
+    from .runtime import _zygote
+    from .task import as_pipeline
+
+    try:
+        preload_client = any(t.arity == 0 for t in as_pipeline(tasks).tasks)
+    except (TypeError, ValueError):
+        return None  # bad input: the Scheduler says what is wrong, no process to start
+    return _zygote.start_early(preload_client)

@@ -11,14 +11,16 @@ import copy as _copy
 import datetime
 import heapq
 import inspect
+import math
+import numbers
 import warnings
 from pathlib import Path
 
-import numpy as np
-
 from .layout import BlockLayout
-from .tracking import reset as _reset_tracking
-from .tracking import resolve_tracking_path
+
+# No numpy here, nor in ``layout`` until a task's arrays are used: building Tasks and
+# Pipelines stays cheap, and ``run_blockwise`` starts its worker template before the
+# scheduler loads numpy (issue 13, small runs).
 
 __all__ = ["DEFAULT_BLOCK_TIMEOUT_SECS", "Pipeline", "Task", "as_pipeline", "function_arity"]
 
@@ -63,13 +65,13 @@ def _timeout_secs(timeout) -> float:
         secs = float(timeout)
     else:
         raise TypeError(f"timeout must be a number of seconds, a timedelta or None, got {type(timeout).__name__}")
-    if not np.isfinite(secs) or secs <= 0:
+    if not math.isfinite(secs) or secs <= 0:
         raise ValueError(f"timeout must be positive and finite (seconds), got {timeout!r}")
     return secs
 
 
 def _int_param(value, name: str, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     v = int(value)
     if v < lo or (hi is not None and v > hi):
@@ -161,6 +163,8 @@ class Task:
 
         self._skip_mask = None
         if skip_mask is not None:
+            import numpy as np
+
             mask = np.ascontiguousarray(np.asarray(skip_mask) != 0, dtype=np.uint8)
             if tuple(mask.shape) != tuple(self.block_grid_shape):
                 raise ValueError(
@@ -240,6 +244,8 @@ class Task:
 
     # -- tracking -----------------------------------------------------------------
     def resolved_tracking_path(self) -> Path | None:
+        from .tracking import resolve_tracking_path
+
         return resolve_tracking_path(self._task_id, self._tracking_path)
 
     def reset(self):
@@ -247,10 +253,14 @@ class Task:
         p = self.resolved_tracking_path()
         if p is None:
             return None
-        return _reset_tracking(p)
+        from .tracking import reset
+
+        return reset(p)
 
     def failed_blocks(self):
         """Blocks recorded as failed and not done in this task's tracking store."""
+        import numpy as np
+
         from .tracking import read_tracking
 
         p = self.resolved_tracking_path()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+import daisy_nb
+
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE / "workers"))
 
@@ -183,3 +185,47 @@ def test_sigkilled_run_takes_template_and_workers_with_it(out, tmp_path):
     while any(harness.pid_alive(x) for x in template | workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(harness.pid_alive(x) for x in template | workers), "outlived a SIGKILLed run"
+
+
+def test_run_blockwise_starts_the_template_before_building_the_scheduler(out, monkeypatch):
+    """The template's start-up overlaps the Scheduler's (numpy's import, the tables), and it forks the workers."""
+    import daisy_nb.scheduler
+    from daisy_nb.runtime import _zygote
+
+    events = []
+
+    def spy(cls, label):
+        orig = cls.__init__
+
+        def init(self, *a, **k):
+            events.append(label)
+            orig(self, *a, **k)
+
+        monkeypatch.setattr(cls, "__init__", init)
+
+    spy(_zygote.Template, "template")
+    spy(daisy_nb.scheduler.Scheduler, "scheduler")
+    task = make_task("early", 20, templatefns.record_parent, max_workers=2, max_retries=0)
+    assert daisy_nb.run_blockwise([task], progress=False, summary=False)
+    assert events == ["template", "scheduler"]  # one template, started first, and no second one later
+    (template,) = parents(out, "early")
+    assert template != os.getpid() and not harness.pid_alive(template)
+
+
+@pytest.mark.parametrize(
+    "problem, error",
+    [
+        ("duplicate", "duplicate"),  # the Pipeline check, inside the Scheduler: the template has started
+        ("no_function", "process_function"),  # the pool's own check, before any worker
+    ],
+)
+def test_bad_input_to_run_blockwise_leaves_no_template_behind(out, problem, error):
+    if problem == "duplicate":
+        tasks = [make_task("dup", 4, templatefns.record_parent), make_task("dup", 4, templatefns.record_parent)]
+    else:
+        tasks = [make_task("nofn", 4, None)]
+    before = harness.children()
+    with pytest.raises((ValueError, RuntimeError), match=error):
+        daisy_nb.run_blockwise(tasks, progress=False, summary=False)
+    assert harness.children() == before  # the early template was ended (the autouse no_leaks checks again)
+    assert not list(out.iterdir())

@@ -528,3 +528,36 @@ def test_host_this_machine_does_not_have_is_refused(tmp_path, monkeypatch):
         warnings.simplefilter("error")
         assert daisy.run_blockwise(t, host="127.0.0.1", progress=False, summary=False)
         assert daisy.run_blockwise(t, host="127.0.0.2", progress=False, summary=False)
+
+
+def test_building_tasks_and_pipelines_does_not_import_numpy():
+    """A Task is validated in plain Python (a grid too large for int64 IDs raises here too); its arrays
+    are derived on first use, so that ``run_blockwise`` can start its worker template while numpy loads."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys
+        from funlib.geometry import Roi
+        import daisy_nb as daisy
+        a = daisy.Task("a", Roi((0, 0), (40, 40)), Roi((0, 0), (6, 6)), Roi((1, 1), (4, 4)), process_function=print)
+        b = daisy.Task("b", Roi((0, 0), (40, 40)), Roi((0, 0), (6, 6)), Roi((1, 1), (4, 4)), process_function=print,
+                       fit="shrink", max_retries=1, timeout=3.5)
+        p = a + b
+        assert repr(a) == "Task('a', blocks=81, fit='valid', conflict=True)", repr(a)
+        try:
+            daisy.Task("big", Roi((0, 0), (2**32, 2)), Roi((0, 0), (1, 1)), Roi((0, 0), (1, 1)), process_function=print)
+        except ValueError as e:
+            assert "64 bits" in str(e), e
+        else:
+            raise AssertionError("a grid too large for int64 IDs was accepted")
+        assert "numpy" not in sys.modules, "building Tasks imported numpy"
+        assert a.block_grid_shape == [9, 9] and b.layout.num_levels == 4
+        assert "numpy" in sys.modules
+        print("ok")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

@@ -74,6 +74,7 @@ COMPILE_SECONDS = 15
 WARMUP_SECONDS = 20  # every kernel (python -m daisy_nb warmup)
 
 _HERE = Path(__file__).parent
+KERNEL_MODULES = ("block_id", "graph", "surface")  # the modules that define kernels
 _PKG = __name__.rpartition(".")[0]  # daisy_nb.kernels
 _kernels: list = []  # [(py_func, options)] in definition order
 _dispatchers: dict = {}  # py_func -> numba dispatcher (made once)
@@ -243,6 +244,10 @@ def _drop_stale_cache() -> None:
 
 def _entry_points() -> list:
     """Kernels that run on their own (not inlined): each has its own cache entry."""
+    import importlib
+
+    for sub in KERNEL_MODULES:  # every kernel registers itself when its module loads
+        importlib.import_module(f"{_PKG}.{sub}")
     return [fn for fn, opts in _kernels if opts.get("inline") != "always"]
 
 

@@ -18,9 +18,10 @@ constants.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 # -- per-task geometry: rows of TaskTables.geo (each a per-axis vector, padded with 0 to max ndim)
 G_TR_OFF, G_TR_SHAPE, G_RS, G_WS, G_TW_OFF, G_TW_SHAPE, G_GRID, G_PERIOD, G_IDOFF, G_TRACK = range(10)
@@ -128,6 +129,8 @@ def pack_int64(tables: dict, shapes: dict, n_blocks: int) -> tuple[np.ndarray, d
     ``shapes[name]`` is each slot's shape (its dimensions as the table says);
     ``tables[name]``, where given, is copied in; the rest start at zero.
     """
+    import numpy as np
+
     if set(shapes) != set(SLOT):
         raise ValueError(
             f"pack_int64: shapes for {sorted(set(SLOT) - set(shapes))} missing, "

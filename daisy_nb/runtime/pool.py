@@ -71,7 +71,7 @@ class _TaskRun(TaskRun):
 
 
 class _Pool(ProcessesMixin, ClientsMixin):
-    def __init__(self, scheduler, resources, observer, batch_target_secs, host=None):
+    def __init__(self, scheduler, resources, observer, batch_target_secs, host=None, template=None):
         self.s = scheduler
         self.order = list(scheduler.task_ids)
         self.budget = {k: int(v) for k, v in (resources or {}).items()}
@@ -103,7 +103,8 @@ class _Pool(ProcessesMixin, ClientsMixin):
         self.t_first_block = None
         self.t_last_done = None
         self.aborting = False
-        self.template = None  # the worker template (_zygote), started by the first _spawn
+        # the worker template (_zygote): started early by run._execute, else by the first _spawn
+        self.template = template
         self.template_failed = False
         self.more_spawns = False  # _spawn_pass stopped at SPAWN_BURST with more workers to start
 
@@ -374,7 +375,15 @@ class _Pool(ProcessesMixin, ClientsMixin):
 
 
 def run_pool(
-    scheduler, *, resources=None, progress=True, summary=True, log_dir=None, batch_target_secs: float = 0.01, host=None
+    scheduler,
+    *,
+    resources=None,
+    progress=True,
+    summary=True,
+    log_dir=None,
+    batch_target_secs: float = 0.01,
+    host=None,
+    template=None,
 ):
     """Run every task of ``scheduler`` on worker processes; returns ``{task_id: TaskState}``.
 
@@ -383,13 +392,17 @@ def run_pool(
     ``KeyboardInterrupt`` raised with ``daisy_states``/``daisy_task_order``
     attached. Abandoned tasks do not raise here (see :func:`raise_if_abandoned`).
     ``host``: where ``Client`` connections are accepted (see ``_net.resolve_host``).
+    ``template``: a worker template already started (``_zygote.start_early``); the
+    pool forks its workers from it and closes it at the end.
     """
     from daisy_nb.progress import resolve_observer
 
     saved_base = dlog.get_log_basedir()
     if log_dir is not None:
         dlog.set_log_basedir(log_dir)
-    pool = _Pool(scheduler, resources, resolve_observer(progress, list(scheduler.task_ids)), batch_target_secs, host)
+    pool = _Pool(
+        scheduler, resources, resolve_observer(progress, list(scheduler.task_ids)), batch_target_secs, host, template
+    )
     if hasattr(pool.observer, "attach_runtime"):  # the dashboard's view of the workers
         pool.observer.attach_runtime(pool)
     old_handler = None

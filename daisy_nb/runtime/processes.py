@@ -67,8 +67,6 @@ __all__ = ["BUSY", "DEAD", "IDLE", "PARKED", "QUITTING", "STARTING", "ProcessesM
 
 logger = logging.getLogger("daisy")
 
-# workers run ``python -m daisy_nb.runtime.worker``: make sure they import this very package
-_PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")  # a forked worker's argv[0]
 
 CAPACITY = 4096  # blocks per shared-memory batch
@@ -186,9 +184,8 @@ class ProcessesMixin:
         tee = logs is not None and dlog.get_log_mode() == "both"
         if tee:  # console stays fd 1/2; the worker copies Python-level writes into the files
             setup["tee_files"] = (logs[0].name, logs[1].name)
-        env = dict(os.environ)
+        env = _zygote.worker_env()
         env[Context.ENV_VARIABLE] = self._context(tr, wid).to_env()
-        env["PYTHONPATH"] = _PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         fd = child_end.fileno()
         try:
             w.proc = self._start_process(env, fd, keep_fds, logs if logs and not tee else None)
@@ -230,9 +227,10 @@ class ProcessesMixin:
         """Fork the worker from the run's template (started on first use), else exec it."""
         if self.template is None and not self.template_failed:
             if _zygote.available():
-                tenv = {k: v for k, v in env.items() if k != Context.ENV_VARIABLE}
                 try:
-                    self.template = _zygote.Template(tenv, any(t.arity == 0 for t in self.trs.values()))
+                    self.template = _zygote.Template(
+                        _zygote.template_env(env), any(t.arity == 0 for t in self.trs.values())
+                    )
                 except OSError as e:
                     logger.warning("daisy_nb: no worker template (%s); workers start by exec", e)
             self.template_failed = self.template is None
