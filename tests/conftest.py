@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-for p in (HERE, os.path.join(HERE, "golden")):
+for p in (HERE, os.path.join(HERE, "golden"), os.path.join(HERE, "workers")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
@@ -32,3 +32,28 @@ def _warm_kernels(tmp_path_factory):
     # worker logs of runs that do not choose a log directory go to a temp dir,
     # not ./daisy_logs in the checkout
     dlog.set_log_basedir(tmp_path_factory.mktemp("daisy_logs"))
+
+
+@pytest.fixture
+def no_leaks():
+    """No child process or shared-memory segment of the test outlives it."""
+    import harness
+
+    before_c, before_s = harness.children(), harness.shm_segments()
+    yield
+    harness.assert_no_leaks(before_c, before_s)
+
+
+@pytest.fixture
+def out(tmp_path, monkeypatch):
+    """The directory the block functions of ``tests/workers`` write to (``DAISY_NB_TEST_OUT``);
+    worker logs go to ``tmp_path / "logs"``."""
+    import daisy_nb.logging as dlog
+
+    d = tmp_path / "out"
+    d.mkdir()
+    monkeypatch.setenv("DAISY_NB_TEST_OUT", str(d))
+    old = dlog.get_log_basedir()
+    dlog.set_log_basedir(tmp_path / "logs")
+    yield d
+    dlog.set_log_basedir(old)

@@ -52,21 +52,6 @@ def make_task(tid, n, fn, cls=None, **kw):
     )
 
 
-@pytest.fixture
-def out(tmp_path, monkeypatch):
-    d = tmp_path / "out"
-    d.mkdir()
-    monkeypatch.setenv("DAISY_NB_TEST_OUT", str(d))
-    return d
-
-
-@pytest.fixture
-def no_leaks():
-    before_c, before_s = harness.children(), harness.shm_segments()
-    yield
-    harness.assert_no_leaks(before_c, before_s)
-
-
 # ---------------------------------------------------------------- names
 def test_golden_names_cover_the_wheel_modules():
     assert set(NAMES["modules"]) == {

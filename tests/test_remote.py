@@ -23,7 +23,6 @@ sys.path.insert(0, str(HERE / "workers"))
 
 import blockfns  # noqa: E402
 import cluster  # noqa: E402
-import harness  # noqa: E402
 import psutil  # noqa: E402
 from funlib.geometry import Roi  # noqa: E402
 
@@ -31,7 +30,7 @@ import daisy_nb  # noqa: E402
 from daisy_nb.runtime import _net  # noqa: E402
 from daisy_nb.runtime import pool as pool_mod  # noqa: E402
 
-pytestmark = [pytest.mark.mp, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.mp, pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaks")]
 
 # short enough for tests, long enough that a process starved by a loaded 2-core machine is not taken for gone
 FAST = {"DAISY_NB_HEARTBEAT_SECS": "0.5", "DAISY_NB_PEER_TIMEOUT_SECS": "3", "DAISY_NB_AUTH_TIMEOUT_SECS": "1"}
@@ -56,24 +55,11 @@ def run(task, **kw):
     return daisy_nb.run_blockwise(task, return_states=True, **kw)
 
 
-@pytest.fixture(autouse=True)
-def no_leaks():
-    before_c, before_s = harness.children(), harness.shm_segments()
-    yield
-    harness.assert_no_leaks(before_c, before_s)
-
-
 @pytest.fixture
-def out(tmp_path, monkeypatch):
-    d = tmp_path / "out"
-    d.mkdir()
-    monkeypatch.setenv("DAISY_NB_TEST_OUT", str(d))
-    import daisy_nb.logging as dlog
-
-    old = dlog.get_log_basedir()
-    dlog.set_log_basedir(tmp_path / "logs")
+def out(out):
+    """conftest's ``out``; afterwards, ends the detached job programs a test left (nobody's children)."""
+    d = out
     yield d
-    dlog.set_log_basedir(old)
     for job in d.glob("job_*"):  # detached programs are nobody's children: end the ones left
         try:
             p = psutil.Process(int(job.name[4:]))

@@ -14,7 +14,6 @@ import pytest
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE / "workers"))
 
-import harness  # noqa: E402
 import resfns  # noqa: E402
 from funlib.geometry import Roi  # noqa: E402
 
@@ -47,21 +46,6 @@ def panel(text):
     """The lines of the Resource Utilization panel ('' when absent)."""
     i = text.find(PANEL)
     return "" if i < 0 else text[i:]
-
-
-@pytest.fixture
-def out(tmp_path, monkeypatch):
-    d = tmp_path / "out"
-    d.mkdir()
-    monkeypatch.setenv("DAISY_NB_TEST_OUT", str(d))
-    return d
-
-
-@pytest.fixture
-def no_leaks():
-    before_c, before_s = harness.children(), harness.shm_segments()
-    yield
-    harness.assert_no_leaks(before_c, before_s)
 
 
 def _write_bytes_counted(d: Path) -> bool:

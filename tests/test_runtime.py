@@ -20,7 +20,7 @@ import harness  # noqa: E402
 
 from daisy_nb.runtime.pool import raise_if_abandoned, run_pool  # noqa: E402
 
-pytestmark = [pytest.mark.mp, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.mp, pytest.mark.timeout(60), pytest.mark.usefixtures("no_leaks")]
 
 # ---------------------------------------------------------------- task builders
 from funlib.geometry import Roi  # noqa: E402
@@ -57,27 +57,7 @@ def run(tasks, **kw):
         scheduler.close()
 
 
-# ---------------------------------------------------------------- fixtures
-@pytest.fixture(autouse=True)
-def no_leaks():
-    before_c, before_s = harness.children(), harness.shm_segments()
-    yield
-    harness.assert_no_leaks(before_c, before_s)
-
-
-@pytest.fixture
-def out(tmp_path, monkeypatch):
-    d = tmp_path / "out"
-    d.mkdir()
-    monkeypatch.setenv("DAISY_NB_TEST_OUT", str(d))
-    import daisy_nb.logging as dlog
-
-    old = dlog.get_log_basedir()
-    dlog.set_log_basedir(tmp_path / "logs")
-    yield d
-    dlog.set_log_basedir(old)
-
-
+# ---------------------------------------------------------------- helpers (fixtures: conftest.py)
 def done_files(out, tid):
     return sorted(out.glob(f"done_{tid}_*"))
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the "out" and autouse "no_leaks" fixtures come from test_runtime)
 """Workers forked from the run's template process (runtime/_zygote.py), with real processes.
 
 The template is exec'd once per run, forks every block worker, reports their exit codes,
@@ -23,9 +22,9 @@ sys.path.insert(0, str(HERE / "workers"))
 
 import harness
 import templatefns
-from test_runtime import attempts, done_files, make_task, no_leaks, out, run  # noqa: F401  (fixtures too)
+from test_runtime import attempts, done_files, make_task, run
 
-pytestmark = [pytest.mark.mp, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.mp, pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaks")]
 
 
 def done_lines(out, tid):
@@ -227,5 +226,5 @@ def test_bad_input_to_run_blockwise_leaves_no_template_behind(out, problem, erro
     before = harness.children()
     with pytest.raises((ValueError, RuntimeError), match=error):
         daisy_nb.run_blockwise(tasks, progress=False, summary=False)
-    assert harness.children() == before  # the early template was ended (the autouse no_leaks checks again)
+    assert harness.children() == before  # the early template was ended (no_leaks checks again)
     assert not list(out.iterdir())
