@@ -125,7 +125,8 @@ def _rois(total, b, c):
 
 
 # -- children -----------------------------------------------------------------------
-def worker_time(lib: str, spec: tuple, repeat: int) -> dict:
+def _graph(lib: str, spec: tuple):
+    """The library's graph of one configuration (daisy_nb's kernels warmed first)."""
     total, b, c, conflict = spec
     if lib == "daisy":
         import daisy
@@ -133,7 +134,11 @@ def worker_time(lib: str, spec: tuple, repeat: int) -> dict:
         U.warm_daisy_nb()
         import daisy_nb as daisy
     tr, br, bw = _rois(total, b, c)
-    g = daisy.BlockwiseDependencyGraph("bench", br, bw, conflict, "valid", total_read_roi=tr)
+    return daisy.BlockwiseDependencyGraph("bench", br, bw, conflict, "valid", total_read_roi=tr)
+
+
+def worker_time(lib: str, spec: tuple, repeat: int) -> dict:
+    g = _graph(lib, spec)
     n = int(g.num_blocks)
     out = {"blocks": n}
     if lib == "daisy":
@@ -180,14 +185,7 @@ def worker_time(lib: str, spec: tuple, repeat: int) -> dict:
 
 def worker_first(lib: str, spec: tuple) -> dict:
     """The first call of a fresh process alone (kernels warmed for daisy_nb, as in ``worker_time``)."""
-    total, b, c, conflict = spec
-    if lib == "daisy":
-        import daisy
-    else:
-        U.warm_daisy_nb()
-        import daisy_nb as daisy
-    tr, br, bw = _rois(total, b, c)
-    g = daisy.BlockwiseDependencyGraph("bench", br, bw, conflict, "valid", total_read_roi=tr)
+    g = _graph(lib, spec)
     call = g.enumerate_all_dependencies if lib == "daisy" else g.to_arrays
     t = time.perf_counter()
     res = call()
