@@ -116,6 +116,25 @@ def test_killed_template_gives_blocks_back_and_later_workers_are_execd(out, capl
     assert "worker template process died" in caplog.text
 
 
+def test_killed_template_gives_a_client_loops_held_block_back(out, caplog, monkeypatch):
+    """A worker function's Client connection that drops because the template died (its death signal
+    ended the worker) does not count the block it held as an attempt: with no retries, nothing fails."""
+    monkeypatch.setenv("DAISY_NB_TEST_POOL_PID", str(os.getpid()))
+    n = 60
+    with caplog.at_level("WARNING", logger="daisy"):
+        states = run(
+            [make_task("kc", n, templatefns.client_loop_killing_template_once_on_12, max_workers=2, max_retries=0)]
+        )
+    st = states["kc"]
+    assert st.completed_count == n and st.failed_count == 0 and st.orphaned_count == 0
+    assert st.worker_failure_count == 0
+    assert attempts(out, "kc", 12) == 2
+    assert len(done_files(out, "kc")) == n
+    ps = parents(out, "kc")
+    assert os.getpid() in ps and len(ps) == 2  # forked before, exec'd after
+    assert "worker template process died" in caplog.text
+
+
 def test_forked_worker_logs_are_its_fd_1_and_2(out, tmp_path):
     states = run([make_task("lg", 4, templatefns.write_fds_and_fail_on_1, max_workers=1, max_retries=0)])
     st = states["lg"]

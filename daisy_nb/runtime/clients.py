@@ -63,6 +63,7 @@ class ClientsMixin:
     target: float
     net: dict[str, float]
     aborting: bool
+    _died_with_template: Any  # processes.ProcessesMixin
     t_first_block: float | None
 
     if TYPE_CHECKING:
@@ -248,10 +249,16 @@ class ClientsMixin:
             self._client_timed_out(cc)
 
     def _release_held(self, cc: ClientConn) -> None:
-        """The block ``cc`` runs fails (an attempt); blocks behind it were never started: given back."""
+        """The block ``cc`` runs fails (an attempt); blocks behind it were never started: given back.
+
+        Given back too on Ctrl-C, as in the pool's batches, and when the connection's worker
+        died with the worker template (its death signal: not the block's fault, as for block
+        workers in ``processes._on_exit``). A program that worker started connects with the
+        same worker id; the pool ends those along with the worker.
+        """
         idx = np.array(list(cc.held), np.int64)
         st = np.zeros(len(idx), np.uint8)
-        st[0] = 0 if self.aborting else 3  # Ctrl-C: given back, as in the pool's batches
+        st[0] = 0 if self.aborting or self._died_with_template(cc.wid) else 3
         cc.held.clear()
         self.s.release_blocks(cc.tr.tid, idx, st)
         cc.tr.inflight -= len(idx)

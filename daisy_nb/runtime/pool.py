@@ -106,6 +106,7 @@ class _Pool(ProcessesMixin, ClientsMixin):
         # the worker template (_zygote): started early by run._execute, else by the first _spawn
         self.template = template
         self.template_failed = False
+        self.forked_wids: set[int] = set()  # workers forked by the template (they die with it)
         self.more_spawns = False  # _spawn_pass stopped at SPAWN_BURST with more workers to start
 
     # ------------------------------------------------------------------ setup

@@ -122,6 +122,7 @@ class ProcessesMixin:
     aborting: bool
     template: Any
     template_failed: bool
+    forked_wids: set[int]
     next_wid: int
     t_first_block: Any
 
@@ -206,6 +207,7 @@ class ProcessesMixin:
         except OSError:
             pass  # died already: its pidfd says so
         if isinstance(w.proc, _zygote.ForkedProcess):  # the template opened it before it could reap
+            self.forked_wids.add(wid)
             w.pidfd = w.proc.pidfd
             self.by_obj[w.pidfd] = ("pidfd", w)
         elif hasattr(os, "pidfd_open"):
@@ -258,6 +260,11 @@ class ProcessesMixin:
             env=env,
             start_new_session=True,  # own process group: Ctrl-C is ours to handle, killpg reaps helpers
         )
+
+    def _died_with_template(self, wid: int) -> bool:
+        """Worker ``wid`` was forked by the run's template, and the template has died (taking it along)."""
+        t = self.template
+        return wid in self.forked_wids and t is not None and (t.dead or t.proc.poll() is not None)
 
     def _template_gone(self) -> None:
         if not self.template_failed:

@@ -77,3 +77,21 @@ def client_loop_reporting_nodelay():
                 break
             attempt(block)
             done(block, f"{os.getppid()},nodelay={nodelay}")
+
+
+def client_loop_killing_template_once_on_12():
+    """A Client loop whose first attempt at block 12 kills its parent, the template (and so itself)."""
+    import daisy_nb
+
+    client = daisy_nb.Client()
+    pool_pid = int(os.environ["DAISY_NB_TEST_POOL_PID"])
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            n = attempt(block)
+            if block.spatial_id == 12 and n == 1 and os.getppid() != pool_pid:
+                os.kill(os.getppid(), signal.SIGKILL)
+                time.sleep(30)  # the template's death signal ends this worker first
+            time.sleep(0.002)
+            done(block, str(os.getppid()))
