@@ -53,6 +53,7 @@ from contextlib import contextmanager
 from daisy_nb.block import Block, BlockStatus
 from daisy_nb.runtime import _net
 from daisy_nb.runtime.context import Context
+from daisy_nb.runtime.state import cap_traceback, format_exception
 
 __all__ = ["Client"]
 
@@ -249,15 +250,11 @@ class Client:
         except BaseException as e:
             block.status = BlockStatus.FAILED
             try:
-                from daisy_nb import logging as dlog
-
-                tb = dlog.format_traceback(type(e), e, e.__traceback__)
+                tb = format_exception(e)
                 logger.warning("block %s failed: %s", block.block_id, e)
                 sys.stderr.write(f"block {block.block_id} failed:\n{tb}")
                 sys.stderr.flush()
-                from daisy_nb.runtime.worker import _cap
-
-                text = f"block {block.block_id} failed:\n" + _cap(tb)
+                text = f"block {block.block_id} failed:\n" + cap_traceback(tb)
                 head = b"F" + struct.pack("<q", block.index)
                 if prof is not None:
                     head = b"E" + struct.pack("<q", block.index) + self._stats_bytes(prof, block)

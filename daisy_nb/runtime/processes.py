@@ -59,6 +59,7 @@ from daisy_nb import logging as dlog
 from daisy_nb.runtime import _shm, _zygote
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.policy import grow_batch, record_error
+from daisy_nb.runtime.state import TB_CAP_BYTES, cap_traceback
 
 if TYPE_CHECKING:
     from daisy_nb.runtime.policy import TaskRun
@@ -392,8 +393,8 @@ class ProcessesMixin:
         try:
             with open(w.err_path, "rb") as f:
                 f.seek(w.err_offset)
-                data = f.read()[-8192:]
-            return "\n".join(data.decode("utf-8", "replace").strip().splitlines()[-50:])
+                data = f.read()[-TB_CAP_BYTES:]
+            return cap_traceback(data.decode("utf-8", "replace").strip())
         except OSError:
             return ""
 
@@ -491,8 +492,6 @@ class ProcessesMixin:
             # many workers: longer batches, so that this process's batches per second stay bounded
             target = max(self.target, len(self.workers) * PER_WORKER_BATCH_SECS)
             tr.batch_k = grow_batch(tr.batch_k, elapsed, n, target, CAPACITY)
-            if len(msg) > 2:  # b"D" + slot + first traceback
-                record_error(self.s.counters[tr.tid], msg[2:].decode("utf-8", "replace"))
             if w.queue:  # it is already running the prefetched batch
                 if redispatch:
                     self._prefetch(w)

@@ -9,9 +9,10 @@ travel through a shared-memory segment (layout in :mod:`._shm`).
 Protocol (parent -> worker): one pickled setup dict, then the function bytes
 (cloudpickle, loadable with plain pickle), then ``b"R" + slot`` = "run the batch
 that is in shared-memory slot ``slot``" or ``b"Q"`` = quit. Worker -> parent:
-``b"I"`` = ready, ``b"D" + slot + first_traceback`` = that batch is done (statuses
-are in shared memory). The parent may send the next ``R`` while a batch runs (two
-slots): the worker finds it waiting in the socket and starts it at once. Frames
+``b"I"`` = ready, ``b"D" + slot`` = that batch is done (statuses are in shared
+memory), ``b"X" + slot + traceback`` = a block of that batch raised and the worker
+exits. The parent may send the next ``R`` while a batch runs (two slots): the
+worker finds it waiting in the socket and starts it at once. Frames
 are ``multiprocessing.connection``'s (4-byte big-endian length, then the bytes),
 written here with plain ``os.read``/``os.write``.
 
@@ -20,8 +21,9 @@ With ``resource_tracking`` in the setup, each call is wrapped in
 slot's stats region (``_shm``) before its status: no message per block.
 
 A 1-argument ``process_function(block)`` is called once per block; an exception
-fails that block (traceback to stderr, i.e. the ``.err`` log) and the worker goes
-on. A 0-argument worker function is called once, with ``context=`` when it asks
+fails that block (traceback to stderr, i.e. the ``.err`` log, and in the ``X``
+frame) and ends the worker with exit code 1 (daisy 2.0's dirty exit; the blocks
+after it in the batch were never started). A 0-argument worker function is called once, with ``context=`` when it asks
 for it, and runs its own ``daisy_nb.Client()`` loop; raising is a dirty exit.
 
 Deliberately imports nothing heavy: no numpy, numba, scheduler or kernels, and on
@@ -36,16 +38,6 @@ import signal
 import struct
 import sys
 import time
-
-TB_CAP_LINES = 50
-TB_CAP_BYTES = 8192
-
-
-def _cap(tb: str) -> str:
-    lines = tb.splitlines()[-TB_CAP_LINES:]
-    text = "\n".join(lines)
-    return text[-TB_CAP_BYTES:]
-
 
 _LIBC: list = []  # the C library, loaded once (a template process loads it for all the workers it forks)
 
@@ -101,8 +93,6 @@ class _Tee:
 
 
 def _run_worker_function(fn, wants_context: bool) -> int:
-    from daisy_nb import logging as dlog
-
     try:
         if wants_context:
             from daisy_nb.runtime.context import Context
@@ -111,7 +101,9 @@ def _run_worker_function(fn, wants_context: bool) -> int:
         else:
             fn()
     except BaseException as e:  # noqa: BLE001 - any escape is a dirty exit
-        sys.stderr.write(dlog.format_traceback(type(e), e, e.__traceback__))
+        from daisy_nb.runtime.state import format_exception
+
+        sys.stderr.write(format_exception(e))
         sys.stderr.flush()
         return 1
     return 0
@@ -187,7 +179,6 @@ def _tracked(fn, pos: list):
 
 
 def _run_block_loop(conn, fn, setup: dict) -> int:
-    from daisy_nb import logging as dlog
     from daisy_nb.block import Block
     from daisy_nb.runtime import _shm
 
@@ -233,9 +224,8 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
             rs = q[o_rs : o_rs + m].tolist()
             wo = q[o_wo : o_wo + m].tolist()
             ws = q[o_ws : o_ws + m].tolist()
-            first_err = None
+            err = None  # the traceback of the block that raised
             t0 = mono()
-            raised = False
             for i in range(n):
                 j, k = i * nd, (i + 1) * nd
                 b = make(task_id, sp[i], (tuple(ro[j:k]), tuple(rs[j:k])), (tuple(wo[j:k]), tuple(ws[j:k])), idx[i])
@@ -249,12 +239,13 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 except Exception as e:
                     # daisy 2.0: an exception ends the worker (a dirty exit, counted toward
                     # max_worker_restarts); the blocks after it were never started
-                    tb = dlog.format_traceback(type(e), e, e.__traceback__)
+                    from daisy_nb.runtime.state import cap_traceback, format_exception
+
+                    tb = format_exception(e)
                     sys.stderr.write(f"block {b.block_id} failed:\n{tb}")
                     sys.stderr.flush()
-                    first_err = f"block {b.block_id} failed:\n" + _cap(tb)
+                    err = f"block {b.block_id} failed:\n" + cap_traceback(tb)
                     q[o_st + i] = 3
-                    raised = True
                     break
                 except BaseException:
                     q[o_st + i] = 3
@@ -266,10 +257,10 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 sys.stdout.flush()
             except Exception:
                 pass
-            if raised:  # "X": this batch ended with a raising block; the worker exits with 1
-                conn.send_bytes(b"X" + bytes((slot,)) + first_err.encode("utf-8", "replace"))
+            if err is not None:  # "X": this batch ended with a raising block; the worker exits with 1
+                conn.send_bytes(b"X" + bytes((slot,)) + err.encode("utf-8", "replace"))
                 return 1
-            conn.send_bytes(b"D" + bytes((slot,)) + (first_err or "").encode("utf-8", "replace"))
+            conn.send_bytes(b"D" + bytes((slot,)))
     finally:
         if pos is not None:
             pos.clear()
