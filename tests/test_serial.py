@@ -182,6 +182,22 @@ def test_serial_runs_every_task_of_a_pipeline_in_dependency_order():
             assert pos[("b", (x,))] > pos[("a", (up,))]
 
 
+def test_init_fn_states_of_two_tasks_are_bound_per_block_and_gone_after_the_run():
+    # a defect fixed: the serial runner stored init_fn results process-wide, so with two such
+    # tasks worker_state() (no task id) raised LookupError, and the states outlived the run
+    seen = []
+
+    def f(block):
+        seen.append((block.task_id, daisy.worker_state()))
+
+    a = task_2d("a", f, init_fn=lambda: "state of a")
+    b = task_2d("b", f, init_fn=lambda: "state of b")
+    assert run([a, b]) is True
+    assert len(seen) == 32 and all(st == f"state of {tid}" for tid, st in seen)
+    with pytest.raises(LookupError):
+        daisy.worker_state()
+
+
 # ---------------------------------------------------------------------------
 # tracking: resume, failures, failed_blocks
 # ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import time
 from daisy_nb.block import BlockStatus
 from daisy_nb.progress import Heartbeat, notify, resolve_observer
 from daisy_nb.runtime.policy import TaskRun, end_run
+from daisy_nb.runtime.state import bind, unbind
 
 __all__ = ["run_serial"]
 
@@ -46,11 +47,10 @@ def run_serial(scheduler, *, progress=True, summary: bool = True):
     """
     order = list(scheduler.task_ids)
     trs = _records(scheduler, order)
-    from daisy_nb.runtime.state import set_worker_state
-
+    states = {}  # task id -> init_fn() result, bound to this thread while a block function runs
     for tid, tr in trs.items():
         if tr.init_fn is not None and tr.task.layout.num_blocks:
-            set_worker_state(tid, tr.init_fn())
+            states[tid] = tr.init_fn()
     observer = resolve_observer(progress, order)
     notify(observer, "on_start", scheduler)
     heartbeat = Heartbeat(observer, scheduler)
@@ -65,15 +65,19 @@ def run_serial(scheduler, *, progress=True, summary: bool = True):
                 if tr.t_first is None:
                     tr.t_first = time.monotonic()
                 block.status = BlockStatus.PROCESSING
-                if tr.res is None:
-                    tr.fn(block)
-                else:
-                    from daisy_nb.profiling import measured_stats, profile_block
-
-                    prof = profile_block(block)
-                    with prof:
+                prev = bind(states, tid)
+                try:
+                    if tr.res is None:
                         tr.fn(block)
-                    tr.res.add_one(measured_stats(prof, block), block.status == BlockStatus.FAILED)
+                    else:
+                        from daisy_nb.profiling import measured_stats, profile_block
+
+                        prof = profile_block(block)
+                        with prof:
+                            tr.fn(block)
+                        tr.res.add_one(measured_stats(prof, block), block.status == BlockStatus.FAILED)
+                finally:
+                    unbind(prev)
                 if block.status != BlockStatus.FAILED:
                     block.status = BlockStatus.SUCCESS
                 scheduler.release_block(block)

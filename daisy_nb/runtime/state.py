@@ -2,10 +2,10 @@
 
 * :func:`worker_state`: what the task's ``Task(init_fn=...)`` returned in this
   process, for the block function to use (an opened volume, a loaded model).
-  Runtimes that serve one task per process (the pool's workers, the serial runner)
-  store it with :func:`set_worker_state`; the dask worker, whose threads run
-  batches of several runs and tasks, binds the states of the running batch to the
-  thread with :func:`bind`.
+  The pool's workers, which serve one task per process, store it with
+  :func:`set_worker_state`; the serial runner (every task in the calling thread) and
+  the dask worker (whose threads run batches of several runs and tasks) bind the
+  states of the run to the thread with :func:`bind` while its block function runs.
 * :func:`cap_traceback`: the last 50 lines / 8 KiB of a traceback, the size that
   travels to the scheduler and into the summary (the wheel's cap).
 
