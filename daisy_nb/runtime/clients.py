@@ -107,10 +107,7 @@ class ClientsMixin:
             self._send_ahead(cc)
         elif kind == b"Q":  # goodbye: a client leaves between blocks, so what it holds was never started
             if cc.held:
-                idx = np.array(list(cc.held), np.int64)
-                cc.held.clear()
-                self.s.release_blocks(tr.tid, idx, np.zeros(len(idx), np.uint8))
-                tr.inflight -= len(idx)
+                self._release_held(cc, fail_running=False)
             self._drop_client(cc)  # it reads until we close
         elif kind == b"G":  # a block sent ahead, never started: back to the front of the queue
             (index,) = _INDEX.unpack_from(msg, 1)
@@ -248,17 +245,19 @@ class ClientsMixin:
             self._release_held(cc)
             self._client_timed_out(cc)
 
-    def _release_held(self, cc: ClientConn) -> None:
+    def _release_held(self, cc: ClientConn, fail_running: bool = True) -> None:
         """The block ``cc`` runs fails (an attempt); blocks behind it were never started: given back.
 
         Given back too on Ctrl-C, as in the pool's batches, and when the connection's worker
         died with the worker template (its death signal: not the block's fault, as for block
         workers in ``processes._on_exit``). A program that worker started connects with the
-        same worker id; the pool ends those along with the worker.
+        same worker id; the pool ends those along with the worker. ``fail_running=False``
+        (a goodbye, sent between blocks): every block it holds is given back.
         """
         idx = np.array(list(cc.held), np.int64)
         st = np.zeros(len(idx), np.uint8)
-        st[0] = 0 if self.aborting or self._died_with_template(cc.wid) else 3
+        if fail_running and not (self.aborting or self._died_with_template(cc.wid)):
+            st[0] = 3
         cc.held.clear()
         self.s.release_blocks(cc.tr.tid, idx, st)
         cc.tr.inflight -= len(idx)

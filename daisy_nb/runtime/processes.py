@@ -323,16 +323,8 @@ class ProcessesMixin:
                 pass
         was_busy = w.state == BUSY
         if tr.arity and w.state == BUSY and w.queue:
-            o_st = w.off["status"]
-            for k, index in w.queue:  # the running batch, then a prefetched one (all 0: given back)
-                n = len(index)
-                st = w.bufs[k][o_st : o_st + n].astype(np.uint8)
-                if tr.res is not None:  # blocks it finished have their stats written
-                    self._add_stats(w, k, n, st, (st == 2) | (st == 3))
-                # the block it was running fails (an attempt), except on Ctrl-C: then it is given back
-                st[st == 1] = 0 if self.aborting or orphan else 3
-                self.s.release_blocks(tr.tid, index, st)
-                tr.inflight -= n
+            # the block it was running fails (an attempt), except on Ctrl-C: then it is given back
+            self._release_queue(w, 0 if self.aborting or orphan else 3)
         w.queue.clear()
         msg = None
         if w.timed_out or w.lost:
@@ -386,6 +378,25 @@ class ProcessesMixin:
                     msg += "\nworker stderr tail:\n" + tail
             record_error(c, msg)
             logger.warning("task %r: %s", tr.tid, msg.splitlines()[0])
+
+    def _release_queue(self, w: Worker, running_status: int) -> None:
+        """Release the batches sent to ``w``, in run order, and forget them.
+
+        Blocks it finished count (with their stats), the block it was running gets
+        ``running_status``, and blocks it never started (the rest of its batch, a
+        prefetched batch: status 0 in shared memory) are given back.
+        """
+        tr = w.tr
+        o_st = w.off["status"]
+        for k, index in w.queue:
+            n = len(index)
+            st = w.bufs[k][o_st : o_st + n].astype(np.uint8)
+            if tr.res is not None:  # blocks it finished have their stats written
+                self._add_stats(w, k, n, st, (st == 2) | (st == 3))
+            st[st == 1] = running_status
+            self.s.release_blocks(tr.tid, index, st)
+            tr.inflight -= n
+        w.queue.clear()
 
     def _err_tail(self, w: Worker) -> str:
         if not w.err_path:
@@ -501,20 +512,10 @@ class ProcessesMixin:
                     self._dispatch(w)
 
         elif kind == b"X" and w.state == BUSY and w.queue:
-            # a block raised: the worker exits (daisy 2.0's dirty exit); blocks it ran count,
-            # the rest of the batch and a prefetched batch were never started: given back
-            k, index = w.queue.popleft()
-            n = len(index)
-            st = w.bufs[k][w.off["status"] : w.off["status"] + n].astype(np.uint8)
-            st[(st != 2) & (st != 3)] = 0
-            if tr.res is not None:
-                self._add_stats(w, k, n, st, st != 0)
-            self.s.release_blocks(tr.tid, index, st)
-            tr.inflight -= n
-            for _, rest in w.queue:
-                self.s.release_blocks(tr.tid, rest, np.zeros(len(rest), np.uint8))
-                tr.inflight -= len(rest)
-            w.queue.clear()
+            # a block raised (status 3: none is left running): the worker exits (daisy 2.0's dirty
+            # exit); blocks it ran count, the rest of the batch and a prefetched batch were never
+            # started: given back
+            self._release_queue(w, 0)
             record_error(self.s.counters[tr.tid], msg[2:].decode("utf-8", "replace"))
             w.state = QUITTING  # no more work for it; its exit is a dirty one (replaced once reaped)
             w.raised = True
