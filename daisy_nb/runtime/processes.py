@@ -229,13 +229,9 @@ class ProcessesMixin:
     def _start_process(self, env: dict, fd: int, keep_fds: list, logs):
         """Fork the worker from the run's template (started on first use), else exec it."""
         if self.template is None and not self.template_failed:
-            if _zygote.available():
-                try:
-                    self.template = _zygote.Template(
-                        _zygote.template_env(env), any(t.arity == 0 for t in self.trs.values())
-                    )
-                except OSError as e:
-                    logger.warning("daisy_nb: no worker template (%s); workers start by exec", e)
+            self.template = _zygote.start_early(any(t.arity == 0 for t in self.trs.values()))
+            if self.template is None and _zygote.available():
+                logger.warning("daisy_nb: no worker template (it could not be started); workers start by exec")
             self.template_failed = self.template is None
         if self.template is not None and not self.template.dead:
             fds = {"conn": fd}
