@@ -5,10 +5,9 @@ worker side (cloudpickle alone is ~30 ms); with 16-32 workers on a 2-core machin
 that is most of the first half second of a run. The template is started once per
 run, exec'd like a worker (``python -m daisy_nb.runtime._zygote <fd> <pool_pid>``,
 never forked from the scheduler process, which runs numba and zarr threads), imports
-only the worker side (``worker``, ``block``, ``logging``, ``_shm``, cloudpickle; no
-numpy, numba or ``multiprocessing``, unless a task has a 0-argument worker function,
-which then preloads ``multiprocessing.connection`` for its ``Client``) and stays
-single-threaded, so that forking it is safe.
+only the worker side (``worker``, ``block``, ``logging``, ``_shm``, cloudpickle, and
+``client`` when a task has a 0-argument worker function; no numpy, numba or
+``multiprocessing``) and stays single-threaded, so that forking it is safe.
 
 Protocol over a ``SOCK_SEQPACKET`` socket pair (one message per datagram, file
 descriptors ride along with ``SCM_RIGHTS``):
@@ -372,8 +371,6 @@ def main(argv=None) -> int:
     except ImportError:  # pragma: no cover - a dependency
         pass
     if len(argv) > 2 and argv[2] == "client":
-        import multiprocessing.connection  # noqa: F401
-
         import daisy_nb.runtime.client  # noqa: F401
     sock = socket.socket(fileno=ctrl_fd)
     wake_r, wake_w = os.pipe()
