@@ -64,7 +64,6 @@ class ClientsMixin:
     net: dict[str, float]
     aborting: bool
     _died_with_template: Any  # processes.ProcessesMixin
-    t_first_block: float | None
 
     if TYPE_CHECKING:
 
@@ -178,8 +177,6 @@ class ClientsMixin:
                     w.acquired += 1
                 if tr.t_first is None:
                     tr.t_first = time.monotonic()
-                    if self.t_first_block is None:
-                        self.t_first_block = tr.t_first
                 try:
                     cc.conn.send_bytes(msg)
                 except OSError:

@@ -86,15 +86,14 @@ INLINE_PAYLOAD_BYTES = 1 << 20  # larger functions are scattered to the workers 
 
 
 class _Batch:
-    __slots__ = ("bid", "tid", "future", "index", "n", "t_submit", "t_start", "worker", "pid")
+    __slots__ = ("bid", "tid", "future", "index", "n", "t_start", "worker", "pid")
 
-    def __init__(self, bid, tid, future, index, t_submit):
+    def __init__(self, bid, tid, future, index):
         self.bid = bid
         self.tid = tid
         self.future = future
         self.index = index
         self.n = len(index)
-        self.t_submit = t_submit
         self.t_start = None
         self.worker = None
         self.pid = None
@@ -141,9 +140,6 @@ class _DaskRun:
         self.workers_changed = True
         self.interrupted = False
         self.watch = RunTopic(client, self.topic, self._on_event)  # dask_events.py
-        self.t_start = time.monotonic()
-        self.t_first_block = None
-        self.t_last_done = None
 
     # ------------------------------------------------------------------ setup
     def prepare(self, records: dict) -> None:
@@ -374,15 +370,12 @@ class _DaskRun:
                     resources=tr.resources,
                     **placement,
                 )
-                now = time.monotonic()
-                b = _Batch(bid, tid, fut, np.array(batch.index, dtype=np.int64), now)
+                b = _Batch(bid, tid, fut, np.array(batch.index, dtype=np.int64))
                 self.inflight[bid] = b
                 self.by_key[fut.key] = bid
                 tr.inflight += n
                 if tr.t_first is None:
-                    tr.t_first = now
-                    if self.t_first_block is None:
-                        self.t_first_block = now
+                    tr.t_first = time.monotonic()
                 self.ac.add(fut)
                 free -= 1
                 progressed = True
@@ -524,7 +517,6 @@ class _DaskRun:
                 if tr.t_done is None and s.is_task_done(tid):
                     tr.t_done = now
             if done:
-                self.t_last_done = now
                 break
             self._submit_pass()
             if not self.inflight:
@@ -610,7 +602,6 @@ def run_dask(
     batch_target_secs: float = 0.1,
     futures_per_thread: int = 2,
     max_batch: int = MAX_BATCH,
-    raise_on_abandon: bool = True,
 ):
     """Run every task of ``scheduler`` on a dask cluster; returns ``{task_id: TaskState}``.
 
@@ -620,7 +611,7 @@ def run_dask(
     On SIGINT the futures are cancelled, tracking is flushed, the partial summary
     printed and ``KeyboardInterrupt`` raised with ``daisy_states``/``daisy_task_order``
     attached. A task abandoned after ``max_worker_restarts`` lost workers raises
-    ``RuntimeError`` (``raise_on_abandon``), like the local pool.
+    ``RuntimeError``, like the local pool.
     """
     records = {tid: _TaskRun(scheduler.tasks[tid]) for tid in scheduler.task_ids}
     tracked = [tid for tid, tr in records.items() if tr.track]
@@ -669,12 +660,8 @@ def run_dask(
             finally:
                 scheduler.flush_tracking()
         states = end_run(scheduler, run.observer, run.trs, run.order, summary=summary, interrupted=interrupted)
-        run_dask.last_timing = {
-            "start_to_first_block": (run.t_first_block - run.t_start) if run.t_first_block else None,
-            "futures": run.next_bid,
-        }
-        if raise_on_abandon:
-            raise_if_abandoned(states, run.order, "dask workers")
+        run_dask.last_timing = {"futures": run.next_bid}
+        raise_if_abandoned(states, run.order, "dask workers")
         return states
     finally:
         if owned:

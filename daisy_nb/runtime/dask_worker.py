@@ -118,10 +118,8 @@ def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, 
         "elapsed_ns": 0,
         "first_error": None,
         "last_error": None,
-        "n_errors": 0,
         "init_error": None,
         "worker": addr,
-        "pid": pid,
     }
     run = _worker_run(token)
     try:
@@ -161,7 +159,6 @@ def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, 
                 if out["first_error"] is None:
                     out["first_error"] = text
                 out["last_error"] = text
-                out["n_errors"] += 1
             status[i] = s
     finally:
         unbind(prev)

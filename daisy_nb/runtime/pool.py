@@ -43,7 +43,7 @@ import threading
 import time
 
 from daisy_nb import logging as dlog
-from daisy_nb.progress import Heartbeat, notify
+from daisy_nb.progress import Heartbeat, notify, raise_if_abandoned
 from daisy_nb.runtime import _net
 from daisy_nb.runtime.clients import ClientConn, ClientsMixin
 from daisy_nb.runtime.policy import TaskRun, end_run
@@ -99,9 +99,6 @@ class _Pool(ProcessesMixin, ClientsMixin):
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
-        self.t_start = time.monotonic()
-        self.t_first_block = None
-        self.t_last_done = None
         self.aborting = False
         # the worker template (_zygote): started early by run._execute, else by the first _spawn
         self.template = template
@@ -267,7 +264,6 @@ class _Pool(ProcessesMixin, ClientsMixin):
             if done:
                 if draining_since is None:
                     draining_since = now
-                    self.t_last_done = now
                     self._notify("on_progress")
                 for w in list(self.workers.values()):
                     if w.state in (IDLE, PARKED, STARTING):
@@ -425,22 +421,7 @@ def run_pool(
             scheduler.flush_tracking()
             if in_main and old_handler is not None:
                 signal.signal(signal.SIGINT, old_handler)
-        states = end_run(scheduler, pool.observer, pool.trs, pool.order, summary=summary, interrupted=interrupted)
-        run_pool.last_timing = {
-            "start_to_first_block": (pool.t_first_block - pool.t_start) if pool.t_first_block else None,
-            "last_block_to_exit": (time.monotonic() - pool.t_last_done) if pool.t_last_done else None,
-        }
-        return states
+        return end_run(scheduler, pool.observer, pool.trs, pool.order, summary=summary, interrupted=interrupted)
     finally:
         if log_dir is not None:
             dlog.set_log_basedir(saved_base)
-
-
-run_pool.last_timing = {}
-
-
-def raise_if_abandoned(states, task_order) -> None:
-    """daisy 2.0 wheel: ``run_blockwise`` raises ``RuntimeError`` when a task was abandoned."""
-    from daisy_nb.progress import raise_if_abandoned as _raise
-
-    _raise(states, task_order, "workers")

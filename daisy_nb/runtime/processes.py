@@ -125,7 +125,6 @@ class ProcessesMixin:
     template_failed: bool
     forked_wids: set[int]
     next_wid: int
-    t_first_block: Any
 
     def _context(self, tr: TaskRun, wid: int) -> Context:
         base = dlog.get_log_basedir()
@@ -285,7 +284,6 @@ class ProcessesMixin:
         if w.state == DEAD:
             return
         w.state = QUITTING
-        w.t_quit = time.monotonic()
         if w.conn is not None:
             try:
                 w.conn.send_bytes(b"Q")
@@ -437,8 +435,6 @@ class ProcessesMixin:
         w.state = BUSY
         if tr.t_first is None:
             tr.t_first = time.monotonic()
-            if self.t_first_block is None:
-                self.t_first_block = tr.t_first
         try:
             w.conn.send_bytes(_RUN[k])
         except OSError:
