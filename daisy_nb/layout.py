@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .block import cantor_number
 from .kernels.tables import (
+    FIT_OVERHANG,
+    FIT_SHRINK,
+    FIT_VALID,
     G_GRID,
     G_IDOFF,
     G_PERIOD,
@@ -50,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BlockLayout", "FITS", "TaskTables", "pack_layouts", "roi_tuple"]
 
-FITS = {"valid": 0, "overhang": 1, "shrink": 2}
+FITS = {"valid": FIT_VALID, "overhang": FIT_OVERHANG, "shrink": FIT_SHRINK}
 FIT_NAMES = {v: k.capitalize() for k, v in FITS.items()}
 
 
@@ -70,17 +73,19 @@ def _is_numpy_bool(x) -> bool:
     return np is not None and isinstance(x, np.bool_)
 
 
-def _zero_levels(conflict: bool, fit_code: int, cul, clr, ws, ts) -> bool:
-    """CORE 3.2: with conflicts, a level stride that rounds to zero leaves no levels (no blocks)."""
+def _periods(conflict: bool, fit_code: int, cul, clr, ws, ts) -> list[int]:
+    """The level stride in blocks per axis (CORE 3.2): 1 without conflicts; with them a
+    stride that rounds to zero is 0 and leaves no levels (no blocks)."""
     if not conflict:
-        return False
+        return [1] * len(ws)
+    out = []
     for c, d, w, t in zip(cul, clr, ws, ts):
         m = max(c, d) + w
         s = ((m - 1) // w + 1) * w
-        rounded = t - (t % w) if fit_code == 0 else t + ((-t) % w)
-        if min(s, rounded) <= 0:
-            return True
-    return False
+        rounded = t - (t % w) if fit_code == FIT_VALID else t + ((-t) % w)
+        s = min(s, rounded)
+        out.append(s // w if s > 0 else 0)
+    return out
 
 
 def roi_tuple(roi, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -166,20 +171,23 @@ class BlockLayout:
         self.fit = fit
         self.fit_code = FITS[fit]
         self.read_write_conflict = bool(read_write_conflict)
-        # The block count and the ID range in plain ints, so that a grid too large for
-        # int64 IDs raises here; the arrays below are derived on first use (see
-        # __getattr__): building a Task does not import numpy, and a run can start its
-        # worker template while numpy loads.
+        # The grid, the level stride, the block count and the ID range in plain ints, so
+        # that a grid too large for int64 IDs raises here; the arrays are derived from
+        # them on first use (see __getattr__): building a Task does not import numpy, and
+        # a run can start its worker template while numpy loads.
         ts = [s - a - b for s, a, b in zip(tr[1], cul, clr)]
-        r = wr[1] if self.fit_code == 0 else (1,) * nd
+        r = wr[1] if self.fit_code == FIT_VALID else (1,) * nd
+        # number of block positions per axis: p = 0, ws, 2ws, ... <= Ts - r (CORE 3.5)
         grid = [(t - q) // w + 1 if t - q >= 0 else 0 for t, q, w in zip(ts, r, wr[1])]
-        n = 0 if _zero_levels(self.read_write_conflict, self.fit_code, cul, clr, wr[1], ts) else _prod(grid)
+        periods = _periods(self.read_write_conflict, self.fit_code, cul, clr, wr[1], ts)
+        n = 0 if 0 in periods else _prod(grid)
         if n > _INT64_MAX:
             raise ValueError("task has more blocks than fit in 64 bits")
         if n:
             _check_cantor_fits([g - 1 + c // w for g, c, w in zip(grid, cul, wr[1])])
         self.num_blocks = n
         self._cul_t, self._clr_t = cul, clr
+        self._ts, self._grid, self._periods = ts, grid, periods
 
     def __getattr__(self, name):
         """The derived arrays (``grid_shape``, ``level_offsets``, ...), computed on first access."""
@@ -202,27 +210,15 @@ class BlockLayout:
         self.total_offset = np.array(tr[0], dtype=np.int64)
         self.total_shape = np.array(tr[1], dtype=np.int64)
         self.tw_offset = self.total_offset + self.cul
-        ts = self.total_shape - self.cul - self.clr
-        self.tw_shape = ts
-        r = ws if self.fit_code == 0 else np.ones(nd, dtype=np.int64)
-        # number of block positions per axis: p = 0, ws, 2ws, ... <= Ts - r (CORE 3.5)
-        grid_shape = np.where(ts - r >= 0, (ts - r) // ws + 1, 0).astype(np.int64)
+        self.tw_shape = np.array(self._ts, dtype=np.int64)
+        grid_shape = np.array(self._grid, dtype=np.int64)
         self.id_offset = self.cul // ws  # CORE 2.2: grid index = position + cul div ws
         # tracking grid (CORE 7.1): ceil(TR.shape / ws), at least 1
         self.track_shape = np.maximum(1, -(-self.total_shape // ws)).astype(np.int64)
 
         # level stride in blocks (CORE 3.2)
-        if self.read_write_conflict:
-            m = np.maximum(self.cul, self.clr) + ws
-            s = ((m - 1) // ws + 1) * ws
-            rounded = ts - (ts % ws) if self.fit_code == 0 else ts + ((-ts) % ws)
-            s = np.minimum(s, rounded)
-            self.zero_levels = bool(np.any(s <= 0))
-            period = np.where(s > 0, s // ws, 0)
-        else:
-            self.zero_levels = False
-            period = np.ones(nd, dtype=np.int64)
-        self.period = period.astype(np.int64)
+        self.period = np.array(self._periods, dtype=np.int64)
+        self.zero_levels = 0 in self._periods
 
         if self.zero_levels:
             self.num_levels = 0
@@ -281,15 +277,13 @@ class BlockLayout:
         for i, n in enumerate(self.level_sizes):
             total += n
             self.level_start[i + 1] = total
-        if total != self.num_blocks:  # pragma: no cover - the two derivations must agree
-            raise AssertionError(f"block count {total} != {self.num_blocks}")
         self.num_roots = self.level_sizes[0] if self.num_levels else 0
         self.grid_shape = grid_shape  # last: its presence marks the derivation done (__getattr__)
 
     # -- convenience -------------------------------------------------------------
     @property
     def block_grid_shape(self) -> list[int]:
-        return [int(v) for v in self.grid_shape]
+        return list(self._grid)
 
     def task_hash_fields(self):
         return self.total_roi_t, self.read_roi_t, self.write_roi_t, FIT_NAMES[self.fit_code]

@@ -219,11 +219,11 @@ class Scheduler:
         # the packed views twice per block) plus ~7 µs per entry of its downstream list
         # (measured 1-D to 3-D, 1-3 tasks), so from ~2k blocks (3-D, conflicts, two
         # tasks) to ~10k (1-D, one task) the scheduler compiles.
-        _jit.need(sum(lay.num_blocks for lay in layouts) * (_US_BLOCK + _US_PER_DOWNSTREAM * cap))
+        N = sum(lay.num_blocks for lay in layouts)
+        _jit.need(N * (_US_BLOCK + _US_PER_DOWNSTREAM * cap))
 
         # state: packed into one int64 and one uint8 buffer (see kernels/surface.py);
         # the attributes below are views into them
-        N = sum(lay.num_blocks for lay in layouts)
         self.num_blocks_total = N
         e, p = self._e, self._tptr
         tables = dict(zip(("geo", "info", "lvl_off", "lvl_cnt", "lvl_start", "conf_ptr", "conf_jump"),
@@ -235,8 +235,8 @@ class Scheduler:
                       buf_id=(cap,), buf_lev=(cap,), buf_j=(cap, maxnd), scr=(8, max(maxnd, 3)), row1=(1,))
         self._b, views = kt.pack_int64(tables, shapes, N)
         self.queue, self.cnt, self.tcfg = views["queue"], views["cnt"], views["tcfg"]
-        self._buf = (views["buf_t"], views["buf_row"], views["buf_id"])
-        self._u8 = np.zeros(3 * N + 1, dtype=np.uint8)  # tables.U8_*: status, retries, preskip, one code
+        self._down_cap = cap  # length of the downstream scratch (buf_*)
+        self._u8 = kt.pack_u8(N)
         self.n_met = np.zeros(N, dtype=np.int32)
         # fail_block's arguments (one call per permanent failure): the (T, S, W) tuples step builds
         self._groups = kt.groups(views, self._u8, self.n_met, N)
@@ -312,6 +312,13 @@ class Scheduler:
 
     def _t(self, task_id) -> int | None:
         return self._tindex.get(task_id)
+
+    def _task_of(self, block: Block) -> int:
+        """The task number of ``block``; raises if it belongs to no task of this pipeline."""
+        t = self._tindex.get(block._task_id)
+        if t is None:
+            raise ValueError(f"block {block.block_id} belongs to no task of this pipeline")
+        return t
 
     def _acquire_rows(self, t: int, max_n: int, out: np.ndarray) -> int:
         n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE, t, max_n, 0, out, self._no_codes)
@@ -401,9 +408,7 @@ class Scheduler:
 
     def release_block(self, block: Block) -> None:
         """Take a block back: SUCCESS completes it, FAILED retries or fails it for good."""
-        t = self._tindex.get(block._task_id)
-        if t is None:
-            raise ValueError(f"block {block.block_id} belongs to no task of this scheduler")
+        t = self._task_of(block)
         status = block._status
         if status == 2:  # BlockStatus.SUCCESS
             code = kt.R_SUCCESS
@@ -568,11 +573,9 @@ class DependencyGraph:
 
     def downstream(self, block) -> list[Block]:
         s = self._s
-        t = s._t(block.task_id)
-        if t is None:
-            raise ValueError(f"block {block.block_id} belongs to no task of this pipeline")
+        t = s._task_of(block)
         row = s._row_of(t, block)
-        cap = len(s._buf[0])
+        cap = s._down_cap
         maxnd = s._tt.geo.shape[2]
         bt, br, bl = (np.empty(cap, np.int64) for _ in range(3))
         bj = np.empty((cap, maxnd), np.int64)
@@ -589,9 +592,7 @@ class DependencyGraph:
 
     def upstream(self, block) -> list[Block]:
         s = self._s
-        t = s._t(block.task_id)
-        if t is None:
-            raise ValueError(f"block {block.block_id} belongs to no task of this pipeline")
+        t = s._task_of(block)
         row = s._row_of(t, block)
         tt = s._tt
         lay = s._layouts[t]

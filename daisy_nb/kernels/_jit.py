@@ -76,7 +76,7 @@ WARMUP_SECONDS = 20  # every kernel (python -m daisy_nb warmup)
 _HERE = Path(__file__).parent
 KERNEL_MODULES = ("block_id", "graph", "surface")  # the modules that define kernels
 _PKG = __name__.rpartition(".")[0]  # daisy_nb.kernels
-_kernels: list = []  # [(py_func, options)] in definition order
+_kernels: dict = {}  # py_func -> options, in definition order
 _dispatchers: dict = {}  # py_func -> numba dispatcher (made once)
 _compiled = False
 _plain_work = 0.0
@@ -84,7 +84,7 @@ _plain_work = 0.0
 
 def _register(**options):
     def decorate(fn):
-        _kernels.append((fn, options))
+        _kernels[fn] = options
         if _compiled:  # a kernel module imported after the switch
             return _dispatcher(fn, options)
         return fn
@@ -163,7 +163,7 @@ def use_numba() -> None:
     if CACHE and not cache_is_warm([fn for fn in _entry_points() if fn.__name__ == "step"]):
         _tell()  # before any progress bar is drawn: the scheduler's kernel is not cached
 
-    mapping = {fn: _dispatcher(fn, opts) for fn, opts in _kernels}
+    mapping = {fn: _dispatcher(fn, opts) for fn, opts in _kernels.items()}
     _rebind(mapping)
     _compiled = True
 
@@ -211,11 +211,6 @@ def mode() -> str:
 
 
 # -- the on-disk cache ---------------------------------------------------------------
-def _cache_dir() -> Path:
-    custom = os.environ.get("NUMBA_CACHE_DIR")
-    return Path(custom) if custom else _HERE / "__pycache__"
-
-
 def _drop_stale_cache() -> None:
     cache_dir = _HERE / "__pycache__"
     if os.environ.get("NUMBA_CACHE_DIR"):
@@ -248,7 +243,7 @@ def _entry_points() -> list:
 
     for sub in KERNEL_MODULES:  # every kernel registers itself when its module loads
         importlib.import_module(f"{_PKG}.{sub}")
-    return [fn for fn, opts in _kernels if opts.get("inline") != "always"]
+    return [fn for fn, opts in _kernels.items() if opts.get("inline") != "always"]
 
 
 def cache_is_warm(kernels=None) -> bool:
@@ -262,18 +257,11 @@ def cache_is_warm(kernels=None) -> bool:
     _drop_stale_cache()
     for fn in _entry_points() if kernels is None else kernels:
         try:
-            if not _dispatcher(fn, _options(fn))._cache._cache_file._load_index():
+            if not _dispatcher(fn, _kernels[fn])._cache._cache_file._load_index():
                 return False
         except Exception:  # numba without these internals: assume it must compile
             return False
     return True
-
-
-def _options(fn) -> dict:
-    for f, opts in _kernels:
-        if f is fn:
-            return opts
-    raise KeyError(fn)
 
 
 def _compile_estimate() -> int:
@@ -285,6 +273,7 @@ def _compile_estimate() -> int:
 
 
 _told = False
+_notice_installed = False  # numba keeps every listener: one for the whole process
 
 
 def _tell() -> None:
@@ -301,7 +290,10 @@ def _tell() -> None:
 
 def _install_notice() -> None:
     """Say once on stderr that kernels compile: numba's "numba:compile" event fires only
-    on a cache miss, just before the compiler runs."""
+    on a cache miss, just before the compiler runs. Installed once (tests switch modes)."""
+    global _notice_installed
+    if _notice_installed:
+        return
     from numba.core import event
 
     class CompileNotice(event.Listener):
@@ -314,3 +306,4 @@ def _install_notice() -> None:
             pass
 
     event.register("numba:compile", CompileNotice())
+    _notice_installed = True

@@ -11,25 +11,21 @@ import numpy as np
 
 from ._jit import kernel
 from .block_id import cantor
-from .tables import (  # noqa: F401  (G_*/I_* are read by the kernels of this module and of surface.py)
+from .tables import (
     FIT_SHRINK,
-    G_GRID,
     G_IDOFF,
     G_PERIOD,
     G_RS,
     G_TR_OFF,
     G_TR_SHAPE,
-    G_TRACK,
     G_TW_OFF,
     G_TW_SHAPE,
     G_WS,
-    I_BLOCK_BASE,
+    I_BLOCK_BASE,  # noqa: F401  (dashboard/live.py still reads kg.I_BLOCK_BASE)
     I_FIT,
     I_LEVEL_BASE,
-    I_NBLOCKS,
     I_NDIM,
     I_NLEVELS,
-    I_NROOTS,
 )
 
 

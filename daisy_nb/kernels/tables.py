@@ -163,6 +163,13 @@ def pack_int64(tables: dict, shapes: dict, n_blocks: int) -> tuple[np.ndarray, d
     return b, views
 
 
+def pack_u8(n_blocks: int) -> np.ndarray:
+    """The zeroed byte buffer of the ``U8_*`` layout: ``n_blocks`` bytes per array, then one release code."""
+    import numpy as np
+
+    return np.zeros(U8_CODE1 * n_blocks + 1, dtype=np.uint8)
+
+
 def groups(views: dict, u8: np.ndarray, n_met: np.ndarray, n_blocks: int) -> tuple[tuple, tuple, tuple]:
     """The kernels' ``(T, S, W)`` argument tuples from the Python-side views.
 

@@ -129,10 +129,6 @@ def _write_array(f, arr: np.ndarray) -> None:
     f.truncate(n)
 
 
-def _write_zeros(f, nbytes: int) -> None:
-    f.truncate(nbytes)  # sparse, reads back as zeros
-
-
 def _chunk_path(array_dir: Path, ndim: int) -> Path:
     return array_dir.joinpath("c", *(["0"] * ndim))
 
@@ -204,27 +200,31 @@ def _is_canonical(meta: dict, shape: tuple[int, ...], dtype: np.dtype) -> bool:
         return False
 
 
+def _resized(chunk: Path, size: int, nbytes: int) -> np.ndarray:
+    """The ``size`` bytes of ``chunk`` zero-extended or truncated to ``nbytes`` (as daisy 2.0.0 resizes)."""
+    raw = np.fromfile(chunk, dtype=np.uint8, count=min(size, nbytes))
+    fixed = np.zeros(nbytes, np.uint8)
+    fixed[: raw.size] = raw
+    return fixed
+
+
 def _map_chunk(chunk: Path, shape: tuple[int, ...], dtype: np.dtype, mode: str):
-    """Map (or read) a raw chunk; a missing chunk means all fill (zeros)."""
-    n = math.prod(shape)
-    nbytes = n * dtype.itemsize
-    try:
-        size = chunk.stat().st_size
-    except FileNotFoundError:
-        size = None
-    if size is None or nbytes == 0:
-        if mode == "r":
+    """Map a raw chunk read-only (``"r"``) or copy-on-write (``"c"``).
+
+    Read-only, a missing chunk means all fill (zeros) and one of the wrong size is
+    read resized, the file left alone. Copy-on-write maps the chunk that
+    :func:`_prepare_chunk` has just made exactly the array's size.
+    """
+    if mode == "r":
+        nbytes = math.prod(shape) * dtype.itemsize
+        try:
+            size = chunk.stat().st_size
+        except FileNotFoundError:
             return np.zeros(shape, dtype)
-        return None
-    if size != nbytes:
-        # daisy 2.0.0 silently resizes a chunk of the wrong size (zero-extended
-        # or truncated); do the same, without touching the file when read-only
-        raw = np.fromfile(chunk, dtype=np.uint8, count=min(size, nbytes))
-        fixed = np.zeros(nbytes, np.uint8)
-        fixed[: raw.size] = raw
-        if mode == "r":
-            return fixed.view(dtype).reshape(shape)
-        _atomic_write(chunk, lambda f: f.write(memoryview(fixed)))
+        if nbytes == 0:
+            return np.zeros(shape, dtype)
+        if size != nbytes:
+            return _resized(chunk, size, nbytes).view(dtype).reshape(shape)
     if os.name == "nt":  # pragma: no cover - os.replace over a mapped file fails there
         return np.fromfile(chunk, dtype=dtype).reshape(shape)
     return np.memmap(chunk, dtype=dtype, mode=mode, shape=shape, order="C")
@@ -268,7 +268,5 @@ def _prepare_chunk(chunk: Path, nbytes: int, *, durable: bool = True) -> None:
         return
     if size == nbytes:
         return
-    raw = np.fromfile(chunk, dtype=np.uint8, count=min(size, nbytes))
-    fixed = np.zeros(nbytes, np.uint8)
-    fixed[: raw.size] = raw
+    fixed = _resized(chunk, size, nbytes)
     _atomic_write(chunk, lambda f: _write_array(f, fixed), durable=durable)
