@@ -316,12 +316,9 @@ def tracking_slabs(reader, lo=None, hi=None, failed_out: list | None = None, max
     crop = tuple(slice(a, b) for a, b in zip(lo[1:], hi[1:]))
 
     def gen(lay: PictureLayout):
-        k = lay.rows_per_slab()
-        for a0 in range(0, hi[0] - lo[0], k):
-            a1 = min(hi[0] - lo[0], a0 + k)
-            d, f = reader.read((lo[0] + a0) * inner, (a1 - a0) * inner)
-            shape = (a1 - a0, *grid[1:])
-            d, f = d.reshape(shape)[(slice(None), *crop)], f.reshape(shape)[(slice(None), *crop)]
+        for r0, d, f in reader.slabs(lo, hi, lay.rows_per_slab() * inner):
+            a0 = r0 - lo[0]
+            d, f = d[(slice(None), *crop)], f[(slice(None), *crop)]
             codes = np.where(d != 0, DONE, np.where(f != 0, FAILED, WAITING)).astype(np.uint8)
             if failed_out is not None and len(failed_out) < max_failed:
                 for idx in np.argwhere(codes == FAILED)[: max_failed - len(failed_out)]:
