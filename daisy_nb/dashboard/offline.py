@@ -255,14 +255,8 @@ def _rois(lay, cell):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``daisy-nb dashboard``."""
-    from daisy_nb.status_cli import _parse_roi
+    from daisy_nb.status_cli import add_target_arguments
 
-    parser.add_argument(
-        "paths",
-        nargs="+",
-        metavar="PATH",
-        help="a task's tracking directory, or a basedir holding <task_id>/ directories",
-    )
     parser.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
     parser.add_argument(
         "--bind",
@@ -277,24 +271,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="worker log basedir for tracebacks (default: ./daisy_logs if it exists)",
     )
-    geo = parser.add_argument_group(
-        "task layout (optional)", "the task's ROIs, to count its real blocks and show ROIs (as for `status`)"
-    )
-    geo.add_argument("--total-roi", type=_parse_roi, metavar="ROI")
-    geo.add_argument("--read-roi", type=_parse_roi, metavar="ROI")
-    geo.add_argument("--write-roi", type=_parse_roi, metavar="ROI")
-    geo.add_argument("--fit", default="valid", choices=["valid", "overhang", "shrink"])
+    add_target_arguments(parser, "the task's ROIs, to count its real blocks and show ROIs (as for `status`)")
 
 
 def make_source(args) -> TrackingSource:
-    from daisy_nb.status import TrackingTarget, _geometry_target, find_tracking_stores
-    from daisy_nb.status_cli import _geometry_from_args
+    from daisy_nb.status_cli import targets_from_args
 
-    geometry = _geometry_from_args(args)
-    targets = []
-    for path in args.paths:
-        for p in find_tracking_stores(path):
-            targets.append(_geometry_target(p, geometry) if geometry else TrackingTarget(p.name, p))
+    targets, geometry = targets_from_args(args)
     logs = args.logs
     if logs is None and Path("daisy_logs").is_dir():
         logs = "daisy_logs"
