@@ -174,7 +174,7 @@ class TrackingSource:
     def block(self, query: dict) -> dict:
         from daisy_nb.block import cantor_number
 
-        from .live import inverse_cantor
+        from .live import _id_in_box
 
         name = str(query.get("task"))
         t = self.targets.get(name)
@@ -186,9 +186,8 @@ class TrackingSource:
             hi0 = t.block_hi if t.knows_blocks else grid
             shape = tuple(b - a for a, b in zip(lo0, hi0))
             if "block_id" in query:
-                cell = inverse_cantor(int(query["block_id"]), len(grid))
-                g = tuple(c - a for c, a in zip(cell, lo0))
-                if any(not 0 <= v < s for v, s in zip(g, shape)):
+                g = _id_in_box(int(query["block_id"]), lo0, shape)
+                if g is None:
                     raise KeyError("not a block of this task")
                 boxes = [(g, tuple(v + 1 for v in g))]
             else:
