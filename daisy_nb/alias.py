@@ -155,7 +155,7 @@ def command_line(args) -> list[str]:
     return args
 
 
-def _shadowing_daisy(cmd, argv) -> str | None:
+def _shadowing_daisy(cmd) -> str | None:
     """A ``daisy`` package or module in the directory Python puts before PYTHONPATH, if any."""
     if cmd[0] != sys.executable:
         return None  # another program: its sys.path is its own business
@@ -178,7 +178,7 @@ def run_main(argv) -> int:
     except ValueError as e:
         print(f"{e}\n\n{RUN_USAGE}", end="", file=sys.stderr)
         return 2
-    shadow = _shadowing_daisy(cmd, argv)
+    shadow = _shadowing_daisy(cmd)
     if shadow:
         print(
             f"daisy-nb run: warning: {shadow} comes first on sys.path of {cmd[1] if len(cmd) > 1 else cmd[0]}, "

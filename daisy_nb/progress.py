@@ -22,6 +22,11 @@ def _ordered(states, task_order):
     return [t for t in task_order if t in states] + sorted(t for t in states if t not in seen)
 
 
+def _ran(st) -> int:
+    """Blocks a task has run (completed or failed, skipped ones not counted): what blocks/s counts."""
+    return int(st.completed_count) - int(st.skipped_count) + int(st.failed_count)
+
+
 class TqdmObserver:
     """One ``tqdm`` bar per task, in display order: ``"<task> ▶ ♻=<restarts>"``.
 
@@ -186,7 +191,7 @@ def print_summary(states, task_order=None, elapsed_per_task=None, *, interrupted
         else:
             sym = "✔"
         secs = float(elapsed_per_task.get(tid, 0.0) or 0.0)
-        ran = int(st.completed_count) - int(st.skipped_count) + int(st.failed_count)
+        ran = _ran(st)
         rate = f"{ran / secs:,.0f}" if secs > 0 else "-"
         rows.append(
             (

@@ -584,8 +584,3 @@ def format_status(status) -> str:
         lines.append(f"  {'other arrays':<{w}}{', '.join(s['extra_arrays'])}")
     lines.append(f"  {'status':<{w}}{'complete' if s['complete'] else 'INCOMPLETE'}")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------

@@ -11,10 +11,11 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from .status import StatusError, TrackingTarget, _geometry_target, find_tracking_stores, format_status, task_status
 
-__all__ = ["add_arguments", "main"]
+__all__ = ["add_arguments", "add_target_arguments", "main", "targets_from_args"]
 
 
 def _parse_roi(text: str):
@@ -33,14 +34,27 @@ def _parse_roi(text: str):
     return offset, shape
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``python -m daisy_nb status``."""
+def add_target_arguments(parser: argparse.ArgumentParser, layout_help: str) -> None:
+    """The ``PATH...`` argument and the task layout options (``--total-roi/--read-roi/--write-roi/--fit``).
+
+    Shared by ``status`` and ``dashboard``; read them back with :func:`targets_from_args`.
+    ``layout_help`` describes the option group.
+    """
     parser.add_argument(
         "paths",
         nargs="+",
         metavar="PATH",
         help="a task's tracking directory, or a basedir holding <task_id>/ directories",
     )
+    geo = parser.add_argument_group("task layout (optional)", layout_help)
+    geo.add_argument("--total-roi", type=_parse_roi, metavar="ROI")
+    geo.add_argument("--read-roi", type=_parse_roi, metavar="ROI")
+    geo.add_argument("--write-roi", type=_parse_roi, metavar="ROI")
+    geo.add_argument("--fit", default="valid", choices=["valid", "overhang", "shrink"])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``python -m daisy_nb status``."""
     parser.add_argument(
         "--png",
         metavar="FILE",
@@ -50,15 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the counts as JSON (a list with one object per task)"
     )
-    geo = parser.add_argument_group(
-        "task layout (optional)",
+    add_target_arguments(
+        parser,
         "the ROIs of the task (as given to daisy.Task) to count only real blocks instead of the whole "
         "tracking grid; checked against the stored layout hash. Format OFFSET:SHAPE, e.g. 0,0:100,100",
     )
-    geo.add_argument("--total-roi", type=_parse_roi, metavar="ROI")
-    geo.add_argument("--read-roi", type=_parse_roi, metavar="ROI")
-    geo.add_argument("--write-roi", type=_parse_roi, metavar="ROI")
-    geo.add_argument("--fit", default="valid", choices=["valid", "overhang", "shrink"])
 
 
 class _Roi:
@@ -80,6 +90,20 @@ def _geometry_from_args(args):
         raise StatusError(f"bad task layout: {e}") from None
 
 
+def targets_from_args(args) -> tuple[list[TrackingTarget], Any]:
+    """``(targets, geometry)`` of :func:`add_target_arguments`' options: one target per store found.
+
+    ``geometry`` is the task's :class:`~daisy_nb.layout.BlockLayout` (None without the ROI options).
+    Raises :class:`~daisy_nb.status.StatusError` on bad input.
+    """
+    geometry = _geometry_from_args(args)
+    targets: list[TrackingTarget] = []
+    for path in args.paths:
+        for p in find_tracking_stores(path):
+            targets.append(_geometry_target(p, geometry) if geometry else TrackingTarget(p.name, p))
+    return targets, geometry
+
+
 def _png_name(png: str, task: str, several: bool) -> str:
     if not several:
         return png
@@ -91,11 +115,7 @@ def main(args: argparse.Namespace) -> int:
     """Run ``status``; 0 if every block of every task is done, 1 if not, 2 on bad input."""
     out = sys.stdout
     try:
-        geometry = _geometry_from_args(args)
-        targets: list[TrackingTarget] = []
-        for path in args.paths:
-            for p in find_tracking_stores(path):
-                targets.append(_geometry_target(p, geometry) if geometry else TrackingTarget(p.name, p))
+        targets, _ = targets_from_args(args)
         statuses = [task_status(t) for t in targets]
     except StatusError as e:
         print(f"daisy_nb status: error: {e}", file=sys.stderr)

@@ -35,13 +35,29 @@ _NAMES = (
 __all__ = list(_NAMES)  # loaded lazily by __getattr__
 
 
-def __getattr__(name):
-    if name in __all__:
-        value = getattr(_top, name)
-        globals()[name] = value
+def _lazy_surface(module_globals: dict, names, special=None):
+    """``(__getattr__, __dir__)`` of a module whose ``names`` load lazily from :mod:`daisy_nb`.
+
+    ``special`` maps a name to a factory of its own value (v2's ``Task``); each value is
+    cached in the module on first access.
+    """
+    module = module_globals["__name__"]
+    special = special or {}
+
+    def __getattr__(name):
+        if name in special:
+            value = special[name]()
+        elif name in names:
+            value = getattr(_top, name)
+        else:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        module_globals[name] = value
         return value
-    raise AttributeError(f"module 'daisy_nb.v1_compat' has no attribute {name!r}")
+
+    def __dir__():
+        return sorted(set(module_globals) | set(names))
+
+    return __getattr__, __dir__
 
 
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_surface(globals(), __all__)

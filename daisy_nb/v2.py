@@ -6,32 +6,11 @@
 ``run_blockwise(..., multiprocessing=False)``), and ``BlockStats`` is exported.
 """
 
-import daisy_nb as _top
+from daisy_nb.v1_compat import _NAMES as _V1_NAMES
+from daisy_nb.v1_compat import _lazy_surface
 
-_NAMES = (
-    "Block",
-    "BlockStatus",
-    "BlockwiseDependencyGraph",
-    "Client",
-    "Context",
-    "Coordinate",
-    "DependencyGraph",
-    "JsonProgressObserver",
-    "Pipeline",
-    "Roi",
-    "Scheduler",
-    "Server",
-    "Task",
-    "TaskState",
-    "__version__",
-    "BlockStats",
-    "get_done_marker_basedir",
-    "get_tracking_basedir",
-    "run_blockwise",
-    "profile_block",
-    "set_done_marker_basedir",
-    "set_tracking_basedir",
-)
+# v1_compat's names without SerialServer, plus BlockStats (Task is v2's own, below)
+_NAMES = (*(n for n in _V1_NAMES if n != "SerialServer"), "BlockStats")
 __all__ = list(_NAMES)  # loaded lazily by __getattr__
 
 _V1_ONLY = ("num_workers", "upstream_tasks")
@@ -76,16 +55,4 @@ def _make_task_class():
     return Task
 
 
-def __getattr__(name):
-    if name == "Task":
-        value = _make_task_class()
-    elif name in __all__:
-        value = getattr(_top, name)
-    else:
-        raise AttributeError(f"module 'daisy_nb.v2' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_surface(globals(), __all__, {"Task": _make_task_class})

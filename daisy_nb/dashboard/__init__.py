@@ -18,9 +18,9 @@ of the scheduler and the pool), :mod:`.offline` (the same from tracking stores),
 :mod:`.picture` (block-state pictures), :mod:`.server` (HTTP) and ``static/``
 (the page: HTML, CSS and JavaScript, no network access).
 
-The runtime plumbing is one call, :func:`with_dashboard`, which
-``run_blockwise`` (and any other front-end, e.g. a ``Server``) wraps around its
-runtime.
+The runtime plumbing is one call: :func:`start_for_run`, which ``run_blockwise``
+(and so a ``Server``) makes around its runtime, or :func:`with_dashboard`, the
+same around a ``run(progress)`` callable for other front-ends.
 """
 
 from __future__ import annotations
@@ -36,10 +36,6 @@ from .live import LiveSource, Tee
 __all__ = ["Dashboard", "check_dashboard", "start_for_run", "with_dashboard"]
 
 LINGER_SECS = 1.5  # dashboard=True: after the run, how long to wait for a watching page to fetch the end state
-
-
-def _is_loopback_default(host: str) -> bool:
-    return host in ("127.0.0.1", "localhost")
 
 
 def _check_port(port, name: str = "port") -> int:
@@ -87,7 +83,9 @@ class Dashboard:
         self.host = _check_host(host)
         if token is not None and (not isinstance(token, str) or not token):
             raise TypeError("token must be a non-empty str")
-        self.token = token if token is not None else (None if _is_loopback_default(host) else secrets.token_urlsafe(24))
+        from .server import LOOPBACK_HOSTS
+
+        self.token = token if token is not None else (None if host in LOOPBACK_HOSTS else secrets.token_urlsafe(24))
         self.quiet = bool(quiet)
         self.source: Any = LiveSource()  # or another source with state/pictures/block (offline.py)
         self._server: Any = None

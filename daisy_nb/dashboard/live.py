@@ -29,14 +29,26 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
+from daisy_nb.kernels import tables as kt
+from daisy_nb.progress import _ran
+
 from . import picture as pic
 
 __all__ = ["LiveSource", "Tee", "block_id_to_grid", "find_traceback_in_logs"]
 
 # "block 7 failed:" or, with daisy's tuple block ids, "block ('task', 7) failed:"
 _BLOCK_RE = re.compile(r"""^block (?:\((?:'[^'\n]*'|"[^"\n]*"), )?(\d+)\)? failed:""", re.MULTILINE)
-_STATE_NAMES = ["starting", "idle", "busy", "parked", "quitting", "dead"]
-_STATUS_NAMES = ["pending", "ready", "processing", "done", "failed", "orphaned"]
+_STATUS_NAMES = {
+    kt.PENDING: "pending",
+    kt.READY: "ready",
+    kt.PROCESSING: "processing",
+    kt.DONE: "done",
+    kt.FAILED: "failed",
+    kt.ORPHANED: "orphaned",
+}
+# the blocks of a clicked pixel listed first: failed, orphaned, processing, ready, pending, done
+_LIST_PRIORITY = np.zeros(len(_STATUS_NAMES), np.int64)
+_LIST_PRIORITY[[kt.FAILED, kt.ORPHANED, kt.PROCESSING, kt.READY, kt.PENDING, kt.DONE]] = np.arange(1, 7)
 WANT_SECS = 3.0  # copy the worker table while a page asked within this many seconds
 MAX_ERRORS = 100
 MAX_LISTED = 12  # blocks described per clicked pixel
@@ -71,9 +83,14 @@ def inverse_cantor(n: int, nd: int) -> tuple[int, ...]:
 
 def block_id_to_grid(layout, block_id: int) -> tuple[int, ...] | None:
     """Grid position of a block id in a task's block grid, or None if it is not a block."""
-    cell = inverse_cantor(block_id, layout.ndim)
-    g = tuple(int(c - o) for c, o in zip(cell, layout.id_offset))
-    if any(not 0 <= v < s for v, s in zip(g, layout.grid_shape)):
+    return _id_in_box(block_id, layout.id_offset, layout.grid_shape)
+
+
+def _id_in_box(block_id: int, offset, shape) -> tuple[int, ...] | None:
+    """Position of the cell ``block_id`` in the box of ``shape`` at ``offset`` (cells), or None outside it."""
+    cell = inverse_cantor(block_id, len(shape))
+    g = tuple(int(c - o) for c, o in zip(cell, offset))
+    if any(not 0 <= v < s for v, s in zip(g, shape)):
         return None
     return g
 
@@ -172,10 +189,6 @@ class _History:
         return max(0.0, (ran - best[1]) / (now - best[0]))
 
 
-def _ran(st) -> int:
-    return int(st.completed_count) - int(st.skipped_count) + int(st.failed_count)
-
-
 class LiveSource:
     """State of one run for the dashboard (see the module docstring)."""
 
@@ -260,9 +273,7 @@ class LiveSource:
         trs = getattr(rt, "trs", None)
         if trs:  # the pool's own per-task times: blocks/s as in the execution summary
             try:
-                self.elapsed = {
-                    tid: ((tr.t_done or now) - tr.t_first) if tr.t_first is not None else 0.0 for tid, tr in trs.items()
-                }
+                self.elapsed = {tid: tr.elapsed(now) for tid, tr in trs.items()}
             except Exception:
                 self.elapsed = {}
         self._take(states, now)
@@ -305,6 +316,16 @@ class LiveSource:
         pool = self.runtime
         try:
             from daisy_nb.runtime import _shm
+            from daisy_nb.runtime import processes as wp
+
+            state_names = {
+                wp.STARTING: "starting",
+                wp.IDLE: "idle",
+                wp.BUSY: "busy",
+                wp.PARKED: "parked",
+                wp.QUITTING: "quitting",
+                wp.DEAD: "dead",
+            }
 
             held = {}
             for cc in list(getattr(pool, "clients", {}).values()):
@@ -323,7 +344,7 @@ class LiveSource:
                         "id": int(w.wid),
                         "task": w.tr.tid,
                         "pid": int(w.proc.pid) if w.proc else None,
-                        "state": _STATE_NAMES[w.state] if 0 <= w.state < len(_STATE_NAMES) else str(w.state),
+                        "state": state_names.get(w.state, str(w.state)),
                         "alive": True,
                         "row": row,
                         "age_s": round(now - w.t_spawn, 1),
@@ -390,11 +411,6 @@ class LiveSource:
                     w["block_id"] = bid
         for w in workers:
             w.pop("row", None)
-        for st_json in tasks:
-            st = states[st_json["task_id"]]
-            st_json["worker_restarts"] = int(st.worker_restart_count)
-            st_json["worker_failures"] = int(st.worker_failure_count)
-            st_json["workers_started"] = int(st.worker_start_count)
         if self.finished:
             self.final_served.set()
         return {
@@ -450,6 +466,9 @@ class LiveSource:
             "done": bool(st.is_done()),
             "abandoned": bool(getattr(st, "abandoned", False)),
             "rate_history": hist,
+            "worker_restarts": int(st.worker_restart_count),
+            "worker_failures": int(st.worker_failure_count),
+            "workers_started": int(st.worker_start_count),
         }
 
     def pictures(self) -> dict:
@@ -489,7 +508,7 @@ class LiveSource:
 
         t = s.task_ids.index(tid)
         lay = s.tasks[tid].layout
-        base = int(s._tt.info[t, kg.I_BLOCK_BASE])
+        base = int(s._tt.info[t, kt.I_BLOCK_BASE])
         if "block_id" in query:
             g = block_id_to_grid(lay, int(query["block_id"]))
             boxes = [] if g is None else [(g, tuple(v + 1 for v in g))]
@@ -512,9 +531,9 @@ class LiveSource:
             parts.append(out_rows[:k])
         rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         st = s.status[base + rows]
-        counts = {name: int(c) for name, c in zip(_STATUS_NAMES, np.bincount(st, minlength=6)[:6]) if c}
-        # the interesting ones first: failed, orphaned, processing, then the rest
-        prio = np.array([5, 4, 3, 6, 1, 2], np.int64)[np.minimum(st, 5)]
+        n_codes = len(_STATUS_NAMES)
+        counts = {_STATUS_NAMES[i]: int(c) for i, c in enumerate(np.bincount(st, minlength=n_codes)[:n_codes]) if c}
+        prio = _LIST_PRIORITY[np.minimum(st, n_codes - 1)]
         pick = rows[np.argsort(prio, kind="stable")[:MAX_LISTED]]
         blocks = []
         if len(pick):
@@ -523,7 +542,7 @@ class LiveSource:
                 code = int(s.status[base + row])
                 bid = int(ids[i])
                 tb = None
-                if code == 4 or int(s.retries[base + row]) > 0:
+                if code == kt.FAILED or int(s.retries[base + row]) > 0:
                     with self.lock:
                         tb = self.tracebacks.get((tid, bid))
                     if tb is None:
@@ -532,9 +551,9 @@ class LiveSource:
                     {
                         "block_id": bid,
                         "row": int(row),
-                        "status": _STATUS_NAMES[code] if code < 6 else str(code),
-                        "skipped": bool(code == 3 and s.preskip[base + row]),
-                        "failed_attempts": int(s.retries[base + row]) + (1 if code == 4 else 0),
+                        "status": _STATUS_NAMES.get(code, str(code)),
+                        "skipped": bool(code == kt.DONE and s.preskip[base + row]),
+                        "failed_attempts": int(s.retries[base + row]) + (1 if code == kt.FAILED else 0),
                         "read_roi": {"offset": ro[i].tolist(), "shape": rs[i].tolist()},
                         "write_roi": {"offset": wo[i].tolist(), "shape": ws[i].tolist()},
                         "traceback": tb,

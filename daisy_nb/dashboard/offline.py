@@ -174,7 +174,7 @@ class TrackingSource:
     def block(self, query: dict) -> dict:
         from daisy_nb.block import cantor_number
 
-        from .live import inverse_cantor
+        from .live import _id_in_box
 
         name = str(query.get("task"))
         t = self.targets.get(name)
@@ -186,9 +186,8 @@ class TrackingSource:
             hi0 = t.block_hi if t.knows_blocks else grid
             shape = tuple(b - a for a, b in zip(lo0, hi0))
             if "block_id" in query:
-                cell = inverse_cantor(int(query["block_id"]), len(grid))
-                g = tuple(c - a for c, a in zip(cell, lo0))
-                if any(not 0 <= v < s for v, s in zip(g, shape)):
+                g = _id_in_box(int(query["block_id"]), lo0, shape)
+                if g is None:
                     raise KeyError("not a block of this task")
                 boxes = [(g, tuple(v + 1 for v in g))]
             else:
@@ -255,14 +254,8 @@ def _rois(lay, cell):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``daisy-nb dashboard``."""
-    from daisy_nb.status_cli import _parse_roi
+    from daisy_nb.status_cli import add_target_arguments
 
-    parser.add_argument(
-        "paths",
-        nargs="+",
-        metavar="PATH",
-        help="a task's tracking directory, or a basedir holding <task_id>/ directories",
-    )
     parser.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
     parser.add_argument(
         "--bind",
@@ -277,24 +270,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="worker log basedir for tracebacks (default: ./daisy_logs if it exists)",
     )
-    geo = parser.add_argument_group(
-        "task layout (optional)", "the task's ROIs, to count its real blocks and show ROIs (as for `status`)"
-    )
-    geo.add_argument("--total-roi", type=_parse_roi, metavar="ROI")
-    geo.add_argument("--read-roi", type=_parse_roi, metavar="ROI")
-    geo.add_argument("--write-roi", type=_parse_roi, metavar="ROI")
-    geo.add_argument("--fit", default="valid", choices=["valid", "overhang", "shrink"])
+    add_target_arguments(parser, "the task's ROIs, to count its real blocks and show ROIs (as for `status`)")
 
 
 def make_source(args) -> TrackingSource:
-    from daisy_nb.status import TrackingTarget, _geometry_target, find_tracking_stores
-    from daisy_nb.status_cli import _geometry_from_args
+    from daisy_nb.status_cli import targets_from_args
 
-    geometry = _geometry_from_args(args)
-    targets = []
-    for path in args.paths:
-        for p in find_tracking_stores(path):
-            targets.append(_geometry_target(p, geometry) if geometry else TrackingTarget(p.name, p))
+    targets, geometry = targets_from_args(args)
     logs = args.logs
     if logs is None and Path("daisy_logs").is_dir():
         logs = "daisy_logs"

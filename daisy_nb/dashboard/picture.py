@@ -31,17 +31,29 @@ import zlib
 
 import numpy as np
 
+from daisy_nb.kernels import tables as kt
+
 __all__ = ["CODE_NAMES", "PictureLayout", "live_slabs", "picture", "tracking_slabs"]
 
 # display codes, in priority order (a reduced pixel shows the maximum)
 NONE, SKIPPED, DONE, WAITING, PROCESSING, ORPHANED, FAILED = range(7)
 CODE_NAMES = ["none", "skipped", "done", "waiting", "processing", "orphaned", "failed"]
 
-# scheduler status byte (kernels/surface.py: PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED) -> code
+# scheduler status byte (kernels/tables.py) -> code
 # index: status | (preskip != 0) << 3 ; a done block with a preskip flag was skipped
+_PRESKIP_SHIFT = 3
 _LIVE_LUT = np.full(256, WAITING, np.uint8)
-_LIVE_LUT[:6] = [WAITING, WAITING, PROCESSING, DONE, FAILED, ORPHANED]
-_LIVE_LUT[8:14] = [WAITING, WAITING, PROCESSING, SKIPPED, FAILED, ORPHANED]
+for _status, _code in (
+    (kt.PENDING, WAITING),
+    (kt.READY, WAITING),
+    (kt.PROCESSING, PROCESSING),
+    (kt.DONE, DONE),
+    (kt.FAILED, FAILED),
+    (kt.ORPHANED, ORPHANED),
+):
+    _LIVE_LUT[_status] = _code
+    _LIVE_LUT[_status | 1 << _PRESKIP_SHIFT] = SKIPPED if _status == kt.DONE else _code
+del _status, _code
 
 SLAB_CELLS = 1 << 22  # cells per slab (4 MiB of codes)
 STRIP_W = 400
@@ -279,7 +291,7 @@ def live_codes(layout, status: np.ndarray, preskip: np.ndarray, a0: int, a1: int
         st = status[start + ja * inner : start + jb * inner]
         sk = preskip[start + ja * inner : start + jb * inner]
         key = np.minimum(sk, 1)
-        key <<= 3
+        key <<= _PRESKIP_SHIFT
         key |= st
         codes = _LIVE_LUT.take(key)
         sel = [slice(o0 + ja * p0 - a0, o0 + (jb - 1) * p0 - a0 + 1, p0)]
@@ -316,12 +328,9 @@ def tracking_slabs(reader, lo=None, hi=None, failed_out: list | None = None, max
     crop = tuple(slice(a, b) for a, b in zip(lo[1:], hi[1:]))
 
     def gen(lay: PictureLayout):
-        k = lay.rows_per_slab()
-        for a0 in range(0, hi[0] - lo[0], k):
-            a1 = min(hi[0] - lo[0], a0 + k)
-            d, f = reader.read((lo[0] + a0) * inner, (a1 - a0) * inner)
-            shape = (a1 - a0, *grid[1:])
-            d, f = d.reshape(shape)[(slice(None), *crop)], f.reshape(shape)[(slice(None), *crop)]
+        for r0, d, f in reader.slabs(lo, hi, lay.rows_per_slab() * inner):
+            a0 = r0 - lo[0]
+            d, f = d[(slice(None), *crop)], f[(slice(None), *crop)]
             codes = np.where(d != 0, DONE, np.where(f != 0, FAILED, WAITING)).astype(np.uint8)
             if failed_out is not None and len(failed_out) < max_failed:
                 for idx in np.argwhere(codes == FAILED)[: max_failed - len(failed_out)]:

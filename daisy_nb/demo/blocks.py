@@ -207,6 +207,13 @@ def label_block(p: dict, block) -> None:
     _atomic_save(os.path.join(p["merges"], f"block_{gidx}.npz"), n=np.int64(n), pairs=pairs)
 
 
+def _node(ids: np.ndarray, offsets: np.ndarray, p: dict) -> np.ndarray:
+    """Fragment ids (``block * V + local``, ``local`` from 1) -> union-find node indices (``offsets[block] + local - 1``)."""
+    ids = ids.astype(np.uint64) - np.uint64(1)
+    V = np.uint64(p["block_voxels"])
+    return offsets[(ids // V).astype(np.int64)] + (ids % V).astype(np.int64)
+
+
 def resolve_block(p: dict, block) -> None:
     """Task 5 (one block, after every label block): union-find over all merge pairs."""
     from scipy.sparse import coo_matrix
@@ -222,14 +229,8 @@ def resolve_block(p: dict, block) -> None:
             pairs.append(z["pairs"])
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     pairs = np.concatenate(pairs) if pairs else np.zeros((0, 2), dtype=np.uint64)
-    V = np.uint64(p["block_voxels"])
-
-    def node(ids):  # fragment id (block * V + local) -> node index (offsets[block] + local - 1)
-        ids = ids.astype(np.uint64) - np.uint64(1)
-        return offsets[(ids // V).astype(np.int64)] + (ids % V).astype(np.int64)
-
     total = int(offsets[-1])
-    a, b = node(pairs[:, 0]), node(pairs[:, 1])
+    a, b = _node(pairs[:, 0], offsets, p), _node(pairs[:, 1], offsets, p)
     graph = coo_matrix((np.ones(len(a), dtype=np.int8), (a, b)), shape=(total, total))
     ncomp, comp = connected_components(graph, directed=False)
     final = (comp + 1).astype(p["label_dtype"])
@@ -247,9 +248,7 @@ def relabel_block(p: dict, block) -> None:
     offsets = np.load(p["table_offsets"], mmap_mode="r")
     final = np.load(p["table_labels"], mmap_mode="r")
     fg = frag > 0
-    ids = frag[fg].astype(np.uint64) - np.uint64(1)
-    V = np.uint64(p["block_voxels"])
-    nodes = np.asarray(offsets)[(ids // V).astype(np.int64)] + (ids % V).astype(np.int64)
+    nodes = _node(frag[fg], np.asarray(offsets), p)
     out = np.zeros(frag.shape, dtype=np.dtype(p["label_dtype"]))
     out[fg] = np.asarray(final[nodes]) if len(nodes) else 0
     _open(p, "labels", "r+")[sl] = out
