@@ -21,7 +21,6 @@ from .tables import (
     G_TW_OFF,
     G_TW_SHAPE,
     G_WS,
-    I_BLOCK_BASE,  # noqa: F401  (dashboard/live.py still reads kg.I_BLOCK_BASE)
     I_FIT,
     I_LEVEL_BASE,
     I_NDIM,

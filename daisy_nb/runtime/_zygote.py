@@ -81,18 +81,22 @@ def template_env(env: dict) -> dict:
 
 
 def start_early(preload_client: bool) -> Template | None:
-    """Start the run's template before the scheduler is built (``run._execute``).
+    """Start the run's template: before the scheduler is built (``run._execute``), else
+    at the pool's first worker.
 
-    The template's interpreter start-up and imports (~50 ms) then overlap the
+    Started early, the template's interpreter start-up and imports (~50 ms) overlap the
     scheduler's own set-up (numpy's import alone is ~85 ms) on another core, instead
-    of following it. ``None`` where templates are unavailable or cannot start (the
-    pool then starts workers as before).
+    of following it. ``None`` where templates are unavailable or cannot start (logged
+    with the reason; the pool then starts workers by exec).
     """
     if not available():
         return None
     try:
         return Template(template_env(worker_env()), preload_client)
-    except OSError:
+    except OSError as e:
+        import logging
+
+        logging.getLogger("daisy").warning("daisy_nb: no worker template (%s); workers start by exec", e)
         return None
 
 

@@ -229,8 +229,6 @@ class ProcessesMixin:
         """Fork the worker from the run's template (started on first use), else exec it."""
         if self.template is None and not self.template_failed:
             self.template = _zygote.start_early(any(t.arity == 0 for t in self.trs.values()))
-            if self.template is None and _zygote.available():
-                logger.warning("daisy_nb: no worker template (it could not be started); workers start by exec")
             self.template_failed = self.template is None
         if self.template is not None and not self.template.dead:
             fds = {"conn": fd}
