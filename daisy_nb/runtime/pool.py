@@ -17,8 +17,8 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   per worker process (its "sentinel": readable when it exits) and a wake-up pipe
   (SIGINT, new client connections) with a 0.1 s timeout.
 * **0-argument worker functions** run their own ``daisy_nb.Client`` loop over TCP
-  (:mod:`._net`: a listener on ``host``, default 127.0.0.1, started only when such
-  a task exists; every connection authenticated with a per-run secret before any
+  (:mod:`._net`: a listener on ``host``, by default on every interface with an
+  address detected as daisy 2.0.0 does, started only when such a task exists; every connection authenticated with a per-run secret before any
   of its bytes are read, in the listener's thread). The address, the secret and
   the liveness timeouts travel in ``DAISY_CONTEXT``, so programs the worker
   launches, also on other machines, connect too. A client silent for
@@ -93,7 +93,9 @@ class _Pool(ProcessesMixin, ClientsMixin):
         self.new_conns: queue.SimpleQueue = queue.SimpleQueue()
         self.authkey = secrets.token_bytes(32)
         self.port = 0
-        self.bind_host, self.advertise = _net.resolve_host(host)
+        self.bind_host, advertise = _net.resolve_host(host)
+        self.advertise: str = advertise or ""  # detected when the listener starts (None: detect)
+        self.where = ""  # where Client connections go, for messages (see _start_listener)
         self.host_given = host not in (None, "")
         self.net = _net.liveness()  # auth / heartbeat / peer_timeout seconds (DAISY_NB_* env)
         self.wake_r, self.wake_w = os.pipe()
@@ -136,6 +138,10 @@ class _Pool(ProcessesMixin, ClientsMixin):
 
         self.listener = _net.Listener(self.bind_host, self.authkey, on_conn, self.net)
         self.port = self.listener.port
+        if not self.advertise:  # no host=, or the wildcard: as daisy 2.0.0 (see _net.detect_address)
+            self.advertise = _net.detect_address(self.listener)
+        self.where = _net.describe(self.bind_host, self.port, self.advertise)
+        logger.info("daisy_nb scheduler %s", self.where)
 
     def _wake(self):
         fd = self.wake_w
