@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block
+from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block, unpack_hello
 from daisy_nb.runtime.policy import record_error
 
 __all__ = ["ClientConn", "ClientsMixin"]
@@ -76,8 +76,10 @@ class ClientsMixin:
         if kind == b"P":  # heartbeat (last_seen is updated on every read)
             return
         if kind == b"H":
-            tid, wid = msg[1:].decode().split("\n")
-            cc.wid = int(wid)
+            if cc.tr is not None:  # one hello per connection
+                self._drop_client(cc)
+                return
+            tid, cc.wid = unpack_hello(msg)
             cc.tr = self.trs.get(tid)
             if cc.tr is None:
                 self._drop_client(cc)
