@@ -43,7 +43,7 @@ import threading
 import time
 
 from daisy_nb import logging as dlog
-from daisy_nb.progress import Heartbeat, notify, raise_if_abandoned
+from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_abandoned
 from daisy_nb.runtime import _net
 from daisy_nb.runtime.clients import ClientConn, ClientsMixin
 from daisy_nb.runtime.policy import TaskRun, end_run
@@ -68,6 +68,7 @@ class _TaskRun(TaskRun):
         self.workers: set[Worker] = set()
         self.per_block = None  # seconds, from the last finished batch (None: not measured yet)
         self.next_slot = 0  # the next worker's slot number (its log file names)
+        self.t_spawned: float | None = None  # monotonic time its first worker started
 
 
 class _Pool(ProcessesMixin, ClientsMixin):
@@ -107,6 +108,9 @@ class _Pool(ProcessesMixin, ClientsMixin):
         self.template_failed = False
         self.forked_wids: set[int] = set()  # workers forked by the template (they die with it)
         self.more_spawns = False  # _spawn_pass stopped at SPAWN_BURST with more workers to start
+        self.returned_wids: set[int] = set()  # worker functions that returned on their own (clients.py)
+        self.connected_tids: set[str] = set()  # tasks a Client has said hello for
+        self.warned: set[tuple[str, str]] = set()  # (task id, kind) of the diagnoses logged once
 
     # ------------------------------------------------------------------ setup
     def prepare(self):
@@ -212,22 +216,28 @@ class _Pool(ProcessesMixin, ClientsMixin):
             if tr.abandoned or self.s.is_task_done(tid) or tr.workers:
                 continue
             if tr.restarts_exhausted(self.s.counters[tid]):
-                for a in self.s.abandon_task(tid, "worker restart cap exhausted"):
-                    atr = self.trs[a]
-                    atr.abandoned = True
-                    for w in list(atr.workers):
-                        self._quit(w)
-                        if w.state != DEAD:
-                            self._kill(w)
-                    for cc in list(self.clients.values()):
-                        if cc.tr is atr:
-                            self._drop_client(cc)
+                self._abandon(tid, ABANDON_RESTARTS)
+
+    def _abandon(self, tid: str, reason: str) -> None:
+        """Abandon ``tid`` and its downstream tasks: their workers and clients are ended."""
+        for a in self.s.abandon_task(tid, reason):
+            atr = self.trs[a]
+            atr.abandoned = True
+            for w in list(atr.workers):
+                self._quit(w)
+                if w.state != DEAD:
+                    self._kill(w)
+            for cc in list(self.clients.values()):
+                if cc.tr is atr:
+                    self._drop_client(cc)
 
     def _check_timeouts(self) -> None:
         now = time.monotonic_ns()
         self._worker_timeouts(now)  # processes.py
         if self.clients:
             self._client_timeouts(now)  # clients.py; calls _client_timed_out
+        if self.listener is not None:
+            self._check_unconnected(now / 1e9)  # clients.py: a task none of whose jobs connect
 
     def _notify(self, what: str) -> None:
         notify(self.observer, what, self.s)
