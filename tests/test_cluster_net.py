@@ -13,6 +13,7 @@ import re
 import sys
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ import psutil  # noqa: E402
 from funlib.geometry import Roi  # noqa: E402
 
 import daisy_nb  # noqa: E402
+from daisy_nb.dashboard import Dashboard  # noqa: E402
 from daisy_nb.progress import ABANDON_NOT_WAITING  # noqa: E402
 from daisy_nb.runtime import _net  # noqa: E402
 from daisy_nb.runtime.client import pack_hello, unpack_hello  # noqa: E402
@@ -39,7 +41,13 @@ needs_address = pytest.mark.skipif(not CANDIDATES, reason="this machine has no n
 def make_task(tid, n, fn, **kw):
     kw.setdefault("tracking_path", False)
     return daisy_nb.Task(
-        tid, Roi((0,), (10 * n,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=fn, read_write_conflict=False, **kw
+        tid,
+        Roi((0,), (10 * n,)),
+        Roi((0,), (10,)),
+        Roi((0,), (10,)),
+        process_function=fn,
+        read_write_conflict=False,
+        **kw,
     )
 
 
@@ -107,7 +115,9 @@ def test_default_address_is_not_loopback_and_a_job_elsewhere_completes(out, capl
     assert len(blocks_run(out, "r")) == 12
     port = seen[0]["port"]
     assert f"advertising auto-detected address {CANDIDATES[0]}" in caplog.text
-    assert f"listens on 0.0.0.0:{port} (every interface), advertised to workers as {CANDIDATES[0]}:{port}" in caplog.text
+    assert (
+        f"listens on 0.0.0.0:{port} (every interface), advertised to workers as {CANDIDATES[0]}:{port}" in caplog.text
+    )
 
 
 @needs_address
@@ -163,7 +173,7 @@ def test_fire_and_forget_worker_function_gets_daisys_diagnosis(out, fast, caplog
     for fix in ("`sbatch --wait`", "`srun`", "`subprocess.run`", "daisy_nb.launch"):
         assert fix in msg
     assert e.value.daisy_states["ff"].abandoned
-    assert "worker 0 for task \"ff\" connected after its worker function had already returned" in caplog.text
+    assert 'worker 0 for task "ff" connected after its worker function had already returned' in caplog.text
     wait_for(lambda: jobs_gone(out), 30, "the late job to end (its connection is closed)")
     (end,) = out.glob("end_*")
     assert int(end.read_text().split()[0]) < 200
@@ -217,8 +227,8 @@ def test_task_ids_travel_through_the_context_and_the_hello_frame():
 
 def test_task_ids_with_slashes_run_end_to_end_and_resume(out, tmp_path, capsys):
     """A worker function and a block function with such ids: logs nested as the wheel nests them
-    (``<basedir>/<task_id>/worker_N.out``), block tracking at ``<basedir>/<task_id>``, a second run
-    skips every block, and the summary names the tasks."""
+    (``<basedir>/<task_id>/worker_N.out``), block tracking at ``<basedir>/<task_id>``, the dashboard
+    serves them, a second run skips every block, and the summary names the tasks."""
     from daisy_nb.tracking import get_tracking_basedir, set_tracking_basedir
 
     old = get_tracking_basedir()
@@ -230,7 +240,14 @@ def test_task_ids_with_slashes_run_end_to_end_and_resume(out, tmp_path, capsys):
             b = make_task(WEIRD, 5, netfns.mark, tracking_path=None, max_workers=1)
             return w + b
 
-        states = daisy_nb.run_blockwise(pipeline(), return_states=True, progress=False)
+        with Dashboard(quiet=True) as dash:
+            states = daisy_nb.run_blockwise(pipeline(), return_states=True, progress=False, dashboard=dash)
+            with urllib.request.urlopen(dash.url + "api/state", timeout=10) as r:
+                assert [t["task_id"] for t in json.loads(r.read())["tasks"]] == [DACAPO, WEIRD]
+            for tid in (DACAPO, WEIRD):
+                q = urllib.parse.urlencode({"task": tid, "block_id": 0})
+                with urllib.request.urlopen(f"{dash.url}api/block?{q}", timeout=10) as r:
+                    assert json.loads(r.read())["blocks"][0]["status"] == "done"
         assert states[DACAPO].completed_count == 6 and states[WEIRD].completed_count == 5
         assert len(blocks_run(out, DACAPO)) == 6 and len(blocks_run(out, WEIRD)) == 5
         logs = tmp_path / "logs"

@@ -193,8 +193,7 @@ class ClientsMixin:
             )
         return True, (
             f"worker function of worker {w.wid} returned without its worker ever connecting, while the task "
-            f"still has work. {_MUST_BLOCK}. If it did wait, its worker could not connect: "
-            + self._unreachable_hint()
+            f"still has work. {_MUST_BLOCK}. If it did wait, its worker could not connect: " + self._unreachable_hint()
         )
 
     def _connected_too_late(self, cc: ClientConn) -> None:
