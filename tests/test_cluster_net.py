@@ -200,6 +200,14 @@ def test_jobs_that_cannot_connect_are_told_where_the_scheduler_listens(out, fast
     assert all(e.read_text().strip() == "0 connected=False" for e in out.glob("end_*"))
 
 
+def test_failing_jobs_that_cannot_connect_are_told_too(out, fast):
+    with pytest.raises(RuntimeError, match="exited with code 1") as e:
+        run(make_task("uf", 10, netfns.submit_unreachable_fails, max_workers=1, max_worker_restarts=1))
+    (seen, *_) = progs(out)
+    assert "(no worker of this task has connected yet: the scheduler listens on 0.0.0.0:" in str(e.value)
+    assert f"advertised to workers as {seen['host']}:{seen['port']}" in str(e.value)
+
+
 def test_running_jobs_that_never_connect_get_a_warning(out, monkeypatch, caplog):
     """Worker functions that keep running while nothing connects: after twice the peer timeout a
     warning says where the scheduler listens (queued jobs are fine; unreachable ones are not)."""

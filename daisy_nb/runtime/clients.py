@@ -196,6 +196,12 @@ class ClientsMixin:
             f"still has work. {_MUST_BLOCK}. If it did wait, its worker could not connect: " + self._unreachable_hint()
         )
 
+    def _unconnected_note(self, w) -> str:
+        """For a worker function that failed before any worker of its task connected: where to."""
+        if w.connected or w.tr.tid in self.connected_tids:
+            return ""
+        return f" (no worker of this task has connected yet: {self._unreachable_hint()})"
+
     def _connected_too_late(self, cc: ClientConn) -> None:
         """A Client said hello for a worker function that had returned: daisy 2.0.0 stops the run
         here (a RuntimeError); daisy_nb abandons the task, which ``run_blockwise`` raises."""

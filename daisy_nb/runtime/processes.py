@@ -130,6 +130,7 @@ class ProcessesMixin:
     if TYPE_CHECKING:
 
         def _function_returned(self, w: Worker) -> tuple[bool, str | None]: ...
+        def _unconnected_note(self, w: Worker) -> str: ...
 
     def _context(self, tr: TaskRun, wid: int) -> Context:
         base = dlog.get_log_basedir()
@@ -369,6 +370,8 @@ class ProcessesMixin:
                     msg = f"daisy worker process exited with code {rc}" + (
                         " while processing blocks" if was_busy else ""
                     )
+                    if not tr.arity:
+                        msg += self._unconnected_note(w)
                 tail = self._err_tail(w)
                 if tail:
                     msg += "\nworker stderr tail:\n" + tail

@@ -53,6 +53,10 @@ def submit_unreachable():
     _submit("unreachable")
 
 
+def submit_unreachable_fails():
+    _submit("unreachable_fails")
+
+
 def fire_and_forget():
     """Plain ``sbatch``: submits and returns. Only the first one submits (so that the test
     does not start a job per restart); the others return after a moment, as ``sbatch`` does."""

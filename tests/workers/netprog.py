@@ -64,7 +64,7 @@ if mode == "remote" and is_loopback(host):
     sys.exit(3)
 if mode == "local_only":
     seen["answers"] = {ip: answers(ip, port) for ip, _ in _net.candidate_addresses()}
-if mode == "unreachable":
+if mode in ("unreachable", "unreachable_fails"):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     closed = s.getsockname()[1]  # bound, never listening: connections to it are refused
@@ -77,6 +77,8 @@ if client.connected:
     seen["peer"] = client._sock.getpeername()[0]
 with open(os.path.join(out, f"prog_{os.getpid()}.json"), "w") as f:
     json.dump(seen, f)
+if mode == "unreachable_fails":
+    sys.exit(2)  # a job script that treats "no scheduler" as an error
 n = 0
 while True:
     with client.acquire_block() as block:
