@@ -18,8 +18,9 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   (SIGINT, new client connections) with a 0.1 s timeout.
 * **0-argument worker functions** run their own ``daisy_nb.Client`` loop over TCP
   (:mod:`._net`: a listener on ``host``, by default on every interface with an
-  address detected as daisy 2.0.0 does, started only when such a task exists; every connection authenticated with a per-run secret before any
-  of its bytes are read, in the listener's thread). The address, the secret and
+  address detected as daisy 2.0.0 does, started only when such a task exists;
+  every connection authenticated with a per-run secret before any of its bytes
+  are read, in the listener's thread). The address, the secret and
   the liveness timeouts travel in ``DAISY_CONTEXT``, so programs the worker
   launches, also on other machines, connect too. A client silent for
   ``peer_timeout`` seconds is dropped, its blocks fail (and are retried) and the
