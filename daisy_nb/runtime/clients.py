@@ -36,7 +36,7 @@ logger = logging.getLogger("daisy")
 # daisy 2.0.0's diagnoses of a worker function that does not wait for its worker (its wording, plus
 # the launchers); the fix is the same for all of them
 _MUST_BLOCK = (
-    "0-argument worker functions must block until their worker exits (e.g. `sbatch --wait`, `srun`, "
+    "0-argument worker functions must block until their worker exits (e.g. `sbatch --wait`, `srun`, `bsub -K`, "
     "`subprocess.run`, or a launcher of `daisy_nb.launch`): daisy tracks worker liveness by that call, so a "
     "fire-and-forget submit (plain `sbatch`, `subprocess.Popen` without waiting) makes daisy respawn "
     "workers it believes dead, burning the worker restarts, and can abandon the task while real workers "
