@@ -347,14 +347,21 @@ def finish_run(states, task_order, elapsed, *, summary: bool, interrupted: bool,
         raise e
 
 
+ABANDON_RESTARTS = "worker restart cap exhausted"
+# a Client connected for a worker function that had returned (daisy 2.0.0 stops the run with a RuntimeError)
+ABANDON_NOT_WAITING = "worker function did not wait for its worker"
+
+
 def raise_if_abandoned(states, task_order, workers: str = "workers") -> None:
     """daisy 2.0 wheel: a run with a task abandoned after its worker restart cap raises
-    ``RuntimeError`` with the states attached."""
+    ``RuntimeError`` with the states attached (daisy_nb: also one abandoned because its
+    worker function did not wait for its worker, which daisy 2.0.0 stops the run for)."""
     for tid in task_order:
         st = states[tid]
-        if getattr(st, "abandoned", False) and getattr(st, "abandon_reason", "") == "worker restart cap exhausted":
+        reason = getattr(st, "abandon_reason", "")
+        if getattr(st, "abandoned", False) and reason in (ABANDON_RESTARTS, ABANDON_NOT_WAITING):
             msg = (
-                f"task '{tid}' was abandoned (worker restart cap exhausted): {workers} failed "
+                f"task '{tid}' was abandoned ({reason}): {workers} failed "
                 f"{st.worker_failure_count} times, {st.worker_restart_count} restarts performed; "
                 f"{st.orphaned_count} of {st.total_block_count} blocks were orphaned."
             )

@@ -32,9 +32,13 @@ def run_blockwise(
     ``max_worker_restarts`` raises ``RuntimeError`` with the states attached.
     ``dashboard=True`` (or a port, or a :class:`daisy_nb.dashboard.Dashboard`)
     serves a live page of the run on 127.0.0.1 and prints its URL.
-    ``host`` (else ``DAISY_HOST``) is the address the pool listens on for ``Client``
-    connections and tells workers (``DAISY_CONTEXT``); default ``127.0.0.1``,
-    ``"0.0.0.0"`` listens on every interface and advertises ``socket.getfqdn()``.
+    ``host`` (else ``DAISY_HOST``) is where the pool accepts ``Client`` connections and
+    what it tells workers (``DAISY_CONTEXT``). Unset, as daisy 2.0.0: every interface,
+    advertising the address detected for this machine (its resolved host name, else
+    the default route's interface, checked by a connection to itself; else 127.0.0.1
+    with a warning). ``"0.0.0.0"``/``"::"``: every interface, the detected address
+    advertised too. Anything else (``"127.0.0.1"``: this machine only) is listened on
+    and advertised as given.
     """
     states, order = _execute(
         pipeline,

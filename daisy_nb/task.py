@@ -22,7 +22,7 @@ from .layout import BlockLayout
 # Pipelines stays cheap, and ``run_blockwise`` starts its worker template before the
 # scheduler loads numpy (issue 13, small runs).
 
-__all__ = ["DEFAULT_BLOCK_TIMEOUT_SECS", "Pipeline", "Task", "as_pipeline", "function_arity"]
+__all__ = ["DEFAULT_BLOCK_TIMEOUT_SECS", "Pipeline", "Task", "as_pipeline", "check_task_id", "function_arity"]
 
 DEFAULT_BLOCK_TIMEOUT_SECS = 600.0
 
@@ -112,10 +112,7 @@ class Task:
         resource_tracking=False,
         init_fn=None,
     ):
-        if not isinstance(task_id, str) or not task_id:
-            raise TypeError(f"task_id must be a non-empty str, got {task_id!r}")
-        if "/" in task_id or task_id in (".", ".."):
-            raise ValueError(f"task_id must not contain '/' (it names a directory), got {task_id!r}")
+        check_task_id(task_id)
         self._task_id = task_id
         self.layout = BlockLayout(total_roi, read_roi, write_roi, read_write_conflict, fit)
         self._total_roi, self._read_roi, self._write_roi = total_roi, read_roi, write_roi
@@ -427,6 +424,36 @@ class Pipeline:
 
     def __copy__(self):
         return Pipeline(self._tasks, self._edges)
+
+
+def check_task_id(task_id) -> None:
+    """The ids daisy 2.0.0 accepts, except those that name a path outside their directory.
+
+    A task's worker logs go to ``<log basedir>/<task_id>/`` and its default block
+    tracking to ``<tracking basedir>/<task_id>``, as in daisy 2.0.0: a ``/`` nests them
+    (dacapo's ``predict_/data/run1/pred.zarr_prediction``), and any other character
+    (``:``, ``=``, ``%``, newlines, unicode) is kept as is. daisy 2.0.0 also accepts ids
+    that leave that directory or replace it (``..`` segments, absolute ids, ``""``,
+    ``"."``), and writes wherever they point; those raise ``ValueError`` here.
+    """
+    if not isinstance(task_id, str):
+        raise TypeError(f"task_id must be a str, got {type(task_id).__name__}")
+    parts = task_id.split("/")
+    why = None
+    if task_id.startswith("/"):
+        why = "is an absolute path"
+    elif ".." in parts:
+        why = "has a '..' segment"
+    elif all(p in ("", ".") for p in parts):
+        why = "names the log and tracking directory itself"
+    elif "\0" in task_id:
+        why = "contains a NUL character"
+    if why is not None:
+        raise ValueError(
+            f"task_id {task_id!r} {why}: a task's worker logs and block tracking live in "
+            "<basedir>/<task_id>, which must stay inside <basedir> ('/' nests, '..' and a leading '/' "
+            "are refused)"
+        )
 
 
 def topo_order(task_ids: list[str], edges: list[tuple[str, str]]) -> list[str]:

@@ -128,19 +128,25 @@ def test_ipv6_loopback_host(out):
     assert progs and all(p[0] == "::1" and p[2] == "refused" for p in progs)  # not on 127.0.0.1
 
 
-def test_default_host_is_loopback(out, monkeypatch):
+def test_default_host_is_detected_as_daisy_does(out, monkeypatch):
+    """Without host=/DAISY_HOST the scheduler advertises the address it detects and verifies
+    (daisy 2.0.0; it was 127.0.0.1 before issue 18): see also tests/test_cluster_net.py."""
     monkeypatch.delenv("DAISY_HOST", raising=False)
     assert run(make_task("d", 4, blockfns.client_loop_with_context))["d"].completed_count == 4
     (ctx,) = [daisy_nb.Context.from_env(p.read_text()) for p in out.glob("context_*")]
-    assert ctx["hostname"] == "127.0.0.1"
+    candidates = [ip for ip, _ in _net.candidate_addresses()]
+    assert ctx["hostname"] == (candidates[0] if candidates else "127.0.0.1")
     assert len(bytes.fromhex(ctx["authkey"])) == 32
     assert float(ctx["heartbeat"]) < float(ctx["peer_timeout"]) < 60
 
 
-def test_all_interfaces_advertise_the_fqdn():
-    assert _net.resolve_host("0.0.0.0") == ("0.0.0.0", socket.getfqdn())
-    assert _net.resolve_host(None) == ("127.0.0.1", "127.0.0.1")
-    assert _net.resolve_host("") == ("127.0.0.1", "127.0.0.1")
+def test_resolve_host_binds_every_interface_unless_given_an_address():
+    """None/""/the wildcards: every interface, the address to advertise is detected (None here);
+    an explicit address is bound and advertised as given (127.0.0.1: this machine only)."""
+    assert _net.resolve_host(None) == ("0.0.0.0", None)
+    assert _net.resolve_host("") == ("0.0.0.0", None)
+    assert _net.resolve_host("0.0.0.0") == ("0.0.0.0", None)
+    assert _net.resolve_host("::") == ("::", None)
     assert _net.resolve_host("127.0.0.9") == ("127.0.0.9", "127.0.0.9")
 
 
@@ -256,7 +262,8 @@ def _straggle(out, ctx):
 
 
 def test_straggler_after_the_run_exits_zero_at_once(out):
-    assert run(make_task("s", 5, blockfns.client_loop_with_context))["s"].completed_count == 5
+    # loopback: the second part puts another run's listener at the same address
+    assert run(make_task("s", 5, blockfns.client_loop_with_context), host="127.0.0.1")["s"].completed_count == 5
     ctx = daisy_nb.Context.from_env(next(out.glob("context_*")).read_text())
     before = len(done(out, "s"))
     r, secs = _straggle(out, ctx)  # the run has ended: connection refused

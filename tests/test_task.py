@@ -438,9 +438,11 @@ BAD = [
     ("skip_mask", dict(skip_mask=np.zeros((4, 3))), ValueError),
     ("skip_mask", dict(skip_mask=np.zeros(16)), ValueError),
     ("fit", dict(fit="bogus"), ValueError),
-    ("task_id", dict(tid=""), TypeError),
     ("task_id", dict(tid=5), TypeError),
-    ("task_id", dict(tid="a/b"), ValueError),
+    # '/' nests (daisy 2.0.0, tests/test_cluster_net.py); ids that leave or replace <basedir> are refused
+    ("task_id", dict(tid=""), ValueError),
+    ("task_id", dict(tid="a/../b"), ValueError),
+    ("task_id", dict(tid="/abs"), ValueError),
 ]
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import secrets
@@ -44,7 +45,17 @@ import struct
 import threading
 import time
 
-__all__ = ["Listener", "NotOurRun", "ServerConn", "connect", "liveness", "resolve_host"]
+__all__ = [
+    "Listener",
+    "NotOurRun",
+    "ServerConn",
+    "candidate_addresses",
+    "connect",
+    "describe",
+    "detect_address",
+    "liveness",
+    "resolve_host",
+]
 
 logger = logging.getLogger("daisy")
 
@@ -96,20 +107,94 @@ def liveness(context=None) -> dict[str, float]:
     return out
 
 
-def resolve_host(host) -> tuple[str, str]:
+def resolve_host(host) -> tuple[str, str | None]:
     """``(address to bind, address to advertise to workers)`` for ``run_blockwise(host=...)``.
 
-    ``None``/``""``: loopback only (``127.0.0.1``). ``"0.0.0.0"``/``"::"``: every
-    interface, advertised as ``socket.getfqdn()``. Anything else: bind that address
-    (or name) and advertise it as given.
+    As daisy 2.0.0: ``None``/``""`` binds every interface (``0.0.0.0``) and the address
+    to advertise is detected once the listener is up (``None`` here; see
+    :func:`detect_address`). ``"0.0.0.0"``/``"::"`` bind every interface and advertise a
+    detected address too (daisy 2.0.0 advertises the wildcard itself, which no other
+    machine can use). Anything else, e.g. ``"127.0.0.1"`` (this machine only) or a
+    name of this machine: bind that address (or name) and advertise it as given.
     """
     if host is None or host == "":
-        return "127.0.0.1", "127.0.0.1"
+        return "0.0.0.0", None
     if not isinstance(host, str):
         raise TypeError(f"host must be a string (an address or host name of this machine), got {type(host).__name__}")
     if host in ("0.0.0.0", "::"):
-        return host, socket.getfqdn()
+        return host, None
     return host, host
+
+
+ROUTE_PROBE = ("192.0.2.1", 9)  # TEST-NET-1: a UDP connect() to it picks the default route; nothing is sent
+
+
+def _routable(ip: str) -> bool:
+    try:
+        a = ipaddress.ip_address(ip.split("%")[0])
+    except ValueError:
+        return False
+    return not (a.is_loopback or a.is_unspecified or a.is_multicast)
+
+
+def candidate_addresses() -> list[tuple[str, str]]:
+    """``[(IPv4 address, where it came from)]``, in daisy 2.0.0's order: this host's
+    resolved name (``gethostname`` -> ``getaddrinfo``, first non-loopback), then the
+    interface of the default route (a UDP socket "connected" to a TEST-NET address;
+    no packet is sent). Loopback answers are skipped."""
+    out: list[tuple[str, str]] = []
+    try:
+        name = socket.gethostname()
+        for info in socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM):
+            ip = str(info[4][0])
+            if _routable(ip):
+                out.append((ip, f"host name {name!r}"))
+                break
+    except OSError:
+        pass
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(ROUTE_PROBE)
+            ip = str(s.getsockname()[0])
+        if _routable(ip) and all(ip != c[0] for c in out):
+            out.append((ip, "default route"))
+    except OSError:
+        pass
+    return out
+
+
+def detect_address(listener: Listener) -> str:
+    """The address to advertise for a listener on every interface (daisy 2.0.0's rule).
+
+    The first of :func:`candidate_addresses` that passes a connectivity check (a TCP
+    connection from this machine to the listener at that address, greeted by its
+    handshake); else ``127.0.0.1`` with a warning that other machines cannot connect.
+    """
+    for ip, source in candidate_addresses():
+        if listener.reaches(ip):
+            logger.info("advertising auto-detected address %s (from the %s)", ip, source)
+            return ip
+        logger.warning(
+            "address %s (from the %s) failed its connectivity check and will not be advertised "
+            "(a firewall may be blocking non-loopback interfaces)",
+            ip,
+            source,
+        )
+    fallback = "127.0.0.1" if listener.family == socket.AF_INET or listener.reaches("127.0.0.1") else "::1"
+    logger.warning(
+        "no reachable non-loopback address found; advertising %s. Workers on other machines cannot connect "
+        "(pass run_blockwise(host=...) or DAISY_HOST: an address of this machine they can reach)",
+        fallback,
+    )
+    return fallback
+
+
+def describe(bind_host: str, port: int, advertised: str) -> str:
+    """``"listens on 0.0.0.0:PORT (every interface), advertised to workers as 192.0.2.2:PORT"``."""
+    where = f"[{bind_host}]" if ":" in bind_host else bind_host
+    every = " (every interface)" if bind_host in ("0.0.0.0", "::") else ""
+    adv = f"[{advertised}]" if ":" in advertised else advertised
+    return f"listens on {where}:{port}{every}, advertised to workers as {adv}:{port}"
 
 
 def keepalive(sock: socket.socket, peer_timeout: float) -> None:
@@ -258,7 +343,9 @@ class Listener:
         self.on_conn = on_conn
         self.timeouts = dict(timeouts)
         self.rejected = 0
+        self._probe_ports: set[int] = set()  # local ports of this process's own checks (see reaches)
         self._sock = self._bind(bind_host)
+        self.family = self._sock.family
         self.address = self._sock.getsockname()[:2]
         self.port = self.address[1]
         self._stop_r, w = os.pipe()
@@ -293,6 +380,31 @@ class Listener:
         """``ValueError`` naming ``host`` unless this machine can listen on it."""
         cls._bind(host).close()
 
+    def reaches(self, ip: str, timeout: float = 2.0) -> bool:
+        """True if a TCP connection from this machine to ``ip`` at our port is greeted by this
+        listener's handshake (daisy 2.0.0's connectivity check before advertising an address).
+        The check closes at once; the listener drops it without counting or logging it."""
+        try:
+            fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+            s = socket.socket(fam, socket.SOCK_STREAM)
+        except OSError:
+            return False
+        try:
+            s.settimeout(timeout)
+            s.bind(("::" if fam == socket.AF_INET6 else "0.0.0.0", 0))  # our port is known before connecting
+            port = s.getsockname()[1]
+            self._probe_ports.add(port)
+            try:
+                s.connect((ip, self.port))
+            except OSError:
+                self._probe_ports.discard(port)  # nothing reached the listener
+                return False
+            return _recv_exact(s, len(MAGIC) + NONCE)[: len(MAGIC)] == MAGIC
+        except (OSError, EOFError):
+            return False
+        finally:
+            s.close()
+
     def close(self) -> None:
         """Stop accepting, close the socket and any handshake in progress; waits for the thread."""
         w = self._stop_w
@@ -309,6 +421,10 @@ class Listener:
 
     # ---------------------------------------------------------------- thread
     def _reject(self, hs: _Handshake, why: str) -> None:
+        if isinstance(hs.peer, tuple) and len(hs.peer) > 1 and hs.peer[1] in self._probe_ports:
+            self._probe_ports.discard(hs.peer[1])  # our own connectivity check (reaches)
+            hs.sock.close()
+            return
         self.rejected += 1
         log = logger.warning if self.rejected == 1 else logger.debug
         log("closed a connection from %s that did not authenticate (%s); the run goes on", hs.peer, why)

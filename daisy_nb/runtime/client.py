@@ -12,7 +12,8 @@ Protocol (details in :mod:`daisy_nb.runtime._net`):
    nonce)`` and its own nonce; the scheduler proves the secret the same way. The
    secret (``authkey``) comes with the address in ``DAISY_CONTEXT``.
 2. Frames (``u32`` little-endian length + payload), tiny ``struct``-packed, never
-   pickles. Client: ``H`` hello (task id, worker id), ``A`` acquire, ``R`` release
+   pickles. Client: ``H`` hello (worker id, then the task id: the rest of the frame,
+   so an id may hold any character), ``A`` acquire, ``R`` release
    (index, status), ``F`` failure (index + traceback), ``G`` give back a block sent
    ahead (index), ``Q`` goodbye, ``P`` heartbeat (every ``heartbeat`` seconds, from
    a background thread, also while a block runs). Scheduler: ``B`` block (index,
@@ -61,6 +62,7 @@ logger = logging.getLogger("daisy")
 
 _BLOCK_HDR = struct.Struct("<qqq")  # index, spatial_id, ndim
 _RELEASE = struct.Struct("<qq")  # index, status
+_HELLO = struct.Struct("<q")  # worker id (the task id follows)
 _STATS = struct.Struct("<5d")  # wall s, cpu s, peak RSS, IO read, IO write (resource_tracking)
 
 GIVE_BACK_SECS = 1.0  # a block sent ahead goes back if the worker has not asked for one for this long
@@ -72,6 +74,17 @@ _ENDED = "assuming the run has ended — this worker will exit without processin
 def pack_block(index: int, spatial_id: int, ro, rs, wo, ws) -> bytes:
     nd = len(ro)
     return b"B" + _BLOCK_HDR.pack(index, spatial_id, nd) + struct.pack(f"<{4 * nd}q", *ro, *rs, *wo, *ws)
+
+
+def pack_hello(task_id: str, worker_id: int) -> bytes:
+    """``H`` + worker id (``int64``) + the task id in UTF-8, the rest of the frame: any id works."""
+    return b"H" + _HELLO.pack(worker_id) + task_id.encode("utf-8", "surrogatepass")
+
+
+def unpack_hello(msg: bytes) -> tuple[str, int]:
+    """``(task_id, worker_id)`` of an ``H`` frame (``struct.error``/``ValueError`` if malformed)."""
+    (wid,) = _HELLO.unpack_from(msg, 1)
+    return msg[1 + _HELLO.size :].decode("utf-8", "surrogatepass"), wid
 
 
 def unpack_block(msg: bytes, task_id: str) -> Block:
@@ -127,7 +140,7 @@ class Client:
             return
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
-        if self._send(b"H" + f"{self.task_id}\n{self.worker_id}".encode()):
+        if self._send(pack_hello(self.task_id, self.worker_id)):
             _LIVE.add(self)
             ref = weakref.ref(self)  # the thread must not keep the client alive
             threading.Thread(target=_heartbeat_loop, args=(ref,), name="daisy_nb-heartbeat", daemon=True).start()

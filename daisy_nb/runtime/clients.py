@@ -26,12 +26,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block
+from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block, unpack_hello
 from daisy_nb.runtime.policy import record_error
 
 __all__ = ["ClientConn", "ClientsMixin"]
 
 logger = logging.getLogger("daisy")
+
+# daisy 2.0.0's diagnoses of a worker function that does not wait for its worker (its wording, plus
+# the launchers); the fix is the same for all of them
+_MUST_BLOCK = (
+    "0-argument worker functions must block until their worker exits (e.g. `sbatch --wait`, `srun`, `bsub -K`, "
+    "`subprocess.run`, or a launcher of `daisy_nb.launch`): daisy tracks worker liveness by that call, so a "
+    "fire-and-forget submit (plain `sbatch`, `subprocess.Popen` without waiting) makes daisy respawn "
+    "workers it believes dead, burning the worker restarts, and can abandon the task while real workers "
+    "still run"
+)
 
 _INDEX = struct.Struct("<q")
 AHEAD_EMA = 0.2  # weight of the newest block in the per-task mean block time
@@ -65,8 +75,14 @@ class ClientsMixin:
     aborting: bool
     _died_with_template: Any  # processes.ProcessesMixin
 
+    where: str  # where the scheduler listens and what it advertises (pool._start_listener)
+    returned_wids: set[int]
+    connected_tids: set[str]
+    warned: set[tuple[str, str]]
+
     if TYPE_CHECKING:
 
+        def _abandon(self, tid: str, reason: str) -> None: ...
         def _nothing_left(self, tr) -> bool: ...
         def _client_lost(self, cc: ClientConn) -> None: ...
         def _client_timed_out(self, cc: ClientConn) -> None: ...
@@ -76,22 +92,21 @@ class ClientsMixin:
         if kind == b"P":  # heartbeat (last_seen is updated on every read)
             return
         if kind == b"H":
-            tid, wid = msg[1:].decode().split("\n")
-            cc.wid = int(wid)
+            if cc.tr is not None:  # one hello per connection
+                self._drop_client(cc)
+                return
+            tid, cc.wid = unpack_hello(msg)
             cc.tr = self.trs.get(tid)
             if cc.tr is None:
                 self._drop_client(cc)
                 return
             self.n_clients[tid] = self.n_clients.get(tid, 0) + 1
-            if 0 <= cc.wid < self.next_wid and cc.wid not in self.workers and not self.s.is_done():
-                logger.warning(
-                    "task %r: worker %d connected after its worker function had already returned; 0-argument "
-                    "worker functions must block until the worker they start exits (subprocess.run, "
-                    "`bsub -K`, `sbatch --wait`, `srun`): a returned one is replaced, so a fire-and-forget "
-                    "submit starts workers without end",
-                    tid,
-                    cc.wid,
-                )
+            self.connected_tids.add(tid)
+            w = self.workers.get(cc.wid)
+            if w is not None and w.tr is cc.tr:
+                w.connected = True
+            elif cc.wid in self.returned_wids and not (cc.tr.abandoned or self.s.is_task_done(tid)):
+                self._connected_too_late(cc)
             return
         tr = cc.tr
         if tr is None:
@@ -142,6 +157,88 @@ class ClientsMixin:
                 self.client_block_secs[tr.tid] = secs if old is None else old + AHEAD_EMA * (secs - old)
             if status == 2:
                 self._send_ahead(cc)
+
+    # ----------------------------------------------- worker functions that do not wait
+    def _unreachable_hint(self) -> str:
+        return (
+            f"the scheduler {self.where}; jobs on other machines need an address of this machine that "
+            "they can reach: run_blockwise(host=...) or DAISY_HOST"
+        )
+
+    def _function_returned(self, w) -> tuple[bool, str | None]:
+        """A worker function returned on its own (exit 0): ``(dirty, reason)`` (see processes._on_exit).
+
+        Its worker still connected: it goes on (daisy 2.0.0 too), with a warning. Returned
+        before any block while blocks are ready: a failure (else it would be respawned
+        without end); never connected: daisy 2.0.0's diagnosis, and where its job
+        should have connected (the job may not reach the address)."""
+        tr = w.tr
+        self.returned_wids.add(w.wid)
+        if any(cc.wid == w.wid and cc.tr is tr for cc in self.clients.values()):
+            if (tr.tid, "running") not in self.warned:
+                self.warned.add((tr.tid, "running"))
+                logger.warning(
+                    "task %r: the worker function of worker %d returned while its worker is still connected; %s",
+                    tr.tid,
+                    w.wid,
+                    _MUST_BLOCK,
+                )
+            return False, None
+        if w.acquired or self.s.ready_count(tr.tid) == 0:
+            return False, None
+        if w.connected:
+            return True, (
+                f"worker function of worker {w.wid} returned without acquiring any block while blocks were "
+                "ready (its worker connected and left without asking for one)"
+            )
+        return True, (
+            f"worker function of worker {w.wid} returned without its worker ever connecting, while the task "
+            f"still has work. {_MUST_BLOCK}. If it did wait, its worker could not connect: " + self._unreachable_hint()
+        )
+
+    def _unconnected_note(self, w) -> str:
+        """For a worker function that failed before any worker of its task connected: where to."""
+        if w.connected or w.tr.tid in self.connected_tids:
+            return ""
+        return f" (no worker of this task has connected yet: {self._unreachable_hint()})"
+
+    def _connected_too_late(self, cc: ClientConn) -> None:
+        """A Client said hello for a worker function that had returned: daisy 2.0.0 stops the run
+        here (a RuntimeError); daisy_nb abandons the task, which ``run_blockwise`` raises."""
+        tr = cc.tr
+        msg = (
+            f'worker {cc.wid} for task "{tr.tid}" connected after its worker function had already returned. '
+            + _MUST_BLOCK
+        )
+        logger.error("task %r: %s", tr.tid, msg)
+        record_error(self.s.counters[tr.tid], msg)
+        from daisy_nb.progress import ABANDON_NOT_WAITING
+
+        self._abandon(tr.tid, ABANDON_NOT_WAITING)
+
+    def _check_unconnected(self, now: float) -> None:
+        """Warn once per task when its worker functions run but no worker has connected for a while
+        (twice the peer timeout: 60 s by default). Jobs still queued are fine; jobs that cannot
+        reach the address are what this is about."""
+        limit = 2 * self.net["peer_timeout"]
+        for tid, tr in self.trs.items():
+            if (
+                tr.arity != 0
+                or tid in self.connected_tids
+                or not tr.workers
+                or tr.t_spawned is None
+                or now - tr.t_spawned < limit
+                or (tid, "unconnected") in self.warned
+            ):
+                continue
+            self.warned.add((tid, "unconnected"))
+            logger.warning(
+                "task %r: no worker has connected in %.0f s since its first worker function started. If the jobs "
+                "are still queued, this is expected; if they run, they cannot reach the scheduler: %s",
+                tid,
+                now - tr.t_spawned,
+                self._unreachable_hint(),
+            )
 
     def _send_ahead(self, cc: ClientConn) -> None:
         """Send a fast-block client its next block while it runs this one (see the module docstring)."""

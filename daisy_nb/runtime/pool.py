@@ -17,9 +17,10 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   per worker process (its "sentinel": readable when it exits) and a wake-up pipe
   (SIGINT, new client connections) with a 0.1 s timeout.
 * **0-argument worker functions** run their own ``daisy_nb.Client`` loop over TCP
-  (:mod:`._net`: a listener on ``host``, default 127.0.0.1, started only when such
-  a task exists; every connection authenticated with a per-run secret before any
-  of its bytes are read, in the listener's thread). The address, the secret and
+  (:mod:`._net`: a listener on ``host``, by default on every interface with an
+  address detected as daisy 2.0.0 does, started only when such a task exists;
+  every connection authenticated with a per-run secret before any of its bytes
+  are read, in the listener's thread). The address, the secret and
   the liveness timeouts travel in ``DAISY_CONTEXT``, so programs the worker
   launches, also on other machines, connect too. A client silent for
   ``peer_timeout`` seconds is dropped, its blocks fail (and are retried) and the
@@ -43,7 +44,7 @@ import threading
 import time
 
 from daisy_nb import logging as dlog
-from daisy_nb.progress import Heartbeat, notify, raise_if_abandoned
+from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_abandoned
 from daisy_nb.runtime import _net
 from daisy_nb.runtime.clients import ClientConn, ClientsMixin
 from daisy_nb.runtime.policy import TaskRun, end_run
@@ -68,6 +69,7 @@ class _TaskRun(TaskRun):
         self.workers: set[Worker] = set()
         self.per_block = None  # seconds, from the last finished batch (None: not measured yet)
         self.next_slot = 0  # the next worker's slot number (its log file names)
+        self.t_spawned: float | None = None  # monotonic time its first worker started
 
 
 class _Pool(ProcessesMixin, ClientsMixin):
@@ -93,7 +95,9 @@ class _Pool(ProcessesMixin, ClientsMixin):
         self.new_conns: queue.SimpleQueue = queue.SimpleQueue()
         self.authkey = secrets.token_bytes(32)
         self.port = 0
-        self.bind_host, self.advertise = _net.resolve_host(host)
+        self.bind_host, advertise = _net.resolve_host(host)
+        self.advertise: str = advertise or ""  # detected when the listener starts (None: detect)
+        self.where = ""  # where Client connections go, for messages (see _start_listener)
         self.host_given = host not in (None, "")
         self.net = _net.liveness()  # auth / heartbeat / peer_timeout seconds (DAISY_NB_* env)
         self.wake_r, self.wake_w = os.pipe()
@@ -105,6 +109,9 @@ class _Pool(ProcessesMixin, ClientsMixin):
         self.template_failed = False
         self.forked_wids: set[int] = set()  # workers forked by the template (they die with it)
         self.more_spawns = False  # _spawn_pass stopped at SPAWN_BURST with more workers to start
+        self.returned_wids: set[int] = set()  # worker functions that returned on their own (clients.py)
+        self.connected_tids: set[str] = set()  # tasks a Client has said hello for
+        self.warned: set[tuple[str, str]] = set()  # (task id, kind) of the diagnoses logged once
 
     # ------------------------------------------------------------------ setup
     def prepare(self):
@@ -136,6 +143,10 @@ class _Pool(ProcessesMixin, ClientsMixin):
 
         self.listener = _net.Listener(self.bind_host, self.authkey, on_conn, self.net)
         self.port = self.listener.port
+        if not self.advertise:  # no host=, or the wildcard: as daisy 2.0.0 (see _net.detect_address)
+            self.advertise = _net.detect_address(self.listener)
+        self.where = _net.describe(self.bind_host, self.port, self.advertise)
+        logger.info("daisy_nb scheduler %s", self.where)
 
     def _wake(self):
         fd = self.wake_w
@@ -206,22 +217,28 @@ class _Pool(ProcessesMixin, ClientsMixin):
             if tr.abandoned or self.s.is_task_done(tid) or tr.workers:
                 continue
             if tr.restarts_exhausted(self.s.counters[tid]):
-                for a in self.s.abandon_task(tid, "worker restart cap exhausted"):
-                    atr = self.trs[a]
-                    atr.abandoned = True
-                    for w in list(atr.workers):
-                        self._quit(w)
-                        if w.state != DEAD:
-                            self._kill(w)
-                    for cc in list(self.clients.values()):
-                        if cc.tr is atr:
-                            self._drop_client(cc)
+                self._abandon(tid, ABANDON_RESTARTS)
+
+    def _abandon(self, tid: str, reason: str) -> None:
+        """Abandon ``tid`` and its downstream tasks: their workers and clients are ended."""
+        for a in self.s.abandon_task(tid, reason):
+            atr = self.trs[a]
+            atr.abandoned = True
+            for w in list(atr.workers):
+                self._quit(w)
+                if w.state != DEAD:
+                    self._kill(w)
+            for cc in list(self.clients.values()):
+                if cc.tr is atr:
+                    self._drop_client(cc)
 
     def _check_timeouts(self) -> None:
         now = time.monotonic_ns()
         self._worker_timeouts(now)  # processes.py
         if self.clients:
             self._client_timeouts(now)  # clients.py; calls _client_timed_out
+        if self.listener is not None:
+            self._check_unconnected(now / 1e9)  # clients.py: a task none of whose jobs connect
 
     def _notify(self, what: str) -> None:
         notify(self.observer, what, self.s)

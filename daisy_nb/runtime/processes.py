@@ -98,6 +98,7 @@ class Worker:
         self.raised = False  # a block raised: the worker is exiting (dirty), not yet reaped
         self.timed_out = False
         self.lost = False  # a client of its job went silent (heartbeat): killed, counts as a failure
+        self.connected = False  # a Client of its job said hello (0-argument worker functions)
         self.acquired = 0
         self.err_path = None
         self.err_offset = 0
@@ -126,6 +127,11 @@ class ProcessesMixin:
     forked_wids: set[int]
     next_wid: int
 
+    if TYPE_CHECKING:
+
+        def _function_returned(self, w: Worker) -> tuple[bool, str | None]: ...
+        def _unconnected_note(self, w: Worker) -> str: ...
+
     def _context(self, tr: TaskRun, wid: int) -> Context:
         base = dlog.get_log_basedir()
         return Context(
@@ -150,6 +156,8 @@ class ProcessesMixin:
         self.next_wid += 1
         w = Worker(wid, tr, tr.next_slot)
         tr.next_slot += 1
+        if tr.t_spawned is None:
+            tr.t_spawned = w.t_spawn
         for k, v in tr.requires.items():
             self.used[k] = self.used.get(k, 0) + v
         setup = {
@@ -327,11 +335,8 @@ class ProcessesMixin:
             dirty = True  # block workers only exit when told to
         elif rc != 0:
             dirty = True
-        else:
-            # a worker function that returns without asking for work would be respawned forever
-            dirty = w.acquired == 0 and self.s.ready_count(tr.tid) > 0
-            if dirty:
-                msg = "worker function returned without acquiring any block while blocks were ready"
+        else:  # a worker function returned on its own: daisy 2.0.0's diagnoses (clients.py)
+            dirty, msg = self._function_returned(w)
         w.state = DEAD
         for obj in (w.conn, w.pidfd):
             if obj is not None:
@@ -365,6 +370,8 @@ class ProcessesMixin:
                     msg = f"daisy worker process exited with code {rc}" + (
                         " while processing blocks" if was_busy else ""
                     )
+                    if not tr.arity:
+                        msg += self._unconnected_note(w)
                 tail = self._err_tail(w)
                 if tail:
                     msg += "\nworker stderr tail:\n" + tail
