@@ -114,8 +114,10 @@ def resolve_host(host) -> tuple[str, str | None]:
     to advertise is detected once the listener is up (``None`` here; see
     :func:`detect_address`). ``"0.0.0.0"``/``"::"`` bind every interface and advertise a
     detected address too (daisy 2.0.0 advertises the wildcard itself, which no other
-    machine can use). Anything else, e.g. ``"127.0.0.1"`` (this machine only) or a
-    name of this machine: bind that address (or name) and advertise it as given.
+    machine can use). A loopback host (``"127.0.0.1"``, any ``127.x``, ``"::1"``,
+    ``"localhost"``) binds only that address: this machine only. Anything else (an
+    address or a name, possibly one only the compute nodes resolve, or a container's
+    external address) binds every interface and is advertised as given, as daisy does.
     """
     if host is None or host == "":
         return "0.0.0.0", None
@@ -123,7 +125,18 @@ def resolve_host(host) -> tuple[str, str | None]:
         raise TypeError(f"host must be a string (an address or host name of this machine), got {type(host).__name__}")
     if host in ("0.0.0.0", "::"):
         return host, None
-    return host, host
+    if _is_loopback(host):
+        return host, host
+    return "0.0.0.0", host
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 ROUTE_PROBE = ("192.0.2.1", 9)  # TEST-NET-1: a UDP connect() to it picks the default route; nothing is sent

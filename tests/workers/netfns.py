@@ -69,10 +69,13 @@ def fire_and_forget():
 
 
 def returns_once_connected():
-    """Submits, waits until its job has connected, and returns while the job goes on."""
-    p = _start("late")
+    """Submits, waits until its job has been given a block (so the scheduler has seen it
+    connect), and returns while the job goes on."""
+    import glob
+
+    _start("late")
     deadline = time.monotonic() + 30
-    while not os.path.exists(os.path.join(_out(), f"prog_{p.pid}.json")) and time.monotonic() < deadline:
+    while not glob.glob(os.path.join(_out(), "blk_*")) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
