@@ -199,6 +199,13 @@ def test_failed_job_raises_like_check_true(batch, tmp_path):
         launch.local([sys.executable, "-c", "raise SystemExit(2)"])()
 
 
+def test_launch_imports_no_numpy_or_numba():
+    """Worker programs and worker-function processes import the launchers: standard library only."""
+    code = "import sys, daisy_nb.launch; print(sorted(m for m in ('numpy', 'numba') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
+
+
 def test_launcher_arguments_are_checked():
     with pytest.raises(TypeError, match="command"):
         launch.slurm(42)
@@ -290,3 +297,46 @@ def test_client_exit_settings_are_checked(monkeypatch):
     monkeypatch.setenv("DAISY_NB_EXIT_GRACE_SECS", "-1")
     with pytest.raises(ValueError, match="DAISY_NB_EXIT_GRACE_SECS"):
         _exit_settings(None)
+
+
+def test_dashboard_worker_list_shows_the_job(batch, no_leaks):
+    """The dashboard's worker rows carry the launcher's job (scheduler, id, state)."""
+    import threading
+    import urllib.request
+
+    import daisy_nb
+    from daisy_nb.dashboard import Dashboard
+
+    state, out = batch
+    fn = launch.slurm([sys.executable, str(WORKERS / "launch_job.py"), str(out), "0.3", "normal"])
+    task = daisy_nb.Task(
+        "dash",
+        daisy_nb.Roi((0,), (8,)),
+        daisy_nb.Roi((0,), (1,)),
+        daisy_nb.Roi((0,), (1,)),
+        process_function=fn,
+        read_write_conflict=False,
+        max_workers=1,
+        max_retries=0,
+        tracking_path=False,
+    )
+    seen: list = []
+    with Dashboard(quiet=True) as dash:
+
+        def watch():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not seen:
+                with urllib.request.urlopen(dash.url + "api/state", timeout=10) as r:
+                    s = json.loads(r.read())
+                seen.extend(w["job"] for w in s["workers"] if w.get("job"))
+                time.sleep(0.1)
+
+        th = threading.Thread(target=watch)
+        th.start()
+        states = daisy_nb.run_blockwise(
+            task, dashboard=dash, progress=False, summary=False, return_states=True, host="127.0.0.1"
+        )
+        th.join()
+    assert states["dash"].completed_count == 8
+    (jid,) = {p.name.split(".")[0] for p in state.glob("*.runner")}
+    assert seen and seen[0].startswith(f"slurm {jid} "), seen

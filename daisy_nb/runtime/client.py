@@ -267,7 +267,9 @@ class Client:
                 logger.warning("the run ended while a block was running: interrupting it (KeyboardInterrupt)")
                 # to the main thread itself: a signal sent to the process may be taken by this thread,
                 # and the main thread's time.sleep / blocking read would run on to its end
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                main = threading.main_thread().ident
+                if main is not None:
+                    signal.pthread_kill(main, signal.SIGINT)
         grace = self._exit_grace
         threading.Thread(target=_exit_after, args=(grace,), name="daisy_nb-exit", daemon=True).start()
 
