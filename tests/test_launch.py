@@ -157,6 +157,18 @@ def test_sigkill_of_the_driver_cancels_the_jobs(batch, no_leaks):
     _wait_for(lambda: all((state / f"{i}.cancelled").exists() for i in ids), 5, "bkill of both jobs")
 
 
+def test_a_worker_ended_for_a_timeout_cancels_its_job(batch, no_leaks):
+    """A block past the task's timeout ends its worker function (to be replaced): its job is cancelled."""
+    state, out = batch
+    d = _driver(out, "slurm", blocks=1, workers=1, env={"LAUNCH_TIMEOUT": "2"})
+    rc, text = _finish(d, timeout=120)
+    assert "DRIVER_DONE 0" in text, text  # the one block failed (max_retries=0)
+    ids = {p.name.split(".")[0] for p in state.glob("*.runner")}
+    assert len(ids) == 1 and (state / f"{next(iter(ids))}.cancelled").exists()
+    assert {r["state"] for r in _jobs(out)} >= {"submitted", "cancelled"}
+    _gone_within(_all_pids(state, out), END_SECS)
+
+
 def test_pending_job_is_cancelled_and_never_starts(batch, monkeypatch, no_leaks):
     """A job still waiting in the queue when the run is interrupted is cancelled: it never starts."""
     state, out = batch

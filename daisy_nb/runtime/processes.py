@@ -504,8 +504,15 @@ class ProcessesMixin:
         if not isinstance(info, dict):
             return
         w.job = {k: str(info.get(k, "")) for k in ("scheduler", "job", "state")}
-        logger.info(
-            "task %r: worker %d: %s job %s %s", w.tr.tid, w.wid, w.job["scheduler"], w.job["job"], w.job["state"]
+        bad = w.job["state"].startswith(("failed", "cancel failed"))
+        logger.log(
+            logging.WARNING if bad else logging.INFO,
+            "task %r: worker %d: %s job %s %s",
+            w.tr.tid,
+            w.wid,
+            w.job["scheduler"],
+            w.job["job"],
+            w.job["state"],
         )
         hook = getattr(getattr(self, "observer", None), "on_worker_job", None)
         if hook is not None:

@@ -5,7 +5,7 @@ jobs run ``launch_job.py OUT BLOCK_SECS MODE``. ``HOW``: ``slurm``/``lsf``/``loc
 launchers of ``daisy_nb.launch``), ``plain`` (a hand-written worker function: the job
 program detached in its own session, waited for) or ``fireforget`` (``sbatch`` without
 ``--wait``: the worker function returns at once). Progress as JSON lines in
-``OUT/progress.jsonl``; prints ``RUNNING`` once the run started and ``DRIVER_DONE
+``OUT/progress.jsonl``; ``LAUNCH_TIMEOUT``: the task's ``timeout``; prints ``RUNNING`` once the run started and ``DRIVER_DONE
 <completed>`` at its end.
 """
 
@@ -47,6 +47,7 @@ task = daisy_nb.Task(
     max_retries=0,
     max_worker_restarts=1,
     tracking_path=False,
+    timeout=float(os.environ["LAUNCH_TIMEOUT"]) if os.environ.get("LAUNCH_TIMEOUT") else None,
 )
 print("RUNNING", flush=True)
 observer = daisy_nb.JsonProgressObserver(path=os.path.join(out, "progress.jsonl"))
