@@ -98,6 +98,24 @@ def _gone_within(pids: set[int], secs: float) -> float:
     return time.monotonic() - t0
 
 
+def _descendants(d) -> set[int]:
+    import psutil
+
+    try:
+        return {p.pid for p in psutil.Process(d.pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def _kill_driver(d, kids=None) -> None:
+    """SIGKILL the driver (if alive); its worker processes ``kids`` follow (their death signals),
+    on a busy machine too."""
+    kids = _descendants(d) if kids is None else kids
+    d.kill()
+    _finish(d)
+    _gone_within(kids, 20)
+
+
 def _jobs(out: Path) -> list[dict]:
     path = out / "progress.jsonl"
     if not path.exists():
@@ -148,10 +166,11 @@ def test_sigkill_of_the_driver_cancels_the_jobs(batch, no_leaks):
     d = _driver(out, "lsf")
     _in_blocks(out, 2)
     jobs = _pids(out, "pid") | _runner_pids(state)
+    kids = _descendants(d)
     t0 = time.monotonic()
     d.kill()
-    _finish(d)
     _gone_within(jobs, END_SECS - (time.monotonic() - t0))
+    _kill_driver(d, kids)
     ids = {p.name.split(".")[0] for p in state.glob("*.runner")}
     assert len(ids) == 2
     _wait_for(lambda: all((state / f"{i}.cancelled").exists() for i in ids), 5, "bkill of both jobs")
@@ -244,12 +263,41 @@ def test_client_program_in_a_long_block_ends_with_the_run(batch, end, no_leaks):
     d = _driver(out, "plain")
     _in_blocks(out, 2)
     jobs = _pids(out, "pid")
+    kids = _descendants(d)
     t0 = time.monotonic()
     d.send_signal(signal.SIGINT) if end == "ctrl_c" else d.kill()
-    _finish(d)
     _gone_within(jobs, END_SECS - (time.monotonic() - t0))
+    _kill_driver(d, kids)
     assert _pids(out, "interrupted") == jobs  # the block body got KeyboardInterrupt
     assert not _pids(out, "blockdone")
+
+
+def test_client_program_ends_when_its_scheduler_goes_silent(batch, no_leaks):
+    """A vanished driver machine (here: SIGSTOP, its sockets stay open): the scheduler heartbeats busy
+    clients too, so a job in a long block notices the silence after the peer timeout and ends."""
+    state, out = batch
+    d = _driver(out, "plain", env={"DAISY_NB_PEER_TIMEOUT_SECS": "2", "DAISY_NB_HEARTBEAT_SECS": "0.5"})
+    kids = None
+    try:
+        _in_blocks(out, 2)
+        jobs = _pids(out, "pid")
+        kids = _descendants(d)
+        t0 = time.monotonic()
+        d.send_signal(signal.SIGSTOP)
+        _gone_within(jobs, 2 + END_SECS - (time.monotonic() - t0))
+        assert _pids(out, "interrupted") == jobs
+    finally:
+        _kill_driver(d, kids)
+
+
+def test_blocks_longer_than_the_peer_timeout_run_to_their_end(batch, no_leaks):
+    """A live scheduler heartbeats clients that run a block: silence means a vanished run, never a long block."""
+    state, out = batch
+    env = {"DAISY_NB_PEER_TIMEOUT_SECS": "1", "DAISY_NB_HEARTBEAT_SECS": "0.25"}
+    d = _driver(out, "plain", blocks=2, workers=1, block_secs="2.5", env=env)
+    rc, text = _finish(d, timeout=120)
+    assert rc == 0 and "DRIVER_DONE 2" in text, text
+    assert not _pids(out, "interrupted")
 
 
 def test_client_program_that_swallows_the_interrupt_still_ends(batch, no_leaks):
