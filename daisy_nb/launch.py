@@ -122,6 +122,7 @@ class Launcher:
             old_int = signal.getsignal(signal.SIGINT)
         proc = None
         buf = bytearray()
+        rc = None  # the submit command's exit status, once it has ended by itself
         try:
             env = None if self.env is None else {**os.environ, **self.env}
             local = self.scheduler == "local"
@@ -140,7 +141,8 @@ class Launcher:
                     self._on_output(buf, data)
             rc = proc.wait()
             if rc < 0 and not local:  # the submit command was killed: its job may well run on
-                raise Ended(f"{self.submit[0]} ended by signal {-rc}")
+                why, rc = f"{self.submit[0]} ended by signal {-rc}", None
+                raise Ended(why)
             if self.job_id is None:
                 self.job_id = "?"
             if rc:
@@ -150,10 +152,11 @@ class Launcher:
         except subprocess.CalledProcessError:
             raise
         except BaseException:
-            if in_main:  # a second SIGTERM (the death signal after the pool's) must not stop the cancel
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-            self._end(proc, buf)
+            if rc is None:  # the job may still be queued or running (else: it has ended, nothing to cancel)
+                if in_main:  # a second SIGTERM (the death signal after the pool's) must not stop the cancel
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
+                self._end(proc, buf)
             raise
         finally:
             if in_main:
