@@ -43,11 +43,12 @@ connection is seen within half a second and a vanished machine after
 ``peer_timeout`` seconds. Then, if the client's blocks run in the main thread:
 
 * a block that is running is interrupted: the thread sends ``SIGINT`` to the main
-  thread (``signal.pthread_kill``), so the block body gets ``KeyboardInterrupt`` (also inside ``time.sleep``
-  or a blocking read), ``acquire_block`` records the block as failed (it is retried
-  by the next run) and re-raises; uncaught, the program exits non-zero (as an
-  interrupted program: 130 in a shell), as a daisy 2.0.0 worker whose run vanished
-  mid-block exits with the error its release raises;
+  thread (``signal.pthread_kill``), so the block body gets ``KeyboardInterrupt``
+  (also inside ``time.sleep`` or a blocking read); ``acquire_block`` marks the block
+  failed and re-raises (the scheduler, gone or ending, never counts it done: it runs
+  again in the next run); uncaught, the program exits non-zero (as an interrupted
+  program: 130 in a shell), as a daisy 2.0.0 worker whose run vanished mid-block
+  exits with the error its release raises;
 * whether or not a block was running, a program still alive ``grace`` seconds
   (``DAISY_NB_EXIT_GRACE_SECS``, default 3) after the run ended ends itself with
   ``os._exit(130)``: a block stuck in C code, a handler that swallowed the interrupt,
