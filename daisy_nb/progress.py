@@ -144,6 +144,15 @@ class JsonProgressObserver:
     def on_progress(self, states):
         self._emit("progress", states)
 
+    def on_worker_job(self, info):
+        """A launcher's job (``daisy_nb.launch``): ``{"event": "job", "task", "worker", "scheduler",
+        "job", "state"}`` (a daisy_nb extension; daisy 2.0's lines are unchanged)."""
+        self._sink.write(json.dumps({"t": time.time(), "event": "job", **info}) + "\n")
+        try:
+            self._sink.flush()
+        except Exception:
+            pass
+
     def on_finish(self, states):
         self._emit("finish", states)
         if self._owns:

@@ -152,6 +152,16 @@ class Tee:
     def on_finish(self, states):
         self._both("on_finish", states)
 
+    def on_worker_job(self, info):
+        """A launcher's job report (``daisy_nb.launch``): the user's observer gets it (the worker
+        list reads the pool's table)."""
+        hook = getattr(self.user, "on_worker_job", None)
+        if hook is not None:
+            try:
+                hook(info)
+            except Exception:
+                pass
+
     def attach_runtime(self, runtime):
         self.source.attach_runtime(runtime)
         attach = getattr(self.user, "attach_runtime", None)
@@ -348,6 +358,7 @@ class LiveSource:
                         "alive": True,
                         "row": row,
                         "age_s": round(now - w.t_spawn, 1),
+                        "job": _job_text(getattr(w, "job", None)),
                     }
                 )
         except Exception:  # the pool changed shape under us (another runtime): show nothing
@@ -566,3 +577,10 @@ class LiveSource:
             "blocks": blocks,
             "boxes": [[list(map(int, lo)), list(map(int, hi))] for lo, hi in boxes],
         }
+
+
+def _job_text(job) -> str | None:
+    """A worker function's launcher job (``daisy_nb.launch``) as the worker list shows it."""
+    if not job:
+        return None
+    return f"{job.get('scheduler', '')} {job.get('job', '')} {job.get('state', '')}".strip()

@@ -35,13 +35,42 @@ connection, is another run (its secret differs), or vanishes (silent for
 ``peer_timeout`` seconds, or the connection breaks) makes ``acquire_block`` yield
 ``None`` after a warning, so the canonical loop ends and a straggler cluster job
 exits with 0.
+
+**A job never outlives its run** (by more than a few seconds). The heartbeat thread
+also watches the connection, between blocks and while one runs: the scheduler
+closes every connection when the run ends (Ctrl-C, abandonment, an exception; the
+kernel does it when the driver is killed) and heartbeats every client, so a closed
+connection is seen within half a second and a vanished machine after
+``peer_timeout`` seconds. Then, if the client's blocks run in the main thread:
+
+* a block that is running is interrupted: the thread sends ``SIGINT`` to the main
+  thread (``signal.pthread_kill``), so the block body gets ``KeyboardInterrupt``
+  (also inside ``time.sleep`` or a blocking read); ``acquire_block`` marks the block
+  failed and re-raises (the scheduler, gone or ending, never counts it done: it runs
+  again in the next run); uncaught, the program exits non-zero (as an interrupted
+  program: 130 in a shell), as a daisy 2.0.0 worker whose run vanished mid-block
+  exits with the error its release raises;
+* whether or not a block was running, a program still alive ``grace`` seconds
+  (``DAISY_NB_EXIT_GRACE_SECS``, default 3) after the run ended ends itself with
+  ``os._exit(130)``: a block stuck in C code, a handler that swallowed the interrupt,
+  or post-processing after the loop do not keep a cluster node.
+
+A normal end is unchanged: ``N`` (no more work) between blocks makes
+``acquire_block`` yield ``None``, the loop ends and the program exits 0; nothing is
+interrupted and no deadline is armed. Opt out with ``Client(exit_with_run=False)``
+or ``DAISY_NB_EXIT_WITH_RUN=0``: then the connection is still watched, but the
+program is only told at its next ``acquire_block`` (``None``). A client whose
+blocks run in another thread (a thread pool, a dask task) never interrupts or ends
+its process.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import select
+import signal
 import socket
 import struct
 import sys
@@ -69,6 +98,29 @@ GIVE_BACK_SECS = 1.0  # a block sent ahead goes back if the worker has not asked
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # connected clients (closed at exit)
 
 _ENDED = "assuming the run has ended — this worker will exit without processing blocks"
+EXIT_CODE = 130  # a program ended by its run's end (128 + SIGINT: "interrupted")
+EXIT_GRACE_SECS = 3.0  # after the run ended, before a program still alive ends itself
+
+
+def _exit_settings(exit_with_run) -> tuple[bool, float]:
+    """``(end the program with the run, grace seconds)`` from the argument and the environment."""
+    if exit_with_run is None:
+        raw = os.environ.get("DAISY_NB_EXIT_WITH_RUN", "1").strip().lower()
+        if raw not in ("0", "1", "false", "true", "no", "yes", "off", "on", ""):
+            raise ValueError(f"DAISY_NB_EXIT_WITH_RUN must be 0 or 1, got {raw!r}")
+        exit_with_run = raw not in ("0", "false", "no", "off")
+    elif not isinstance(exit_with_run, bool):
+        raise TypeError(f"exit_with_run must be a bool, got {type(exit_with_run).__name__}")
+    raw = os.environ.get("DAISY_NB_EXIT_GRACE_SECS", "")
+    grace = EXIT_GRACE_SECS
+    if raw.strip():
+        try:
+            grace = float(raw)
+        except ValueError:
+            raise ValueError(f"DAISY_NB_EXIT_GRACE_SECS must be a number of seconds, got {raw!r}") from None
+        if not grace >= 0 or grace == float("inf"):
+            raise ValueError(f"DAISY_NB_EXIT_GRACE_SECS must be a non-negative number of seconds, got {raw!r}")
+    return exit_with_run, grace
 
 
 def pack_block(index: int, spatial_id: int, ro, rs, wo, ws) -> bytes:
@@ -98,9 +150,20 @@ def unpack_block(msg: bytes, task_id: str) -> Block:
 
 
 class Client:
-    """Worker-side client; ``with client.acquire_block() as block:`` yields a ``Block`` or ``None``."""
+    """Worker-side client; ``with client.acquire_block() as block:`` yields a ``Block`` or ``None``.
 
-    def __init__(self, context=None):
+    When the run ends while this program runs (Ctrl-C, abandonment, an exception or
+    the driver killed: the connection closes, or stays silent), a block running in
+    the main thread gets ``KeyboardInterrupt``, and a program still alive a few
+    seconds later exits with 130 (see the module docstring). ``exit_with_run=False``
+    (or ``DAISY_NB_EXIT_WITH_RUN=0``) opts out: ``acquire_block`` then just yields
+    ``None`` at the next call. A normal end (no more work) yields ``None`` as always.
+    """
+
+    def __init__(self, context=None, *, exit_with_run: bool | None = None):
+        self._exit_with_run, self._exit_grace = _exit_settings(exit_with_run)
+        self._main_user = False  # its blocks ran in the main thread: the run's end may end the program
+        self._ended = False  # the program's end is under way (or a normal end: nothing to do)
         if context is None:
             context = Context.from_env()
         from daisy_nb.logging import get_log_basedir, set_log_basedir
@@ -129,7 +192,7 @@ class Client:
         self._inbox: deque = deque()  # frames read and not used yet: a block sent ahead
         self._rbuf = bytearray()
         self._in_block = False
-        self._t_idle = self._last_send = time.monotonic()
+        self._t_idle = self._last_send = self._last_recv = time.monotonic()
         try:
             self._sock = _net.connect(self.host, self.port, secret, timeouts)
         except _net.NotOurRun as e:
@@ -165,15 +228,20 @@ class Client:
         return False
 
     def _tick(self) -> None:
-        """Heartbeat thread, a few times a second: give back a block sent ahead if this worker
-        stopped asking for blocks, and tell the scheduler it lives (also while a block runs)."""
+        """Heartbeat thread, a few times a second: watch the connection (the run's end is seen
+        while a block runs too), give back a block sent ahead if this worker stopped asking for
+        blocks, and tell the scheduler it lives (also while a block runs)."""
         now = time.monotonic()
-        if not self._in_block and now - self._t_idle > GIVE_BACK_SECS and self._io.acquire(blocking=False):
-            try:  # holding _io: this thread is not inside _request
-                if not self._in_block:
+        if self._io.acquire(blocking=False):  # holding _io: this thread is not inside _request
+            try:
+                if not self._in_block and now - self._t_idle > GIVE_BACK_SECS:
                     self._give_back()
+                why = self._watch(now)
             finally:
                 self._io.release()
+            if why is not None:
+                self._lost(why, interrupt=self._in_block)
+                return
         if now - self._last_send < self._beat:
             return
         with self._lock:
@@ -184,10 +252,40 @@ class Client:
                 except OSError:
                     pass  # the main thread finds out on its next send or receive
 
-    def _lost(self, why: str) -> None:
+    def _watch(self, now: float) -> str | None:
+        """Why the connection is over (closed, broken, silent), or None (caller holds ``_io``)."""
+        if self._sock is None:
+            return None
+        try:
+            self._read(False)
+        except (EOFError, OSError) as e:
+            return str(e) or type(e).__name__
+        if now - self._last_recv > self._peer:
+            return f"no word from it for {self._peer:g} s"
+        return None
+
+    def _lost(self, why: str, interrupt: bool = False) -> None:
+        """The run is over for this client (not a normal end): close; maybe end the program.
+
+        ``interrupt``: seen by the heartbeat thread while the block body runs.
+        """
         if self._sock is not None:
             logger.warning("lost the daisy server at %s:%s (%s); " + _ENDED, self.host, self.port, why)
         self._disconnect(give_back=False)
+        if self._ended or not (self._exit_with_run and self._main_user):
+            return
+        self._ended = True
+        if interrupt and self._in_block:
+            handler = signal.getsignal(signal.SIGINT)
+            if callable(handler):  # Python's default handler raises KeyboardInterrupt in the main thread
+                logger.warning("the run ended while a block was running: interrupting it (KeyboardInterrupt)")
+                # to the main thread itself: a signal sent to the process may be taken by this thread,
+                # and the main thread's time.sleep / blocking read would run on to its end
+                main = threading.main_thread().ident
+                if main is not None:
+                    signal.pthread_kill(main, signal.SIGINT)
+        grace = self._exit_grace
+        threading.Thread(target=_exit_after, args=(grace,), name="daisy_nb-exit", daemon=True).start()
 
     def _read(self, wait: bool) -> None:
         """Move the frames that arrived into the inbox; ``wait``: block (up to peer_timeout) for bytes."""
@@ -199,6 +297,7 @@ class Client:
         data = sock.recv(65536)
         if not data:
             raise EOFError("the scheduler closed the connection")
+        self._last_recv = time.monotonic()
         self._rbuf += data
         self._inbox.extend(m for m in _net.split_frames(self._rbuf) if m[:1] != b"P")
 
@@ -244,6 +343,8 @@ class Client:
         if self._sock is None:
             yield None
             return
+        if not self._main_user and threading.current_thread() is threading.main_thread():
+            self._main_user = True
         block = self._request()
         if block is None:
             self._disconnect()
@@ -297,6 +398,8 @@ class Client:
         if stop is None:  # __init__ did not get that far
             return
         stop.set()
+        if give_back:  # a normal end: a goodbye that fails now is no reason to end the program
+            self._ended = True
         with self._io:
             # goodbye: the scheduler gives back what it sent ahead (never started) and closes
             bye = give_back and self._send(b"Q")
@@ -320,6 +423,23 @@ class Client:
             self._disconnect()
         except Exception:
             pass
+
+
+def _exit_after(grace: float) -> None:
+    """The run ended ``grace`` seconds ago and this program is still alive: end it (not a normal end)."""
+    time.sleep(grace)
+    try:
+        logger.warning(
+            "the daisy run ended %g s ago and this worker program is still running: exiting with %d "
+            "(DAISY_NB_EXIT_WITH_RUN=0 keeps it)",
+            grace,
+            EXIT_CODE,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    os._exit(EXIT_CODE)
 
 
 def _heartbeat_loop(ref) -> None:

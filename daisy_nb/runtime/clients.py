@@ -302,7 +302,8 @@ class ClientsMixin:
                 self._drop_client(cc)
 
     def _check_clients(self) -> None:
-        """Heartbeats: ping clients that wait for work; drop the ones that went silent."""
+        """Heartbeats: ping every client (also while it runs a block, so that it can tell a live
+        scheduler from a vanished one and end its program); drop the ones that went silent."""
         now = time.monotonic()
         beat, dead = self.net["heartbeat"], self.net["peer_timeout"]
         for cc in list(self.clients.values()):
@@ -319,7 +320,7 @@ class ClientsMixin:
                 )
                 self._drop_client(cc)
                 self._client_lost(cc)
-            elif cc.parked and now - cc.last_sent > beat:
+            elif now - cc.last_sent > beat:
                 try:
                     cc.conn.send_bytes(b"P")
                     cc.last_sent = now

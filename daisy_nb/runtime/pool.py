@@ -24,8 +24,11 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   the liveness timeouts travel in ``DAISY_CONTEXT``, so programs the worker
   launches, also on other machines, connect too. A client silent for
   ``peer_timeout`` seconds is dropped, its blocks fail (and are retried) and the
-  worker function whose job it was is ended (and replaced); parked clients get a
-  heartbeat so that they can tell a live scheduler from a vanished one.
+  worker function whose job it was is ended (and replaced); every client gets a
+  heartbeat so that it can tell a live scheduler from a vanished one. At the run's
+  end (any end) every connection is closed at once, and worker functions get
+  ``SIGTERM`` and a grace before ``SIGKILL`` (a launcher of :mod:`daisy_nb.launch`
+  cancels its job in it): no job outlives its run.
 
 Not done here: topological ordering, dependency bookkeeping, retries and tracking
 (the scheduler's job), and printing (``daisy_nb.progress``).
@@ -48,7 +51,7 @@ from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_aban
 from daisy_nb.runtime import _net
 from daisy_nb.runtime.clients import ClientConn, ClientsMixin
 from daisy_nb.runtime.policy import TaskRun, end_run
-from daisy_nb.runtime.processes import DEAD, IDLE, PARKED, STARTING, ProcessesMixin, Worker
+from daisy_nb.runtime.processes import DEAD, IDLE, PARKED, STARTING, TERM_GRACE_SECS, ProcessesMixin, Worker
 
 __all__ = ["raise_if_abandoned", "run_pool"]
 
@@ -235,6 +238,7 @@ class _Pool(ProcessesMixin, ClientsMixin):
     def _check_timeouts(self) -> None:
         now = time.monotonic_ns()
         self._worker_timeouts(now)  # processes.py
+        self._term_overdue(now / 1e9)  # worker functions past their SIGTERM grace
         if self.clients:
             self._client_timeouts(now)  # clients.py; calls _client_timed_out
         if self.listener is not None:
@@ -353,19 +357,28 @@ class _Pool(ProcessesMixin, ClientsMixin):
         return [key.fileobj for key, _ in self._sel.select(timeout)]
 
     def shutdown(self) -> None:
-        """End every worker (quit, then SIGKILL), close connections, unlink shared memory."""
+        """End every worker (block workers: SIGKILL; worker functions: SIGTERM, SIGKILL after a
+        grace), close every ``Client`` connection at once (their programs end, see
+        ``runtime.client``), unlink shared memory."""
         for w in list(self.workers.values()):
             if w.state != DEAD:
                 w.expected_exit = True
                 self._kill(w)
-        for w in list(self.workers.values()):
-            try:
-                w.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            self._on_exit(w)
-        for cc in list(self.clients.values()):
+        for cc in list(self.clients.values()):  # before waiting: the jobs' clients learn the run ended now
             self._drop_client(cc)
+        for w in list(self.workers.values()):
+            t_term = w.t_term
+            wait = 5.0 if t_term is None else max(0.0, t_term + TERM_GRACE_SECS - time.monotonic())
+            try:
+                w.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                if t_term is not None:
+                    self._sigkill(w)
+                    try:
+                        w.proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        pass
+            self._on_exit(w)
         if self.template is not None:
             self.template.close()
         for pgid in self.pgids:  # helpers a worker function launched and left behind

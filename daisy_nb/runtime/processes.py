@@ -36,6 +36,10 @@ connections: every method runs in the pool's main loop.
   count, the block it was running fails (an attempt), and blocks of its batches it
   never started (including a prefetched one) are given back (status 0) and run
   again first. A block that raises makes its worker exit (daisy 2.0's dirty exit).
+* **Worker functions** (0-argument) are ended with ``SIGTERM`` to their process group
+  and ``SIGKILL`` ``TERM_GRACE_SECS`` later (their death signal is ``SIGTERM`` too):
+  the grace lets a launcher (:mod:`daisy_nb.launch`) cancel the job it submitted.
+  Their socket pair carries only the launchers' job reports (``J``, :meth:`_on_job`).
 * **Timeouts** are read off shared memory (``cur``/``cur_start_ns``, set when a
   block starts, so time spent queued does not count): the worker is killed.
 """
@@ -72,6 +76,7 @@ _WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py
 
 CAPACITY = 4096  # blocks per shared-memory batch
 PER_WORKER_BATCH_SECS = 0.002  # batch target floor per running worker (16 workers: 32 ms batches)
+TERM_GRACE_SECS = 3.0  # a worker function's SIGTERM -> SIGKILL (a launcher cancels its job meanwhile)
 
 # worker states
 STARTING, IDLE, BUSY, PARKED, QUITTING, DEAD = range(6)
@@ -103,6 +108,8 @@ class Worker:
         self.err_path = None
         self.err_offset = 0
         self.t_spawn = time.monotonic()
+        self.t_term: float | None = None  # a worker function: when it was sent SIGTERM
+        self.job: dict | None = None  # a worker function's launcher: its last job report
 
 
 class ProcessesMixin:
@@ -224,11 +231,8 @@ class ProcessesMixin:
                 self.by_obj[w.pidfd] = ("pidfd", w)
             except OSError:
                 w.pidfd = None
-        if tr.arity:
-            self.by_obj[w.conn] = ("w", w)
-        else:
-            w.conn.close()  # worker functions talk through Client connections
-            w.conn = None
+        self.by_obj[w.conn] = ("w", w)  # a worker function's: job reports only (Client connections do the rest)
+        if not tr.arity:
             w.state = BUSY
         self.workers[wid] = w
         tr.workers.add(w)
@@ -277,6 +281,24 @@ class ProcessesMixin:
             )
 
     def _kill(self, w: Worker) -> None:
+        """SIGKILL ``w``'s process group; a live worker function gets SIGTERM first (see the docstring)."""
+        if not w.tr.arity and w.state != DEAD:
+            if w.t_term is None:
+                w.t_term = time.monotonic()
+                try:
+                    os.killpg(w.proc.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            return  # _term_overdue sends the SIGKILL
+        self._sigkill(w)
+
+    def _term_overdue(self, now: float) -> None:
+        """SIGKILL the worker functions still alive ``TERM_GRACE_SECS`` after their SIGTERM."""
+        for w in list(self.workers.values()):
+            if w.t_term is not None and now - w.t_term > TERM_GRACE_SECS:
+                self._sigkill(w)
+
+    def _sigkill(self, w: Worker) -> None:
         try:
             os.killpg(w.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -317,7 +339,7 @@ class ProcessesMixin:
             self._template_gone()
         if w.conn is not None:  # results it sent before dying still count
             try:
-                while w.state == BUSY and w.conn.poll(0):
+                while (w.state == BUSY or not tr.arity) and w.conn.poll(0):  # a worker function's: job reports
                     self._on_worker_msg(w, w.conn.recv_bytes(), redispatch=False)
             except (EOFError, OSError):
                 pass
@@ -355,7 +377,7 @@ class ProcessesMixin:
         self.workers.pop(w.wid, None)
         self._release_resources(tr)
         if dirty:
-            self._kill(w)  # helpers it launched go too
+            self._sigkill(w)  # helpers it launched go too
             c = self.s.counters[tr.tid]
             c.worker_failure_count += 1
             if msg is None:
@@ -478,10 +500,40 @@ class ProcessesMixin:
         if self.s.ready_count(tr.tid) >= 2 * active * k:
             self._send_batch(w, k)
 
+    def _on_job(self, w: Worker, msg: bytes) -> None:
+        """``J`` + JSON from a worker function's launcher: its job (scheduler, id, state)."""
+        import json
+
+        try:
+            info = json.loads(msg[1:].decode())
+        except ValueError:
+            return
+        if not isinstance(info, dict):
+            return
+        w.job = {k: str(info.get(k, "")) for k in ("scheduler", "job", "state")}
+        bad = w.job["state"].startswith(("failed", "cancel failed"))
+        logger.log(
+            logging.WARNING if bad else logging.INFO,
+            "task %r: worker %d: %s job %s %s",
+            w.tr.tid,
+            w.wid,
+            w.job["scheduler"],
+            w.job["job"],
+            w.job["state"],
+        )
+        hook = getattr(getattr(self, "observer", None), "on_worker_job", None)
+        if hook is not None:
+            try:
+                hook({"task": w.tr.tid, "worker": w.wid, **w.job})
+            except Exception:
+                pass
+
     def _on_worker_msg(self, w: Worker, msg: bytes, redispatch: bool = True) -> None:
         tr = w.tr
         kind = msg[:1]
-        if kind == b"I":
+        if kind == b"J":
+            self._on_job(w, msg)
+        elif kind == b"I":
             if w.state == STARTING:
                 w.state = IDLE
                 if redispatch:

@@ -6,6 +6,9 @@
   :func:`set_worker_state`; the serial runner (every task in the calling thread) and
   the dask worker (whose threads run batches of several runs and tasks) bind the
   states of the run to the thread with :func:`bind` while its block function runs.
+* :func:`report_job`: a 0-argument worker function's process tells the pool about
+  the job its launcher submitted (:mod:`daisy_nb.launch`), a ``J`` frame on the
+  worker's socket pair (bound by the worker with :func:`bind_report`).
 * :func:`cap_traceback`: the last 50 lines / 8 KiB of a traceback, the size that
   travels to the scheduler and into the summary (the wheel's cap).
 
@@ -16,13 +19,32 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["bind", "cap_traceback", "format_exception", "set_worker_state", "worker_state"]
+__all__ = ["bind", "bind_report", "cap_traceback", "format_exception", "report_job", "set_worker_state", "worker_state"]
 
 TB_CAP_LINES = 50
 TB_CAP_BYTES = 8192
 
 _PROCESS_STATES: dict = {}  # task_id -> init_fn() result (one task per process)
 _current = threading.local()  # .states, .task_id while a dask batch runs in this thread
+_REPORT: list = []  # this worker function's end of its socket pair to the pool (one at most)
+
+
+def bind_report(conn) -> None:
+    """The worker (``runtime.worker.serve``): ``conn`` (``send_bytes``) carries job reports to the pool."""
+    _REPORT[:] = [conn]
+
+
+def report_job(info: dict) -> bool:
+    """Send ``info`` (JSON-able: scheduler, job id, state) to the pool; False outside a pool worker."""
+    if not _REPORT:
+        return False
+    import json
+
+    try:
+        _REPORT[0].send_bytes(b"J" + json.dumps(info).encode())
+        return True
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def cap_traceback(tb: str) -> str:

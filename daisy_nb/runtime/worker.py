@@ -11,7 +11,9 @@ Protocol (parent -> worker): one pickled setup dict, then the function bytes
 that is in shared-memory slot ``slot``" or ``b"Q"`` = quit. Worker -> parent:
 ``b"I"`` = ready, ``b"D" + slot`` = that batch is done (statuses are in shared
 memory), ``b"X" + slot + traceback`` = a block of that batch raised and the worker
-exits. The parent may send the next ``R`` while a batch runs (two slots): the
+exits; a 0-argument worker function's process keeps its end only for
+``b"J" + json`` = a job its launcher submitted (:mod:`daisy_nb.launch`: scheduler,
+job id, state). The parent may send the next ``R`` while a batch runs (two slots): the
 worker finds it waiting in the socket and starts it at once. Frames
 are ``multiprocessing.connection``'s (4-byte big-endian length, then the bytes),
 written here with plain ``os.read``/``os.write``.
@@ -42,14 +44,14 @@ import time
 _LIBC: list = []  # the C library, loaded once (a template process loads it for all the workers it forks)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL us when the parent dies (best effort elsewhere)."""
+def _die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send us ``sig`` when the parent dies (best effort elsewhere)."""
     try:
         if not _LIBC:
             import ctypes
 
             _LIBC.append(ctypes.CDLL(None, use_errno=True))
-        _LIBC[0].prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        _LIBC[0].prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
     except Exception:
         pass
     if os.getppid() != parent_pid:
@@ -290,7 +292,16 @@ def serve(fd: int, shm_fd: int | None = None) -> int:
         return 0
     fn, init_fn = pickle.loads(payload)  # cloudpickle output loads with pickle
     if setup["arity"] == 0:
-        conn.close()
+        # A worker function ends by SIGTERM, a short grace, then SIGKILL (the pool's end of it, and
+        # its death signal when the run's process dies): a launcher (daisy_nb.launch) cancels its
+        # job in that grace. SIGINT as in a fresh interpreter (this is its own session: no terminal
+        # Ctrl-C reaches it), so that programs it starts get KeyboardInterrupt from a Client.
+        _die_with_parent(os.getppid(), signal.SIGTERM)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from daisy_nb.runtime import state
+
+        os.set_inheritable(conn.fd, False)
+        state.bind_report(conn)  # the launchers tell the pool their job ids on the socket pair
         return _run_worker_function(fn, setup.get("wants_context", False))
     if init_fn is not None:
         from daisy_nb.runtime.state import set_worker_state

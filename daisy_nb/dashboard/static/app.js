@@ -321,9 +321,9 @@ function renderWorkers(ws, runtime) {
       el("td", {}, el("span", { class: "dot " + (w.alive ? "alive" : "dead") }), String(w.id)),
       el("td", { text: w.task }), el("td", { text: w.pid == null ? "–" : String(w.pid) }),
       el("td", { text: w.state }), el("td", { text: w.block_id == null ? "–" : String(w.block_id) }),
-      el("td", { text: fmtSecs(w.age_s) })));
+      el("td", { text: fmtSecs(w.age_s) }), el("td", { text: w.job == null ? "–" : w.job })));
   }
-  const head = el("tr", {}, ...["worker", "task", "pid", "state", "current block", "up"].map(h => el("th", { text: h })));
+  const head = el("tr", {}, ...["worker", "task", "pid", "state", "current block", "up", "job"].map(h => el("th", { text: h })));
   box.replaceChildren(el("table", {}, el("thead", {}, head), tb));
 }
 

@@ -1,0 +1,402 @@
+"""No job outlives its run: ``daisy_nb.launch`` (SLURM, LSF, local) and ``Client`` programs.
+
+A driver subprocess (``tests/workers/launch_driver.py``) runs one task on 2 worker
+functions whose jobs run ``launch_job.py`` (a ``Client`` loop, blocks of 30-60 s).
+The batch commands are fakes on ``PATH`` (``tests/workers/fakebatch.py``): each job
+runs under a runner in its own session after a queue delay, and ``sbatch --wait``
+does not cancel its job when it is interrupted (as the real one). Every check is
+by pid, with a deadline. Loopback only (``host="127.0.0.1"``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+WORKERS = HERE / "workers"
+sys.path.insert(0, str(WORKERS))
+
+import harness  # noqa: E402
+
+from daisy_nb import launch  # noqa: E402
+
+END_SECS = 6.0  # "no job outlives its run by more than ~5 s" (+ slack for a loaded 2-core machine)
+LONG_BLOCK = "60"
+
+
+@pytest.fixture
+def batch(tmp_path, monkeypatch):
+    """Fake ``sbatch``/``scancel``/``bsub``/``bkill`` on PATH; yields (state dir, out dir)."""
+    bin_dir, state, out = tmp_path / "bin", tmp_path / "state", tmp_path / "out"
+    for d in (bin_dir, state, out):
+        d.mkdir()
+    for role in ("sbatch", "scancel", "bsub", "bkill"):
+        p = bin_dir / role
+        p.write_text(f'#!/bin/sh\nexec {sys.executable} {WORKERS / "fakebatch.py"} {role} "$@"\n')
+        p.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKEBATCH_DIR", str(state))
+    monkeypatch.delenv("FAKEBATCH_QUEUE_SECS", raising=False)
+    yield state, out
+    for pid in _all_pids(state, out):  # whatever a failed test left behind
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _pids(out: Path, prefix: str) -> set[int]:
+    return {int(p.name.split("_")[1]) for p in out.glob(f"{prefix}_*")}
+
+
+def _runner_pids(state: Path) -> set[int]:
+    out = set()
+    for p in state.glob("*.runner"):
+        out.add(int(p.read_text()))
+    return out
+
+
+def _all_pids(state: Path, out: Path) -> set[int]:
+    return _pids(out, "pid") | _runner_pids(state)
+
+
+def _wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _driver(out: Path, how: str, blocks=4, workers=2, block_secs=LONG_BLOCK, mode="normal", env=None):
+    return subprocess.Popen(
+        [sys.executable, str(WORKERS / "launch_driver.py"), str(out), how, str(blocks), str(workers), block_secs, mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _gone_within(pids: set[int], secs: float) -> float:
+    """Seconds until every pid in ``pids`` is gone (zombies count as gone); fails after ``secs``."""
+    t0 = time.monotonic()
+    _wait_for(lambda: not any(harness.pid_alive(p) for p in pids), secs, f"pids {sorted(pids)} to end")
+    return time.monotonic() - t0
+
+
+def _descendants(d) -> set[int]:
+    import psutil
+
+    try:
+        return {p.pid for p in psutil.Process(d.pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def _kill_driver(d, kids=None) -> None:
+    """SIGKILL the driver (if alive); its worker processes ``kids`` follow (their death signals),
+    on a busy machine too."""
+    kids = _descendants(d) if kids is None else kids
+    d.kill()
+    _finish(d)
+    _gone_within(kids, 20)
+
+
+def _jobs(out: Path) -> list[dict]:
+    path = out / "progress.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [x for x in lines if x.get("event") == "job"]
+
+
+def _in_blocks(out: Path, n: int):
+    return _wait_for(lambda: len(_pids(out, "inblock")) >= n, 60, f"{n} jobs running a block")
+
+
+def _finish(proc, timeout=30) -> tuple[int, str]:
+    text, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, text
+
+
+# ------------------------------------------------------------------------- launchers
+@pytest.mark.parametrize("how", ["slurm", "lsf", "local"])
+def test_ctrl_c_cancels_every_job(batch, how, no_leaks):
+    """Ctrl-C of the driver while both jobs run a 60 s block: jobs cancelled (scancel/bkill/killpg),
+    ids recorded in the JSON observer and the worker logs, every job process gone within ~5 s."""
+    state, out = batch
+    d = _driver(out, how)
+    _in_blocks(out, 2)
+    jobs = _pids(out, "pid") | _runner_pids(state)
+    t0 = time.monotonic()
+    d.send_signal(signal.SIGINT)
+    rc, text = _finish(d)
+    assert rc != 0 and "DRIVER_DONE" not in text, text
+    _gone_within(jobs, END_SECS - (time.monotonic() - t0))
+    reports = _jobs(out)
+    submitted = {r["job"] for r in reports if r["state"] in ("submitted", "running")}
+    assert len(submitted) == 2, reports
+    assert {r["job"] for r in reports if r["state"] == "cancelled"} == submitted, reports
+    assert all(r["scheduler"] == how and r["task"] == "launch" for r in reports)
+    logs = "".join(p.read_text() for p in (out / "logs" / "launch").glob("worker_*.err"))
+    for jid in submitted:
+        assert f"daisy_nb.launch: {how} job {jid} cancelled" in logs
+        if how != "local":  # the batch system was told, not only the submit command
+            assert (state / f"{jid}.cancelled").exists()
+    assert not _pids(out, "end")  # no job loop ended normally
+
+
+def test_sigkill_of_the_driver_cancels_the_jobs(batch, no_leaks):
+    """The driver SIGKILLed: the worker functions' death signal (SIGTERM) lets the launcher bkill."""
+    state, out = batch
+    d = _driver(out, "lsf")
+    _in_blocks(out, 2)
+    jobs = _pids(out, "pid") | _runner_pids(state)
+    kids = _descendants(d)
+    t0 = time.monotonic()
+    d.kill()
+    _gone_within(jobs, END_SECS - (time.monotonic() - t0))
+    _kill_driver(d, kids)
+    ids = {p.name.split(".")[0] for p in state.glob("*.runner")}
+    assert len(ids) == 2
+    _wait_for(lambda: all((state / f"{i}.cancelled").exists() for i in ids), 5, "bkill of both jobs")
+
+
+def test_a_worker_ended_for_a_timeout_cancels_its_job(batch, no_leaks):
+    """A block past the task's timeout ends its worker function (to be replaced): its job is cancelled."""
+    state, out = batch
+    d = _driver(out, "slurm", blocks=1, workers=1, env={"LAUNCH_TIMEOUT": "2"})
+    rc, text = _finish(d, timeout=120)
+    assert "DRIVER_DONE 0" in text, text  # the one block failed (max_retries=0)
+    ids = {p.name.split(".")[0] for p in state.glob("*.runner")}
+    assert len(ids) == 1 and (state / f"{next(iter(ids))}.cancelled").exists()
+    assert {r["state"] for r in _jobs(out)} >= {"submitted", "cancelled"}
+    _gone_within(_all_pids(state, out), END_SECS)
+
+
+def test_pending_job_is_cancelled_and_never_starts(batch, monkeypatch, no_leaks):
+    """A job still waiting in the queue when the run is interrupted is cancelled: it never starts."""
+    state, out = batch
+    monkeypatch.setenv("FAKEBATCH_QUEUE_SECS", "30")
+    d = _driver(out, "slurm", workers=1)
+    reported = _wait_for(lambda: [r for r in _jobs(out) if r["state"] == "submitted"], 60, "the job's id")
+    jid = reported[0]["job"]
+    runner = int((state / f"{jid}.runner").read_text())
+    d.send_signal(signal.SIGINT)
+    _finish(d)
+    _gone_within({runner}, END_SECS)  # the runner that would start the job after its queue delay
+    assert (state / f"{jid}.cancelled").exists()
+    assert not (state / f"{jid}.started").exists() and not _pids(out, "pid")
+
+
+def test_normal_run_completes_and_every_job_exits_0(batch, no_leaks):
+    state, out = batch
+    d = _driver(out, "slurm", blocks=6, block_secs="0.1")
+    rc, text = _finish(d, timeout=120)
+    assert rc == 0 and "DRIVER_DONE 6" in text, text
+    ids = {p.name.split(".")[0] for p in state.glob("*.runner")}
+    assert len(ids) == 2
+    assert all((state / f"{i}.rc").read_text() == "0" for i in ids)
+    assert not list(state.glob("*.cancelled"))
+    assert sum(int(p.read_text()) for p in out.glob("end_*")) == 6  # loops ended by "no more work"
+    assert not _pids(out, "interrupted")
+    done = {r["job"] for r in _jobs(out) if r["state"] == "done"}
+    assert done == ids
+
+
+def test_failed_job_raises_like_check_true(batch, tmp_path):
+    """The job's exit status: the worker function raises CalledProcessError (subprocess.run(check=True))."""
+    fn = launch.slurm([sys.executable, "-c", "raise SystemExit(3)"])
+    fn = pickle.loads(pickle.dumps(fn))  # a Task's process_function travels pickled
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        fn()
+    assert e.value.returncode == 3 and fn.job_id is not None
+    assert launch.lsf([sys.executable, "-c", "pass"])().returncode == 0
+    with pytest.raises(subprocess.CalledProcessError):
+        launch.local([sys.executable, "-c", "raise SystemExit(2)"])()
+
+
+def test_launch_imports_no_numpy_or_numba():
+    """Worker programs and worker-function processes import the launchers: standard library only."""
+    code = "import sys, daisy_nb.launch; print(sorted(m for m in ('numpy', 'numba') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
+
+
+def test_launcher_arguments_are_checked():
+    with pytest.raises(TypeError, match="command"):
+        launch.slurm(42)
+    with pytest.raises(ValueError, match="command"):
+        launch.lsf([])
+    with pytest.raises(TypeError, match="args"):
+        launch.slurm(["x"], args="--mem=1G")
+    with pytest.raises(TypeError, match="env"):
+        launch.local(["x"], env={"A": 1})
+    f = launch.slurm("python w.py", partition="gpu", gpus=2, time_limit="1:00:00", args=["--mem=1G"])
+    assert f.submit[:3] == ["sbatch", "--parsable", "--wait"]
+    assert {"--partition=gpu", "--gpus=2", "--time=1:00:00", "--mem=1G"} <= set(f.submit)
+    assert f.submit[-2:] == ["--wrap", "python w.py"]
+    g = launch.lsf(["python", "w.py"], queue="q", gpus=1)
+    assert g.submit == ["bsub", "-K", "-q", "q", "-gpu", "num=1", "python", "w.py"]
+
+
+# ------------------------------------------------------------------- Client programs
+@pytest.mark.parametrize("end", ["ctrl_c", "sigkill"])
+def test_client_program_in_a_long_block_ends_with_the_run(batch, end, no_leaks):
+    """The hand-written form (the job detached in its own session, nothing cancels it): its
+    ``Client`` sees the run end and interrupts the block (KeyboardInterrupt), within ~5 s."""
+    state, out = batch
+    d = _driver(out, "plain")
+    _in_blocks(out, 2)
+    jobs = _pids(out, "pid")
+    kids = _descendants(d)
+    t0 = time.monotonic()
+    d.send_signal(signal.SIGINT) if end == "ctrl_c" else d.kill()
+    _gone_within(jobs, END_SECS - (time.monotonic() - t0))
+    _kill_driver(d, kids)
+    assert _pids(out, "interrupted") == jobs  # the block body got KeyboardInterrupt
+    assert not _pids(out, "blockdone")
+
+
+def test_client_program_ends_when_its_scheduler_goes_silent(batch, no_leaks):
+    """A vanished driver machine (here: SIGSTOP, its sockets stay open): the scheduler heartbeats busy
+    clients too, so a job in a long block notices the silence after the peer timeout and ends."""
+    state, out = batch
+    d = _driver(out, "plain", env={"DAISY_NB_PEER_TIMEOUT_SECS": "2", "DAISY_NB_HEARTBEAT_SECS": "0.5"})
+    kids = None
+    try:
+        _in_blocks(out, 2)
+        jobs = _pids(out, "pid")
+        kids = _descendants(d)
+        t0 = time.monotonic()
+        d.send_signal(signal.SIGSTOP)
+        _gone_within(jobs, 2 + END_SECS - (time.monotonic() - t0))
+        assert _pids(out, "interrupted") == jobs
+    finally:
+        _kill_driver(d, kids)
+
+
+def test_blocks_longer_than_the_peer_timeout_run_to_their_end(batch, no_leaks):
+    """A live scheduler heartbeats clients that run a block: silence means a vanished run, never a long block."""
+    state, out = batch
+    env = {"DAISY_NB_PEER_TIMEOUT_SECS": "1", "DAISY_NB_HEARTBEAT_SECS": "0.25"}
+    d = _driver(out, "plain", blocks=2, workers=1, block_secs="2.5", env=env)
+    rc, text = _finish(d, timeout=120)
+    assert rc == 0 and "DRIVER_DONE 2" in text, text
+    assert not _pids(out, "interrupted")
+
+
+def test_client_program_that_swallows_the_interrupt_still_ends(batch, no_leaks):
+    state, out = batch
+    d = _driver(out, "plain", mode="stubborn", env={"DAISY_NB_EXIT_GRACE_SECS": "2"})
+    _in_blocks(out, 2)
+    jobs = _pids(out, "pid")
+    t0 = time.monotonic()
+    d.send_signal(signal.SIGINT)
+    _finish(d)
+    _gone_within(jobs, END_SECS - (time.monotonic() - t0))
+    assert _pids(out, "interrupted") == jobs
+
+
+def test_abandonment_ends_the_jobs_of_a_fire_and_forget_submit(batch, no_leaks):
+    """``sbatch`` without ``--wait``: the worker functions return at once, the task is abandoned
+    (or stopped) while the jobs run long blocks; their clients end them.
+    (The worker functions fail once a job runs a block: the restart cap is exhausted.)"""
+    state, out = batch
+    d = _driver(out, "fireforget")
+    _wait_for(lambda: len(_pids(out, "inblock")) >= 1, 60, "a job running a block")
+    rc, text = _finish(d, timeout=120)
+    t_end = time.monotonic()
+    assert "DRIVER_DONE 4" not in text, text
+    jobs = _pids(out, "pid") | _runner_pids(state)
+    _gone_within(jobs, END_SECS - (time.monotonic() - t_end))
+    assert not _pids(out, "blockdone")
+
+
+def test_opt_out_lets_the_block_finish(batch, no_leaks):
+    """``Client(exit_with_run=False)``: the block is not interrupted; the loop ends at the next acquire."""
+    state, out = batch
+    d = _driver(out, "plain", workers=1, block_secs="3", mode="optout")
+    _in_blocks(out, 1)
+    (job,) = _pids(out, "pid")
+    d.send_signal(signal.SIGINT)
+    _finish(d)
+    _wait_for(lambda: _pids(out, "end"), 30, "the job's loop to end")
+    assert (out / f"blockdone_{job}_1").exists() and not _pids(out, "interrupted")
+    assert (out / f"end_{job}").read_text() == "1"
+    _gone_within({job}, 10)
+
+
+def test_client_exit_settings_are_checked(monkeypatch):
+    from daisy_nb.runtime.client import _exit_settings
+
+    assert _exit_settings(None)[0] is True
+    monkeypatch.setenv("DAISY_NB_EXIT_WITH_RUN", "0")
+    assert _exit_settings(None)[0] is False
+    assert _exit_settings(True)[0] is True
+    monkeypatch.setenv("DAISY_NB_EXIT_WITH_RUN", "maybe")
+    with pytest.raises(ValueError, match="DAISY_NB_EXIT_WITH_RUN"):
+        _exit_settings(None)
+    with pytest.raises(TypeError, match="exit_with_run"):
+        _exit_settings("yes")
+    monkeypatch.delenv("DAISY_NB_EXIT_WITH_RUN")
+    monkeypatch.setenv("DAISY_NB_EXIT_GRACE_SECS", "-1")
+    with pytest.raises(ValueError, match="DAISY_NB_EXIT_GRACE_SECS"):
+        _exit_settings(None)
+
+
+def test_dashboard_worker_list_shows_the_job(batch, no_leaks):
+    """The dashboard's worker rows carry the launcher's job (scheduler, id, state)."""
+    import threading
+    import urllib.request
+
+    import daisy_nb
+    from daisy_nb.dashboard import Dashboard
+
+    state, out = batch
+    fn = launch.slurm([sys.executable, str(WORKERS / "launch_job.py"), str(out), "0.3", "normal"])
+    task = daisy_nb.Task(
+        "dash",
+        daisy_nb.Roi((0,), (8,)),
+        daisy_nb.Roi((0,), (1,)),
+        daisy_nb.Roi((0,), (1,)),
+        process_function=fn,
+        read_write_conflict=False,
+        max_workers=1,
+        max_retries=0,
+        tracking_path=False,
+    )
+    seen: list = []
+    with Dashboard(quiet=True) as dash:
+
+        def watch():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not seen:
+                with urllib.request.urlopen(dash.url + "api/state", timeout=10) as r:
+                    s = json.loads(r.read())
+                seen.extend(w["job"] for w in s["workers"] if w.get("job"))
+                time.sleep(0.1)
+
+        th = threading.Thread(target=watch)
+        th.start()
+        states = daisy_nb.run_blockwise(
+            task, dashboard=dash, progress=False, summary=False, return_states=True, host="127.0.0.1"
+        )
+        th.join()
+    assert states["dash"].completed_count == 8
+    (jid,) = {p.name.split(".")[0] for p in state.glob("*.runner")}
+    assert seen and seen[0].startswith(f"slurm {jid} "), seen

@@ -1,0 +1,43 @@
+"""A job program for tests/test_launch.py: ``python launch_job.py OUT BLOCK_SECS MODE``.
+
+A ``Client`` loop whose blocks sleep ``BLOCK_SECS``. Leaves in ``OUT``: ``pid_<pid>`` at
+start, ``inblock_<pid>`` when a block starts, ``interrupted_<pid>`` when a block body
+gets ``KeyboardInterrupt``, ``blockdone_<pid>_<n>`` after a block, ``end_<pid>`` (blocks
+run) when its loop ends. ``MODE``: ``normal``; ``stubborn`` (a block that swallows the
+interrupt and sleeps on: the client's deadline must end it); ``optout``
+(``Client(exit_with_run=False)``).
+"""
+
+import os
+import sys
+import time
+
+out, block_secs, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+pid = os.getpid()
+
+
+def mark(name: str, text: str = "") -> None:
+    with open(os.path.join(out, name), "w") as f:
+        f.write(text)
+
+
+import daisy_nb  # noqa: E402
+
+mark(f"pid_{pid}")
+client = daisy_nb.Client(exit_with_run=False) if mode == "optout" else daisy_nb.Client()
+n = 0
+while True:
+    with client.acquire_block() as block:
+        if block is None:
+            break
+        mark(f"inblock_{pid}")
+        try:
+            time.sleep(block_secs)
+        except KeyboardInterrupt:
+            mark(f"interrupted_{pid}")
+            if mode != "stubborn":
+                raise
+            time.sleep(3600)
+        n += 1
+        mark(f"blockdone_{pid}_{n}")
+mark(f"end_{pid}", str(n))
