@@ -73,9 +73,18 @@ def returns_once_connected():
     connect), and returns while the job goes on."""
     import glob
 
-    _start("late")
+    p = _start("late")
+    mine = f"{p.pid}\n"
+
+    def served():
+        for path in glob.glob(os.path.join(_out(), "blk_*")):
+            with open(path) as f:
+                if mine in f.read():
+                    return True
+        return False
+
     deadline = time.monotonic() + 30
-    while not glob.glob(os.path.join(_out(), "blk_*")) and time.monotonic() < deadline:
+    while not served() and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
