@@ -19,6 +19,7 @@ def run_blockwise(
     executor=None,
     log_dir=None,
     dashboard=None,
+    dry_run: bool = False,
 ):
     """Run a Pipeline, a Task, or a list of tasks (daisy 1.x form) blockwise.
 
@@ -35,7 +36,11 @@ def run_blockwise(
     ``host`` (else ``DAISY_HOST``) is the address the pool listens on for ``Client``
     connections and tells workers (``DAISY_CONTEXT``); default ``127.0.0.1``,
     ``"0.0.0.0"`` listens on every interface and advertises ``socket.getfqdn()``.
+    ``dry_run=True`` runs nothing and returns a :class:`daisy_nb.plan.Plan` (blocks,
+    levels, done by tracking, skipped by ``skip_mask``, to run, memory, workers).
     """
+    if dry_run:
+        return _plan(pipeline, multiprocessing, resources, block_tracking, executor)
     states, order = _execute(
         pipeline,
         multiprocessing=multiprocessing,
@@ -60,7 +65,15 @@ def run_blockwise(
 def _execute(
     tasks, *, multiprocessing, resources, progress, summary, block_tracking, host, executor, log_dir, dashboard=None
 ):
-    """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``."""
+    """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``.
+
+    Under ``daisy-nb run --dry-run`` (:data:`daisy_nb.plan.DRY_RUN_ENV`) it prints the
+    plan and ends the program with exit code 0 instead, before anything starts.
+    """
+    if os.environ.get("DAISY_NB_DRY_RUN", "") not in ("", "0"):
+        from .plan import exit_with_plan
+
+        exit_with_plan(_plan(tasks, multiprocessing, resources, block_tracking, executor))
     host = host if host is not None else os.environ.get("DAISY_HOST")
     if host is not None and not isinstance(host, str):
         raise TypeError(f"host must be a string (an address or host name of this machine), got {type(host).__name__}")
@@ -111,6 +124,14 @@ def _execute(
             dashboard_done()
         if scheduler is not None:
             scheduler.close()
+
+
+def _plan(tasks, multiprocessing, resources, block_tracking, executor):
+    from .plan import make_plan
+
+    return make_plan(
+        tasks, multiprocessing=multiprocessing, resources=resources, block_tracking=block_tracking, executor=executor
+    )
 
 
 def _early_template(tasks):
