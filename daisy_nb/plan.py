@@ -272,9 +272,9 @@ def make_plan(
         arity = task.arity
         kind = {1: "block function", 0: "worker function (Client loop)"}.get(arity, "none")
         requires = dict(task.requires)
+        if executor is None and n and (task.process_function is None or (not multiprocessing and arity != 1)):
+            problems.append(f"task {tid!r} has no {'' if multiprocessing else '1-argument '}process_function (the run raises)")
         if executor is None and multiprocessing:
-            if task.process_function is None:
-                problems.append(f"task {tid!r} has no process_function (the run raises)")
             for k, v in requires.items():
                 have = (budget or {}).get(k, 0)
                 if v > have:
