@@ -20,6 +20,7 @@ def run_blockwise(
     log_dir=None,
     dashboard=None,
     dry_run: bool = False,
+    hang_alarm=None,
 ):
     """Run a Pipeline, a Task, or a list of tasks (daisy 1.x form) blockwise.
 
@@ -38,6 +39,10 @@ def run_blockwise(
     ``"0.0.0.0"`` listens on every interface and advertises ``socket.getfqdn()``.
     ``dry_run=True`` runs nothing and returns a :class:`daisy_nb.plan.Plan` (blocks,
     levels, done by tracking, skipped by ``skip_mask``, to run, memory, workers).
+    ``hang_alarm``: when a task's blocks stop finishing while some run, warn (log, JSON
+    observer, dashboard): None (default: on, ``DAISY_NB_HANG_SECS``/``DAISY_NB_HANG_FACTOR``
+    or 60 s and 10 x the median block time), False (off), seconds, or
+    ``{"secs": ..., "factor": ...}`` (see :mod:`daisy_nb.hang`).
     """
     if dry_run:
         return _plan(pipeline, multiprocessing, resources, block_tracking, executor)
@@ -52,6 +57,7 @@ def run_blockwise(
         executor=executor,
         log_dir=log_dir,
         dashboard=dashboard,
+        hang_alarm=hang_alarm,
     )
     if multiprocessing and executor is None:
         from .runtime.pool import raise_if_abandoned
@@ -63,7 +69,18 @@ def run_blockwise(
 
 
 def _execute(
-    tasks, *, multiprocessing, resources, progress, summary, block_tracking, host, executor, log_dir, dashboard=None
+    tasks,
+    *,
+    multiprocessing,
+    resources,
+    progress,
+    summary,
+    block_tracking,
+    host,
+    executor,
+    log_dir,
+    dashboard=None,
+    hang_alarm=None,
 ):
     """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``.
 
@@ -81,6 +98,9 @@ def _execute(
         from .dashboard import check_dashboard
 
         check_dashboard(dashboard)
+    from .hang import resolve_hang_alarm
+
+    resolve_hang_alarm(hang_alarm)  # bad values raise before anything starts
     # A pool run starts its worker template first: its start-up then overlaps the
     # Scheduler's (numpy, the task tables) instead of following it. Building the Tasks
     # did not import numpy (see ``task``), so this is the earliest point.
@@ -99,11 +119,11 @@ def _execute(
         if not multiprocessing:
             from .runtime.serial import run_serial
 
-            states = run_serial(scheduler, progress=progress, summary=summary)
+            states = run_serial(scheduler, progress=progress, summary=summary, hang_alarm=hang_alarm)
         elif executor is not None:
             from .runtime.dask import run_dask  # optional extra
 
-            states = run_dask(scheduler, executor, progress=progress, summary=summary)
+            states = run_dask(scheduler, executor, progress=progress, summary=summary, hang_alarm=hang_alarm)
         else:
             from .runtime.pool import run_pool
 
@@ -115,6 +135,7 @@ def _execute(
                 log_dir=log_dir,
                 host=host,
                 template=template,
+                hang_alarm=hang_alarm,
             )
         return states, list(scheduler.task_ids)
     finally:

@@ -62,10 +62,11 @@ class Server:
         summary=True,
         dashboard=None,
         dry_run=False,
+        hang_alarm=None,
     ):
         """Run ``pipeline`` (a Pipeline, a Task or a list of tasks); returns ``{task_id: TaskState}``.
 
-        ``dashboard`` and ``dry_run`` (daisy_nb's): as in :func:`daisy_nb.run_blockwise`
+        ``dashboard``, ``dry_run`` and ``hang_alarm`` (daisy_nb's): as in :func:`daisy_nb.run_blockwise`
         (``dry_run=True`` returns a :class:`daisy_nb.plan.Plan` and runs nothing).
         """
         if dry_run:
@@ -83,6 +84,7 @@ class Server:
                 executor=None,
                 log_dir=None,
                 dashboard=dashboard,
+                hang_alarm=hang_alarm,
             )
         except KeyboardInterrupt as e:
             if getattr(e, "daisy_task_order", None) is not None:

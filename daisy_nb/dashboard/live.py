@@ -152,6 +152,15 @@ class Tee:
     def on_finish(self, states):
         self._both("on_finish", states)
 
+    def on_alarm(self, event):
+        for obs in (self.source, self.user):
+            fn = getattr(obs, "on_alarm", None)
+            if fn is not None:
+                try:
+                    fn(event)
+                except Exception:
+                    pass
+
     def attach_runtime(self, runtime):
         self.source.attach_runtime(runtime)
         attach = getattr(self.user, "attach_runtime", None)
