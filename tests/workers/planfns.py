@@ -17,11 +17,26 @@ def fail_some(block):
     done(block)
 
 
-def sleep_once(block):
-    """Block 0 sleeps until ``$DAISY_NB_TEST_OUT/release`` exists (the first time), the others are fast."""
-    if block.spatial_id == 0 and not os.path.exists(os.path.join(os.environ["DAISY_NB_TEST_OUT"], "slept")):
-        deadline = time.monotonic() + float(os.environ.get("DAISY_NB_TEST_SLEEP", "3"))
-        while time.monotonic() < deadline:
+def hold_first(block):
+    """Block 0 runs while ``$DAISY_NB_TEST_OUT/hold`` exists (at most 120 s); the others take
+    ``$DAISY_NB_TEST_BLOCK_SECS`` (default 0)."""
+    out = os.environ["DAISY_NB_TEST_OUT"]
+    if block.spatial_id == 0:
+        deadline = time.monotonic() + 120
+        while os.path.exists(os.path.join(out, "hold")) and time.monotonic() < deadline:
             time.sleep(0.02)
-        open(os.path.join(os.environ["DAISY_NB_TEST_OUT"], "slept"), "w").close()
+    else:
+        time.sleep(float(os.environ.get("DAISY_NB_TEST_BLOCK_SECS", "0")))
     done(block)
+
+
+def client_hold():
+    """A 0-argument worker function: a ``Client`` loop running :func:`hold_first`."""
+    import daisy_nb.runtime.client as c
+
+    client = c.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            hold_first(block)
