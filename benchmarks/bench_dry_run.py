@@ -132,7 +132,9 @@ def main() -> int:
             f"{r['levels']} | {done} | {r['masked']:,} | {r['to_run']:,} |"
         )
     print()
-    print("| blocks | plan's expected scheduler memory | traced after building | traced peak of the run | peak / plan |")
+    print(
+        "| blocks | plan's expected scheduler memory | traced after building | traced peak of the run | peak / plan |"
+    )
     print("|---|---|---|---|---|")
     for side in mem_sides:
         m = memory_check(side)

@@ -36,7 +36,8 @@ import os
 import statistics
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 __all__ = ["HangAlarm", "HangConfig", "resolve_hang_alarm"]
 

@@ -210,6 +210,7 @@ def _count_skips(task, layout, block_tracking: bool) -> tuple[int | None, int, s
                 f"{[int(v) for v in layout.track_shape]}",
                 track_cells,
             )
+        assert target.block_lo is not None and target.block_hi is not None  # from_layout: the box is known
         lo, hi = target.block_lo, target.block_hi
         grid = reader.grid_shape
         inner = int(np.prod(grid[1:])) if len(grid) > 1 else 1
@@ -219,7 +220,7 @@ def _count_skips(task, layout, block_tracking: bool) -> tuple[int | None, int, s
         for r0 in range(lo[0], hi[0], rows):
             r1 = min(hi[0], r0 + rows)
             d = reader.done.read(r0 * inner, (r1 - r0) * inner).reshape((r1 - r0, *grid[1:]))
-            d = d[(slice(None), *box)] != 0
+            d = d[(slice(None),) + box] != 0
             done += int(np.count_nonzero(d))
             if mask_b is not None:
                 m = mask_b[r0 - lo[0] : r1 - lo[0]]
@@ -273,7 +274,9 @@ def make_plan(
         kind = {1: "block function", 0: "worker function (Client loop)"}.get(arity, "none")
         requires = dict(task.requires)
         if executor is None and n and (task.process_function is None or (not multiprocessing and arity != 1)):
-            problems.append(f"task {tid!r} has no {'' if multiprocessing else '1-argument '}process_function (the run raises)")
+            problems.append(
+                f"task {tid!r} has no {'' if multiprocessing else '1-argument '}process_function (the run raises)"
+            )
         if executor is None and multiprocessing:
             for k, v in requires.items():
                 have = (budget or {}).get(k, 0)
@@ -335,7 +338,9 @@ def format_plan(plan: Plan) -> str:
     for tp in plan.tasks:
         done = "off" if tp.done_by_tracking is None else f"{tp.done_by_tracking:,}"
         run = f"{tp.to_run:,}" + ("*" if tp.check_function else "")
-        workers = f"{tp.max_workers}" if not tp.requires else f"{tp.max_workers} ({_max_at_once(tp, plan.resources)} at once)"
+        workers = (
+            f"{tp.max_workers}" if not tp.requires else f"{tp.max_workers} ({_max_at_once(tp, plan.resources)} at once)"
+        )
         rows.append(
             [tp.task_id, f"{tp.blocks:,}", f"{tp.levels}", done, f"{tp.skipped_by_mask:,}", run,
              ", ".join(tp.upstream) or "-", workers]
@@ -346,7 +351,9 @@ def format_plan(plan: Plan) -> str:
         f"on {plan.runtime}",
         "",
     ]
-    fmt = lambda cells: "    " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    fmt = lambda cells: (
+        "    " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    )  # noqa: E731
     lines.append(fmt(heads))
     lines.append("    " + "  ".join("─" * w for w in widths))
     lines += [fmt(r) for r in rows]

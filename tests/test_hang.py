@@ -107,6 +107,22 @@ def test_client_loop_alarm(tmp_path, out, caplog, no_leaks):
     _check_alarms(events, caplog, "Client of worker", pid_is_mine=False)
 
 
+@pytest.mark.timeout(180)
+def test_dask_alarm_names_the_batch_and_its_worker(tmp_path, out, caplog):
+    distributed = pytest.importorskip("distributed")
+    import blockfns
+    import cloudpickle
+
+    for mod in (planfns, blockfns):
+        cloudpickle.register_pickle_by_value(mod)  # dask workers need not import the test helpers
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cl,
+        distributed.Client(cl) as client,
+    ):
+        events = _run_held(tmp_path, out, caplog, executor=client, hang_alarm=1.0)
+    _check_alarms(events, caplog, "dask worker tcp://127.0.0.1:", pid_is_mine=False)
+
+
 def test_no_alarm_while_blocks_finish(tmp_path, out, caplog, monkeypatch):
     monkeypatch.setenv("DAISY_NB_TEST_BLOCK_SECS", "0.05")
     path = tmp_path / "events.jsonl"
@@ -145,6 +161,7 @@ def test_dashboard_shows_the_alarm_and_metrics_say_hung(tmp_path, out):
 
         def watch():
             try:
+
                 def hung():
                     s = json.loads(get(dash.url + "api/state")[0])
                     seen["state"] = s

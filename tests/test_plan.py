@@ -111,7 +111,12 @@ def test_dry_run_creates_no_tracking_and_describes_workers(tmp_path):
     plan = daisy.Server().run_blockwise(t, resources={"gpu": 2}, dry_run=True)
     assert not (tmp_path / "new").exists()
     tp = plan.task("gpu")
-    assert (tp.blocks, tp.done_by_tracking, tp.to_run, tp.tracking_note) == (100, 0, 100, "none yet: the run creates it")
+    assert (tp.blocks, tp.done_by_tracking, tp.to_run, tp.tracking_note) == (
+        100,
+        0,
+        100,
+        "none yet: the run creates it",
+    )
     assert tp.kind == "block function" and tp.function.endswith("work") and tp.requires == {"gpu": 1}
     assert plan.resources == {"gpu": 2} and not plan.problems
     text = str(plan)
@@ -145,15 +150,23 @@ def test_a_store_of_another_layout_is_a_problem_not_a_change(tmp_path):
     "tasks",
     [
         lambda: daisy.Task("x", Roi((0,), (1000,)), Roi((0,), (12,)), Roi((1,), (10,)), read_write_conflict=True),
-        lambda: daisy.Task(
-            "y", Roi((0, 0, 0), (95, 80, 64)), Roi((0, 0, 0), (14, 14, 14)), Roi((2, 2, 2), (10, 10, 10)), fit="shrink"
-        )
-        + daisy.Task("z", Roi((2, 2, 2), (90, 70, 60)), Roi((0, 0, 0), (20, 20, 20)), Roi((5, 5, 5), (10, 10, 10))),
         lambda: (
-            daisy.Task("p", Roi((0, 0), (200, 200)), Roi((0, 0), (10, 10)), Roi((0, 0), (10, 10)))
-            | daisy.Task("q", Roi((0, 0), (200, 200)), Roi((0, 0), (30, 30)), Roi((10, 10), (10, 10)))
-        )
-        + daisy.Task("r", Roi((0, 0), (200, 200)), Roi((0, 0), (50, 50)), Roi((20, 20), (10, 10))),
+            daisy.Task(
+                "y",
+                Roi((0, 0, 0), (95, 80, 64)),
+                Roi((0, 0, 0), (14, 14, 14)),
+                Roi((2, 2, 2), (10, 10, 10)),
+                fit="shrink",
+            )
+            + daisy.Task("z", Roi((2, 2, 2), (90, 70, 60)), Roi((0, 0, 0), (20, 20, 20)), Roi((5, 5, 5), (10, 10, 10)))
+        ),
+        lambda: (
+            (
+                daisy.Task("p", Roi((0, 0), (200, 200)), Roi((0, 0), (10, 10)), Roi((0, 0), (10, 10)))
+                | daisy.Task("q", Roi((0, 0), (200, 200)), Roi((0, 0), (30, 30)), Roi((10, 10), (10, 10)))
+            )
+            + daisy.Task("r", Roi((0, 0), (200, 200)), Roi((0, 0), (50, 50)), Roi((20, 20), (10, 10)))
+        ),
     ],
 )
 def test_expected_memory_is_what_the_scheduler_allocates(tasks):

@@ -72,18 +72,23 @@ def render(state: dict) -> str:
     for t in tasks:
         tid = t["task_id"]
         skipped = int(t.get("skipped", 0))
+        proc, ready = int(t.get("processing", 0) or 0), int(t.get("ready", 0) or 0)
+        pending = t.get("pending")  # from tracking (daisy-nb dashboard): the never-run blocks are "remaining"
+        pending = int(pending) if pending is not None else max(0, int(t.get("remaining", 0) or 0) - proc - ready)
         counts = {
             "done": int(t.get("completed", 0)) - skipped,
             "skipped": skipped,
-            "processing": int(t.get("processing", 0) or 0),
-            "ready": int(t.get("ready", 0) or 0),
-            "pending": int(t.get("pending", 0) or 0),
+            "processing": proc,
+            "ready": ready,
+            "pending": pending,
             "failed": int(t.get("failed", 0)),
             "orphaned": int(t.get("orphaned", 0) or 0),
         }
         blocks += [({"task": tid, "state": k}, counts[k]) for k in _BLOCK_STATES]
     o.family("daisy_nb_blocks", "gauge", "Blocks of a task by state.", blocks)
-    o.family("daisy_nb_task_blocks", "gauge", "Blocks of a task.", [({"task": t["task_id"]}, t["total"]) for t in tasks])
+    o.family(
+        "daisy_nb_task_blocks", "gauge", "Blocks of a task.", [({"task": t["task_id"]}, t["total"]) for t in tasks]
+    )
     o.family(
         "daisy_nb_blocks_run_total",
         "counter",
