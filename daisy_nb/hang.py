@@ -251,7 +251,7 @@ class HangAlarm:
             {
                 "event": "hang",
                 "task": tid,
-                "stalled_secs": round(stalled, 1),
+                "stalled_secs": round(stalled, 3),
                 "threshold_secs": round(limit, 3),
                 "median_block_secs": None if med is None else round(med, 6),
                 "alarm": self.watch[tid].alarms,
@@ -263,7 +263,7 @@ class HangAlarm:
 
     def _resumed(self, tid, stalled, why) -> None:
         logger.warning("task %r: resumed (%s after %.0f s without progress)", tid, why, stalled)
-        self._send({"event": "resumed", "task": tid, "stalled_secs": round(stalled, 1), "reason": why})
+        self._send({"event": "resumed", "task": tid, "stalled_secs": round(stalled, 3), "reason": why})
 
     # ------------------------------------------------------------------ serial runner
     def start_thread(self) -> None:
