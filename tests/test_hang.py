@@ -227,3 +227,26 @@ try:
     from test_dashboard_browser import CHROMIUM, dump_dom
 except Exception:  # pragma: no cover - no funlib or no browser helpers
     CHROMIUM, dump_dom = None, None
+
+
+def test_metrics_of_daisy_nb_dashboard_from_tracking(tmp_path):
+    import argparse
+
+    import blockfns
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from daisy_nb.dashboard import metrics, offline
+
+    mask = __import__("numpy").zeros(10, bool)
+    mask[:3] = True  # never written to tracking: 7 done, 3 never run
+    t = daisy.Task(
+        "o", Roi((0,), (100,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=blockfns.noop,
+        tracking_path=tmp_path / "o", skip_mask=mask,
+    )  # fmt: skip
+    daisy.run_blockwise(t, multiprocessing=False, progress=False, summary=False)
+    p = argparse.ArgumentParser()
+    offline.add_arguments(p)
+    text = metrics.render(offline.make_source(p.parse_args([str(tmp_path / "o")])).state())
+    got = {(s.name, s.labels.get("state")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert got[("daisy_nb_blocks", "done")] == 7 and got[("daisy_nb_blocks", "pending")] == 3
+    assert sum(v for (n, _), v in got.items() if n == "daisy_nb_blocks") == got[("daisy_nb_task_blocks", None)] == 10
