@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -140,8 +139,11 @@ class HangAlarm:
     # ------------------------------------------------------------------ checks
     def median_block_secs(self, tid: str) -> float | None:
         tr = self.trs.get(tid)
-        samples = list(getattr(tr, "block_secs", ()) or ())
-        return statistics.median(samples) if samples else None
+        samples = sorted(getattr(tr, "block_secs", ()) or ())
+        n = len(samples)
+        if not n:
+            return None
+        return samples[n // 2] if n % 2 else (samples[n // 2 - 1] + samples[n // 2]) / 2  # (no statistics import: 4 ms)
 
     def threshold(self, tid: str) -> tuple[float, float | None]:
         med = self.median_block_secs(tid)
