@@ -122,7 +122,7 @@ def install(children: bool = True) -> None:
         os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]
 
 
-RUN_USAGE = """usage: daisy-nb run [--] COMMAND [ARGS...]
+RUN_USAGE = """usage: daisy-nb run [--dry-run] [--] COMMAND [ARGS...]
        daisy-nb run script.py [ARGS...]      (runs it with this Python)
        daisy-nb run -m MODULE [ARGS...]       (python -m MODULE)
        daisy-nb run -c CODE [ARGS...]         (python -c CODE)
@@ -132,10 +132,15 @@ Runs COMMAND with daisy_nb standing in for daisy: `import daisy` and
 starts (the alias directory goes first on PYTHONPATH), even where daisy is installed.
 The exit code is COMMAND's.
 
+--dry-run: the program's first run_blockwise / Server.run_blockwise call prints
+what the run would do (blocks, levels, done by tracking, skipped by skip_mask,
+to run, memory, workers) and ends the program with exit code 0; nothing runs.
+
 examples:
   daisy-nb run my_pipeline.py --config c.yaml
   daisy-nb run pytest -x tests/
   daisy-nb run -- some-console-script --flag
+  daisy-nb run --dry-run my_pipeline.py
 """
 
 
@@ -173,6 +178,10 @@ def run_main(argv) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print(RUN_USAGE, end="")
         return 0
+    dry_run = False
+    while argv[:1] == ["--dry-run"]:  # daisy-nb run's own options come before the command
+        dry_run = True
+        argv = argv[1:]
     try:
         cmd = command_line(argv)
     except ValueError as e:
@@ -186,6 +195,10 @@ def run_main(argv) -> int:
             file=sys.stderr,
         )
     env = child_env()
+    if dry_run:
+        from .plan import DRY_RUN_ENV
+
+        env[DRY_RUN_ENV] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
     try:

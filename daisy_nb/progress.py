@@ -103,7 +103,12 @@ class TqdmObserver:
 
 
 class JsonProgressObserver:
-    """One JSON line per task per event (``start``/``progress``/``finish``), daisy 2.0's schema."""
+    """One JSON line per task per event (``start``/``progress``/``finish``), daisy 2.0's schema.
+
+    The hang alarm's events (:mod:`daisy_nb.hang`) are lines too: ``{"t", "event":
+    "hang" | "resumed", "task", "stalled_secs", ...}`` (a ``hang`` line names the
+    running blocks and their workers in ``running``).
+    """
 
     def __init__(self, path=None, stream=None):
         if path is not None and stream is not None:
@@ -134,6 +139,15 @@ class JsonProgressObserver:
             }
             self._sink.write(json.dumps(line) + "\n")
         try:
+            self._sink.flush()
+        except Exception:
+            pass
+
+    def on_alarm(self, event):
+        line = dict(event)
+        line.setdefault("t", time.time())
+        try:
+            self._sink.write(json.dumps(line) + "\n")
             self._sink.flush()
         except Exception:
             pass
@@ -400,11 +414,13 @@ class Heartbeat:
     """The runtimes' periodic chores, called from their loops with the current
     ``time.monotonic()``: ``on_progress`` every ``PROGRESS_SECS`` and a tracking flush
     every ``FLUSH_SECS`` (an msync of the pages marked since the last one: the marks
-    themselves are in the tracking files already, see :mod:`daisy_nb.tracking`).
+    themselves are in the tracking files already, see :mod:`daisy_nb.tracking`),
+    and the hang alarm's check (``alarm``, a :class:`daisy_nb.hang.HangAlarm`).
     The serial runner calls it between blocks."""
 
-    def __init__(self, observer, scheduler):
+    def __init__(self, observer, scheduler, alarm=None):
         self.observer, self.scheduler = observer, scheduler
+        self.alarm = alarm
         self.last_progress = self.last_flush = time.monotonic()
 
     def __call__(self, now: float) -> None:
@@ -414,6 +430,8 @@ class Heartbeat:
         if now - self.last_flush >= FLUSH_SECS:
             self.last_flush = now
             self.scheduler.flush_tracking()
+        if self.alarm is not None:
+            self.alarm.check(now)
 
 
 def notify(observer, what: str, scheduler) -> None:

@@ -19,6 +19,8 @@ def run_blockwise(
     executor=None,
     log_dir=None,
     dashboard=None,
+    dry_run: bool = False,
+    hang_alarm=None,
 ):
     """Run a Pipeline, a Task, or a list of tasks (daisy 1.x form) blockwise.
 
@@ -37,9 +39,17 @@ def run_blockwise(
     advertising the address detected for this machine (its resolved host name, else
     the default route's interface, checked by a connection to itself; else 127.0.0.1
     with a warning). ``"0.0.0.0"``/``"::"``: every interface, the detected address
-    advertised too. Anything else (``"127.0.0.1"``: this machine only) is listened on
-    and advertised as given.
+    advertised too. A loopback host (``"127.0.0.1"``) is the only address listened on (this
+    machine only); any other host is advertised as given while every interface listens.
+    ``dry_run=True`` runs nothing and returns a :class:`daisy_nb.plan.Plan` (blocks,
+    levels, done by tracking, skipped by ``skip_mask``, to run, memory, workers).
+    ``hang_alarm``: when a task's blocks stop finishing while some run, warn (log, JSON
+    observer, dashboard): None (default: on, ``DAISY_NB_HANG_SECS``/``DAISY_NB_HANG_FACTOR``
+    or 60 s and 10 x the median block time), False (off), seconds, or
+    ``{"secs": ..., "factor": ...}`` (see :mod:`daisy_nb.hang`).
     """
+    if dry_run:
+        return _plan(pipeline, multiprocessing, resources, block_tracking, executor)
     states, order = _execute(
         pipeline,
         multiprocessing=multiprocessing,
@@ -51,6 +61,7 @@ def run_blockwise(
         executor=executor,
         log_dir=log_dir,
         dashboard=dashboard,
+        hang_alarm=hang_alarm,
     )
     if multiprocessing and executor is None:
         from .runtime.pool import raise_if_abandoned
@@ -62,9 +73,28 @@ def run_blockwise(
 
 
 def _execute(
-    tasks, *, multiprocessing, resources, progress, summary, block_tracking, host, executor, log_dir, dashboard=None
+    tasks,
+    *,
+    multiprocessing,
+    resources,
+    progress,
+    summary,
+    block_tracking,
+    host,
+    executor,
+    log_dir,
+    dashboard=None,
+    hang_alarm=None,
 ):
-    """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``."""
+    """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``.
+
+    Under ``daisy-nb run --dry-run`` (:data:`daisy_nb.plan.DRY_RUN_ENV`) it prints the
+    plan and ends the program with exit code 0 instead, before anything starts.
+    """
+    if os.environ.get("DAISY_NB_DRY_RUN", "") not in ("", "0"):
+        from .plan import exit_with_plan
+
+        exit_with_plan(_plan(tasks, multiprocessing, resources, block_tracking, executor))
     host = host if host is not None else os.environ.get("DAISY_HOST")
     if host is not None and not isinstance(host, str):
         raise TypeError(f"host must be a string (an address or host name of this machine), got {type(host).__name__}")
@@ -72,6 +102,9 @@ def _execute(
         from .dashboard import check_dashboard
 
         check_dashboard(dashboard)
+    from .hang import resolve_hang_alarm
+
+    resolve_hang_alarm(hang_alarm)  # bad values raise before anything starts
     # A pool run starts its worker template first: its start-up then overlaps the
     # Scheduler's (numpy, the task tables) instead of following it. Building the Tasks
     # did not import numpy (see ``task``), so this is the earliest point.
@@ -90,11 +123,11 @@ def _execute(
         if not multiprocessing:
             from .runtime.serial import run_serial
 
-            states = run_serial(scheduler, progress=progress, summary=summary)
+            states = run_serial(scheduler, progress=progress, summary=summary, hang_alarm=hang_alarm)
         elif executor is not None:
             from .runtime.dask import run_dask  # optional extra
 
-            states = run_dask(scheduler, executor, progress=progress, summary=summary)
+            states = run_dask(scheduler, executor, progress=progress, summary=summary, hang_alarm=hang_alarm)
         else:
             from .runtime.pool import run_pool
 
@@ -106,6 +139,7 @@ def _execute(
                 log_dir=log_dir,
                 host=host,
                 template=template,
+                hang_alarm=hang_alarm,
             )
         return states, list(scheduler.task_ids)
     finally:
@@ -115,6 +149,14 @@ def _execute(
             dashboard_done()
         if scheduler is not None:
             scheduler.close()
+
+
+def _plan(tasks, multiprocessing, resources, block_tracking, executor):
+    from .plan import make_plan
+
+    return make_plan(
+        tasks, multiprocessing=multiprocessing, resources=resources, block_tracking=block_tracking, executor=executor
+    )
 
 
 def _early_template(tasks):

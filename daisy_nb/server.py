@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 
-from .run import _execute
+from .run import _execute, _plan
 
 __all__ = ["Server", "SerialServer"]
 
@@ -53,12 +53,24 @@ class Server:
         self.last_tracking_summary = None
 
     def run_blockwise(
-        self, pipeline, resources=None, progress=True, block_tracking=True, host=None, summary=True, dashboard=None
+        self,
+        pipeline,
+        resources=None,
+        progress=True,
+        block_tracking=True,
+        host=None,
+        summary=True,
+        dashboard=None,
+        dry_run=False,
+        hang_alarm=None,
     ):
         """Run ``pipeline`` (a Pipeline, a Task or a list of tasks); returns ``{task_id: TaskState}``.
 
-        ``dashboard`` (daisy_nb's): as in :func:`daisy_nb.run_blockwise`.
+        ``dashboard``, ``dry_run`` and ``hang_alarm`` (daisy_nb's): as in :func:`daisy_nb.run_blockwise`
+        (``dry_run=True`` returns a :class:`daisy_nb.plan.Plan` and runs nothing).
         """
+        if dry_run:
+            return _plan(pipeline, True, resources, block_tracking, None)
         host = host if host is not None else self.host
         try:
             states, order = _execute(
@@ -72,6 +84,7 @@ class Server:
                 executor=None,
                 log_dir=None,
                 dashboard=dashboard,
+                hang_alarm=hang_alarm,
             )
         except KeyboardInterrupt as e:
             if getattr(e, "daisy_task_order", None) is not None:

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_cluster.py",
         "bench_small.py",
         "bench_ctrl_c.py",
+        "bench_dry_run.py",
     ],
 )
 def test_benchmark_quick(script):

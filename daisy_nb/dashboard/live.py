@@ -162,6 +162,15 @@ class Tee:
             except Exception:
                 pass
 
+    def on_alarm(self, event):
+        for obs in (self.source, self.user):
+            fn = getattr(obs, "on_alarm", None)
+            if fn is not None:
+                try:
+                    fn(event)
+                except Exception:
+                    pass
+
     def attach_runtime(self, runtime):
         self.source.attach_runtime(runtime)
         attach = getattr(self.user, "attach_runtime", None)
@@ -227,6 +236,7 @@ class LiveSource:
         self.tracebacks: OrderedDict = OrderedDict()
         self._seen_err: dict = {}
         self.workers: list = []
+        self.alarms: dict = {}  # task id -> the hang alarm's last "hang" event, until it resumes
         self.exited: deque = deque(maxlen=20)
         # a page that asked just before this run began (the server starts first) still watches it
         self.wanted_until = getattr(self, "wanted_until", 0.0)
@@ -270,6 +280,14 @@ class LiveSource:
 
         self.log_base = dlog.get_log_basedir()  # run_pool(log_dir=...) has set it by now
         self._take(states, time.monotonic())
+
+    def on_alarm(self, event):
+        """The hang alarm (:mod:`daisy_nb.hang`): the page shows a banner until the task resumes."""
+        with self.lock:
+            if event.get("event") == "hang":
+                self.alarms[event.get("task")] = dict(event)
+            else:
+                self.alarms.pop(event.get("task"), None)
 
     def on_progress(self, states):
         now = time.monotonic()
@@ -408,6 +426,7 @@ class LiveSource:
         with self.lock:
             workers = [dict(w) for w in self.workers] + [dict(w) for w in self.exited]
             errors = list(self.errors)[::-1][:30]
+            alarms = list(self.alarms.values())
         if s is not None:
             rows_by_task: dict = {}
             for w in workers:
@@ -433,6 +452,7 @@ class LiveSource:
             "tasks": tasks,
             "workers": workers,
             "errors": [{k: v for k, v in e.items()} for e in errors],
+            "alarms": alarms,
             "log_dir": None if self.log_base is None else str(self.log_base),
         }
 

@@ -6,7 +6,8 @@ Read-only: GET only (``http.server`` answers other methods with 501). Routes:
 * ``/api/state``: counts, rates, workers, errors (JSON);
 * ``/api/pictures``: one block-state picture per task (JSON, see :mod:`.picture`);
 * ``/api/block?task=T&panel=P&r=R&c=C`` or ``?task=T&block_id=ID``: the blocks
-  under a pixel, their ROIs and tracebacks.
+  under a pixel, their ROIs and tracebacks;
+* ``/metrics``: the state in the Prometheus text format (:mod:`.metrics`).
 
 Access: bound to 127.0.0.1 unless another address is asked for explicitly.
 Then every request must carry the random token of the printed URL
@@ -111,6 +112,10 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send(200, item[0], item[1], cache=True)
             elif path == "/api/state":
                 self._json(srv.source().state())
+            elif path == "/metrics":
+                from .metrics import CONTENT_TYPE, render
+
+                self._send(200, render(srv.source().state()).encode(), CONTENT_TYPE)
             elif path == "/api/pictures":
                 self._json(srv.source().pictures())
             elif path == "/api/block":

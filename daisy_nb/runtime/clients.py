@@ -153,6 +153,7 @@ class ClientsMixin:
                 now = time.monotonic_ns()
                 secs = (now - max(sent, cc.t_free_ns)) / 1e9
                 cc.t_free_ns = now
+                tr.block_secs.append(secs)
                 old = self.client_block_secs.get(tr.tid)
                 self.client_block_secs[tr.tid] = secs if old is None else old + AHEAD_EMA * (secs - old)
             if status == 2:
@@ -339,6 +340,18 @@ class ClientsMixin:
             self.s.counters[tr.tid].timeout_reclaim_count += 1
             self._release_held(cc)
             self._client_timed_out(cc)
+
+    def _running_client_blocks(self) -> list:
+        """The block each client runs (the first it holds), for the hang alarm."""
+        out = []
+        for cc in list(self.clients.values()):
+            if cc.held and cc.tr is not None:
+                row, sent = next(iter(cc.held.items()))
+                w = self.workers.get(cc.wid)
+                pid = w.proc.pid if w is not None and w.proc is not None else None
+                out.append((cc.tr.tid, [row], f"Client of worker {cc.wid} at {cc.conn.peer}", pid,
+                            max(sent, cc.t_free_ns) / 1e9))  # fmt: skip
+        return out
 
     def _release_held(self, cc: ClientConn, fail_running: bool = True) -> None:
         """The block ``cc`` runs fails (an attempt); blocks behind it were never started: given back.

@@ -133,6 +133,7 @@ class _DaskRun:
         self.ac = as_completed(with_results=True, raise_errors=False)
         self.cond = self.ac.thread_condition
         self.nthreads = 0
+        self.hang = None  # run_blockwise's hang_alarm= (see daisy_nb.hang)
         self.worker_threads: dict = {}  # address -> threads
         self.zombies: dict = {}  # address -> {bid: key} of cancelled batches still running there
         self.last_pullback = 0.0
@@ -409,6 +410,7 @@ class _DaskRun:
             ran = int(np.count_nonzero(st))
             if ran:
                 tr.batch_k = grow_batch(tr.batch_k, result["elapsed_ns"], ran, self.target, self.max_batch)
+                tr.block_secs.append(result["elapsed_ns"] / ran / 1e9)
             return
         # the future erred or was cancelled behind our back: its blocks fail once
         where = f" on dask worker {b.worker} (pid {b.pid})" if b.worker else ""
@@ -498,7 +500,10 @@ class _DaskRun:
     def run(self) -> None:
         s = self.s
         self._notify("on_start")
-        heartbeat = Heartbeat(self.observer, s)
+        from daisy_nb.hang import make_alarm, resolve_hang_alarm
+
+        alarm = make_alarm(resolve_hang_alarm(self.hang), s, self.observer, self.running_blocks, self.trs)
+        heartbeat = Heartbeat(self.observer, s, alarm)
         idle_since = None
         while True:
             if self.interrupted:
@@ -533,6 +538,16 @@ class _DaskRun:
                 if self.ac.queue.empty() and not self.events and not self.interrupted:
                     self.cond.wait(POLL_SECS)
         self._notify("on_progress")
+        if alarm is not None:
+            alarm.close()
+
+    def running_blocks(self) -> list:
+        """Batches a dask worker has started (which of its blocks runs is not known here), for the hang alarm."""
+        return [
+            (b.tid, b.index[:5], f"dask worker {b.worker} (a batch of {b.n})", b.pid, b.t_start)
+            for b in self.inflight.values()
+            if b.t_start is not None
+        ]
 
     def _consume(self) -> None:
         for fut, result in self.ac.next_batch(block=False):
@@ -602,6 +617,7 @@ def run_dask(
     batch_target_secs: float = 0.1,
     futures_per_thread: int = 2,
     max_batch: int = MAX_BATCH,
+    hang_alarm=None,
 ):
     """Run every task of ``scheduler`` on a dask cluster; returns ``{task_id: TaskState}``.
 
@@ -638,6 +654,7 @@ def run_dask(
         futures_per_thread,
         max_batch,
     )
+    run.hang = hang_alarm
     in_main = threading.current_thread() is threading.main_thread()
     old_handler = None
     interrupted = False

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 import pickle
+from collections import deque
 
 __all__ = [
     "MAX_GROWTH",
@@ -132,6 +133,7 @@ class TaskRun:
             self.res = TaskResourceStats(self.tid)
         self.payload: bytes | None = None
         self.batch_k = 1
+        self.block_secs: deque = deque(maxlen=64)  # recent measured block times (the hang alarm's median)
         self.inflight = 0  # blocks acquired and not released yet
         self.abandoned = False
         self.t_first = None  # monotonic time of the task's first block handed out

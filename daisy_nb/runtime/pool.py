@@ -76,8 +76,9 @@ class _TaskRun(TaskRun):
 
 
 class _Pool(ProcessesMixin, ClientsMixin):
-    def __init__(self, scheduler, resources, observer, batch_target_secs, host=None, template=None):
+    def __init__(self, scheduler, resources, observer, batch_target_secs, host=None, template=None, hang_alarm=None):
         self.s = scheduler
+        self.hang = hang_alarm  # run_blockwise's hang_alarm= (see daisy_nb.hang)
         self.order = list(scheduler.task_ids)
         self.budget = {k: int(v) for k, v in (resources or {}).items()}
         self.used = dict.fromkeys(self.budget, 0)
@@ -254,7 +255,10 @@ class _Pool(ProcessesMixin, ClientsMixin):
     def run(self) -> None:
         s = self.s
         self._notify("on_start")
-        heartbeat = Heartbeat(self.observer, s)
+        from daisy_nb.hang import make_alarm, resolve_hang_alarm
+
+        alarm = make_alarm(resolve_hang_alarm(self.hang), s, self.observer, self.running_blocks, self.trs)
+        heartbeat = Heartbeat(self.observer, s, alarm)
         stalled = 0
         draining_since = None
         while True:
@@ -337,6 +341,12 @@ class _Pool(ProcessesMixin, ClientsMixin):
                 self._check_clients()
             now = time.monotonic()
             heartbeat(now)
+        if alarm is not None:
+            alarm.close()
+
+    def running_blocks(self) -> list:
+        """What runs now, per worker and Client connection (see ``daisy_nb.hang``)."""
+        return self._running_worker_blocks() + self._running_client_blocks()
 
     def _wait(self, timeout: float) -> list:
         """The waitables (``by_obj`` keys and the wake pipe) that are ready to read.
@@ -411,6 +421,7 @@ def run_pool(
     batch_target_secs: float = 0.01,
     host=None,
     template=None,
+    hang_alarm=None,
 ):
     """Run every task of ``scheduler`` on worker processes; returns ``{task_id: TaskState}``.
 
@@ -420,7 +431,8 @@ def run_pool(
     attached. Abandoned tasks do not raise here (see :func:`raise_if_abandoned`).
     ``host``: where ``Client`` connections are accepted (see ``_net.resolve_host``).
     ``template``: a worker template already started (``_zygote.start_early``); the
-    pool forks its workers from it and closes it at the end.
+    pool forks its workers from it and closes it at the end. ``hang_alarm``: see
+    :func:`daisy_nb.hang.resolve_hang_alarm`.
     """
     from daisy_nb.progress import resolve_observer
 
@@ -428,7 +440,13 @@ def run_pool(
     if log_dir is not None:
         dlog.set_log_basedir(log_dir)
     pool = _Pool(
-        scheduler, resources, resolve_observer(progress, list(scheduler.task_ids)), batch_target_secs, host, template
+        scheduler,
+        resources,
+        resolve_observer(progress, list(scheduler.task_ids)),
+        batch_target_secs,
+        host,
+        template,
+        hang_alarm,
     )
     if hasattr(pool.observer, "attach_runtime"):  # the dashboard's view of the workers
         pool.observer.attach_runtime(pool)

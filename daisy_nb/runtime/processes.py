@@ -549,6 +549,7 @@ class ProcessesMixin:
             self.s.release_blocks(tr.tid, index, st)
             tr.inflight -= n
             tr.per_block = elapsed / n / 1e9
+            tr.block_secs.append(tr.per_block)
             # many workers: longer batches, so that this process's batches per second stay bounded
             target = max(self.target, len(self.workers) * PER_WORKER_BATCH_SECS)
             tr.batch_k = grow_batch(tr.batch_k, elapsed, n, target, CAPACITY)
@@ -577,6 +578,22 @@ class ProcessesMixin:
         if measured is not None:
             rows, failed = rows[measured], failed[measured]
         w.tr.res.add(rows, failed)
+
+    def _running_worker_blocks(self) -> list:
+        """The block each block-function worker runs (from ``cur`` in its segment), for the hang alarm."""
+        out = []
+        for w in list(self.workers.values()):
+            if w.state != BUSY or not w.queue or w.bufs is None:
+                continue
+            k, idx = w.queue[0]
+            a = w.bufs[k]
+            c = int(a[_shm.H_CUR])
+            pid = w.proc.pid if w.proc is not None else None
+            if 0 <= c < len(idx):
+                out.append((w.tr.tid, idx[c : c + 1], f"worker {w.wid}", pid, int(a[_shm.H_START]) / 1e9))
+            else:  # sent, not started yet (a worker still importing, a stuck init_fn)
+                out.append((w.tr.tid, idx[:1], f"worker {w.wid} (batch not started)", pid, None))
+        return out
 
     def _worker_timeouts(self, now: int) -> None:
         """Kill a block worker whose running block exceeded the task's timeout."""

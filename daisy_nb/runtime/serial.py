@@ -7,7 +7,8 @@ as usual). Like the worker pool it has the heartbeat of :mod:`daisy_nb.progress`
 ``progress=`` observers (tqdm bars by default) get ``on_start``, ``on_progress``
 about every 0.2 s and ``on_finish``, block tracking is flushed about once a second,
 and the execution summary is printed at the end. The heartbeat beats between
-blocks, so a block that runs for minutes holds the bars still meanwhile.
+blocks, so a block that runs for minutes holds the bars still meanwhile; the hang
+alarm (:mod:`daisy_nb.hang`) checks from a daemon thread instead.
 
 daisy 2.0.0 shows no progress in serial mode (API.md 1.4; its observers get no
 call at all). daisy_nb shows it, as issue #12 asks: ``progress=False`` gives
@@ -16,6 +17,7 @@ daisy's silence.
 
 from __future__ import annotations
 
+import os
 import time
 
 from daisy_nb.block import BlockStatus
@@ -37,7 +39,7 @@ def _records(scheduler, order) -> dict:
     return trs
 
 
-def run_serial(scheduler, *, progress=True, summary: bool = True):
+def run_serial(scheduler, *, progress=True, summary: bool = True, hang_alarm=None):
     """Run every block of ``scheduler`` in this process; returns ``{task_id: TaskState}``.
 
     A block function's exception propagates at once (no summary, so the traceback
@@ -54,6 +56,12 @@ def run_serial(scheduler, *, progress=True, summary: bool = True):
     observer = resolve_observer(progress, order)
     notify(observer, "on_start", scheduler)
     heartbeat = Heartbeat(observer, scheduler)
+    from daisy_nb.hang import make_alarm, resolve_hang_alarm
+
+    cur: list = []  # the block running now: (task, [row], worker, pid, started), for the hang alarm
+    alarm = make_alarm(resolve_hang_alarm(hang_alarm), scheduler, observer, lambda: list(cur), trs)
+    if alarm is not None:
+        alarm.start_thread()  # this loop is inside the block while it runs: the alarm checks from a thread
     try:
         while True:
             progressed = False
@@ -66,6 +74,8 @@ def run_serial(scheduler, *, progress=True, summary: bool = True):
                     tr.t_first = time.monotonic()
                 block.status = BlockStatus.PROCESSING
                 prev = bind(states, tid)
+                t0 = time.monotonic()
+                cur[:] = [(tid, [block.index], "this process", os.getpid(), t0)]
                 try:
                     if tr.res is None:
                         tr.fn(block)
@@ -78,6 +88,8 @@ def run_serial(scheduler, *, progress=True, summary: bool = True):
                         tr.res.add_one(measured_stats(prof, block), block.status == BlockStatus.FAILED)
                 finally:
                     unbind(prev)
+                    cur.clear()
+                    tr.block_secs.append(time.monotonic() - t0)
                 if block.status != BlockStatus.FAILED:
                     block.status = BlockStatus.SUCCESS
                 scheduler.release_block(block)
@@ -95,6 +107,9 @@ def run_serial(scheduler, *, progress=True, summary: bool = True):
         _flush(scheduler, observer)
         notify(observer, "on_finish", scheduler)
         raise
+    finally:
+        if alarm is not None:
+            alarm.close()
     _flush(scheduler, observer)
     return end_run(scheduler, observer, trs, order, summary=summary, interrupted=False)
 

@@ -361,6 +361,19 @@ function renderLegend() {
     el("span", {}, el("span", { class: "sw", style: `display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:5px;background:${rgb(COLOR[k])}` }), LABEL[k])));
 }
 
+function renderAlarms(alarms) {  // the hang alarm (daisy_nb.hang): one paragraph per task that stopped finishing blocks
+  const box = document.getElementById("alarms");
+  box.hidden = !alarms.length;
+  const line = r => `block ${r.block_id} (write ROI ${roiText(r.write_roi)}) on ${r.worker}` +
+    (r.pid ? ` (pid ${r.pid})` : "") + (r.running_secs != null ? `, running for ${fmtSecs(r.running_secs)}` : "");
+  box.replaceChildren(...alarms.map(a => {
+    const head = `⚠ Task ${a.task}: no block finished for ${fmtSecs(a.stalled_secs)} (threshold ` +
+      `${fmtSecs(a.threshold_secs)}) while ${a.processing} block(s) are in flight. Is it hung?`;
+    const list = el("ul", {}, ...(a.running || []).map(r => el("li", { text: line(r) })));
+    return el("div", { class: "alarm-task", "data-task": a.task }, el("p", { text: head }), list);
+  }));
+}
+
 // ---------------------------------------------------------------- polling
 let lastState = null, picsFinal = false, picsBusy = false;
 
@@ -386,6 +399,7 @@ function renderState(s) {
   renderWorkers(s.workers || [], s.mode === "tracking" ? "tracking" : s.runtime);
   document.querySelector("#errors-box h2").firstChild.textContent = s.mode === "tracking" ? "Failed blocks " : "Recent errors ";
   renderErrors(s.errors || []);
+  renderAlarms(s.alarms || []);
   document.title = `${s.finished ? "✔" : "▶"} ${tot ? Math.floor(100 * done / tot) : 100}% · daisy_nb`;
 }
 
