@@ -122,7 +122,7 @@ def install(children: bool = True) -> None:
         os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]
 
 
-RUN_USAGE = """usage: daisy-nb run [--] COMMAND [ARGS...]
+RUN_USAGE = """usage: daisy-nb run [--report FILE.html] [--] COMMAND [ARGS...]
        daisy-nb run script.py [ARGS...]      (runs it with this Python)
        daisy-nb run -m MODULE [ARGS...]       (python -m MODULE)
        daisy-nb run -c CODE [ARGS...]         (python -c CODE)
@@ -132,8 +132,12 @@ Runs COMMAND with daisy_nb standing in for daisy: `import daisy` and
 starts (the alias directory goes first on PYTHONPATH), even where daisy is installed.
 The exit code is COMMAND's.
 
+--report FILE.html   every run_blockwise of COMMAND writes a self-contained HTML
+                     report there when it ends (a second run: FILE-2.html, ...)
+
 examples:
   daisy-nb run my_pipeline.py --config c.yaml
+  daisy-nb run --report run.html my_pipeline.py
   daisy-nb run pytest -x tests/
   daisy-nb run -- some-console-script --flag
 """
@@ -167,12 +171,33 @@ def _shadowing_daisy(cmd) -> str | None:
     return None
 
 
+def _run_options(argv: list) -> tuple[dict, list]:
+    """``daisy-nb run``'s own options before COMMAND: ``({env var: value}, the rest)``."""
+    env = {}
+    while argv and (argv[0] == "--report" or argv[0].startswith("--report=")):
+        if argv[0] == "--report":
+            if len(argv) < 2:
+                raise ValueError("daisy-nb run: --report needs a file name")
+            path, argv = argv[1], argv[2:]
+        else:
+            path, argv = argv[0].split("=", 1)[1], argv[1:]
+        if not path:
+            raise ValueError("daisy-nb run: --report needs a file name")
+        env["DAISY_NB_REPORT"] = os.path.abspath(path)
+    return env, argv
+
+
 def run_main(argv) -> int:
     """``daisy-nb run ...``: replace this process by the command (so signals and the exit code are its own)."""
     argv = list(argv)
     if argv[:1] in (["-h"], ["--help"]):
         print(RUN_USAGE, end="")
         return 0
+    try:
+        extra_env, argv = _run_options(argv)
+    except ValueError as e:
+        print(f"{e}\n\n{RUN_USAGE}", end="", file=sys.stderr)
+        return 2
     try:
         cmd = command_line(argv)
     except ValueError as e:
@@ -186,6 +211,7 @@ def run_main(argv) -> int:
             file=sys.stderr,
         )
     env = child_env()
+    env.update(extra_env)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

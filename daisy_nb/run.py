@@ -19,6 +19,7 @@ def run_blockwise(
     executor=None,
     log_dir=None,
     dashboard=None,
+    report=None,
 ):
     """Run a Pipeline, a Task, or a list of tasks (daisy 1.x form) blockwise.
 
@@ -32,6 +33,9 @@ def run_blockwise(
     ``max_worker_restarts`` raises ``RuntimeError`` with the states attached.
     ``dashboard=True`` (or a port, or a :class:`daisy_nb.dashboard.Dashboard`)
     serves a live page of the run on 127.0.0.1 and prints its URL.
+    ``report="run.html"`` (else the ``DAISY_NB_REPORT`` variable, which ``daisy-nb run
+    --report`` sets) writes a self-contained HTML report of the run when it ends, also
+    after Ctrl-C or an abandoned task (:mod:`daisy_nb.dashboard.report`).
     ``host`` (else ``DAISY_HOST``) is the address the pool listens on for ``Client``
     connections and tells workers (``DAISY_CONTEXT``); default ``127.0.0.1``,
     ``"0.0.0.0"`` listens on every interface and advertises ``socket.getfqdn()``.
@@ -47,6 +51,7 @@ def run_blockwise(
         executor=executor,
         log_dir=log_dir,
         dashboard=dashboard,
+        report=report,
     )
     if multiprocessing and executor is None:
         from .runtime.pool import raise_if_abandoned
@@ -58,7 +63,18 @@ def run_blockwise(
 
 
 def _execute(
-    tasks, *, multiprocessing, resources, progress, summary, block_tracking, host, executor, log_dir, dashboard=None
+    tasks,
+    *,
+    multiprocessing,
+    resources,
+    progress,
+    summary,
+    block_tracking,
+    host,
+    executor,
+    log_dir,
+    dashboard=None,
+    report=None,
 ):
     """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``."""
     host = host if host is not None else os.environ.get("DAISY_HOST")
@@ -68,6 +84,10 @@ def _execute(
         from .dashboard import check_dashboard
 
         check_dashboard(dashboard)
+    if report is not None or os.environ.get("DAISY_NB_REPORT"):
+        from .dashboard.report import check_report
+
+        report = check_report(report)
     # A pool run starts its worker template first: its start-up then overlaps the
     # Scheduler's (numpy, the task tables) instead of following it. Building the Tasks
     # did not import numpy (see ``task``), so this is the earliest point.
@@ -78,11 +98,11 @@ def _execute(
         from .scheduler import Scheduler
 
         scheduler = Scheduler(tasks, block_tracking=block_tracking)
-        if dashboard is not None and dashboard is not False:
+        if (dashboard is not None and dashboard is not False) or report is not None:
             from .dashboard import start_for_run
 
             runtime = "serial" if not multiprocessing else ("dask" if executor is not None else "pool")
-            progress, dashboard_done = start_for_run(dashboard, scheduler, progress, runtime)
+            progress, dashboard_done = start_for_run(dashboard, scheduler, progress, runtime, report)
         if not multiprocessing:
             from .runtime.serial import run_serial
 

@@ -33,6 +33,7 @@ from daisy_nb.kernels import tables as kt
 from daisy_nb.progress import _ran
 
 from . import picture as pic
+from .timeline import Timeline
 
 __all__ = ["LiveSource", "Tee", "block_id_to_grid", "find_traceback_in_logs"]
 
@@ -225,6 +226,7 @@ class LiveSource:
         self._pics_t = -1e9
         self._pics_cost = 0.0
         self._pics_final = False
+        self.timeline = Timeline()
 
     # ------------------------------------------------------------- run plumbing
     def begin(self, scheduler, runtime_name: str) -> None:
@@ -254,6 +256,10 @@ class LiveSource:
     # ----------------------------------------------------------- observer side
     def attach_runtime(self, runtime) -> None:
         self.runtime = runtime
+        try:  # the runtime reports batches to it (see .timeline); None-checked on its side
+            runtime.timeline = self.timeline
+        except AttributeError:
+            pass
 
     def on_start(self, states):
         from daisy_nb import logging as dlog
@@ -334,11 +340,13 @@ class LiveSource:
             out = []
             for w in list(pool.workers.values()):
                 row = held.get(w.wid)
+                since = None
                 if row is None and w.queue and w.bufs is not None:
                     k, idx = w.queue[0]
                     c = int(w.bufs[k][_shm.H_CUR])
                     if 0 <= c < len(idx):
                         row = int(idx[c])
+                        since = int(w.bufs[k][_shm.H_START]) / 1e9
                 out.append(
                     {
                         "id": int(w.wid),
@@ -348,6 +356,7 @@ class LiveSource:
                         "alive": True,
                         "row": row,
                         "age_s": round(now - w.t_spawn, 1),
+                        "since": since,
                     }
                 )
         except Exception:  # the pool changed shape under us (another runtime): show nothing
@@ -357,8 +366,9 @@ class LiveSource:
             cur = {w["id"] for w in out}
             for wid, w in old.items():
                 if wid not in cur:
-                    self.exited.appendleft(dict(w, alive=False, state="exited", row=None))
+                    self.exited.appendleft(dict(w, alive=False, state="exited", row=None, since=None))
             self.workers = out
+            self._t_workers = now
 
     # ------------------------------------------------------------- page side
     def _states_now(self):
@@ -411,6 +421,7 @@ class LiveSource:
                     w["block_id"] = bid
         for w in workers:
             w.pop("row", None)
+            w.pop("since", None)
         if self.finished:
             self.final_served.set()
         return {
@@ -422,6 +433,7 @@ class LiveSource:
             "tasks": tasks,
             "workers": workers,
             "errors": [{k: v for k, v in e.items()} for e in errors],
+            "error_groups": self.error_groups(states),
             "log_dir": None if self.log_base is None else str(self.log_base),
         }
 
@@ -470,6 +482,33 @@ class LiveSource:
             "worker_failures": int(st.worker_failure_count),
             "workers_started": int(st.worker_start_count),
         }
+
+    def error_groups(self, states=None, tb_chars: int = 4000) -> list:
+        """Every task's grouped errors (:mod:`daisy_nb.errors`), most frequent first."""
+        states = self._states_now() if states is None else states
+        out = []
+        for st in (states or {}).values():
+            eg = getattr(st, "error_groups", None)
+            if eg is None or not len(eg):
+                continue
+            for g in eg.as_list():
+                if g.get("traceback") and len(g["traceback"]) > tb_chars:
+                    g["traceback"] = g["traceback"][:tb_chars] + "\n…"
+                out.append(g)
+        return out
+
+    def timeline_json(self, max_bars_total: int = 8000) -> dict:
+        """``GET /api/timeline``: the worker timeline (:mod:`.timeline`)."""
+        self.wanted_until = time.monotonic() + WANT_SECS
+        now = time.monotonic()
+        live = {}
+        with self.lock:
+            fresh = not self.finished and now - getattr(self, "_t_workers", -1e9) < WANT_SECS
+            workers = list(self.workers) if fresh else []
+        names = {"busy": "running", "idle": "idle", "parked": "idle", "starting": "starting", "quitting": "running"}
+        for w in workers:
+            live[("w", w["id"])] = (names.get(w["state"], w["state"]), w.get("since"))
+        return self.timeline.to_json(now, self.t_mono, live, max_bars_total)
 
     def pictures(self) -> dict:
         """``GET /api/pictures``: one picture per task, recomputed at most every

@@ -46,6 +46,7 @@ class ClientConn:
         self.parked = False
         self.last_seen = self.last_sent = time.monotonic()  # heartbeats
         self.t_free_ns = time.monotonic_ns()  # when its previous block ended (block time estimates)
+        self.tl_key = None  # its row in the dashboard's timeline
 
 
 class ClientsMixin:
@@ -63,6 +64,7 @@ class ClientsMixin:
     target: float
     net: dict[str, float]
     aborting: bool
+    timeline: Any  # a dashboard.timeline.Timeline, or None
     _died_with_template: Any  # processes.ProcessesMixin
 
     if TYPE_CHECKING:
@@ -83,6 +85,17 @@ class ClientsMixin:
                 self._drop_client(cc)
                 return
             self.n_clients[tid] = self.n_clients.get(tid, 0) + 1
+            tl = self.timeline
+            if tl is not None:  # the row of its worker function (its job), or its own if that has one
+                taken = any(c.tl_key == ("w", cc.wid) for c in self.clients.values() if c is not cc)
+                if cc.wid in self.workers and not taken:
+                    cc.tl_key = ("w", cc.wid)
+                else:
+                    cc.tl_key = ("c", id(cc))
+                    w = self.workers.get(cc.wid)
+                    tl.worker(
+                        cc.tl_key, tid, "client", f"client of worker {cc.wid}", None, None if w is None else w.job
+                    )
             if 0 <= cc.wid < self.next_wid and cc.wid not in self.workers and not self.s.is_done():
                 logger.warning(
                     "task %r: worker %d connected after its worker function had already returned; 0-argument "
@@ -126,7 +139,9 @@ class ClientsMixin:
                 if kind == b"E":  # a failure with stats (resource_tracking)
                     stats = _STATS.unpack_from(msg, 9)
                     t0 += _STATS.size
-                record_error(self.s.counters[tr.tid], msg[t0:].decode("utf-8", "replace"))
+                w = self.workers.get(cc.wid)  # the worker function whose job this client is
+                log = None if w is None else w.err_path
+                record_error(self.s.counters[tr.tid], msg[t0:].decode("utf-8", "replace"), log=log)
             sent = cc.held.pop(index, None)
             if sent is not None:  # else: reclaimed after a timeout
                 if stats is not None and tr.res is not None:
@@ -140,6 +155,8 @@ class ClientsMixin:
                 cc.t_free_ns = now
                 old = self.client_block_secs.get(tr.tid)
                 self.client_block_secs[tr.tid] = secs if old is None else old + AHEAD_EMA * (secs - old)
+                if self.timeline is not None and cc.tl_key is not None:
+                    self.timeline.bar(cc.tl_key, tr.tid, now / 1e9 - secs, now / 1e9, 1, int(status != 2))
             if status == 2:
                 self._send_ahead(cc)
 
@@ -262,6 +279,8 @@ class ClientsMixin:
     def _drop_client(self, cc: ClientConn) -> None:
         if self.clients.pop(cc.conn, None) is not None and cc.tr is not None:
             self.n_clients[cc.tr.tid] -= 1
+            if self.timeline is not None and cc.tl_key is not None and cc.tl_key[0] == "c":
+                self.timeline.ended(cc.tl_key)
         self.by_obj.pop(cc.conn, None)
         try:
             cc.conn.close()

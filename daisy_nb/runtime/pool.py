@@ -105,6 +105,7 @@ class _Pool(ProcessesMixin, ClientsMixin):
         self.template_failed = False
         self.forked_wids: set[int] = set()  # workers forked by the template (they die with it)
         self.more_spawns = False  # _spawn_pass stopped at SPAWN_BURST with more workers to start
+        self.timeline = None  # set by the dashboard's observer (attach_runtime): batches are reported to it
 
     # ------------------------------------------------------------------ setup
     def prepare(self):

@@ -102,6 +102,7 @@ class Worker:
         self.err_path = None
         self.err_offset = 0
         self.t_spawn = time.monotonic()
+        self.job: str | None = None  # a cluster job id, when the worker function that started it says
 
 
 class ProcessesMixin:
@@ -125,6 +126,7 @@ class ProcessesMixin:
     template_failed: bool
     forked_wids: set[int]
     next_wid: int
+    timeline: Any  # a dashboard.timeline.Timeline, or None (no dashboard or report)
 
     def _context(self, tr: TaskRun, wid: int) -> Context:
         base = dlog.get_log_basedir()
@@ -224,6 +226,10 @@ class ProcessesMixin:
             w.state = BUSY
         self.workers[wid] = w
         tr.workers.add(w)
+        if self.timeline is not None:  # the dashboard's worker timeline (dashboard/timeline.py)
+            self.timeline.worker(
+                ("w", wid), tr.tid, "worker" if tr.arity else "job", f"worker {wid}", w.proc.pid, w.job, w.t_spawn
+            )
 
     def _start_process(self, env: dict, fd: int, keep_fds: list, logs):
         """Fork the worker from the run's template (started on first use), else exec it."""
@@ -349,6 +355,8 @@ class ProcessesMixin:
         tr.workers.discard(w)
         self.workers.pop(w.wid, None)
         self._release_resources(tr)
+        if self.timeline is not None:
+            self.timeline.ended(("w", w.wid), lost=dirty)
         if dirty:
             self._kill(w)  # helpers it launched go too
             c = self.s.counters[tr.tid]
@@ -368,7 +376,7 @@ class ProcessesMixin:
                 tail = self._err_tail(w)
                 if tail:
                     msg += "\nworker stderr tail:\n" + tail
-            record_error(c, msg)
+            record_error(c, msg, log=w.err_path)
             logger.warning("task %r: %s", tr.tid, msg.splitlines()[0])
 
     def _release_queue(self, w: Worker, running_status: int) -> None:
@@ -489,6 +497,9 @@ class ProcessesMixin:
                 self._add_stats(w, k, n, st)
             self.s.release_blocks(tr.tid, index, st)
             tr.inflight -= n
+            if self.timeline is not None:  # one bar per batch: its run time is in shared memory
+                t1 = time.monotonic()
+                self.timeline.bar(("w", w.wid), tr.tid, t1 - elapsed / 1e9, t1, n, int(np.count_nonzero(st == 3)))
             tr.per_block = elapsed / n / 1e9
             # many workers: longer batches, so that this process's batches per second stay bounded
             target = max(self.target, len(self.workers) * PER_WORKER_BATCH_SECS)
@@ -505,8 +516,17 @@ class ProcessesMixin:
             # a block raised (status 3: none is left running): the worker exits (daisy 2.0's dirty
             # exit); blocks it ran count, the rest of the batch and a prefetched batch were never
             # started: given back
+            if self.timeline is not None:
+                k, index = w.queue[0]
+                a = w.bufs[k]
+                st = a[w.off["status"] : w.off["status"] + len(index)]
+                t1 = time.monotonic()
+                ran = int(np.count_nonzero(st >= 2))
+                self.timeline.bar(
+                    ("w", w.wid), tr.tid, t1 - int(a[_shm.H_ELAPSED]) / 1e9, t1, ran, int(np.count_nonzero(st == 3))
+                )
             self._release_queue(w, 0)
-            record_error(self.s.counters[tr.tid], msg[2:].decode("utf-8", "replace"))
+            record_error(self.s.counters[tr.tid], msg[2:].decode("utf-8", "replace"), log=w.err_path)
             w.state = QUITTING  # no more work for it; its exit is a dirty one (replaced once reaped)
             w.raised = True
 
