@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Callable
 
-__all__ = ["MAX_GROUPS", "ErrorGroups", "format_groups", "message_shape", "split_error"]
+__all__ = ["MAX_GROUPS", "ErrorGroups", "format_groups", "groups_from_logs", "message_shape", "split_error"]
 
 MAX_GROUPS = 50
 MAX_TB = 8192  # characters of a group's first traceback kept
@@ -84,7 +85,7 @@ class ErrorGroups:
         self.task_id = task_id
         self.groups: dict[tuple[str, str], dict] = {}
         self.total = 0
-        self.roi_of = None  # optional callable block_id -> {"read_roi":..., "write_roi":...} (the scheduler's)
+        self.roi_of: Callable[[int], dict | None] | None = None  # optional callable block_id -> {"read_roi":..., "write_roi":...} (the scheduler's)
 
     def add(self, text: str, log: str | None = None, t: float | None = None) -> None:
         """Count one failure ``text`` (a traceback or a worker message); ``log``: the worker's log path."""
@@ -169,3 +170,38 @@ def format_groups(groups: list[dict], indent: str = "    ", traceback_lines: int
                 lines.append(f"{indent}    … ({len(tb) - traceback_lines} lines above)")
             lines.extend(f"{indent}    | {ln}" for ln in shown)
     return lines
+
+
+def groups_from_logs(log_dir, task_id: str, max_bytes: int = 64 << 20) -> ErrorGroups:
+    """The ``block <id> failed:`` entries of a task's worker logs (``<log_dir>/<task_id>/worker_*.err``,
+    the last ``max_bytes`` of each), grouped: what ``daisy-nb status`` shows, since block tracking
+    records failure counts but no tracebacks. A log holds the runs appended to it (``daisy_nb.logging``):
+    a block that failed in an earlier run and succeeded since is still counted here."""
+    from pathlib import Path
+
+    groups = ErrorGroups(task_id)
+    d = Path(log_dir) / task_id
+    try:
+        files = sorted(d.glob("worker_*.err"))
+    except OSError:
+        return groups
+    for p in files:
+        try:
+            with open(p, "rb") as f:
+                f.seek(0, 2)
+                size = f.tell()
+                f.seek(max(0, size - max_bytes))
+                text = f.read().decode("utf-8", "replace")
+            t = p.stat().st_mtime
+        except OSError:
+            continue
+        starts = [m.start() for m in BLOCK_RE.finditer(text)]
+        for i, a in enumerate(starts):
+            b = starts[i + 1] if i + 1 < len(starts) else len(text)
+            body = text[a:b]
+            cut = body.find("\n=== daisy run ")
+            if cut > 0:
+                body = body[:cut]
+            body = "\n".join(body.rstrip().splitlines()[:80])
+            groups.add(body, log=str(p), t=t)
+    return groups

@@ -33,8 +33,9 @@ pytestmark = [
 ]
 
 
-def dump_dom(url: str, budget_ms: int = 2500) -> str:
-    """The DOM after the page ran ``budget_ms`` of (virtual) time; the browser is gone afterwards."""
+def dump_dom(url: str, budget_ms: int = 2500, extra=()) -> str:
+    """The DOM after the page ran ``budget_ms`` of (virtual) time; the browser is gone afterwards.
+    ``extra``: more chromium switches."""
     with tempfile.TemporaryDirectory() as profile:
         cmd = [
             CHROMIUM,
@@ -46,6 +47,7 @@ def dump_dom(url: str, budget_ms: int = 2500) -> str:
             "--disable-extensions",
             f"--user-data-dir={profile}",
             f"--virtual-time-budget={budget_ms}",
+            *extra,
             "--dump-dom",
             url,
         ]

@@ -320,6 +320,8 @@ class ProcessesMixin:
             except (EOFError, OSError):
                 pass
         was_busy = w.state == BUSY
+        if tr.arity and w.state == BUSY and w.queue and self.timeline is not None:
+            self._timeline_died(w, fails=not (self.aborting or orphan))
         if tr.arity and w.state == BUSY and w.queue:
             # the block it was running fails (an attempt), except on Ctrl-C: then it is given back
             self._release_queue(w, 0 if self.aborting or orphan else 3)
@@ -397,6 +399,20 @@ class ProcessesMixin:
             self.s.release_blocks(tr.tid, index, st)
             tr.inflight -= n
         w.queue.clear()
+
+    def _timeline_died(self, w: Worker, fails: bool) -> None:
+        """The bar of the batch ``w`` died in: its finished blocks and the one it was running,
+        from an estimated start (blocks done x the task's time per block) to now."""
+        k, index = w.queue[0]
+        a = w.bufs[k]
+        st = a[w.off["status"] : w.off["status"] + len(index)]
+        done, running = int(np.count_nonzero(st >= 2)), int(np.count_nonzero(st == 1))
+        if done + running:
+            t1 = time.monotonic()
+            t_cur = int(a[_shm.H_START]) / 1e9 if int(a[_shm.H_CUR]) >= 0 else t1
+            t0 = min(t1, t_cur) - done * (w.tr.per_block or 0.0)
+            failed = int(np.count_nonzero(st == 3)) + (running if fails else 0)
+            self.timeline.bar(("w", w.wid), w.tr.tid, t0, t1, done + running, failed)
 
     def _err_tail(self, w: Worker) -> str:
         if not w.err_path:
