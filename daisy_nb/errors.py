@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["MAX_GROUPS", "ErrorGroups", "format_groups", "groups_from_logs", "message_shape", "split_error"]
 
