@@ -85,7 +85,9 @@ class ErrorGroups:
         self.task_id = task_id
         self.groups: dict[tuple[str, str], dict] = {}
         self.total = 0
-        self.roi_of: Callable[[int], dict | None] | None = None  # optional callable block_id -> {"read_roi":..., "write_roi":...} (the scheduler's)
+        self.roi_of: Callable[[int], dict | None] | None = (
+            None  # optional callable block_id -> {"read_roi":..., "write_roi":...} (the scheduler's)
+        )
 
     def add(self, text: str, log: str | None = None, t: float | None = None) -> None:
         """Count one failure ``text`` (a traceback or a worker message); ``log``: the worker's log path."""
