@@ -220,7 +220,7 @@ def report_worker(sizes: list[int]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="10k blocks, 1 rep, reports at 10^4 (smoke run)")
+    ap.add_argument("--quick", action="store_true", help="2k blocks, 1 rep, reports at 10^4 (smoke run)")
     ap.add_argument("--blocks", type=int, default=100_000)
     ap.add_argument("--block-ms", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=3, help="cycles of the four cases")
@@ -241,7 +241,7 @@ def main() -> None:
         else:
             emit(report_worker([int(v) for v in rest[0].split(",")]))
         return
-    n, reps, sizes = (10_000, 1, "10000") if args.quick else (args.blocks, args.reps, args.report_sizes)
+    n, reps, sizes = (2_000, 1, "10000") if args.quick else (args.blocks, args.reps, args.report_sizes)
     me = os.path.abspath(__file__)
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")

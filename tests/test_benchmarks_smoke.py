@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_tracking.py",
         "bench_cluster.py",
         "bench_small.py",
+        "bench_timeline.py",
     ],
 )
 def test_benchmark_quick(script):

@@ -210,6 +210,7 @@ class LiveSource:
         self.t_start = time.time()
         self.t_mono = time.monotonic()
         self.finished = False
+        self.t_end = 0.0
         self.elapsed: dict = {}
         self.history: dict[str, _History] = {}
         self.t_first: dict[str, float] = {}
@@ -250,6 +251,7 @@ class LiveSource:
                 now = time.monotonic()
                 self.elapsed = {tid: (self.t_done.get(tid, now) - t0) for tid, t0 in self.t_first.items()}
             self.finished = True
+            self.t_end = time.monotonic()
             self.runtime = None
             self.workers = []
 
@@ -428,7 +430,7 @@ class LiveSource:
             "mode": self.mode,
             "runtime": self.runtime_name,
             "started": self.t_start,
-            "elapsed_s": round(now - self.t_mono, 2),
+            "elapsed_s": round((self.t_end if self.finished else now) - self.t_mono, 2),
             "finished": bool(self.finished),
             "tasks": tasks,
             "workers": workers,
@@ -500,7 +502,7 @@ class LiveSource:
     def timeline_json(self, max_bars_total: int = 8000) -> dict:
         """``GET /api/timeline``: the worker timeline (:mod:`.timeline`)."""
         self.wanted_until = time.monotonic() + WANT_SECS
-        now = time.monotonic()
+        now = self.t_end if self.finished else time.monotonic()  # a finished run's time stands still
         live = {}
         with self.lock:
             fresh = not self.finished and now - getattr(self, "_t_workers", -1e9) < WANT_SECS
