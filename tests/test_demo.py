@@ -260,7 +260,6 @@ def test_module_entry_point_help():
 @pytest.mark.mp
 @pytest.mark.timeout(180)
 def test_cli_dashboard_and_report(tmp_path):
-    root = Path(__file__).resolve().parents[1]
     out, rep = tmp_path / "demo", tmp_path / "demo.html"
     r = subprocess.run(
         [sys.executable, "-m", "daisy_nb", "demo", "--dashboard", "--size", "32", "--block", "16", "--out", str(out),
