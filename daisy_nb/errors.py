@@ -85,9 +85,9 @@ class ErrorGroups:
         self.task_id = task_id
         self.groups: dict[tuple[str, str], dict] = {}
         self.total = 0
-        self.roi_of: Callable[[int], dict | None] | None = (
-            None  # optional callable block_id -> {"read_roi":..., "write_roi":...} (the scheduler's)
-        )
+        # block id -> {"read_roi": ..., "write_roi": ...} or None: the scheduler's, optional
+        self.roi_of: Callable[[int], dict | None] | None = None
+        self._rois: dict = {}  # block id -> ROI, looked up once
 
     def add(self, text: str, log: str | None = None, t: float | None = None) -> None:
         """Count one failure ``text`` (a traceback or a worker message); ``log``: the worker's log path."""
@@ -137,10 +137,14 @@ class ErrorGroups:
                 bid = d[k + "_block"]
                 d[k + "_roi"] = None
                 if bid is not None and self.roi_of is not None:
-                    try:
-                        d[k + "_roi"] = self.roi_of(bid)
-                    except Exception:
-                        pass
+                    if bid not in self._rois:
+                        if len(self._rois) > 4 * MAX_GROUPS:
+                            self._rois.clear()
+                        try:
+                            self._rois[bid] = self.roi_of(bid)
+                        except Exception:
+                            self._rois[bid] = None
+                    d[k + "_roi"] = self._rois[bid]
             out.append(d)
         return out
 

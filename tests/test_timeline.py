@@ -140,8 +140,7 @@ def test_client_jobs_have_rows_with_their_job_id(tmp_path, monkeypatch, out, no_
     def spawn_with_job(self, tr):  # what daisy_nb.launch does for cluster jobs: the worker carries its job id
         real(self, tr)
         w = self.workers[self.next_wid - 1]
-        w.job = f"job-{w.wid}"
-        self.timeline.worker(("w", w.wid), tr.tid, job=w.job)
+        w.job = f"job-{w.wid}"  # learnt after the row was made: the row takes it when the worker ends
 
     monkeypatch.setattr(processes.ProcessesMixin, "_spawn", spawn_with_job)
     states = daisy_nb.run_blockwise(

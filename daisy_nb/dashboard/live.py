@@ -359,6 +359,7 @@ class LiveSource:
                         "row": row,
                         "age_s": round(now - w.t_spawn, 1),
                         "since": since,
+                        "job": getattr(w, "job", None),
                     }
                 )
         except Exception:  # the pool changed shape under us (another runtime): show nothing
@@ -509,7 +510,7 @@ class LiveSource:
             workers = list(self.workers) if fresh else []
         names = {"busy": "running", "idle": "idle", "parked": "idle", "starting": "starting", "quitting": "running"}
         for w in workers:
-            live[("w", w["id"])] = (names.get(w["state"], w["state"]), w.get("since"))
+            live[("w", w["id"])] = (names.get(w["state"], w["state"]), w.get("since"), w.get("job"))
         return self.timeline.to_json(now, self.t_mono, live, max_bars_total)
 
     def pictures(self) -> dict:

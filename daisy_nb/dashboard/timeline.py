@@ -108,9 +108,12 @@ class Timeline:
             row.job = job
         return row
 
-    def ended(self, key, lost: bool = False, t: float | None = None) -> None:
-        """The worker is gone; ``lost``: it failed (died, killed after a timeout, went silent)."""
+    def ended(self, key, lost: bool = False, t: float | None = None, job=None) -> None:
+        """The worker is gone; ``lost``: it failed (died, killed after a timeout, went silent);
+        ``job``: its job id, if it was learnt after it started."""
         row = self.rows.get(key)
+        if row is not None and job is not None:
+            row.job = job
         if row is not None and row.t_end is None:
             row.t_end = time.monotonic() if t is None else t
             row.lost = bool(lost)
@@ -192,8 +195,8 @@ class Timeline:
     def to_json(self, now: float, t_ref: float, live: dict | None = None, max_bars_total: int = 20000) -> dict:
         """The timeline for the page: times in seconds since ``t_ref``.
 
-        ``live``: ``{key: (state, running_since or None)}`` from the runtime's worker
-        table, when known (a row then shows that state and an open bar). Rows get at
+        ``live``: ``{key: (state, running_since or None, job or None)}`` from the runtime's
+        worker table, when known (a row then shows that state and an open bar). Rows get at
         most ``max_bars_total / rows`` bars (neighbours merged below that resolution).
         """
         with self.lock:
@@ -208,7 +211,7 @@ class Timeline:
             if r.t_end is not None:
                 state = "lost" if r.lost else "exited"
             elif st is not None:
-                state, since = st
+                state, since = st[0], st[1]
             elif bars and now - bars[-1][1] <= RUNNING_SLACK_S:
                 state = "running"
             elif bars or buckets:
@@ -233,7 +236,7 @@ class Timeline:
                     "task": r.task,
                     "kind": r.kind,
                     "pid": r.pid,
-                    "job": r.job,
+                    "job": st[2] if st is not None and len(st) > 2 and st[2] is not None else r.job,
                     "state": state,
                     "start": round(r.t_start - t_ref, 3),
                     "end": None if r.t_end is None else round(r.t_end - t_ref, 3),

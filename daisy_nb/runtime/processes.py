@@ -358,7 +358,7 @@ class ProcessesMixin:
         self.workers.pop(w.wid, None)
         self._release_resources(tr)
         if self.timeline is not None:
-            self.timeline.ended(("w", w.wid), lost=dirty)
+            self.timeline.ended(("w", w.wid), lost=dirty, job=w.job)
         if dirty:
             self._kill(w)  # helpers it launched go too
             c = self.s.counters[tr.tid]
