@@ -14,9 +14,12 @@ URL once. For a page that outlives the run, or another bind address, make a
 directories (:mod:`.offline`).
 
 Parts: :mod:`.live` (the run's state: a progress observer plus read-only views
-of the scheduler and the pool), :mod:`.offline` (the same from tracking stores),
-:mod:`.picture` (block-state pictures), :mod:`.server` (HTTP) and ``static/``
-(the page: HTML, CSS and JavaScript, no network access).
+of the scheduler and the pool), :mod:`.timeline` (the worker timeline the
+runtimes report batches to), :mod:`.offline` (the same from tracking stores),
+:mod:`.picture` (block-state pictures), :mod:`.server` (HTTP), :mod:`.report`
+(the page and its data in one HTML file, ``run_blockwise(..., report=...)``)
+and ``static/`` (the page: HTML, CSS and JavaScript, no network access).
+Errors are grouped in :mod:`daisy_nb.errors`.
 
 The runtime plumbing is one call: :func:`start_for_run`, which ``run_blockwise``
 (and so a ``Server``) makes around its runtime, or :func:`with_dashboard`, the

@@ -15,9 +15,13 @@ blocks/s, and the worker errors it sees appear in the states
   only while a page asked for it in the last few seconds, so a run nobody
   watches pays nothing for it;
 * a traceback not seen in the states (several blocks of one batch failed): the
-  ``block <id> failed:`` entries of the task's worker ``.err`` logs.
+  ``block <id> failed:`` entries of the task's worker ``.err`` logs;
+* the errors by kind: ``TaskState.error_groups`` (:mod:`daisy_nb.errors`);
+* the worker timeline (:mod:`.timeline`): ``attach_runtime`` hands the runtime
+  ``self.timeline``, to which it reports each batch (one call per batch).
 
-Nothing here is called per block: the run's cost is one snapshot every 0.2 s.
+Nothing here is called per block: the run's cost is one snapshot every 0.2 s,
+plus the timeline's one call per batch.
 """
 
 from __future__ import annotations
