@@ -597,6 +597,8 @@ def test_cli_serves_tracking_read_only(tmp_path, monkeypatch):
         errs = get_json(url + "api/state")["errors"]  # the failed blocks the picture pass found
         assert sorted(e["block_id"] for e in errs) == [3, 9]
         assert all(f"dashboard test failure in block {e['block_id']}" in e["text"] for e in errs)
+        groups = get_json(url + "api/state")["error_groups"]  # the worker logs' failures, by kind
+        assert [(g["type"], g["count"], g["task"]) for g in groups] == [("ValueError", 2, "vol")]
         assert "static/app.js" in get(url)[1].decode()
     finally:
         proc.send_signal(signal.SIGINT)
