@@ -18,7 +18,8 @@
    Ratios are taken against the "off" run of the same cycle.
 
 2. ``Timeline.bar``: seconds per call (a batch that extends the previous bar, and one that
-   starts a new bar); the pool makes one call per batch.
+   starts a new bar); the pool makes one call per batch: on a real run of
+   ``min(--blocks, 20000)`` blocks, the calls and the time spent in them, counted.
 
 3. **The report** of no-op runs (real pool runs, 2 workers, 30 blocks failing with two kinds
    of error) at each of ``--report-sizes``: the time to write it (``write_report`` on the
@@ -147,9 +148,12 @@ def cost_worker(n: int, reps: int, block_ms: float) -> dict:
     return {"times": times}
 
 
-def bar_worker() -> dict:
+def bar_worker(n_run: int, block_ms: float) -> dict:
+    global BLOCK_SECS
     sys.path.insert(0, ROOT)
+    import daisy_nb as daisy
     from daisy_nb.dashboard.timeline import Timeline
+    from daisy_nb.warmup import warmup
 
     out = {}
     for kind, gap in (("extends the previous bar", 0.0), ("starts a new bar", 1.0)):
@@ -163,6 +167,23 @@ def bar_worker() -> dict:
             tl.bar(("w", 0), "t", t, t + 0.01, 40, 0)
             t += 0.01 + gap
         out[kind] = (time.perf_counter() - t0) / n
+    # a real run: how many calls, and the time spent in them (the scheduler's whole cost of the timeline)
+    warmup()
+    BLOCK_SECS = block_ms / 1e3
+    real = Timeline.bar
+    acc = {"calls": 0, "secs": 0.0}
+
+    def counted(self, *a, **k):
+        t0 = time.perf_counter()
+        real(self, *a, **k)
+        acc["secs"] += time.perf_counter() - t0
+        acc["calls"] += 1
+
+    Timeline.bar = counted  # type: ignore[method-assign]
+    tmp = tempfile.mkdtemp(prefix="bench_tl_bar_")
+    t0 = time.perf_counter()
+    daisy.run_blockwise([_task(n_run, busy)], progress=False, summary=False, report=os.path.join(tmp, "r.html"))
+    out["run"] = {"blocks": n_run, "wall_s": time.perf_counter() - t0, **acc}
     return out
 
 
@@ -237,7 +258,7 @@ def main() -> None:
         if kind == "cost":
             emit(cost_worker(int(rest[0]), int(rest[1]), float(rest[2])))
         elif kind == "bar":
-            emit(bar_worker())
+            emit(bar_worker(int(rest[0]), float(rest[1])))
         else:
             emit(report_worker([int(v) for v in rest[0].split(",")]))
         return
@@ -264,9 +285,16 @@ def main() -> None:
                 f"{', '.join(f'{r:.3f}' for r in ratios)} |"
             )
         print()
-    bar = spawn(sys.executable, me, ["bar"])
+    bar = spawn(sys.executable, me, ["bar", min(n, 20_000), args.block_ms], timeout=7200)
+    run = bar.pop("run")
     for k, v in bar.items():
         print(f"Timeline.bar, a batch that {k}: {v * 1e6:.2f} µs per call")
+    print(
+        f"a run of {run['blocks']:,} blocks of {args.block_ms:g} ms with report=: {run['calls']:,} calls "
+        f"({run['blocks'] / max(1, run['calls']):.1f} blocks per bar call), {run['secs'] * 1e3:.1f} ms in them, "
+        f"{100 * run['secs'] / run['wall_s']:.3f} % of the run's {run['wall_s']:.1f} s"
+    )
+    bar["run"] = run
     print()
     rep = spawn(sys.executable, me, ["report", sizes], timeout=7200)["reports"]
     print("| blocks | run (no-op, 2 workers) | failed / error kinds | report write | report size |")
