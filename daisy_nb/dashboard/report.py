@@ -12,7 +12,7 @@ inlined and the answers of ``/api/state``, ``/api/pictures`` and
 page draws from that instead of polling. Nothing is fetched when it is opened
 (a ``Content-Security-Policy`` forbids it), there is no framework, only the
 standard DOM, canvas and ``DecompressionStream``. Its size is bounded whatever
-the run's length: the pictures are at most about 10^5 pixels per task
+the run's length: the pictures are at most about 50k pixels per task
 (:mod:`.picture`), the rate history 240 points, the timeline at most 20,000
 bars plus its aggregated buckets (:mod:`.timeline`), the error groups 50 per
 task.
