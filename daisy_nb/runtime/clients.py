@@ -91,7 +91,7 @@ class ClientsMixin:
                 if cc.wid in self.workers and not taken:
                     cc.tl_key = ("w", cc.wid)
                 else:
-                    cc.tl_key = ("c", id(cc))
+                    cc.tl_key = ("c", cc.wid, time.monotonic_ns())  # unique (an id() could be reused)
                     w = self.workers.get(cc.wid)
                     tl.worker(
                         cc.tl_key, tid, "client", f"client of worker {cc.wid}", None, None if w is None else w.job
