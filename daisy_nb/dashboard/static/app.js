@@ -316,7 +316,7 @@ function renderWorkers(ws, runtime) {
   const box = document.getElementById("workers");
   document.getElementById("workers-count").textContent = ws.length ? `(${ws.filter(w => w.alive).length} alive)` : "";
   if (!ws.length) {
-    const why = runtime === "pool" ? "no workers running" : runtime === "tracking" ? "read from block tracking: no workers known"
+    const why = REPORT ? "the run has ended: its workers are in the timeline above" : runtime === "pool" ? "no workers running" : runtime === "tracking" ? "read from block tracking: no workers known"
       : `not shown for the ${runtime} runtime`;
     box.replaceChildren(el("p", { class: "empty", text: why }));
     return;
