@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -145,6 +146,7 @@ def cost_worker(n: int, reps: int, block_ms: float) -> dict:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         dash.close()
+        shutil.rmtree(tmp, ignore_errors=True)
     return {"times": times}
 
 
@@ -182,7 +184,10 @@ def bar_worker(n_run: int, block_ms: float) -> dict:
     Timeline.bar = counted  # type: ignore[method-assign]
     tmp = tempfile.mkdtemp(prefix="bench_tl_bar_")
     t0 = time.perf_counter()
-    daisy.run_blockwise([_task(n_run, busy)], progress=False, summary=False, report=os.path.join(tmp, "r.html"))
+    try:
+        daisy.run_blockwise([_task(n_run, busy)], progress=False, summary=False, report=os.path.join(tmp, "r.html"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     out["run"] = {"blocks": n_run, "wall_s": time.perf_counter() - t0, **acc}
     return out
 
@@ -236,6 +241,8 @@ def report_worker(sizes: list[int]) -> dict:
             row["timeline_records"] = tl.size()
         dash.close()
         res.append(row)
+    daisy_nb.logging.set_log_basedir(None)
+    shutil.rmtree(tmp, ignore_errors=True)
     return {"reports": res}
 
 
