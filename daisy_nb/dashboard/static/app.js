@@ -325,7 +325,7 @@ function renderWorkers(ws, runtime) {
   for (const w of ws) {
     tb.append(el("tr", { "data-worker": String(w.id) },
       el("td", {}, el("span", { class: "dot " + (w.alive ? "alive" : "dead") }), String(w.id)),
-      el("td", { text: w.task }), el("td", { text: w.pid == null ? "–" : String(w.pid) }),
+      el("td", { text: w.task }), el("td", { text: (w.pid == null ? "–" : String(w.pid)) + (w.job ? ` · job ${w.job}` : "") }),
       el("td", { text: w.state }), el("td", { text: w.block_id == null ? "–" : String(w.block_id) }),
       el("td", { text: fmtSecs(w.age_s) })));
   }
