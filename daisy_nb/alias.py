@@ -122,7 +122,7 @@ def install(children: bool = True) -> None:
         os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]
 
 
-RUN_USAGE = """usage: daisy-nb run [--dry-run] [--] COMMAND [ARGS...]
+RUN_USAGE = """usage: daisy-nb run [--dry-run] [--report FILE.html] [--] COMMAND [ARGS...]
        daisy-nb run script.py [ARGS...]      (runs it with this Python)
        daisy-nb run -m MODULE [ARGS...]       (python -m MODULE)
        daisy-nb run -c CODE [ARGS...]         (python -c CODE)
@@ -136,8 +136,12 @@ The exit code is COMMAND's.
 what the run would do (blocks, levels, done by tracking, skipped by skip_mask,
 to run, memory, workers) and ends the program with exit code 0; nothing runs.
 
+--report FILE.html   every run_blockwise of COMMAND writes a self-contained HTML
+                     report there when it ends (a second run: FILE-2.html, ...)
+
 examples:
   daisy-nb run my_pipeline.py --config c.yaml
+  daisy-nb run --report run.html my_pipeline.py
   daisy-nb run pytest -x tests/
   daisy-nb run -- some-console-script --flag
   daisy-nb run --dry-run my_pipeline.py
@@ -172,16 +176,38 @@ def _shadowing_daisy(cmd) -> str | None:
     return None
 
 
+def _run_options(argv: list) -> tuple[dict, list]:
+    """``daisy-nb run``'s own options before COMMAND: ``({env var: value}, the rest)``."""
+    env = {}
+    while argv and (argv[0] in ("--report", "--dry-run") or argv[0].startswith("--report=")):
+        if argv[0] == "--dry-run":
+            from .plan import DRY_RUN_ENV
+
+            env[DRY_RUN_ENV], argv = "1", argv[1:]
+            continue
+        if argv[0] == "--report":
+            if len(argv) < 2:
+                raise ValueError("daisy-nb run: --report needs a file name")
+            path, argv = argv[1], argv[2:]
+        else:
+            path, argv = argv[0].split("=", 1)[1], argv[1:]
+        if not path:
+            raise ValueError("daisy-nb run: --report needs a file name")
+        env["DAISY_NB_REPORT"] = os.path.abspath(path)
+    return env, argv
+
+
 def run_main(argv) -> int:
     """``daisy-nb run ...``: replace this process by the command (so signals and the exit code are its own)."""
     argv = list(argv)
     if argv[:1] in (["-h"], ["--help"]):
         print(RUN_USAGE, end="")
         return 0
-    dry_run = False
-    while argv[:1] == ["--dry-run"]:  # daisy-nb run's own options come before the command
-        dry_run = True
-        argv = argv[1:]
+    try:  # daisy-nb run's own options come before the command
+        extra_env, argv = _run_options(argv)
+    except ValueError as e:
+        print(f"{e}\n\n{RUN_USAGE}", end="", file=sys.stderr)
+        return 2
     try:
         cmd = command_line(argv)
     except ValueError as e:
@@ -195,10 +221,7 @@ def run_main(argv) -> int:
             file=sys.stderr,
         )
     env = child_env()
-    if dry_run:
-        from .plan import DRY_RUN_ENV
-
-        env[DRY_RUN_ENV] = "1"
+    env.update(extra_env)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-__all__ = ["JsonProgressObserver", "TqdmObserver", "print_resource_utilization", "print_summary"]
+__all__ = ["JsonProgressObserver", "TqdmObserver", "print_error_groups", "print_resource_utilization", "print_summary"]
 
 
 def _ordered(states, task_order):
@@ -279,6 +279,42 @@ def print_summary(states, task_order=None, elapsed_per_task=None, *, interrupted
             for tid in failed_tasks:
                 p(f"      {base / tid}/")
     print_resource_utilization(states, task_order, file=out)
+    print_error_groups(states, task_order, file=out)
+
+
+def print_error_groups(states, task_order=None, *, file=None, traceback_lines: int = 6) -> bool:
+    """The failures of each task grouped by exception type and message shape (daisy_nb extension,
+    after daisy's panels): count, first/last block and ROI, the worker's log, a traceback tail.
+    Reads ``TaskState.error_groups`` (:mod:`daisy_nb.errors`); prints nothing without errors."""
+    from daisy_nb.errors import format_groups
+
+    per_task = []
+    for tid in _ordered(states, task_order):
+        eg = getattr(states[tid], "error_groups", None)
+        if eg is not None and len(eg):
+            per_task.append((tid, eg.total, eg.as_list()))
+    if not per_task:
+        return False
+    out = file if file is not None else (sys.stdout or sys.__stdout__)
+
+    def p(s=""):
+        try:
+            print(s, file=out)
+        except ValueError:
+            pass
+
+    p()
+    p("Errors by kind")
+    p("--------------")
+    for tid, total, groups in per_task:
+        blocks = sum(g["count"] for g in groups if g["type"] != "worker error")
+        workers = total - blocks
+        what = [f"{blocks:,} block error(s)"] if blocks else []
+        what += [f"{workers:,} worker error(s)"] if workers else []
+        p(f"    task '{tid}': {' and '.join(what)}, {len(groups)} kind(s)")
+        for line in format_groups(groups, indent="      ", traceback_lines=traceback_lines):
+            p(line)
+    return True
 
 
 def _bytes(n) -> str:

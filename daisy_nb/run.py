@@ -21,6 +21,7 @@ def run_blockwise(
     dashboard=None,
     dry_run: bool = False,
     hang_alarm=None,
+    report=None,
 ):
     """Run a Pipeline, a Task, or a list of tasks (daisy 1.x form) blockwise.
 
@@ -47,6 +48,9 @@ def run_blockwise(
     observer, dashboard): None (default: on, ``DAISY_NB_HANG_SECS``/``DAISY_NB_HANG_FACTOR``
     or 60 s and 10 x the median block time), False (off), seconds, or
     ``{"secs": ..., "factor": ...}`` (see :mod:`daisy_nb.hang`).
+    ``report="run.html"`` (else the ``DAISY_NB_REPORT`` variable, which ``daisy-nb run
+    --report`` sets) writes a self-contained HTML report of the run when it ends, also
+    after Ctrl-C or an abandoned task (:mod:`daisy_nb.dashboard.report`).
     """
     if dry_run:
         return _plan(pipeline, multiprocessing, resources, block_tracking, executor)
@@ -62,6 +66,7 @@ def run_blockwise(
         log_dir=log_dir,
         dashboard=dashboard,
         hang_alarm=hang_alarm,
+        report=report,
     )
     if multiprocessing and executor is None:
         from .runtime.pool import raise_if_abandoned
@@ -85,6 +90,7 @@ def _execute(
     log_dir,
     dashboard=None,
     hang_alarm=None,
+    report=None,
 ):
     """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``.
 
@@ -105,6 +111,11 @@ def _execute(
     from .hang import resolve_hang_alarm
 
     resolve_hang_alarm(hang_alarm)  # bad values raise before anything starts
+
+    if report is not None or os.environ.get("DAISY_NB_REPORT"):
+        from .dashboard.report import check_report
+
+        report = check_report(report)
     # A pool run starts its worker template first: its start-up then overlaps the
     # Scheduler's (numpy, the task tables) instead of following it. Building the Tasks
     # did not import numpy (see ``task``), so this is the earliest point.
@@ -115,11 +126,11 @@ def _execute(
         from .scheduler import Scheduler
 
         scheduler = Scheduler(tasks, block_tracking=block_tracking)
-        if dashboard is not None and dashboard is not False:
+        if (dashboard is not None and dashboard is not False) or report is not None:
             from .dashboard import start_for_run
 
             runtime = "serial" if not multiprocessing else ("dask" if executor is not None else "pool")
-            progress, dashboard_done = start_for_run(dashboard, scheduler, progress, runtime)
+            progress, dashboard_done = start_for_run(dashboard, scheduler, progress, runtime, report)
         if not multiprocessing:
             from .runtime.serial import run_serial
 

@@ -9,6 +9,7 @@ the serial runner, the process pool and the dask executor drive it.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import NamedTuple
 
@@ -60,7 +61,10 @@ class BlockBatch(NamedTuple):
 class WorkerCounters:
     """Per-task counters the runtime keeps (daisy 2.0 wheel's TaskState additions)."""
 
-    def __init__(self):
+    def __init__(self, task_id: str = ""):
+        from daisy_nb.errors import ErrorGroups
+
+        self.error_groups = ErrorGroups(task_id)  # every recorded failure, grouped (daisy_nb extension)
         self.worker_failure_count = 0
         self.worker_restart_count = 0
         self.worker_start_count = 0
@@ -88,6 +92,7 @@ class TaskState:
         self.timeout_reclaim_count = counters.timeout_reclaim_count
         self.first_worker_error = counters.first_worker_error
         self.last_worker_error = counters.last_worker_error
+        self.error_groups = counters.error_groups  # the live groups (daisy_nb extension): .as_list()
         self.abandoned = bool(abandoned)
         self.abandon_reason = abandon_reason
         self.timeout_secs = timeout_secs
@@ -244,7 +249,9 @@ class Scheduler:
         for t, tid in enumerate(order):
             self.tcfg[t, kt.F_MAX_RETRIES] = self.tasks[tid].max_retries
 
-        self.counters = {tid: WorkerCounters() for tid in order}
+        self.counters = {tid: WorkerCounters(tid) for tid in order}
+        for t, tid in enumerate(order):
+            self.counters[tid].error_groups.roi_of = functools.partial(self.block_rois, t)
         self._abandon_reason: dict[str, str] = {}
         self._check_warned: set[str] = set()
 
@@ -350,6 +357,21 @@ class Scheduler:
         tt = self._tt
         kg.describe_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, rows, ids, ro, wo, rs, ws)
         return ids, ro, rs, wo, ws
+
+    def block_rois(self, t: int, block_id: int) -> dict | None:
+        """``{"read_roi", "write_roi"}`` (offset/shape lists) of block ``block_id`` of task ``t``, or None."""
+        from daisy_nb.dashboard.live import block_id_to_grid
+
+        g = block_id_to_grid(self._layouts[t], int(block_id))
+        if g is None:
+            return None
+        tt = self._tt
+        row = int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, np.asarray(g, np.int64)))
+        _, ro, rs, wo, ws = self._describe(t, np.full(1, row, np.int64))
+        return {
+            "read_roi": {"offset": ro[0].tolist(), "shape": rs[0].tolist()},
+            "write_roi": {"offset": wo[0].tolist(), "shape": ws[0].tolist()},
+        }
 
     def _track(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
         store = self.tracking.get(self.task_ids[t])

@@ -64,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the counts as JSON (a list with one object per task)"
     )
+    parser.add_argument(
+        "--logs",
+        metavar="DIR",
+        default=None,
+        help="the run's worker log directory (daisy_logs, with <task_id>/worker_*.err): the failures "
+        "found there are grouped by exception type and message; default ./daisy_logs if it exists",
+    )
     add_target_arguments(
         parser,
         "the ROIs of the task (as given to daisy.Task) to count only real blocks instead of the whole "
@@ -120,11 +127,35 @@ def main(args: argparse.Namespace) -> int:
     except StatusError as e:
         print(f"daisy_nb status: error: {e}", file=sys.stderr)
         return 2
+    logs = getattr(args, "logs", None)
+    if logs is None and os.path.isdir("daisy_logs"):
+        logs = "daisy_logs"
+    elif logs is not None and not os.path.isdir(logs):
+        print(f"daisy_nb status: error: --logs {logs}: no such directory", file=sys.stderr)
+        return 2
+    groups = {}
+    if logs is not None:
+        from .errors import groups_from_logs
+
+        for s in statuses:  # tracking records failure counts, the worker logs the tracebacks
+            groups[s["task"]] = groups_from_logs(logs, s["task"]).as_list()
+            s["error_groups"] = groups[s["task"]]
     if args.json:
         json.dump(statuses, out, indent=1, default=str)  # always a list, one entry per task
         out.write("\n")
     else:
-        out.write("\n\n".join(format_status(s) for s in statuses) + "\n")
+        from .errors import format_groups
+
+        texts = []
+        for s in statuses:
+            text = format_status(s)
+            g = groups.get(s["task"])
+            if g:
+                n = sum(x["count"] for x in g)
+                text += f"\n  errors in the logs  {n} block failure(s) of {len(g)} kind(s) (under {logs}):\n"
+                text += "\n".join(format_groups(g, indent="    ", traceback_lines=4))
+            texts.append(text)
+        out.write("\n\n".join(texts) + "\n")
     if args.png:
         from .plot import MissingMatplotlib, plot_block_states
 

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_small.py",
         "bench_ctrl_c.py",
         "bench_dry_run.py",
+        "bench_timeline.py",
     ],
 )
 def test_benchmark_quick(script):

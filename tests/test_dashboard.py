@@ -433,7 +433,8 @@ def test_ctrl_c_with_a_watched_dashboard_stops_promptly(tmp_path):
         assert line.startswith("daisy_nb dashboard: http://127.0.0.1:"), line + proc.stderr.read()
         url = line.split(": ", 1)[1].strip()
         deadline = time.monotonic() + 60
-        while get_json(url + "api/state")["tasks"][0]["completed"] == 0:  # running, and watched
+        # running, and watched (the URL is printed before the run's tasks are known: poll until they are)
+        while not [t for t in get_json(url + "api/state")["tasks"] if t["completed"]]:
             assert time.monotonic() < deadline
             time.sleep(0.2)
         t0 = time.monotonic()
@@ -596,6 +597,8 @@ def test_cli_serves_tracking_read_only(tmp_path, monkeypatch):
         errs = get_json(url + "api/state")["errors"]  # the failed blocks the picture pass found
         assert sorted(e["block_id"] for e in errs) == [3, 9]
         assert all(f"dashboard test failure in block {e['block_id']}" in e["text"] for e in errs)
+        groups = get_json(url + "api/state")["error_groups"]  # the worker logs' failures, by kind
+        assert [(g["type"], g["count"], g["task"]) for g in groups] == [("ValueError", 2, "vol")]
         assert "static/app.js" in get(url)[1].decode()
     finally:
         proc.send_signal(signal.SIGINT)

@@ -33,8 +33,9 @@ pytestmark = [
 ]
 
 
-def dump_dom(url: str, budget_ms: int = 2500) -> str:
-    """The DOM after the page ran ``budget_ms`` of (virtual) time; the browser is gone afterwards."""
+def dump_dom(url: str, budget_ms: int = 2500, extra=()) -> str:
+    """The DOM after the page ran ``budget_ms`` of (virtual) time; the browser is gone afterwards.
+    ``extra``: more chromium switches."""
     with tempfile.TemporaryDirectory() as profile:
         cmd = [
             CHROMIUM,
@@ -46,6 +47,7 @@ def dump_dom(url: str, budget_ms: int = 2500) -> str:
             "--disable-extensions",
             f"--user-data-dir={profile}",
             f"--virtual-time-budget={budget_ms}",
+            *extra,
             "--dump-dom",
             url,
         ]
@@ -144,7 +146,7 @@ def test_page_of_a_running_pipeline(tmp_path, monkeypatch):
     flag = tmp_path / "slow"
     flag.write_text("")
     monkeypatch.setenv("DASH_SLOW", str(flag))
-    monkeypatch.setenv("DASH_SLEEP", "0.02")
+    monkeypatch.setenv("DASH_SLEEP", "0.05")  # the run outlasts two page loads on a busy machine
     monkeypatch.setenv("DASH_FAIL", "3")  # block 3 of both tasks fails (3 is the first 1-D root after 0..2)
     pages = {}
     with Dashboard(quiet=True) as dash:

@@ -502,3 +502,29 @@ def test_dask_executor_uses_no_private_distributed_state():
     src = inspect.getsource(dask) + inspect.getsource(dask_worker) + inspect.getsource(dask_events)
     for private in ("_event_handlers", ".state.tasks", ".state.executing", "get_current_task"):
         assert private not in src
+
+
+def test_timeline_and_error_groups_of_a_dask_run(both_workers, tmp_path):
+    import json
+    import re
+
+    path = tmp_path / "dask.html"
+    states = daisy_nb.run_blockwise(
+        make_pipeline(tmp_path, n=1, max_retries=0, fail_always={"a": {7, 20}}),
+        executor=both_workers,
+        progress=False,
+        summary=False,
+        return_states=True,
+        report=str(path),
+    )
+    data = json.loads(re.search(r"window.DAISY_NB_REPORT = (.*?);</script>", path.read_text(), re.S).group(1))
+    rows = data["/api/timeline"]["rows"]
+    assert rows and {r["kind"] for r in rows} == {"dask"}
+    assert {r["key"].split("-", 1)[1] for r in rows} <= set(both_workers.scheduler_info()["workers"])
+    a = states["a"]
+    assert (
+        sum(r["blocks"] for r in rows) == a.completed_count + a.failed_count == a.total_block_count - a.orphaned_count
+    )
+    groups = states["a"].error_groups.as_list()
+    assert states["a"].failed_count == 2 and groups and groups[0]["first_block"] in (7, 20)
+    assert data["/api/state"]["error_groups"][0]["type"] == groups[0]["type"]

@@ -255,3 +255,25 @@ def test_module_entry_point_help():
     assert r.returncode == 0, r.stderr
     for opt in ("--size", "--block", "--workers", "--out", "--resume", "--fail-fraction"):
         assert opt in r.stdout
+
+
+@pytest.mark.mp
+@pytest.mark.timeout(180)
+def test_cli_dashboard_and_report(tmp_path):
+    out, rep = tmp_path / "demo", tmp_path / "demo.html"
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "demo", "--dashboard", "--size", "32", "--block", "16", "--out", str(out),
+         "--report", str(rep), "--no-check"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=170, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "daisy_nb dashboard: http://127.0.0.1:" in r.stdout
+    html = rep.read_text()
+    data = json.loads(html.split("window.DAISY_NB_REPORT = ", 1)[1].split(";</script>", 1)[0])
+    tasks = {t["task_id"]: t for t in data["/api/state"]["tasks"]}
+    assert tasks["relabel"]["completed"] == 8 and set(tasks) == set(demo.TASKS)
+    assert sum(r["blocks"] for r in data["/api/timeline"]["rows"]) == sum(t["total"] for t in tasks.values())
+    bad = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "demo", "--dashboard", "x"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--dashboard" in bad.stderr

@@ -14,9 +14,12 @@ URL once. For a page that outlives the run, or another bind address, make a
 directories (:mod:`.offline`).
 
 Parts: :mod:`.live` (the run's state: a progress observer plus read-only views
-of the scheduler and the pool), :mod:`.offline` (the same from tracking stores),
-:mod:`.picture` (block-state pictures), :mod:`.server` (HTTP) and ``static/``
-(the page: HTML, CSS and JavaScript, no network access).
+of the scheduler and the pool), :mod:`.timeline` (the worker timeline the
+runtimes report batches to), :mod:`.offline` (the same from tracking stores),
+:mod:`.picture` (block-state pictures), :mod:`.server` (HTTP), :mod:`.report`
+(the page and its data in one HTML file, ``run_blockwise(..., report=...)``)
+and ``static/`` (the page: HTML, CSS and JavaScript, no network access).
+Errors are grouped in :mod:`daisy_nb.errors`.
 
 The runtime plumbing is one call: :func:`start_for_run`, which ``run_blockwise``
 (and so a ``Server``) makes around its runtime, or :func:`with_dashboard`, the
@@ -143,35 +146,47 @@ def check_dashboard(dashboard) -> None:
     )
 
 
-def start_for_run(dashboard, scheduler, progress, runtime: str = "pool"):
-    """Start the dashboard of one run: returns ``(observer, finish)``.
+def start_for_run(dashboard, scheduler, progress, runtime: str = "pool", report=None):
+    """Start the dashboard (and/or the run report) of one run: returns ``(observer, finish)``.
 
     ``observer`` replaces the run's ``progress=`` (it calls the dashboard and the
     user's observer); call ``finish()`` when the run is over, also on errors (it
-    records the final states and stops a server made here). With ``dashboard``
-    None or False: ``(progress, no-op)``.
+    records the final states, writes ``report`` (a path, see :mod:`.report`) and
+    stops a server made here). With ``dashboard`` None or False and no report:
+    ``(progress, no-op)``; with a report only, the same source runs without a server.
     """
     check_dashboard(dashboard)
-    if dashboard is None or dashboard is False:
+    no_dash = dashboard is None or dashboard is False
+    if no_dash and report is None:
         return progress, lambda: None
     from daisy_nb.progress import resolve_observer
 
-    owned = not isinstance(dashboard, Dashboard)
-    dash = Dashboard(0 if dashboard is True else int(dashboard)) if owned else dashboard
-    dash.start()
-    src = dash.source
+    owned = not no_dash and not isinstance(dashboard, Dashboard)
+    dash = None
+    if no_dash:
+        src = LiveSource()
+    else:
+        dash = Dashboard(0 if dashboard is True else int(dashboard)) if owned else dashboard
+        dash.start()
+        src = dash.source
     src.begin(scheduler, runtime)
     observer = Tee(src, resolve_observer(progress, list(scheduler.task_ids)))
 
     def finish():
         try:
             src.end(scheduler.task_states)
+            if report is not None:
+                from .report import write_for_run
+
+                write_for_run(report, src)
             # a page is watching: let it see the end (not on Ctrl-C or errors: called from a finally)
             if owned and time.monotonic() < src.wanted_until and sys.exc_info()[0] is None:
                 src.final_served.wait(LINGER_SECS)
         finally:
-            if owned:
+            if owned and dash is not None:
                 dash.close()
+            if no_dash:
+                src.scheduler = None
 
     return observer, finish
 

@@ -15,9 +15,13 @@ blocks/s, and the worker errors it sees appear in the states
   only while a page asked for it in the last few seconds, so a run nobody
   watches pays nothing for it;
 * a traceback not seen in the states (several blocks of one batch failed): the
-  ``block <id> failed:`` entries of the task's worker ``.err`` logs.
+  ``block <id> failed:`` entries of the task's worker ``.err`` logs;
+* the errors by kind: ``TaskState.error_groups`` (:mod:`daisy_nb.errors`);
+* the worker timeline (:mod:`.timeline`): ``attach_runtime`` hands the runtime
+  ``self.timeline``, to which it reports each batch (one call per batch).
 
-Nothing here is called per block: the run's cost is one snapshot every 0.2 s.
+Nothing here is called per block: the run's cost is one snapshot every 0.2 s,
+plus the timeline's one call per batch.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ import numpy as np
 
 from daisy_nb.kernels import tables as kt
 from daisy_nb.progress import _ran
+from daisy_nb.runtime.processes import job_text
 
 from . import picture as pic
+from .timeline import Timeline
 
 __all__ = ["LiveSource", "Tee", "block_id_to_grid", "find_traceback_in_logs"]
 
@@ -228,6 +234,7 @@ class LiveSource:
         self.t_start = time.time()
         self.t_mono = time.monotonic()
         self.finished = False
+        self.t_end = 0.0
         self.elapsed: dict = {}
         self.history: dict[str, _History] = {}
         self.t_first: dict[str, float] = {}
@@ -245,6 +252,7 @@ class LiveSource:
         self._pics_t = -1e9
         self._pics_cost = 0.0
         self._pics_final = False
+        self.timeline = Timeline()
 
     # ------------------------------------------------------------- run plumbing
     def begin(self, scheduler, runtime_name: str) -> None:
@@ -268,12 +276,17 @@ class LiveSource:
                 now = time.monotonic()
                 self.elapsed = {tid: (self.t_done.get(tid, now) - t0) for tid, t0 in self.t_first.items()}
             self.finished = True
+            self.t_end = time.monotonic()
             self.runtime = None
             self.workers = []
 
     # ----------------------------------------------------------- observer side
     def attach_runtime(self, runtime) -> None:
         self.runtime = runtime
+        try:  # the runtime reports batches to it (see .timeline); None-checked on its side
+            runtime.timeline = self.timeline
+        except AttributeError:
+            pass
 
     def on_start(self, states):
         from daisy_nb import logging as dlog
@@ -362,11 +375,13 @@ class LiveSource:
             out = []
             for w in list(pool.workers.values()):
                 row = held.get(w.wid)
+                since = None
                 if row is None and w.queue and w.bufs is not None:
                     k, idx = w.queue[0]
                     c = int(w.bufs[k][_shm.H_CUR])
                     if 0 <= c < len(idx):
                         row = int(idx[c])
+                        since = int(w.bufs[k][_shm.H_START]) / 1e9
                 out.append(
                     {
                         "id": int(w.wid),
@@ -376,7 +391,8 @@ class LiveSource:
                         "alive": True,
                         "row": row,
                         "age_s": round(now - w.t_spawn, 1),
-                        "job": _job_text(getattr(w, "job", None)),
+                        "since": since,
+                        "job": job_text(getattr(w, "job", None)),
                     }
                 )
         except Exception:  # the pool changed shape under us (another runtime): show nothing
@@ -386,8 +402,9 @@ class LiveSource:
             cur = {w["id"] for w in out}
             for wid, w in old.items():
                 if wid not in cur:
-                    self.exited.appendleft(dict(w, alive=False, state="exited", row=None))
+                    self.exited.appendleft(dict(w, alive=False, state="exited", row=None, since=None))
             self.workers = out
+            self._t_workers = now
 
     # ------------------------------------------------------------- page side
     def _states_now(self):
@@ -441,18 +458,20 @@ class LiveSource:
                     w["block_id"] = bid
         for w in workers:
             w.pop("row", None)
+            w.pop("since", None)
         if self.finished:
             self.final_served.set()
         return {
             "mode": self.mode,
             "runtime": self.runtime_name,
             "started": self.t_start,
-            "elapsed_s": round(now - self.t_mono, 2),
+            "elapsed_s": round((self.t_end if self.finished else now) - self.t_mono, 2),
             "finished": bool(self.finished),
             "tasks": tasks,
             "workers": workers,
             "errors": [{k: v for k, v in e.items()} for e in errors],
             "alarms": alarms,
+            "error_groups": self.error_groups(states),
             "log_dir": None if self.log_base is None else str(self.log_base),
         }
 
@@ -501,6 +520,33 @@ class LiveSource:
             "worker_failures": int(st.worker_failure_count),
             "workers_started": int(st.worker_start_count),
         }
+
+    def error_groups(self, states=None, tb_chars: int = 4000) -> list:
+        """Every task's grouped errors (:mod:`daisy_nb.errors`), most frequent first."""
+        states = self._states_now() if states is None else states
+        out = []
+        for st in (states or {}).values():
+            eg = getattr(st, "error_groups", None)
+            if eg is None or not len(eg):
+                continue
+            for g in eg.as_list():
+                if g.get("traceback") and len(g["traceback"]) > tb_chars:
+                    g["traceback"] = g["traceback"][:tb_chars] + "\n…"
+                out.append(g)
+        return out
+
+    def timeline_json(self, max_bars_total: int = 8000) -> dict:
+        """``GET /api/timeline``: the worker timeline (:mod:`.timeline`)."""
+        self.wanted_until = time.monotonic() + WANT_SECS
+        now = self.t_end if self.finished else time.monotonic()  # a finished run's time stands still
+        live = {}
+        with self.lock:
+            fresh = not self.finished and now - getattr(self, "_t_workers", -1e9) < WANT_SECS
+            workers = list(self.workers) if fresh else []
+        names = {"busy": "running", "idle": "idle", "parked": "idle", "starting": "starting", "quitting": "running"}
+        for w in workers:
+            live[("w", w["id"])] = (names.get(w["state"], w["state"]), w.get("since"), w.get("job"))
+        return self.timeline.to_json(now, self.t_mono, live, max_bars_total)
 
     def pictures(self) -> dict:
         """``GET /api/pictures``: one picture per task, recomputed at most every
@@ -597,10 +643,3 @@ class LiveSource:
             "blocks": blocks,
             "boxes": [[list(map(int, lo)), list(map(int, hi))] for lo, hi in boxes],
         }
-
-
-def _job_text(job) -> str | None:
-    """A worker function's launcher job (``daisy_nb.launch``) as the worker list shows it."""
-    if not job:
-        return None
-    return f"{job.get('scheduler', '')} {job.get('job', '')} {job.get('state', '')}".strip()

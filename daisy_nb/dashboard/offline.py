@@ -49,6 +49,8 @@ class TrackingSource:
         self._pics_t = -1e9
         self._failed: dict = {}  # task -> [(cell, failures)] found by the last picture pass
         self._tb_cache: dict = {}
+        self._groups: list = []
+        self._groups_t = -1e9
 
     def _status(self):
         from daisy_nb.status import StatusError, task_status
@@ -124,10 +126,21 @@ class TrackingSource:
                 "tasks": tasks,
                 "workers": [],
                 "errors": self._errors(),
+                "error_groups": self._error_groups(now),
                 "log_dir": None if self.logs is None else str(self.logs),
             }
             self._state_t = now
             return self._state
+
+    def _error_groups(self, now: float) -> list:
+        """The worker logs' failures grouped by kind (:mod:`daisy_nb.errors`), re-read every 10 s."""
+        if self.logs is None or now - self._groups_t < 10.0:
+            return self._groups
+        from daisy_nb.errors import groups_from_logs
+
+        self._groups = [g for name in self.targets for g in groups_from_logs(self.logs, name).as_list()]
+        self._groups_t = now
+        return self._groups
 
     def _errors(self) -> list:
         """The first failed blocks of each task (found by the picture pass), tracebacks from the logs."""

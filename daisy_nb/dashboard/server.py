@@ -5,6 +5,7 @@ Read-only: GET only (``http.server`` answers other methods with 501). Routes:
 * ``/`` and ``/static/<file>``: the page (shipped in the package, no network);
 * ``/api/state``: counts, rates, workers, errors (JSON);
 * ``/api/pictures``: one block-state picture per task (JSON, see :mod:`.picture`);
+* ``/api/timeline``: the worker timeline (JSON, see :mod:`.timeline`);
 * ``/api/block?task=T&panel=P&r=R&c=C`` or ``?task=T&block_id=ID``: the blocks
   under a pixel, their ROIs and tracebacks;
 * ``/metrics``: the state in the Prometheus text format (:mod:`.metrics`).
@@ -118,6 +119,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, render(srv.source().state()).encode(), CONTENT_TYPE)
             elif path == "/api/pictures":
                 self._json(srv.source().pictures())
+            elif path == "/api/timeline":
+                src = srv.source()
+                self._json(src.timeline_json() if hasattr(src, "timeline_json") else {"rows": [], "tasks": []})
             elif path == "/api/block":
                 q = {k: v[0] for k, v in query.items()}
                 try:

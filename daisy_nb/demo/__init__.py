@@ -382,6 +382,8 @@ def run_demo(
     summary: bool = True,
     check: bool = True,
     verbose: bool = True,
+    dashboard=None,
+    report=None,
 ) -> dict:
     """Run the demo pipeline in ``out_dir`` and check it against the whole-volume computation.
 
@@ -390,6 +392,8 @@ def run_demo(
     may use them all). ``resume=True`` keeps the volume and the block tracking of an earlier run
     in ``out_dir`` and only runs unfinished blocks. ``fail_fraction`` fails that fraction of
     ``fail_task``'s blocks in this run (deterministically, to demonstrate ``resume``).
+    ``dashboard``/``report``: as in :func:`daisy_nb.run_blockwise` (a port number, ``True``, a
+    :class:`daisy_nb.dashboard.Dashboard`; a path for the HTML run report).
 
     Returns a dict with ``agrees`` (bool), ``complete``, ``interrupted``, ``checks``,
     ``timings`` (seconds), ``states`` (``{task_id: TaskState}``) and ``counts`` (plain ints).
@@ -436,6 +440,8 @@ def run_demo(
         "progress": progress,
         "summary": summary,
         "log_dir": str(out / "logs"),
+        "dashboard": dashboard,
+        "report": report,
     }
     if multiprocessing:
         kwargs["resources"] = {"cpu": workers}
@@ -563,10 +569,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", default=None, metavar="PATH", help="also write the result (counts, checks, timings) as JSON"
     )
+    parser.add_argument(
+        "--dashboard",
+        nargs="?",
+        type=int,
+        const=0,
+        default=None,
+        metavar="PORT",
+        help="serve the live dashboard on 127.0.0.1 (PORT, default a free one; the URL is printed); on a "
+        "terminal it stays up after the run until Enter",
+    )
+    parser.add_argument("--report", default=None, metavar="FILE.html", help="write the HTML run report there")
 
 
 def main(args) -> int:
     """Run the demo from parsed arguments; 0 iff the blockwise result agrees with scipy."""
+    dash = None
+    port = getattr(args, "dashboard", None)
+    if port is not None:
+        from daisy_nb.dashboard import Dashboard
+
+        try:
+            dash = Dashboard(port=port).start()  # prints its URL
+        except (OSError, TypeError, ValueError) as e:
+            print(f"daisy_nb demo: error: {e}", file=sys.stderr)
+            return 2
+    try:
+        return _main(args, dash)
+    finally:
+        if dash is not None:
+            if sys.stdin is not None and sys.stdin.isatty():
+                try:
+                    input(f"dashboard still at {dash.url} — press Enter to stop it ")
+                except (EOFError, KeyboardInterrupt):
+                    pass
+            dash.close()
+
+
+def _main(args, dash) -> int:
     try:
         res = run_demo(
             args.out,
@@ -579,6 +619,8 @@ def main(args) -> int:
             fail_fraction=args.fail_fraction,
             fail_task=args.fail_task,
             check=not args.no_check,
+            dashboard=dash,
+            report=getattr(args, "report", None),
         )
     except (ValueError, FileExistsError, FileNotFoundError) as e:
         print(f"daisy_nb demo: error: {e}", file=sys.stderr)

@@ -28,6 +28,7 @@ import numpy as np
 
 from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block, unpack_hello
 from daisy_nb.runtime.policy import record_error
+from daisy_nb.runtime.processes import job_text
 
 __all__ = ["ClientConn", "ClientsMixin"]
 
@@ -56,6 +57,7 @@ class ClientConn:
         self.parked = False
         self.last_seen = self.last_sent = time.monotonic()  # heartbeats
         self.t_free_ns = time.monotonic_ns()  # when its previous block ended (block time estimates)
+        self.tl_key = None  # its row in the dashboard's timeline
 
 
 class ClientsMixin:
@@ -73,6 +75,7 @@ class ClientsMixin:
     target: float
     net: dict[str, float]
     aborting: bool
+    timeline: Any  # a dashboard.timeline.Timeline, or None
     _died_with_template: Any  # processes.ProcessesMixin
 
     where: str  # where the scheduler listens and what it advertises (pool._start_listener)
@@ -107,6 +110,22 @@ class ClientsMixin:
                 w.connected = True
             elif cc.wid in self.returned_wids and not (cc.tr.abandoned or self.s.is_task_done(tid)):
                 self._connected_too_late(cc)
+            tl = self.timeline
+            if tl is not None:  # the row of its worker function (its job), or its own if that has one
+                taken = any(c.tl_key == ("w", cc.wid) for c in self.clients.values() if c is not cc)
+                if cc.wid in self.workers and not taken:
+                    cc.tl_key = ("w", cc.wid)
+                else:
+                    cc.tl_key = ("c", cc.wid, time.monotonic_ns())  # unique (an id() could be reused)
+                    w = self.workers.get(cc.wid)
+                    tl.worker(
+                        cc.tl_key,
+                        tid,
+                        "client",
+                        f"client of worker {cc.wid}",
+                        None,
+                        None if w is None else job_text(w.job),
+                    )
             return
         tr = cc.tr
         if tr is None:
@@ -141,7 +160,9 @@ class ClientsMixin:
                 if kind == b"E":  # a failure with stats (resource_tracking)
                     stats = _STATS.unpack_from(msg, 9)
                     t0 += _STATS.size
-                record_error(self.s.counters[tr.tid], msg[t0:].decode("utf-8", "replace"))
+                w = self.workers.get(cc.wid)  # the worker function whose job this client is
+                log = None if w is None else w.err_path
+                record_error(self.s.counters[tr.tid], msg[t0:].decode("utf-8", "replace"), log=log)
             sent = cc.held.pop(index, None)
             if sent is not None:  # else: reclaimed after a timeout
                 if stats is not None and tr.res is not None:
@@ -156,6 +177,8 @@ class ClientsMixin:
                 tr.block_secs.append(secs)
                 old = self.client_block_secs.get(tr.tid)
                 self.client_block_secs[tr.tid] = secs if old is None else old + AHEAD_EMA * (secs - old)
+                if self.timeline is not None and cc.tl_key is not None:
+                    self.timeline.bar(cc.tl_key, tr.tid, now / 1e9 - secs, now / 1e9, 1, int(status != 2))
             if status == 2:
                 self._send_ahead(cc)
 
@@ -373,6 +396,8 @@ class ClientsMixin:
     def _drop_client(self, cc: ClientConn) -> None:
         if self.clients.pop(cc.conn, None) is not None and cc.tr is not None:
             self.n_clients[cc.tr.tid] -= 1
+            if self.timeline is not None and cc.tl_key is not None and cc.tl_key[0] == "c":
+                self.timeline.ended(cc.tl_key)
         self.by_obj.pop(cc.conn, None)
         try:
             cc.conn.close()

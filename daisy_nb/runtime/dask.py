@@ -141,6 +141,7 @@ class _DaskRun:
         self.workers_changed = True
         self.interrupted = False
         self.watch = RunTopic(client, self.topic, self._on_event)  # dask_events.py
+        self.timeline = None  # set by the dashboard's observer (attach_runtime): one bar per batch result
 
     # ------------------------------------------------------------------ setup
     def prepare(self, records: dict) -> None:
@@ -408,6 +409,13 @@ class _DaskRun:
             if result.get("first_error"):
                 record_error(self.s.counters[b.tid], result["last_error"], first=result["first_error"])
             ran = int(np.count_nonzero(st))
+            if self.timeline is not None and result.get("worker"):
+                t1 = time.monotonic()
+                key = ("d", result["worker"])
+                if key not in self.timeline.rows:
+                    self.timeline.worker(key, b.tid, "dask", f"dask {result['worker']}", b.pid, None, b.t_start)
+                t0 = t1 - result.get("elapsed_ns", 0) / 1e9
+                self.timeline.bar(key, b.tid, t0, t1, ran, int(np.count_nonzero(st == 3)))
             if ran:
                 tr.batch_k = grow_batch(tr.batch_k, result["elapsed_ns"], ran, self.target, self.max_batch)
                 tr.block_secs.append(result["elapsed_ns"] / ran / 1e9)
@@ -457,6 +465,8 @@ class _DaskRun:
             elif kind == "remove-worker":
                 self.workers_changed = True
                 self.zombies.pop(msg.get("worker"), None)
+                if self.timeline is not None:
+                    self.timeline.ended(("d", msg.get("worker")), lost=not msg.get("expected"))
                 if msg.get("expected"):
                     continue  # retired on purpose: dask reruns its tasks, nothing counted
                 addr = msg.get("worker")
@@ -655,6 +665,8 @@ def run_dask(
         max_batch,
     )
     run.hang = hang_alarm
+    if hasattr(run.observer, "attach_runtime"):  # the dashboard's timeline (its worker table is the pool's only)
+        run.observer.attach_runtime(run)
     in_main = threading.current_thread() is threading.main_thread()
     old_handler = None
     interrupted = False

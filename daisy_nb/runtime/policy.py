@@ -95,11 +95,18 @@ def wants_context(fn) -> bool:
         return False
 
 
-def record_error(counters, text: str, first: str | None = None) -> None:
-    """Keep ``text`` as the task's last worker error (and ``first``, else ``text``, as its first)."""
+def record_error(counters, text: str, first: str | None = None, log: str | None = None) -> None:
+    """Keep ``text`` as the task's last worker error (and ``first``, else ``text``, as its first),
+    and count it (and ``first``) in the task's error groups (:mod:`daisy_nb.errors`); ``log``:
+    the worker's log file."""
     if counters.first_worker_error is None:
         counters.first_worker_error = text if first is None else first
     counters.last_worker_error = text
+    groups = getattr(counters, "error_groups", None)
+    if groups is not None:
+        if first is not None and first != text:
+            groups.add(first, log)
+        groups.add(text, log)
 
 
 class TaskRun:

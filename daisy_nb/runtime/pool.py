@@ -116,6 +116,7 @@ class _Pool(ProcessesMixin, ClientsMixin):
         self.returned_wids: set[int] = set()  # worker functions that returned on their own (clients.py)
         self.connected_tids: set[str] = set()  # tasks a Client has said hello for
         self.warned: set[tuple[str, str]] = set()  # (task id, kind) of the diagnoses logged once
+        self.timeline = None  # set by the dashboard's observer (attach_runtime): batches are reported to it
 
     # ------------------------------------------------------------------ setup
     def prepare(self):

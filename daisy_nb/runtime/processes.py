@@ -84,6 +84,13 @@ STARTING, IDLE, BUSY, PARKED, QUITTING, DEAD = range(6)
 _RUN = [b"R" + bytes((k,)) for k in range(_shm.SLOTS)]  # "run the batch in slot k"
 
 
+def job_text(job) -> str | None:
+    """A worker function's launcher job (``daisy_nb.launch``) as the worker list and timeline show it."""
+    if not job:
+        return None
+    return f"{job.get('scheduler', '')} {job.get('job', '')} {job.get('state', '')}".strip()
+
+
 class Worker:
     def __init__(self, wid: int, tr: TaskRun, slot: int):
         self.wid = wid
@@ -133,6 +140,7 @@ class ProcessesMixin:
     template_failed: bool
     forked_wids: set[int]
     next_wid: int
+    timeline: Any  # a dashboard.timeline.Timeline, or None (no dashboard or report)
 
     if TYPE_CHECKING:
 
@@ -236,6 +244,16 @@ class ProcessesMixin:
             w.state = BUSY
         self.workers[wid] = w
         tr.workers.add(w)
+        if self.timeline is not None:  # the dashboard's worker timeline (dashboard/timeline.py)
+            self.timeline.worker(
+                ("w", wid),
+                tr.tid,
+                "worker" if tr.arity else "job",
+                f"worker {wid}",
+                w.proc.pid,
+                job_text(w.job),
+                w.t_spawn,
+            )
 
     def _start_process(self, env: dict, fd: int, keep_fds: list, logs):
         """Fork the worker from the run's template (started on first use), else exec it."""
@@ -344,6 +362,8 @@ class ProcessesMixin:
             except (EOFError, OSError):
                 pass
         was_busy = w.state == BUSY
+        if tr.arity and w.state == BUSY and w.queue and self.timeline is not None:
+            self._timeline_died(w, fails=not (self.aborting or orphan))
         if tr.arity and w.state == BUSY and w.queue:
             # the block it was running fails (an attempt), except on Ctrl-C: then it is given back
             self._release_queue(w, 0 if self.aborting or orphan else 3)
@@ -376,6 +396,8 @@ class ProcessesMixin:
         tr.workers.discard(w)
         self.workers.pop(w.wid, None)
         self._release_resources(tr)
+        if self.timeline is not None:
+            self.timeline.ended(("w", w.wid), lost=dirty, job=job_text(w.job))
         if dirty:
             self._sigkill(w)  # helpers it launched go too
             c = self.s.counters[tr.tid]
@@ -397,7 +419,7 @@ class ProcessesMixin:
                 tail = self._err_tail(w)
                 if tail:
                     msg += "\nworker stderr tail:\n" + tail
-            record_error(c, msg)
+            record_error(c, msg, log=w.err_path)
             logger.warning("task %r: %s", tr.tid, msg.splitlines()[0])
 
     def _release_queue(self, w: Worker, running_status: int) -> None:
@@ -418,6 +440,20 @@ class ProcessesMixin:
             self.s.release_blocks(tr.tid, index, st)
             tr.inflight -= n
         w.queue.clear()
+
+    def _timeline_died(self, w: Worker, fails: bool) -> None:
+        """The bar of the batch ``w`` died in: its finished blocks and the one it was running,
+        from an estimated start (blocks done x the task's time per block) to now."""
+        k, index = w.queue[0]
+        a = w.bufs[k]
+        st = a[w.off["status"] : w.off["status"] + len(index)]
+        done, running = int(np.count_nonzero(st >= 2)), int(np.count_nonzero(st == 1))
+        if done + running:
+            t1 = time.monotonic()
+            t_cur = int(a[_shm.H_START]) / 1e9 if int(a[_shm.H_CUR]) >= 0 else t1
+            t0 = min(t1, t_cur) - done * (w.tr.per_block or 0.0)
+            failed = int(np.count_nonzero(st == 3)) + (running if fails else 0)
+            self.timeline.bar(("w", w.wid), w.tr.tid, t0, t1, done + running, failed)
 
     def _err_tail(self, w: Worker) -> str:
         if not w.err_path:
@@ -548,6 +584,9 @@ class ProcessesMixin:
                 self._add_stats(w, k, n, st)
             self.s.release_blocks(tr.tid, index, st)
             tr.inflight -= n
+            if self.timeline is not None:  # one bar per batch: its run time is in shared memory
+                t1 = time.monotonic()
+                self.timeline.bar(("w", w.wid), tr.tid, t1 - elapsed / 1e9, t1, n, int(np.count_nonzero(st == 3)))
             tr.per_block = elapsed / n / 1e9
             tr.block_secs.append(tr.per_block)
             # many workers: longer batches, so that this process's batches per second stay bounded
@@ -565,8 +604,17 @@ class ProcessesMixin:
             # a block raised (status 3: none is left running): the worker exits (daisy 2.0's dirty
             # exit); blocks it ran count, the rest of the batch and a prefetched batch were never
             # started: given back
+            if self.timeline is not None:
+                k, index = w.queue[0]
+                a = w.bufs[k]
+                st = a[w.off["status"] : w.off["status"] + len(index)]
+                t1 = time.monotonic()
+                ran = int(np.count_nonzero(st >= 2))
+                self.timeline.bar(
+                    ("w", w.wid), tr.tid, t1 - int(a[_shm.H_ELAPSED]) / 1e9, t1, ran, int(np.count_nonzero(st == 3))
+                )
             self._release_queue(w, 0)
-            record_error(self.s.counters[tr.tid], msg[2:].decode("utf-8", "replace"))
+            record_error(self.s.counters[tr.tid], msg[2:].decode("utf-8", "replace"), log=w.err_path)
             w.state = QUITTING  # no more work for it; its exit is a dirty one (replaced once reaped)
             w.raised = True
 

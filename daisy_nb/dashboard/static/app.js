@@ -1,7 +1,9 @@
 // daisy_nb dashboard: polls /api/state and /api/pictures about once a second and draws them.
-// Everything is local: no libraries, no network beyond this server.
+// Everything is local: no libraries, no network beyond this server. In a run report
+// (dashboard/report.py) the answers are embedded in window.DAISY_NB_REPORT and nothing is fetched.
 "use strict";
 
+const REPORT = window.DAISY_NB_REPORT || null;
 const TOKEN = new URLSearchParams(location.search).get("token");
 const CODES = ["none", "skipped", "done", "waiting", "processing", "orphaned", "failed"];
 const css = getComputedStyle(document.documentElement);
@@ -41,6 +43,10 @@ function fmtSecs(s) {
 }
 
 async function api(path, query = {}) {
+  if (REPORT) {
+    if (path in REPORT) return REPORT[path];
+    throw new Error("not kept in this report (open the live dashboard of a run for block details)");
+  }
   const u = new URL(path, location.href);
   for (const [k, v] of Object.entries(query)) u.searchParams.set(k, v);
   if (TOKEN) u.searchParams.set("token", TOKEN);
@@ -310,7 +316,7 @@ function renderWorkers(ws, runtime) {
   const box = document.getElementById("workers");
   document.getElementById("workers-count").textContent = ws.length ? `(${ws.filter(w => w.alive).length} alive)` : "";
   if (!ws.length) {
-    const why = runtime === "pool" ? "no workers running" : runtime === "tracking" ? "read from block tracking: no workers known"
+    const why = REPORT ? "the run has ended: its workers are in the timeline above" : runtime === "pool" ? "no workers running" : runtime === "tracking" ? "read from block tracking: no workers known"
       : `not shown for the ${runtime} runtime`;
     box.replaceChildren(el("p", { class: "empty", text: why }));
     return;
@@ -319,7 +325,7 @@ function renderWorkers(ws, runtime) {
   for (const w of ws) {
     tb.append(el("tr", { "data-worker": String(w.id) },
       el("td", {}, el("span", { class: "dot " + (w.alive ? "alive" : "dead") }), String(w.id)),
-      el("td", { text: w.task }), el("td", { text: w.pid == null ? "–" : String(w.pid) }),
+      el("td", { text: w.task }), el("td", { text: (w.pid == null ? "–" : String(w.pid)) + (w.job ? ` · job ${w.job}` : "") }),
       el("td", { text: w.state }), el("td", { text: w.block_id == null ? "–" : String(w.block_id) }),
       el("td", { text: fmtSecs(w.age_s) }), el("td", { text: w.job == null ? "–" : w.job })));
   }
@@ -352,6 +358,116 @@ function renderErrors(errs) {
       }
     });
     return li;
+  }));
+}
+
+// ---------------------------------------------------------------- worker timeline
+const TL_COLORS = ["#0969da", "#1a7f37", "#9a6700", "#8250df", "#bc4c00", "#1b7c83", "#bf3989", "#57606a"];
+let tlData = null;
+
+function tlColor(ti, alpha) {
+  const c = hex(TL_COLORS[ti % TL_COLORS.length]);
+  return `rgba(${c[0]},${c[1]},${c[2]},${alpha})`;
+}
+
+function renderTimeline(tl) {
+  tlData = tl;
+  const box = document.getElementById("timeline");
+  const rows = (tl && tl.rows) || [];
+  const running = rows.filter(r => r.state === "running").length;
+  document.getElementById("timeline-count").textContent = rows.length ? `(${rows.length} workers, ${running} running)` : "";
+  document.getElementById("timeline-legend").replaceChildren(...((tl && tl.tasks) || []).map((t, i) =>
+    el("span", {}, el("i", { style: `background:${tlColor(i, 1)}` }), t)));
+  if (!rows.length) {
+    const why = lastState && lastState.runtime === "serial" ? "not recorded for the serial (in-process) runtime"
+      : lastState && lastState.mode === "tracking" ? "read from block tracking: no workers known" : "no workers yet";
+    box.replaceChildren(el("p", { class: "empty", text: why }));
+    return;
+  }
+  const span = Number(document.getElementById("timeline-span").value);
+  const now = tl.now;
+  let t0 = Math.min(...rows.map(r => r.start));
+  if (span > 0) t0 = Math.max(t0, now - span);
+  const t1 = Math.max(now, t0 + 1e-3);
+  const kids = [];
+  for (const r of rows) {
+    const label = el("span", { class: "tl-label", title: `${r.label} · ${r.task} · pid ${r.pid ?? "–"}` },
+      el("span", { class: "tl-state " + r.state, text: r.state }),
+      `${r.label} · ${r.task} · ${fmt(r.blocks)} blocks`,
+      r.job ? el("span", { class: "tl-job", text: `job ${r.job}` }) : null);
+    const cv = el("canvas", { height: "16" });
+    kids.push(el("div", { class: "tl-row", "data-key": r.key, "data-state": r.state, "data-job": r.job ?? "",
+                          "data-bars": String(r.bars.length), "data-buckets": String(r.buckets.length),
+                          "data-blocks": String(r.blocks) }, label, cv));
+  }
+  const ticks = el("span", { class: "tl-ticks" });
+  for (let i = 0; i <= 4; i++) ticks.append(el("span", { text: fmtSecs(t0 + (t1 - t0) * i / 4) }));
+  kids.push(el("div", { class: "tl-axis" }, el("span", { class: "tl-pad", text: "time since the run started" }), ticks));
+  box.replaceChildren(...kids);
+  box.querySelectorAll(".tl-row").forEach((div, i) => drawTimelineRow(div.querySelector("canvas"), rows[i], t0, t1, tl.bucket_s));
+}
+
+function drawTimelineRow(cv, r, t0, t1, bucketS) {
+  const dpr = window.devicePixelRatio || 1, W = Math.max(100, cv.clientWidth || 600), H = 16;
+  cv.width = W * dpr; cv.height = H * dpr;
+  const g = cv.getContext("2d");
+  g.setTransform(dpr, 0, 0, dpr, 0, 0);
+  const X = t => (t - t0) / (t1 - t0) * W;
+  g.fillStyle = "#eceff2";  // before the worker started and after it ended
+  if (r.start > t0) g.fillRect(0, 0, X(r.start), H);
+  if (r.end != null && r.end < t1) g.fillRect(X(r.end), 0, W - X(r.end), H);
+  for (const [bt, ti, frac] of r.buckets) {  // older history: busy fraction per bucket
+    if (bt + bucketS < t0 || bt > t1) continue;
+    const h = Math.max(1, frac * (H - 2));
+    g.fillStyle = tlColor(ti, 0.75);
+    g.fillRect(X(bt), H - 1 - h, Math.max(1, X(bt + bucketS) - X(bt)), h);
+  }
+  for (const [a, b, ti, , failed, busy] of r.bars) {
+    if (b < t0 || a > t1) continue;
+    const x0 = X(a), w = Math.max(1, X(b) - x0);
+    g.fillStyle = tlColor(ti, 0.3 + 0.7 * busy);
+    g.fillRect(x0, 1, w, H - 2);
+    if (failed) { g.fillStyle = rgb(COLOR.failed); g.fillRect(x0, 0, Math.max(2, w), 4); }
+  }
+  if (r.running_since != null && r.running_since < t1) {  // the block running now
+    const x0 = X(Math.max(t0, r.running_since));
+    g.fillStyle = tlColor(0, 0.25);
+    g.fillRect(x0, 1, Math.max(2, W - x0), H - 2);
+  }
+}
+
+document.getElementById("timeline-span").addEventListener("change", () => { if (tlData) renderTimeline(tlData); });
+
+// ---------------------------------------------------------------- errors by kind
+let groupsKey = null;
+function renderGroups(gs) {
+  const box = document.getElementById("groups");
+  const total = gs.reduce((a, g) => a + g.count, 0);
+  document.getElementById("groups-count").textContent = gs.length ? `(${fmt(total)} in ${gs.length} kinds)` : "";
+  const key = gs.map(g => `${g.task}/${g.type}/${g.shape}/${g.count}`).join("|");
+  if (key === groupsKey) return;
+  groupsKey = key;
+  if (!gs.length) { box.replaceChildren(el("p", { class: "empty", text: "none" })); return; }
+  const roi = r => (r && r.write_roi ? ` (write ROI ${roiText(r.write_roi)})` : "");
+  box.replaceChildren(...gs.map(g => {
+    const meta = [];
+    if (g.first_block != null) meta.push(`first block ${g.first_block}${roi(g.first_roi)}`);
+    if (g.last_block != null && g.last_block !== g.first_block) meta.push(`last block ${g.last_block}`);
+    if (g.log) meta.push(`log ${g.log}`);
+    const div = el("div", { class: "grp", "data-task": g.task, "data-type": g.type, "data-count": String(g.count) },
+      el("span", { class: "gcount", text: `${fmt(g.count)}×` }), el("span", { class: "gtype", text: g.type }), " ",
+      el("span", { class: "muted", text: `in ${g.task}` }),
+      el("div", { class: "gmsg", text: g.message || g.shape }),
+      meta.length ? el("div", { class: "gmeta", text: meta.join(" · ") }) : null);
+    div.addEventListener("click", () => {
+      document.getElementById("drawer").hidden = false;
+      document.getElementById("drawer-title").textContent = `${fmt(g.count)} × ${g.type} in ${g.task}`;
+      const body = [el("p", { class: "muted", text: `message shape: ${g.shape}` })];
+      if (meta.length) body.push(el("p", { class: "muted", text: meta.join(" · ") }));
+      body.push(el("pre", { class: "tb", text: g.traceback || "" }));
+      document.getElementById("drawer-body").replaceChildren(...body);
+    });
+    return div;
   }));
 }
 
@@ -400,6 +516,7 @@ function renderState(s) {
   document.querySelector("#errors-box h2").firstChild.textContent = s.mode === "tracking" ? "Failed blocks " : "Recent errors ";
   renderErrors(s.errors || []);
   renderAlarms(s.alarms || []);
+  renderGroups(s.error_groups || []);
   document.title = `${s.finished ? "✔" : "▶"} ${tot ? Math.floor(100 * done / tot) : 100}% · daisy_nb`;
 }
 
@@ -416,6 +533,14 @@ async function pollPictures() {
   finally { picsBusy = false; }
 }
 
+let tlPolled = 0;
+async function pollTimeline(final) {
+  if (!final && Date.now() - tlPolled < 1900) return;  // every 2 s: it is the largest answer
+  tlPolled = Date.now();
+  try { renderTimeline(await api("/api/timeline")); }
+  catch (e) { console.warn("timeline:", e); }
+}
+
 async function tick() {
   let delay = 1000;
   try {
@@ -424,6 +549,8 @@ async function tick() {
     if (lastState && lastState.finished && !s.finished) picsFinal = false;  // a new run on the same page
     renderState(s);
     await pollPictures();
+    await pollTimeline(s.finished);
+    if (REPORT) { showReport(s); return; }
     if (s.finished && s.mode === "live") delay = 2000;
   } catch (e) {
     const m = document.getElementById("message");
@@ -439,6 +566,15 @@ async function tick() {
   }
   document.body.dataset.polls = String(Number(document.body.dataset.polls || 0) + 1);
   setTimeout(tick, document.hidden ? Math.max(delay, 5000) : delay);
+}
+
+function showReport(s) {
+  const pill = document.getElementById("run-status");
+  pill.textContent = "run report · " + pill.textContent;
+  const when = s.report ? new Date(s.report.written * 1000).toLocaleString() : "";
+  document.getElementById("run-meta").textContent =
+    `${s.runtime} · ${fmtSecs(s.elapsed_s)} · written ${when}` + (s.report ? ` by daisy_nb ${s.report.version}` : "");
+  document.body.dataset.report = "ready";
 }
 
 renderLegend();
