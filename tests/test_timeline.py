@@ -20,7 +20,6 @@ from daisy_nb.dashboard.timeline import MAX_BARS, MAX_BUCKETS, MAX_ROWS, Timelin
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE / "workers"))
-import blockfns  # noqa: E402
 import dashfns  # noqa: E402
 
 
@@ -132,29 +131,29 @@ def test_a_pool_run_fills_the_timeline(tmp_path, monkeypatch, no_leaks):
 
 @pytest.mark.mp
 @pytest.mark.timeout(120)
-def test_client_jobs_have_rows_with_their_job_id(tmp_path, monkeypatch, out, no_leaks):
-    from daisy_nb.runtime import processes
+def test_client_jobs_have_rows_with_their_job_id(tmp_path, out, no_leaks):
+    """Worker functions that launch a job (``daisy_nb.launch``): each job's row carries its job id."""
+    from daisy_nb import launch
 
-    real = processes.ProcessesMixin._spawn
-
-    def spawn_with_job(self, tr):  # what daisy_nb.launch does for cluster jobs: the worker carries its job id
-        real(self, tr)
-        w = self.workers[self.next_wid - 1]
-        w.job = f"job-{w.wid}"  # learnt after the row was made: the row takes it when the worker ends
-
-    monkeypatch.setattr(processes.ProcessesMixin, "_spawn", spawn_with_job)
+    job_out = tmp_path / "jobs"
+    job_out.mkdir()
+    prog = Path(__file__).parent / "workers" / "launch_job.py"
+    submit = launch.local([sys.executable, str(prog), str(job_out), "0.01", "normal"])
     states = daisy_nb.run_blockwise(
-        [_task(40, blockfns.client_loop, "cl", max_workers=2)],
+        [_task(40, submit, "cl", max_workers=2)],
         return_states=True,
         progress=False,
         summary=False,
+        host="127.0.0.1",
         report=str(tmp_path / "r.html"),
     )
     assert states["cl"].completed_count == 40
+    pids = {p.name.split("_")[1] for p in job_out.glob("pid_*")}
     data = _report_data(tmp_path / "r.html")
     rows = data["/api/timeline"]["rows"]
     jobs = [r for r in rows if r["kind"] == "job"]
-    assert jobs and all(r["job"] == f"job-{r['key'].split('-')[1]}" for r in jobs)
+    assert jobs and all(r["job"] and r["job"].startswith("local ") for r in jobs)
+    assert {r["job"].split()[1] for r in jobs} <= pids  # the job ids the launcher reported: its children
     assert sum(r["blocks"] for r in rows) == 40  # one bar per block a client released
 
 
