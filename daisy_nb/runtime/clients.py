@@ -127,8 +127,15 @@ class ClientsMixin:
                     stats = _STATS.unpack_from(msg, 9)
                     t0 += _STATS.size
                 record_error(self.s.counters[tr.tid], msg[t0:].decode("utf-8", "replace"))
+            w = self.workers.get(cc.wid)  # what its worker function's jobs finished (policy.is_job_end)
+            if w is not None and w.tr is not tr:
+                w = None
+            if w is not None:
+                w.client_raised = kind != b"R"
             sent = cc.held.pop(index, None)
             if sent is not None:  # else: reclaimed after a timeout
+                if w is not None and status == 2:
+                    w.finished += 1
                 if stats is not None and tr.res is not None:
                     tr.res.add_one(stats, status != 2)
                 self.s.release_blocks(
