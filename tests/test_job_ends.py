@@ -21,6 +21,7 @@ import walltime  # noqa: E402
 from funlib.geometry import Roi  # noqa: E402
 
 import daisy_nb  # noqa: E402
+from daisy_nb.progress import raise_if_abandoned  # noqa: E402
 
 pytestmark = [pytest.mark.mp, pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
 
@@ -99,6 +100,8 @@ def test_job_ends_do_not_hide_a_crash_loop_that_follows(out, fn):
     assert st.worker_job_end_count == walltime.ENDS
     assert st.worker_restart_count == 2
     assert st.completed_count == walltime.ENDS * walltime.FINISH  # retries come after the fresh blocks
+    with pytest.raises(RuntimeError, match=r"failed 8 times \(5 of them job ends after finished blocks, not counted"):
+        raise_if_abandoned({"m": st}, ["m"])  # what run_blockwise raises
 
 
 @pytest.mark.parametrize("fn", [walltime.raise_block, walltime.raise_job], ids=["block_function", "worker_function"])

@@ -128,10 +128,10 @@ class ClientsMixin:
                     t0 += _STATS.size
                 record_error(self.s.counters[tr.tid], msg[t0:].decode("utf-8", "replace"))
             w = self.workers.get(cc.wid)  # what its worker function's jobs finished (policy.is_job_end)
-            if w is not None and w.tr is not tr:
-                w = None
-            if w is not None:
+            if w is not None and w.tr is tr:
                 w.client_raised = kind != b"R"
+            else:
+                w = None
             sent = cc.held.pop(index, None)
             if sent is not None:  # else: reclaimed after a timeout
                 if w is not None and status == 2:
