@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_tracking.py",
         "bench_cluster.py",
         "bench_small.py",
+        "bench_dask_lost_worker.py",
     ],
 )
 def test_benchmark_quick(script):
