@@ -29,13 +29,10 @@ The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
   them elsewhere. A future that errors (``KilledWorker``, ``CancelledError``, a
   deserialization error on the worker) fails its blocks once too. Each lost worker
   counts as a worker failure of the task (``worker_failure_count``); after
-  ``max_worker_restarts`` of them the task is abandoned, as with the local pool,
-  except that a worker lost after it had finished blocks of the task is a job end
-  (``worker_job_end_count``, :func:`.policy.is_job_end`), not counted toward the cap.
-  Nothing waits on a lost worker: the driver's loop never calls a worker itself
-  (``client.run`` goes through :class:`.dask_events.WorkerCalls`, in threads of its
-  own, and never to a worker the scheduler removed), so a lost worker costs the
-  run no more than its batches.
+  ``max_worker_restarts`` of them the task is abandoned, as with the local pool; one
+  lost after finishing blocks of the task is a job end, not counted toward the cap
+  (:func:`.policy.is_job_end`). Nothing waits on a lost worker: every ``client.run``
+  goes through :class:`.dask_events.WorkerCalls` (off the loop, never to a removed worker).
 * **Timeouts.** A batch that has been running longer than ``timeout × its size``
   is cancelled and its blocks fail (``timeout_reclaim_count``, and a worker
   failure, as when the pool kills a worker). dask cannot stop a running Python
@@ -79,7 +76,15 @@ from collections import deque
 from daisy_nb.progress import Heartbeat, notify
 from daisy_nb.runtime.dask_events import RunTopic, WorkerCalls
 from daisy_nb.runtime.dask_worker import _cancel_batches, _forget_run_async, _run_batch, _running_batches
-from daisy_nb.runtime.policy import TaskRun, count_worker_failure, end_run, grow_batch, is_job_end, record_error
+from daisy_nb.runtime.policy import (
+    JOB_END,
+    TaskRun,
+    count_worker_failure,
+    end_run,
+    grow_batch,
+    is_job_end,
+    record_error,
+)
 from daisy_nb.runtime.state import cap_traceback, format_exception
 
 __all__ = ["run_dask"]
@@ -265,11 +270,8 @@ class _DaskRun:
         notify(self.observer, what, self.s)
 
     def _worker_failure(self, tid: str, text: str, job_end: bool = False) -> None:
-        """A batch lost to its worker (death, timeout, init_fn): the pool's dirty exit.
-
-        ``job_end``: a worker lost after it had finished blocks of the task
-        (:func:`.policy.is_job_end`): counted, but not toward ``max_worker_restarts``.
-        """
+        """A batch lost to its worker (death, timeout, init_fn): the pool's dirty exit; a ``job_end``
+        (lost after finishing blocks, :func:`.policy.is_job_end`) is not counted toward the cap."""
         c = self.s.counters[tid]
         count_worker_failure(c, job_end)
         record_error(c, text)
@@ -499,10 +501,7 @@ class _DaskRun:
                     job_end = is_job_end(finished)
                     text = f"dask worker {addr} (pid {pid}) was lost while running {nblk} block(s) of task {tid!r}"
                     if job_end:
-                        text += (
-                            f" after it had finished {finished}: a job end (walltime, preemption, node lost?), "
-                            "not counted toward max_worker_restarts"
-                        )
+                        text += f" after it had finished {finished} of them: {JOB_END}"
                     self._worker_failure(tid, text, job_end)
                 for tr in self.trs.values():
                     tr.finished_on.pop(addr, None)

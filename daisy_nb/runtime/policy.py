@@ -37,6 +37,7 @@ import pickle
 import signal
 
 __all__ = [
+    "JOB_END",
     "MAX_GROWTH",
     "TaskRun",
     "count_worker_failure",
@@ -99,6 +100,7 @@ def wants_context(fn) -> bool:
         return False
 
 
+JOB_END = "a job end (walltime, preemption, node lost?), replaced without counting toward max_worker_restarts"
 # a worker killed by one of these crashed by itself (a bug in the program), whatever it finished before
 CRASH_SIGNALS = frozenset(
     getattr(signal, n) for n in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGSYS") if hasattr(signal, n)

@@ -61,7 +61,7 @@ import numpy as np
 from daisy_nb import logging as dlog
 from daisy_nb.runtime import _shm, _zygote
 from daisy_nb.runtime.context import Context
-from daisy_nb.runtime.policy import count_worker_failure, grow_batch, is_job_end, record_error
+from daisy_nb.runtime.policy import JOB_END, count_worker_failure, grow_batch, is_job_end, record_error
 from daisy_nb.runtime.state import TB_CAP_BYTES, cap_traceback
 
 if TYPE_CHECKING:
@@ -373,10 +373,7 @@ class ProcessesMixin:
                         " while processing blocks" if was_busy else ""
                     )
                 if job_end:
-                    msg += (
-                        f" after it had finished {w.finished} block(s): a job end (walltime, preemption, "
-                        "node lost?), replaced without counting toward max_worker_restarts"
-                    )
+                    msg += f" after it had finished {w.finished} block(s): {JOB_END}"
                 tail = self._err_tail(w)
                 if tail:
                     msg += "\nworker stderr tail:\n" + tail
