@@ -419,9 +419,12 @@ def raise_if_abandoned(states, task_order, workers: str = "workers") -> None:
         st = states[tid]
         reason = getattr(st, "abandon_reason", "")
         if getattr(st, "abandoned", False) and reason in (ABANDON_RESTARTS, ABANDON_NOT_WAITING):
+            ends = getattr(st, "worker_job_end_count", 0)
             msg = (
                 f"task '{tid}' was abandoned ({reason}): {workers} failed "
-                f"{st.worker_failure_count} times, {st.worker_restart_count} restarts performed; "
+                f"{st.worker_failure_count} times"
+                + (f" ({ends} of them job ends after finished blocks, not counted toward the cap)" if ends else "")
+                + f", {st.worker_restart_count} restarts performed; "
                 f"{st.orphaned_count} of {st.total_block_count} blocks were orphaned."
             )
             if getattr(st, "last_worker_error", None):

@@ -67,6 +67,7 @@ class WorkerCounters:
         self.error_groups = ErrorGroups(task_id)  # every recorded failure, grouped (daisy_nb extension)
         self.worker_failure_count = 0
         self.worker_restart_count = 0
+        self.worker_job_end_count = 0  # dirty exits after finished blocks (policy.is_job_end): not restarts
         self.worker_start_count = 0
         self.timeout_reclaim_count = 0
         self.first_worker_error = None
@@ -88,6 +89,7 @@ class TaskState:
         self.started = bool(cnt_row[kt.C_STARTED])
         self.worker_failure_count = counters.worker_failure_count
         self.worker_restart_count = counters.worker_restart_count
+        self.worker_job_end_count = counters.worker_job_end_count
         self.worker_start_count = counters.worker_start_count
         self.timeout_reclaim_count = counters.timeout_reclaim_count
         self.first_worker_error = counters.first_worker_error

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_ctrl_c.py",
         "bench_dry_run.py",
         "bench_timeline.py",
+        "bench_dask_lost_worker.py",
     ],
 )
 def test_benchmark_quick(script):

@@ -156,6 +156,40 @@ def test_forced_plain_never_compiles(tmp_path):
     assert r.stdout.split()[-1] == "False"
 
 
+def test_ctrl_c_while_numba_loads_leaves_it_loadable(tmp_path):
+    """A KeyboardInterrupt in the middle of numba's import (here: raised by an import hook when
+    one of its submodules loads) propagates, and the next run compiles its kernels as usual."""
+    r = _python(
+        """
+        import sys
+        import daisy_nb as daisy
+        from daisy_nb import Roi
+        from daisy_nb.kernels import _jit
+
+        class Interrupt:
+            def find_spec(self, name, path=None, target=None):
+                if name == "numba.core.typing":
+                    sys.meta_path.remove(self)
+                    raise KeyboardInterrupt
+                return None
+
+        sys.meta_path.insert(0, Interrupt())
+        task = daisy.Task("s", Roi((0,), (200,)), Roi((0,), (1,)), Roi((0,), (1,)))
+        try:
+            _jit.use_numba()
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted", _jit.compiled())
+        _jit.use_numba()
+        s = daisy.Scheduler([task])
+        b = s.acquire_block("s")
+        print(_jit.compiled(), b.block_id)
+    """,
+        tmp_path,
+    )
+    assert r.stdout.split("\n")[:2] == ["interrupted False", "True ('s', 0)"], r.stdout
+
+
 def test_a_run_that_compiles_says_so_once(tmp_path):
     """An empty numba cache: one notice on stderr with an estimate, however many kernels compile."""
     r = _python(

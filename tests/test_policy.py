@@ -15,7 +15,16 @@ import daisy_nb
 from daisy_nb import Roi
 from daisy_nb.runtime import dask as dask_rt
 from daisy_nb.runtime import pool as pool_rt
-from daisy_nb.runtime.policy import MAX_GROWTH, TaskRun, elapsed_of, grow_batch, record_error
+from daisy_nb.runtime.policy import (
+    MAX_GROWTH,
+    TaskRun,
+    count_worker_failure,
+    elapsed_of,
+    grow_batch,
+    is_job_end,
+    record_error,
+)
+from daisy_nb.scheduler import WorkerCounters
 
 RECORDS = [TaskRun, pool_rt._TaskRun, dask_rt._TaskRun]
 
@@ -97,15 +106,43 @@ def test_restart_cap_is_one_rule(cap):
     """The pool replaces a failed worker at its next spawn, dask at the failure; both stop
     after ``max_worker_restarts`` restarts, by the same predicate."""
     tr = TaskRun(task(max_worker_restarts=cap))
-    c = SimpleNamespace(worker_failure_count=0, worker_restart_count=0)
+    c = WorkerCounters()
     restarts = 0
     for _ in range(cap + 5):
-        c.worker_failure_count += 1
+        count_worker_failure(c, job_end=False)
         if tr.restarts_exhausted(c):
             break
         c.worker_restart_count += 1
         restarts += 1
     assert restarts == cap and c.worker_failure_count == cap + 1
+
+
+def test_job_ends_are_counted_but_never_restarts():
+    """Crashes and job ends interleaved: only the crashes' replacements are restarts, and only
+    they exhaust the cap; every dirty exit stays in ``worker_failure_count``."""
+    tr = TaskRun(task(max_worker_restarts=2))
+    c = WorkerCounters()
+    for job_end in (True, False, True, True, False, True):
+        count_worker_failure(c, job_end)
+        assert not tr.restarts_exhausted(c)
+        if tr.crash_unreplaced(c):  # what the pool's next spawn does
+            c.worker_restart_count += 1
+        assert not tr.crash_unreplaced(c)
+    assert (c.worker_failure_count, c.worker_job_end_count, c.worker_restart_count) == (6, 4, 2)
+    count_worker_failure(c, job_end=True)  # the cap is used up: a job end is still replaced
+    assert not tr.restarts_exhausted(c)
+    count_worker_failure(c, job_end=False)  # a third crash is not
+    assert tr.restarts_exhausted(c)
+
+
+def test_what_is_a_job_end():
+    import signal
+
+    assert is_job_end(1) and is_job_end(4, returncode=1) and is_job_end(4, returncode=-signal.SIGKILL)
+    assert is_job_end(1, returncode=-signal.SIGTERM)  # a walltime kill
+    assert not is_job_end(0) and not is_job_end(0, returncode=-signal.SIGKILL)  # died before any block
+    assert not is_job_end(4, crashed=True)  # a raised block or a timeout
+    assert not is_job_end(4, returncode=-signal.SIGSEGV) and not is_job_end(4, returncode=-signal.SIGABRT)
 
 
 def test_batch_growth():

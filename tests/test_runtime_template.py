@@ -72,7 +72,8 @@ def test_sigkilled_forked_worker_is_replaced_by_a_forked_one(out):
     st = states["sk"]
     assert st.completed_count == 30 and st.failed_count == 0
     assert attempts(out, "sk", 5) == 2
-    assert st.worker_failure_count == 1 and st.worker_restart_count == 1
+    # a restart, or a job end if the killed worker had finished blocks before block 5
+    assert st.worker_failure_count == 1 and st.worker_restart_count + st.worker_job_end_count == 1
     # 3 workers and the replacement; a growth spawn (not a restart) can add one when a worker's
     # exit and the ready blocks interleave (seen once in CI at load ~2)
     assert st.worker_start_count in (4, 5)

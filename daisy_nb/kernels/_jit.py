@@ -149,6 +149,7 @@ def use_numba() -> None:
         return
     if CACHE:
         _drop_stale_cache()
+    before = set(sys.modules)
     try:
         import numba  # noqa: F401
     except ImportError as e:  # a broken numba install: stay correct, only slower
@@ -159,6 +160,17 @@ def use_numba() -> None:
             f"daisy_nb: numba cannot be imported ({e}); the kernels run as plain Python", RuntimeWarning, stacklevel=3
         )
         return
+    except BaseException:
+        # interrupted half way (Ctrl-C while numba loads, ~0.3 s, seconds on a busy machine):
+        # the packages whose import failed are gone from sys.modules, their submodules that
+        # had loaded are not, and a later import of numba would find them without binding
+        # them to the new package ("module 'numba' has no attribute 'core'": no kernel could
+        # compile in this process again). Forget those; modules that loaded whole (numpy) stay.
+        for name in set(sys.modules) - before:
+            parts = name.split(".")
+            if any(".".join(parts[:i]) not in sys.modules for i in range(1, len(parts))):
+                sys.modules.pop(name, None)
+        raise
     _install_notice()
     if CACHE and not cache_is_warm([fn for fn in _entry_points() if fn.__name__ == "step"]):
         _tell()  # before any progress bar is drawn: the scheduler's kernel is not cached

@@ -149,6 +149,7 @@ class ClientsMixin:
                 tr.inflight -= 1
         elif kind in (b"R", b"F", b"E"):
             stats = None
+            w = self.workers.get(cc.wid)  # the worker function whose job this client is
             if kind == b"R":
                 index, status = _RELEASE.unpack_from(msg, 1)
                 if len(msg) >= 1 + _RELEASE.size + _STATS.size:  # a tracked release carries its stats
@@ -160,11 +161,17 @@ class ClientsMixin:
                 if kind == b"E":  # a failure with stats (resource_tracking)
                     stats = _STATS.unpack_from(msg, 9)
                     t0 += _STATS.size
-                w = self.workers.get(cc.wid)  # the worker function whose job this client is
-                log = None if w is None else w.err_path
-                record_error(self.s.counters[tr.tid], msg[t0:].decode("utf-8", "replace"), log=log)
+                record_error(
+                    self.s.counters[tr.tid], msg[t0:].decode("utf-8", "replace"), log=None if w is None else w.err_path
+                )
+            if w is not None and w.tr is tr:  # what its worker function's jobs finished (policy.is_job_end)
+                w.client_raised = kind != b"R"
+            else:
+                w = None
             sent = cc.held.pop(index, None)
             if sent is not None:  # else: reclaimed after a timeout
+                if w is not None and status == 2:
+                    w.finished += 1
                 if stats is not None and tr.res is not None:
                     tr.res.add_one(stats, status != 2)
                 self.s.release_blocks(

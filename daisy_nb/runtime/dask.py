@@ -29,7 +29,10 @@ The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
   them elsewhere. A future that errors (``KilledWorker``, ``CancelledError``, a
   deserialization error on the worker) fails its blocks once too. Each lost worker
   counts as a worker failure of the task (``worker_failure_count``); after
-  ``max_worker_restarts`` of them the task is abandoned, as with the local pool.
+  ``max_worker_restarts`` of them the task is abandoned, as with the local pool; one
+  lost after finishing blocks of the task is a job end, not counted toward the cap
+  (:func:`.policy.is_job_end`). Nothing waits on a lost worker: every ``client.run``
+  goes through :class:`.dask_events.WorkerCalls` (off the loop, never to a removed worker).
 * **Timeouts.** A batch that has been running longer than ``timeout × its size``
   is cancelled and its blocks fail (``timeout_reclaim_count``, and a worker
   failure, as when the pool kills a worker). dask cannot stop a running Python
@@ -71,9 +74,17 @@ import warnings
 from collections import deque
 
 from daisy_nb.progress import Heartbeat, notify
-from daisy_nb.runtime.dask_events import RunTopic
+from daisy_nb.runtime.dask_events import RunTopic, WorkerCalls
 from daisy_nb.runtime.dask_worker import _cancel_batches, _forget_run_async, _run_batch, _running_batches
-from daisy_nb.runtime.policy import TaskRun, end_run, grow_batch, record_error
+from daisy_nb.runtime.policy import (
+    JOB_END,
+    TaskRun,
+    count_worker_failure,
+    end_run,
+    grow_batch,
+    is_job_end,
+    record_error,
+)
 from daisy_nb.runtime.state import cap_traceback, format_exception
 
 __all__ = ["run_dask"]
@@ -83,6 +94,7 @@ logger = logging.getLogger("daisy")
 MAX_BATCH = 4096  # blocks per future
 POLL_SECS = 0.05
 INLINE_PAYLOAD_BYTES = 1 << 20  # larger functions are scattered to the workers once
+FORGET_WAIT_SECS = 2.0  # at the end of a run, for the calls to the workers still under way
 
 
 class _Batch:
@@ -109,6 +121,7 @@ class _TaskRun(TaskRun):
         self.payload_arg = None  # the payload bytes, or a scattered future for large functions
         self.resources = {k: v for k, v in self.requires.items() if v} or None  # dask resource restrictions
         self.workers_seen: set = set()
+        self.finished_on: dict = {}  # dask worker address -> blocks of this task it finished (job ends)
 
 
 class _DaskRun:
@@ -142,6 +155,8 @@ class _DaskRun:
         self.interrupted = False
         self.watch = RunTopic(client, self.topic, self._on_event)  # dask_events.py
         self.timeline = None  # set by the dashboard's observer (attach_runtime): one bar per batch result
+        self.calls = WorkerCalls(client)  # client.run off the loop, never to a removed worker
+        self.asking = False  # a _running_batches call is under way
 
     # ------------------------------------------------------------------ setup
     def prepare(self, records: dict) -> None:
@@ -193,6 +208,11 @@ class _DaskRun:
         with self.cond:
             self.cond.notify()
 
+    def _post(self, event) -> None:
+        """An event for the loop, from another thread (a ``WorkerCalls`` answer)."""
+        self.events.append(event)
+        self._wake()
+
     def _on_event(self, event) -> None:
         msg = event[1]
         if not isinstance(msg, dict):
@@ -228,18 +248,11 @@ class _DaskRun:
         if not self.zombies or now - self.last_pullback < 0.5:
             return
         self.last_pullback = now
-        try:  # which cancelled batches still run (one may have ended just before its cancel)
-            running = self.client.run(_running_batches, self.token, workers=list(self.zombies))
-        except Exception:
-            running = None
-        if running is not None:
-            for addr in list(self.zombies):
-                bids = set(running.get(addr, ()))
-                z = {bid: key for bid, key in self.zombies[addr].items() if bid in bids}
-                if z:
-                    self.zombies[addr] = z
-                else:
-                    del self.zombies[addr]
+        if not self.asking:  # which cancelled batches still run (one may have ended just before its cancel)
+            asked = list(self.zombies)
+            self.asking = self.calls.run(
+                _running_batches, self.token, workers=asked, done=lambda r: self._post(("running", now, (asked, r)))
+            )
         tainted = self._tainted()
         if not tainted:
             return
@@ -258,14 +271,15 @@ class _DaskRun:
     def _notify(self, what: str) -> None:
         notify(self.observer, what, self.s)
 
-    def _worker_failure(self, tid: str, text: str) -> None:
-        """A batch lost to its worker (death, timeout, init_fn): the pool's dirty exit."""
+    def _worker_failure(self, tid: str, text: str, job_end: bool = False) -> None:
+        """A batch lost to its worker (death, timeout, init_fn): the pool's dirty exit; a ``job_end``
+        (lost after finishing blocks, :func:`.policy.is_job_end`) is not counted toward the cap."""
         c = self.s.counters[tid]
-        c.worker_failure_count += 1
+        count_worker_failure(c, job_end)
         record_error(c, text)
         logger.warning("task %r: %s", tid, text.splitlines()[0])
         tr = self.trs[tid]
-        if tr.abandoned:
+        if tr.abandoned or job_end:
             return
         if tr.restarts_exhausted(c):
             for a in self.s.abandon_task(tid, "worker restart cap exhausted"):
@@ -297,10 +311,7 @@ class _DaskRun:
                 self._cancel_running([b.bid], [b.worker] if b.worker else None)
 
     def _cancel_running(self, bids, workers) -> None:
-        try:
-            self.client.run(_cancel_batches, self.token, list(bids), workers=workers, wait=False)
-        except Exception:
-            pass
+        self.calls.run(_cancel_batches, self.token, list(bids), workers=workers)  # off the loop
 
     def _release(self, b: _Batch, status) -> None:
         import numpy as np
@@ -394,8 +405,9 @@ class _DaskRun:
         if fut.status == "finished" and isinstance(result, dict):
             import numpy as np
 
-            if result.get("worker"):
-                tr.workers_seen.add(result["worker"])
+            addr = result.get("worker")
+            if addr:
+                tr.workers_seen.add(addr)
                 self.s.counters[b.tid].worker_start_count = len(tr.workers_seen)
             if result.get("init_error"):
                 self._release(b, 0)  # never started: given back uncounted
@@ -405,6 +417,8 @@ class _DaskRun:
             if len(st) != b.n:  # cannot happen; be safe
                 st = np.resize(st, b.n)
             st[(st != 2) & (st != 3)] = 0
+            if addr:
+                tr.finished_on[addr] = tr.finished_on.get(addr, 0) + int(np.count_nonzero(st == 2))
             self._release(b, st)
             if result.get("first_error"):
                 record_error(self.s.counters[b.tid], result["last_error"], first=result["first_error"])
@@ -460,10 +474,25 @@ class _DaskRun:
                     b.t_start = t  # a dask-side rerun restarts the clock
                     b.worker = msg.get("worker")
                     b.pid = msg.get("pid")
+            elif kind == "running":  # the answer of _pull_back's _running_batches call
+                self.asking = False
+                asked, running = msg
+                for addr in asked if running is not None else ():
+                    if addr in running and addr in self.zombies:  # else: not reached, or gone meanwhile
+                        bids = set(running[addr])
+                        z = {bid: key for bid, key in self.zombies[addr].items() if bid in bids}
+                        if z:
+                            self.zombies[addr] = z
+                        else:
+                            del self.zombies[addr]
             elif kind == "add-worker":
                 self.workers_changed = True
+                self.calls.added(msg.get("worker"))
+                for tr in self.trs.values():  # an address reused by a new worker: it finished nothing yet
+                    tr.finished_on.pop(msg.get("worker"), None)
             elif kind == "remove-worker":
                 self.workers_changed = True
+                self.calls.removed(msg.get("worker"))  # nothing is ever sent to it again
                 self.zombies.pop(msg.get("worker"), None)
                 if self.timeline is not None:
                     self.timeline.ended(("d", msg.get("worker")), lost=not msg.get("expected"))
@@ -480,9 +509,14 @@ class _DaskRun:
                     for b in bs:
                         self._drop(b, cancel=True)  # no silent rerun by dask
                         self._release(b, 3)
-                    self._worker_failure(
-                        tid, f"dask worker {addr} (pid {pid}) was lost while running {nblk} block(s) of task {tid!r}"
-                    )
+                    finished = self.trs[tid].finished_on.get(addr, 0)
+                    job_end = is_job_end(finished)
+                    text = f"dask worker {addr} (pid {pid}) was lost while running {nblk} block(s) of task {tid!r}"
+                    if job_end:
+                        text += f" after it had finished {finished} of them: {JOB_END}"
+                    self._worker_failure(tid, text, job_end)
+                for tr in self.trs.values():
+                    tr.finished_on.pop(addr, None)
 
     def _check_timeouts(self, now: float) -> None:
         late = []
@@ -587,10 +621,8 @@ class _DaskRun:
                     pass
         self.watch.unsubscribe()
         if self.next_bid:
-            try:
-                self.client.run(_forget_run_async, self.token, wait=False)
-            except Exception:
-                pass
+            self.calls.run(_forget_run_async, self.token, wait=False)
+        self.calls.wait(FORGET_WAIT_SECS)  # a worker lost just now must not hold up the end of the run
         for tr in self.trs.values():
             if tr.payload_arg is not tr.payload:
                 try:

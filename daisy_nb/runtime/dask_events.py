@@ -1,4 +1,9 @@
-"""The event topic of one dask run, on the driver side (:mod:`.dask`).
+"""The driver's channels to the cluster that must never stall its loop (:mod:`.dask`).
+
+* :class:`RunTopic`: the run's event topic and the scheduler plugin that feeds it;
+* :class:`WorkerCalls`: ``client.run`` calls to dask workers, made off the loop and
+  never to a worker the scheduler has removed.
+
 
 Every batch announces its start and end (worker address, pid) on the run's own
 dask event topic (``log_event`` in :mod:`.dask_worker`); a small scheduler plugin
@@ -12,8 +17,10 @@ the user's). Public ``distributed`` APIs only: ``subscribe_topic``/
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
-__all__ = ["RunTopic"]
+__all__ = ["RunTopic", "WorkerCalls"]
 
 logger = logging.getLogger("daisy")
 
@@ -95,3 +102,74 @@ class RunTopic:
             except Exception:
                 pass
             self.plugin_name = None
+
+
+class WorkerCalls:
+    """``client.run`` calls to dask workers, off the driver's loop, never to a removed worker.
+
+    ``client.run`` goes through the scheduler, which connects to each target worker
+    and answers when all have; a worker that is gone (killed, preempted, its node
+    lost) is retried until dask's connect timeout (``distributed.comm.timeouts.connect``,
+    30 s by default). Made from the driver's loop, such a call froze the whole run
+    for that long each time a worker that was running batches was lost. So:
+
+    * workers the scheduler reported removed (:meth:`removed`) are left out of every
+      call, and a call left with no worker is not made;
+    * each call runs in a thread of its own (a worker that died and is not yet
+      reported removed holds only that thread); ``done(result)`` is called from
+      there, with ``{address: result}`` of the workers that answered (None if the
+      call failed), so the driver takes results as events;
+    * the driver waits for calls only at the end of the run, and at most
+      :meth:`wait`'s bound.
+    """
+
+    def __init__(self, client):
+        self.client = client
+        self.gone: set[str] = set()  # addresses of workers the scheduler removed
+        self.threads: list[threading.Thread] = []
+
+    def removed(self, addr) -> None:
+        if addr:
+            self.gone.add(addr)
+
+    def added(self, addr) -> None:
+        self.gone.discard(addr)  # an address reused by a new worker
+
+    def live(self, workers) -> list:
+        return [w for w in workers if w and w not in self.gone]
+
+    def run(self, fn, *args, workers=None, done=None, **kwargs) -> bool:
+        """Start ``client.run(fn, *args, workers=..., **kwargs)`` in its own thread.
+
+        ``workers=None``: every worker the scheduler knows (it leaves removed ones
+        out itself). Returns False, calling nothing, when every target was removed.
+        """
+        if workers is not None:
+            workers = self.live(workers)
+            if not workers:
+                return False
+        self.threads = [t for t in self.threads if t.is_alive()]
+        t = threading.Thread(
+            target=self._call, args=(fn, args, workers, kwargs, done), name="daisy_nb-dask-run", daemon=True
+        )
+        t.start()
+        self.threads.append(t)
+        return True
+
+    def _call(self, fn, args, workers, kwargs, done) -> None:
+        try:
+            result = self.client.run(fn, *args, workers=workers, on_error="ignore", **kwargs)
+        except Exception:
+            result = None
+        if done is not None:
+            try:
+                done(result)
+            except Exception:  # pragma: no cover - the driver's callbacks only queue an event
+                pass
+
+    def wait(self, timeout: float) -> None:
+        """Let the calls still running finish, for at most ``timeout`` seconds in all."""
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self.threads = [t for t in self.threads if t.is_alive()]

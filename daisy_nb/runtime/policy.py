@@ -9,6 +9,8 @@ What a runtime needs to decide about a task, decided once, here:
   in flight, abandonment, first/done times, resource stats). The pool and dask
   extend it with what only they track; the serial runner uses it as it is;
 * :func:`record_error`: a worker error or traceback for the summary (first and last);
+* :func:`is_job_end` and :func:`count_worker_failure`: which worker deaths count toward
+  ``max_worker_restarts`` (crashes) and which do not (job ends), for every runtime;
 * :func:`end_run`: the end of every run (resource stats, ``on_finish``, the summary,
   a Ctrl-C re-raised with the states); the periodic chores are
   :class:`daisy_nb.progress.Heartbeat`, abandonment is raised by
@@ -32,14 +34,18 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import signal
 from collections import deque
 
 __all__ = [
+    "JOB_END",
     "MAX_GROWTH",
     "TaskRun",
+    "count_worker_failure",
     "elapsed_of",
     "end_run",
     "grow_batch",
+    "is_job_end",
     "record_error",
     "serialize_function",
     "timeout_of",
@@ -93,6 +99,38 @@ def wants_context(fn) -> bool:
         return "context" in (inspect.getfullargspec(fn).kwonlyargs or [])
     except TypeError:
         return False
+
+
+JOB_END = "a job end (walltime, preemption, node lost?), replaced without counting toward max_worker_restarts"
+# a worker killed by one of these crashed by itself (a bug in the program), whatever it finished before
+CRASH_SIGNALS = frozenset(
+    getattr(signal, n) for n in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGSYS") if hasattr(signal, n)
+)
+
+
+def is_job_end(finished: int, *, crashed: bool = False, returncode: int | None = None) -> bool:
+    """Whether a worker's dirty exit is a *job end* rather than a crash.
+
+    The restart cap (``max_worker_restarts``) is there to stop crash loops. A worker
+    that finished at least one block since it started and then ended (its job's
+    walltime, a preemption, the node lost, ``SIGKILL``/``SIGTERM``, a non-zero exit)
+    is a job end: it is counted (``worker_failure_count``, ``worker_job_end_count``)
+    and replaced, but not as a restart. A crash is a worker that finished no block,
+    or whose own error ended it: ``crashed`` (its block raised, as daisy 2.0 ends the
+    worker then; a block timeout) or a signal of :data:`CRASH_SIGNALS` (segfault,
+    abort). Job ends cannot loop: each needs a block completed since the worker
+    started, and a block completes once.
+    """
+    if finished <= 0 or crashed:
+        return False
+    return returncode is None or returncode >= 0 or -returncode not in CRASH_SIGNALS
+
+
+def count_worker_failure(counters, job_end: bool) -> None:
+    """One dirty worker exit: ``worker_failure_count`` (and ``worker_job_end_count`` for a job end)."""
+    counters.worker_failure_count += 1
+    if job_end:
+        counters.worker_job_end_count += 1
 
 
 def record_error(counters, text: str, first: str | None = None, log: str | None = None) -> None:
@@ -150,11 +188,16 @@ class TaskRun:
         self.payload = serialize_function(self.fn, self.init_fn, self.tid)
         return self.payload
 
+    @staticmethod
+    def crash_unreplaced(counters) -> bool:
+        """A crashed worker is not replaced yet: the next spawn is a *restart* (daisy 2.0's rule,
+        ``worker_failure_count > worker_restart_count``, with job ends left out: their
+        replacements are not restarts, see :func:`is_job_end`)."""
+        return counters.worker_failure_count - counters.worker_job_end_count > counters.worker_restart_count
+
     def restarts_exhausted(self, counters) -> bool:
-        """A worker failed that may not be replaced: ``max_worker_restarts`` restarts were made."""
-        return counters.worker_failure_count > counters.worker_restart_count and (
-            counters.worker_restart_count >= self.max_restarts
-        )
+        """A worker crashed that may not be replaced: ``max_worker_restarts`` restarts were made."""
+        return self.crash_unreplaced(counters) and counters.worker_restart_count >= self.max_restarts
 
     def elapsed(self, now: float) -> float:
         """Seconds from the first block to done (or to ``now``), for the summary's blocks/s."""

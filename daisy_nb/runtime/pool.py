@@ -11,8 +11,8 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   budget, only while the task has more ready blocks than its idle workers can take;
   at most ``SPAWN_BURST`` start per loop turn, so the first ones get work while the
   rest are forked. A parked worker of another task gives its budget up to a task
-  with ready work. After ``max_worker_restarts`` replaced failures and no worker
-  left, the task is abandoned.
+  with ready work. After ``max_worker_restarts`` replaced crashes and no worker
+  left, the task is abandoned (job ends do not count: :func:`.policy.is_job_end`).
 * **Failure detection.** The main loop waits on every worker's socket, a pidfd
   per worker process (its "sentinel": readable when it exits) and a wake-up pipe
   (SIGINT, new client connections) with a 0.1 s timeout.

@@ -36,6 +36,9 @@ connections: every method runs in the pool's main loop.
   count, the block it was running fails (an attempt), and blocks of its batches it
   never started (including a prefetched one) are given back (status 0) and run
   again first. A block that raises makes its worker exit (daisy 2.0's dirty exit).
+  A dirty exit counts toward ``max_worker_restarts`` unless it is a job end
+  (:func:`.policy.is_job_end`: the worker had finished blocks, and neither a raised
+  block, a timeout nor a segfault ended it): then it is replaced without a restart.
 * **Worker functions** (0-argument) are ended with ``SIGTERM`` to their process group
   and ``SIGKILL`` ``TERM_GRACE_SECS`` later (their death signal is ``SIGTERM`` too):
   the grace lets a launcher (:mod:`daisy_nb.launch`) cancel the job it submitted.
@@ -62,7 +65,7 @@ import numpy as np
 from daisy_nb import logging as dlog
 from daisy_nb.runtime import _shm, _zygote
 from daisy_nb.runtime.context import Context
-from daisy_nb.runtime.policy import grow_batch, record_error
+from daisy_nb.runtime.policy import JOB_END, count_worker_failure, grow_batch, is_job_end, record_error
 from daisy_nb.runtime.state import TB_CAP_BYTES, cap_traceback
 
 if TYPE_CHECKING:
@@ -112,6 +115,8 @@ class Worker:
         self.lost = False  # a client of its job went silent (heartbeat): killed, counts as a failure
         self.connected = False  # a Client of its job said hello (0-argument worker functions)
         self.acquired = 0
+        self.finished = 0  # blocks it (or its worker function's clients) finished successfully
+        self.client_raised = False  # a worker function's last block raised (its exit is a crash)
         self.err_path = None
         self.err_offset = 0
         self.t_spawn = time.monotonic()
@@ -164,7 +169,7 @@ class ProcessesMixin:
 
     def _spawn(self, tr: TaskRun) -> None:
         c = self.s.counters[tr.tid]
-        if c.worker_failure_count > c.worker_restart_count:
+        if tr.crash_unreplaced(c):  # replacing a crash: a restart (a job end's replacement is not)
             c.worker_restart_count += 1
         c.worker_start_count += 1
         wid = self.next_wid
@@ -401,7 +406,9 @@ class ProcessesMixin:
         if dirty:
             self._sigkill(w)  # helpers it launched go too
             c = self.s.counters[tr.tid]
-            c.worker_failure_count += 1
+            crashed = w.raised or w.timed_out or w.client_raised
+            job_end = is_job_end(w.finished, crashed=crashed, returncode=rc)
+            count_worker_failure(c, job_end)
             if msg is None:
                 if w.timed_out:
                     msg = f"daisy worker process killed after a block exceeded timeout={tr.timeout:g}s"
@@ -416,6 +423,8 @@ class ProcessesMixin:
                     )
                     if not tr.arity:
                         msg += self._unconnected_note(w)
+                if job_end:
+                    msg += f" after it had finished {w.finished} block(s): {JOB_END}"
                 tail = self._err_tail(w)
                 if tail:
                     msg += "\nworker stderr tail:\n" + tail
@@ -434,6 +443,7 @@ class ProcessesMixin:
         for k, index in w.queue:
             n = len(index)
             st = w.bufs[k][o_st : o_st + n].astype(np.uint8)
+            w.finished += int(np.count_nonzero(st == 2))
             if tr.res is not None:  # blocks it finished have their stats written
                 self._add_stats(w, k, n, st, (st == 2) | (st == 3))
             st[st == 1] = running_status
@@ -580,6 +590,7 @@ class ProcessesMixin:
             st = a[w.off["status"] : w.off["status"] + n].astype(np.uint8)
             st[st < 2] = 3  # cannot happen (the worker writes every status); be safe
             elapsed = int(a[_shm.H_ELAPSED])
+            w.finished += int(np.count_nonzero(st == 2))
             if tr.res is not None:
                 self._add_stats(w, k, n, st)
             self.s.release_blocks(tr.tid, index, st)
