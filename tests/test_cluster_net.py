@@ -129,6 +129,21 @@ def test_wildcard_host_advertises_a_reachable_address(out):
     assert seen["host"] == CANDIDATES[0] and seen["listening"] == ["0.0.0.0"]
 
 
+def test_a_host_only_other_machines_know_is_advertised_as_given(out, monkeypatch):
+    """As daisy 2.0.0: an explicit non-loopback host= (a name only the compute nodes resolve, a
+    container's external address; here TEST-NET-3, never a real host's) is advertised as given
+    while the scheduler listens on every interface. The job reaches it through 127.0.0.1: nothing
+    is sent to the advertised address."""
+    mine = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    if {"203.0.113.77", "203.0.113.78"} & mine:
+        pytest.skip("this machine has a TEST-NET-3 address")
+    assert run(make_task("g", 6, netfns.via_loopback), host="203.0.113.77")["g"].completed_count == 6
+    monkeypatch.setenv("DAISY_HOST", "203.0.113.78")  # the same from the environment
+    assert run(make_task("g2", 4, netfns.via_loopback))["g2"].completed_count == 4
+    told = sorted(p.read_text() for p in out.glob("advertised_*"))
+    assert told == ["203.0.113.77", "203.0.113.78"]
+
+
 @needs_address
 def test_loopback_host_stays_loopback_only(out, monkeypatch):
     st = run(make_task("l", 6, netfns.submit_local_only), host="127.0.0.1")["l"]

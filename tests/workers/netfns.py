@@ -112,3 +112,20 @@ def client_loop():
             if block is None:
                 break
             mark(block)
+
+
+def via_loopback():
+    """A worker function whose Client records the advertised address, then connects through
+    127.0.0.1 (the scheduler listens on every interface) and runs the loop: for a host= that
+    only other machines could reach."""
+    import daisy_nb
+
+    ctx = daisy_nb.Context.from_env()
+    with open(os.path.join(_out(), f"advertised_{os.getpid()}"), "w") as f:
+        f.write(ctx["hostname"])
+    ctx["hostname"] = "127.0.0.1"
+    client = daisy_nb.Client(ctx)
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
