@@ -146,7 +146,12 @@ def test_page_of_a_running_pipeline(tmp_path, monkeypatch):
     flag = tmp_path / "slow"
     flag.write_text("")
     monkeypatch.setenv("DASH_SLOW", str(flag))
-    monkeypatch.setenv("DASH_SLEEP", "0.05")  # the run outlasts two page loads on a busy machine
+    monkeypatch.setenv("DASH_SLEEP", "0.02")
+    gate = tmp_path / "gate"
+    # relabel's blocks from 150 on wait for the gate, opened after the first page load, so the second
+    # load sees more done; its last block waits for the test, so the run outlasts every load
+    monkeypatch.setenv("DASH_GATE", f"relabel:150:{gate}")
+    monkeypatch.setenv("DASH_HOLD", "relabel:299")
     monkeypatch.setenv("DASH_FAIL", "3")  # block 3 of both tasks fails (3 is the first 1-D root after 0..2)
     pages = {}
     with Dashboard(quiet=True) as dash:
@@ -164,7 +169,13 @@ def test_page_of_a_running_pipeline(tmp_path, monkeypatch):
                         break
                     time.sleep(0.2)
                 pages["first"] = Page(dump_dom(dash.url))
-                time.sleep(1.0)
+                gate.write_text("")
+                while time.monotonic() < deadline:  # gated blocks (none can be on the first page) have run
+                    with urllib.request.urlopen(dash.url + "api/state", timeout=10) as r:
+                        now = json.load(r)
+                    if any(t["task_id"] == "relabel" and t["completed"] > 160 for t in now["tasks"]):
+                        break
+                    time.sleep(0.1)
                 pages["second"] = Page(dump_dom(dash.url))
                 pages["block"] = Page(dump_dom(dash.url + "#block=relabel:3", 3500))
             finally:

@@ -2,7 +2,10 @@
 
 ``DASH_FAIL``: comma-separated block ids that raise. ``DASH_SLOW``: a file; while it
 exists every block sleeps ``DASH_SLEEP`` seconds (default 0.005), so a test decides
-when the run may finish.
+when the run may finish. ``DASH_GATE`` (``"<task>:<first id>:<file>"``): blocks of that task
+from that id on wait until the file exists; ``DASH_HOLD`` (``"<task>:<id>"``): that block
+waits while the ``DASH_SLOW`` file exists (so the run cannot end before the test lets it).
+Waits give up after two minutes.
 """
 
 import os
@@ -23,5 +26,21 @@ def work(block):
     if block.block_id[1] in _fail_ids():
         raise ValueError(f"dashboard test failure in block {block.block_id[1]}")
     flag = os.environ.get("DASH_SLOW")
+    gate = os.environ.get("DASH_GATE")
+    if gate:
+        tid, first, path = gate.split(":", 2)
+        if block.task_id == tid and block.block_id[1] >= int(first):
+            _wait(lambda: os.path.exists(path))
+    hold = os.environ.get("DASH_HOLD")
+    if hold and flag:
+        tid, bid = hold.split(":")
+        if block.task_id == tid and block.block_id[1] == int(bid):
+            _wait(lambda: not os.path.exists(flag))
     if flag and os.path.exists(flag):
         time.sleep(float(os.environ.get("DASH_SLEEP", "0.005")))
+
+
+def _wait(cond, secs=120.0):
+    deadline = time.monotonic() + secs
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
