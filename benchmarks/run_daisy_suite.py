@@ -54,8 +54,12 @@ def pytest_args(root: str, timeout: int, extra) -> list[str]:
     return args + list(extra)
 
 
-def run_suite(cmd: list[str], root: str, log_path: str | None) -> tuple[dict, str, float]:
-    """Run ``cmd`` in ``root``; returns ({test id: outcome}, the last line of output, seconds)."""
+def run_suite(cmd: list[str], root: str, log_path: str | None, junit: str | None = None) -> tuple[dict, str, float]:
+    """Run ``cmd`` in ``root``; returns ({test id: outcome}, the last line of output, seconds).
+
+    With ``junit`` (a path the command writes with ``--junitxml``), outcomes come from that file,
+    one per test; otherwise from pytest's ``-rA`` lines.
+    """
     t0 = time.monotonic()
     proc = subprocess.run(cmd, check=False, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     secs = time.monotonic() - t0
@@ -63,13 +67,46 @@ def run_suite(cmd: list[str], root: str, log_path: str | None) -> tuple[dict, st
         with open(log_path, "w") as f:
             f.write(proc.stdout)
     results = {}
-    for line in proc.stdout.splitlines():
-        m = OUTCOME_RE.match(line)
-        if m:
-            # "FAILED id - message": keep the id only
-            results[m.group(2)] = m.group(1)
+    if junit:
+        results = junit_outcomes(junit, root) if os.path.exists(junit) else {}
+    else:
+        for line in proc.stdout.splitlines():
+            m = OUTCOME_RE.match(line)
+            if m:
+                # "FAILED id - message": keep the id only
+                results[m.group(2)] = m.group(1)
     tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else f"(no output, exit code {proc.returncode})"
     return results, tail, secs
+
+
+def junit_outcomes(path: str, root: str) -> dict:
+    """{pytest node id: PASSED/FAILED/ERROR/SKIPPED} from a pytest ``--junitxml`` file."""
+    import xml.etree.ElementTree as ET
+
+    results = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        parts = case.get("classname", "").split(".")
+        # classname is "dir.module[.Class]": the module is the longest prefix that is a file
+        for i in range(len(parts), 0, -1):
+            if os.path.isfile(os.path.join(root, *parts[:i]) + ".py"):
+                node = "/".join(parts[:i]) + ".py::" + "::".join([*parts[i:], case.get("name", "")])
+                break
+        else:
+            node = case.get("classname", "") + "::" + case.get("name", "")
+        tags = {child.tag for child in case}
+        outcome = (
+            "ERROR"
+            if "error" in tags
+            else "FAILED"
+            if "failure" in tags
+            else "SKIPPED"
+            if "skipped" in tags
+            else "PASSED"
+        )
+        # a test that fails and then errors in teardown has two entries: keep the worse
+        if results.get(node) not in ("FAILED", "ERROR"):
+            results[node] = outcome
+    return results
 
 
 def per_file(results: dict) -> dict:
@@ -106,9 +143,19 @@ def main(argv=None) -> int:
     log = os.path.join(args.log_dir, "daisy_nb.txt") if args.log_dir else None
     sides["daisy_nb"] = run_suite([args.nb_python, "-m", "daisy_nb", "run", "-m", "pytest", *pa], root, log)
 
+    return report(sides)
+
+
+def report(sides: dict) -> int:
+    """Print each side's counts per file and every test whose outcome differs; the exit code.
+
+    ``sides``: {name: run_suite's result}, the reference (if any) first and ``"daisy_nb"`` last.
+    """
     names = list(sides)
     for name, (results, tail, secs) in sides.items():
-        print(f"  {name:<12} {tail}  [{secs:.0f} s wall, {len(results)} outcomes]")
+        c = collections.Counter(results.values())
+        counts = ", ".join(f"{c[o]} {o.lower()}" for o in ("PASSED", "FAILED", "SKIPPED", "ERROR"))
+        print(f"  {name:<12} {tail}  [{secs:.0f} s wall, {len(results)} outcomes: {counts}]")
     if not sides["daisy_nb"][0]:
         print("daisy_nb: no test outcomes were reported (see the line above)", file=sys.stderr)
         return 1
