@@ -481,3 +481,20 @@ def test_sparse_chunk_write_roundtrip(tmp_path):
     if hasattr(os.stat_result, "st_blocks"):
         # only a few segments hold data
         assert (p / "failures" / "c" / "0").stat().st_blocks * 512 < 4 * n
+
+
+def test_compressed_tracking_arrays_need_zarr_3_and_say_so(monkeypatch):
+    """zarr is optional (daisy_nb installs next to libraries that pin zarr<3): a caller-provided
+    compressed array asks for zarr>=3 by name instead of failing inside zarr 2."""
+    import sys
+    import types
+
+    from daisy_nb.tracking._files import zarr3
+
+    assert int(zarr3().__version__.split(".")[0]) >= 3  # the test environment has zarr 3
+    monkeypatch.setitem(sys.modules, "zarr", types.SimpleNamespace(__version__="2.18.7"))
+    with pytest.raises(ImportError, match=r"needs zarr>=3 .*zarr 2\.18\.7 is installed"):
+        zarr3()
+    monkeypatch.setitem(sys.modules, "zarr", None)  # not installed
+    with pytest.raises(ImportError, match="zarr is not installed"):
+        zarr3()

@@ -584,6 +584,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args) -> int:
     """Run the demo from parsed arguments; 0 iff the blockwise result agrees with scipy."""
+    import importlib.util
+
+    missing = [m for m in ("zarr", "scipy") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"daisy_nb demo: error: it needs {' and '.join(missing)}: pip install 'daisy_nb[demo]'",
+            file=sys.stderr,
+        )
+        return 2
     dash = None
     port = getattr(args, "dashboard", None)
     if port is not None:

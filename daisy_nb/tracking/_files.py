@@ -230,10 +230,24 @@ def _map_chunk(chunk: Path, shape: tuple[int, ...], dtype: np.dtype, mode: str):
     return np.memmap(chunk, dtype=dtype, mode=mode, shape=shape, order="C")
 
 
-def _read_via_zarr(array_dir: Path) -> np.ndarray:
-    import zarr  # only for non-canonical (e.g. compressed) caller-provided arrays
+def zarr3():
+    """The ``zarr`` package (>= 3), needed only for non-canonical (e.g. compressed) tracking
+    arrays a caller provides; daisy_nb reads and writes its own stores without it. An optional
+    dependency (``daisy_nb[zarr]``), so that daisy_nb installs next to libraries that pin
+    ``zarr<3`` (dacapo-ml's fibsem-tools)."""
+    what = "reading a compressed (non-canonical) block-tracking array needs zarr>=3 (pip install 'zarr>=3')"
+    try:
+        import zarr
+    except ImportError:
+        raise ImportError(f"{what}; zarr is not installed") from None
+    version = str(getattr(zarr, "__version__", "0"))
+    if not version.split(".")[0].isdigit() or int(version.split(".")[0]) < 3:
+        raise ImportError(f"{what}; zarr {version} is installed")
+    return zarr
 
-    return np.asarray(zarr.open_array(store=str(array_dir), mode="r")[...])
+
+def _read_via_zarr(array_dir: Path) -> np.ndarray:
+    return np.asarray(zarr3().open_array(store=str(array_dir), mode="r")[...])
 
 
 def _allocate(fd: int, offset: int, length: int) -> None:

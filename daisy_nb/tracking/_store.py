@@ -61,6 +61,7 @@ from ._files import (
     _remove_stale_tmp,
     _write_array,
     _write_json,
+    zarr3,
 )
 from ._grid import grid_shape, task_hash
 
@@ -523,7 +524,5 @@ def read_tracking(path) -> dict[str, Any]:
         if _is_canonical(ameta, shape, dtype):
             out[name] = _map_chunk(_chunk_path(p / name, len(shape)), shape, dtype, "r")
         else:
-            import zarr
-
-            out[name] = zarr.open_array(store=str(p / name), mode="r")
+            out[name] = zarr3().open_array(store=str(p / name), mode="r")
     return out
