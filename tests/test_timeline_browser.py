@@ -91,6 +91,7 @@ def test_live_timeline_and_errors_by_kind(tmp_path, monkeypatch):
     flag.write_text("")
     monkeypatch.setenv("DASH_SLOW", str(flag))
     monkeypatch.setenv("DASH_SLEEP", "0.02")
+    monkeypatch.setenv("DASH_HOLD", "tlb:599")  # the last block waits for the test: the run outlasts the load
     monkeypatch.setenv("DASH_FAIL", "3,11,12")
     pages = {}
     with Dashboard(quiet=True) as dash:
