@@ -22,6 +22,19 @@ def _ordered(states, task_order):
     return [t for t in task_order if t in states] + sorted(t for t in states if t not in seen)
 
 
+def _printer(file):
+    """``p(line="")``: print a line of a panel to ``file`` (else stdout), ignoring a closed stream."""
+    out = file if file is not None else (sys.stdout or sys.__stdout__)
+
+    def p(s=""):
+        try:
+            print(s, file=out)
+        except ValueError:
+            pass
+
+    return p
+
+
 def _ran(st) -> int:
     """Blocks a task has run (completed or failed, skipped ones not counted): what blocks/s counts."""
     return int(st.completed_count) - int(st.skipped_count) + int(st.failed_count)
@@ -184,13 +197,7 @@ def print_summary(states, task_order=None, elapsed_per_task=None, *, interrupted
     """
     from daisy_nb import logging as dlog
 
-    out = file if file is not None else (sys.stdout or sys.__stdout__)
-
-    def p(s=""):
-        try:
-            print(s, file=out)
-        except ValueError:
-            pass
+    p = _printer(file)
 
     if interrupted:
         p()
@@ -278,8 +285,8 @@ def print_summary(states, task_order=None, elapsed_per_task=None, *, interrupted
             p(f"    See worker logs for failed tasks under {base}/")
             for tid in failed_tasks:
                 p(f"      {base / tid}/")
-    print_resource_utilization(states, task_order, file=out)
-    print_error_groups(states, task_order, file=out)
+    print_resource_utilization(states, task_order, file=file)
+    print_error_groups(states, task_order, file=file)
 
 
 def print_error_groups(states, task_order=None, *, file=None, traceback_lines: int = 6) -> bool:
@@ -295,13 +302,7 @@ def print_error_groups(states, task_order=None, *, file=None, traceback_lines: i
             per_task.append((tid, eg.total, eg.as_list()))
     if not per_task:
         return False
-    out = file if file is not None else (sys.stdout or sys.__stdout__)
-
-    def p(s=""):
-        try:
-            print(s, file=out)
-        except ValueError:
-            pass
+    p = _printer(file)
 
     p()
     p("Errors by kind")
@@ -342,13 +343,7 @@ def print_resource_utilization(states, task_order=None, *, file=None) -> bool:
     ]
     if not tracked:
         return False
-    out = file if file is not None else (sys.stdout or sys.__stdout__)
-
-    def p(s=""):
-        try:
-            print(s, file=out)
-        except ValueError:
-            pass
+    p = _printer(file)
 
     rs = [r for _, r in tracked]
     blocks = sum(r.blocks for r in rs)
