@@ -19,31 +19,28 @@ This project does not copy dacapo's tests; it only runs a checkout given to it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_daisy_suite import find_root, report, run_suite
+from run_daisy_suite import parse_suite_args, report, run_suite
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkout", help="dacapo-ml's unpacked sdist or a checkout (with tests/)")
-    parser.add_argument("--daisy-python", help="a Python with dacapo-ml and PyPI daisy==2.0.0 (the reference side)")
-    parser.add_argument("--nb-python", default=sys.executable, help="a Python with dacapo-ml and daisy_nb")
-    parser.add_argument("--timeout", type=int, default=900, help="pytest-timeout per test, seconds (default 900)")
-    parser.add_argument("--log-dir", help="keep each side's pytest output and junit xml in this directory")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    try:
-        root = find_root(args.checkout)
-    except ValueError as e:
-        print(e, file=sys.stderr)
+    parsed = parse_suite_args(
+        argv,
+        __doc__.split("\n\n")[0],
+        checkout="dacapo-ml's unpacked sdist or a checkout (with tests/)",
+        daisy="a Python with dacapo-ml and PyPI daisy==2.0.0 (the reference side)",
+        nb="a Python with dacapo-ml and daisy_nb",
+        timeout=900,
+        log_dir="keep each side's pytest output and junit xml in this directory",
+    )
+    if parsed is None:
         return 2
+    args, extra, root = parsed
     out = args.log_dir or tempfile.mkdtemp(prefix="dacapo_suite_")
     os.makedirs(out, exist_ok=True)
     pa = ["tests", "-rA", "-q", "-p", "no:cacheprovider", "--timeout", str(args.timeout), *extra]

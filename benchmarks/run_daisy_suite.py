@@ -116,21 +116,40 @@ def per_file(results: dict) -> dict:
     return counts
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkout", help="a checkout of funkelab/daisy (branch v2.0), or its tests/ directory")
-    parser.add_argument("--daisy-python", help="a Python with PyPI daisy==2.0.0 (the reference side)")
-    parser.add_argument("--nb-python", default=sys.executable, help="a Python with daisy_nb (default: this one)")
-    parser.add_argument("--timeout", type=int, default=120, help="pytest-timeout per test, seconds (default 120)")
-    parser.add_argument("--log-dir", help="keep each side's full pytest output in this directory")
+def parse_suite_args(argv, description: str, checkout: str, daisy: str, nb: str, timeout: int, log_dir: str):
+    """The options both suite runners take: ``(args, pytest args after --, checkout root)``;
+    ``None`` after printing the error for a checkout without ``tests/``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("checkout", help=checkout)
+    parser.add_argument("--daisy-python", help=daisy)
+    parser.add_argument("--nb-python", default=sys.executable, help=nb)
+    parser.add_argument(
+        "--timeout", type=int, default=timeout, help=f"pytest-timeout per test, seconds (default {timeout})"
+    )
+    parser.add_argument("--log-dir", help=log_dir)
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     try:
-        root = find_root(args.checkout)
+        return args, extra, find_root(args.checkout)
     except ValueError as e:
         print(e, file=sys.stderr)
+        return None
+
+
+def main(argv=None) -> int:
+    parsed = parse_suite_args(
+        argv,
+        __doc__.split("\n\n")[0],
+        checkout="a checkout of funkelab/daisy (branch v2.0), or its tests/ directory",
+        daisy="a Python with PyPI daisy==2.0.0 (the reference side)",
+        nb="a Python with daisy_nb (default: this one)",
+        timeout=120,
+        log_dir="keep each side's full pytest output in this directory",
+    )
+    if parsed is None:
         return 2
+    args, extra, root = parsed
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
     pa = pytest_args(root, args.timeout, extra)
