@@ -407,8 +407,10 @@ def stamp_mark(block, out, sleep):
     """Count the attempt, sleep, then leave ``done_<id>`` with the worker's pid and the time."""
     _attempt(out, "k", block.spatial_id, n=200)
     time.sleep(sleep)
-    with open(os.path.join(out, f"done_{block.spatial_id}"), "w") as f:
+    path = os.path.join(out, f"done_{block.spatial_id}")
+    with open(path + ".tmp", "w") as f:  # renamed into place: a reader never sees it half written
         f.write(f"{os.getpid()} {time.time()!r}")
+    os.replace(path + ".tmp", path)
 
 
 def test_killed_worker_never_stalls_the_run(tmp_path, no_leaks):
@@ -441,7 +443,11 @@ def test_killed_worker_never_stalls_the_run(tmp_path, no_leaks):
         def killer():
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                mine = [f for f in tmp_path.glob("done_*") if f.read_text().split()[0] == str(victim)]
+                mine = [
+                    f
+                    for f in tmp_path.glob("done_*")
+                    if not f.name.endswith(".tmp") and f.read_text().split()[0] == str(victim)
+                ]
                 if len(mine) >= 4:
                     time.sleep(sleep / 2)  # in the middle of its next block
                     killed_at.append(time.time())
