@@ -342,8 +342,7 @@ def test_server_ctrl_c_raises_keyboardinterrupt(out, tmp_path):
     assert time.monotonic() - t0 < 5
     assert "KI True ['slow']" in stdout
     assert "Run interrupted" in stdout  # the partial summary
-    time.sleep(0.2)
-    assert not [k for k in kids if harness.pid_alive(k)]
+    assert not harness.alive_after(kids)
 
 
 # ---------------------------------------------------------------- SerialServer, CLMonitor

@@ -173,13 +173,14 @@ def test_bad_liveness_settings_name_the_variable(out, monkeypatch):
 
 
 # ------------------------------------------------------------------ strangers
-def _intruders(port, log):
+def _intruders(port, log, connected):
     """Connections that never authenticate; each records what the scheduler sent it and when it ended."""
 
     def one(name, payload=None):
         t0 = time.monotonic()
         data, end = b"", "eof"
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            connected.append(name)
             try:
                 if payload is not None:
                     s.sendall(payload)
@@ -202,13 +203,16 @@ def _intruders(port, log):
 
 
 def test_junk_and_silent_connections_are_closed_and_the_run_goes_on(out, fast, monkeypatch):
-    log, threads = {}, []
+    log, threads, connected = {}, [], []
     orig = pool_mod._Pool._start_listener
 
     def patched(self):
         orig(self)
-        threads.extend(_intruders(self.port, log))
-        time.sleep(0.2)  # they are connected before any worker
+        threads.extend(_intruders(self.port, log, connected))
+        deadline = time.monotonic() + 10
+        while len(connected) < len(threads):  # they are connected before any worker
+            assert time.monotonic() < deadline, log
+            time.sleep(0.01)
 
     monkeypatch.setattr(pool_mod._Pool, "_start_listener", patched)
     monkeypatch.setenv("DAISY_NB_AUTH_TIMEOUT_SECS", "0.3")  # the run (~0.75 s of blocks + start-up) outlasts it

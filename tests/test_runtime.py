@@ -396,8 +396,7 @@ def test_ctrl_c_stops_within_two_seconds(out, tmp_path, fn, size, started):
     assert elapsed < 2.0
     assert "KI KeyboardInterrupt True" in stdout
     assert "Run interrupted; counts at shutdown:" in stdout
-    time.sleep(0.2)
-    assert not [k for k in kids | worker_pids if harness.pid_alive(k)]
+    assert not harness.alive_after(kids | worker_pids)
     assert not (harness.shm_segments() - before)
 
 

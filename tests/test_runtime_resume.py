@@ -37,6 +37,17 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def _recorded(track):
+    """Blocks the tracking store on disk holds as done (0 before it exists)."""
+    from daisy_nb.tracking import read_tracking
+
+    try:
+        done = read_tracking(track)["done"]
+    except FileNotFoundError:
+        return 0
+    return 0 if done is None else int(done.sum())
+
+
 @pytest.mark.parametrize("named", [False, True], ids=["memfd", "named_shm"])
 def test_resume_after_sigkill(tmp_path, monkeypatch, named):
     out = tmp_path / "out"
@@ -51,7 +62,9 @@ def test_resume_after_sigkill(tmp_path, monkeypatch, named):
     while len(list(out.glob("done_r_*"))) < 40:  # ~1 s of work, so at least one flush happened
         assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
         time.sleep(0.05)
-    time.sleep(1.2)
+    while _recorded(tmp_path / "track") < 40:  # marks reached the tracking file (a flush, on the pwrite path)
+        assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
+        time.sleep(0.05)
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=10)
     first = {f.name for f in out.glob("done_r_*")}

@@ -189,10 +189,9 @@ def test_sigkilled_run_takes_template_and_workers_with_it(out, tmp_path):
     )
     try:
         deadline = time.monotonic() + 30
-        while len(list(out.glob("done_k_*"))) < 40:
-            assert time.monotonic() < deadline and p.poll() is None
+        while len(list(out.glob("done_k_*"))) < 40 or len({pid for pid, _ in done_lines(out, "k")}) < 4:
+            assert time.monotonic() < deadline and p.poll() is None  # until every worker (max_workers=4) ran one
             time.sleep(0.05)
-        time.sleep(0.2)  # every worker has started
         rows = done_lines(out, "k")
         template = {int(e) for _, e in rows} - {p.pid}
         workers = {pid for pid, _ in rows}

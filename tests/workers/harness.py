@@ -70,3 +70,11 @@ def pid_alive(pid):
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def alive_after(pids, wait=3.0):
+    """The processes of ``pids`` still alive once they all ended or ``wait`` seconds passed (polled)."""
+    deadline = time.monotonic() + wait
+    while (left := {p for p in pids if pid_alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
