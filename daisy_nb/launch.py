@@ -54,6 +54,12 @@ __all__ = ["Ended", "Launcher", "local", "lsf", "slurm"]
 CANCEL_TIMEOUT_SECS = 2.0  # scancel/bkill, within the pool's SIGTERM grace
 ID_WAIT_SECS = 1.0  # interrupted before the id was read: how long to wait for the submit command to print it
 _LSF_ID = re.compile(rb"Job <(\d+)>")
+# what scancel / bkill say of a job that has already ended (at a normal end of the run the job's
+# worker program has exited but ``sbatch --wait`` polls the job's state and may not have noticed):
+# nothing was left to cancel, which is not a failure
+_ALREADY_ENDED = re.compile(
+    rb"already completing or completed|has already finished|already (?:finished|completed)", re.I
+)
 
 
 class Ended(BaseException):
@@ -235,7 +241,12 @@ class Launcher:
                 capture_output=True,
                 timeout=CANCEL_TIMEOUT_SECS,
             )
-            state = "cancelled" if r.returncode == 0 else f"cancel failed: {r.stderr.decode(errors='replace').strip()}"
+            if _ALREADY_ENDED.search(r.stderr + r.stdout):
+                state = "ended before the cancel"
+            elif r.returncode == 0:
+                state = "cancelled"
+            else:
+                state = f"cancel failed: {r.stderr.decode(errors='replace').strip()}"
         except (OSError, subprocess.TimeoutExpired) as e:
             state = f"cancel failed: {e}"
         self._stop(proc)

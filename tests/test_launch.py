@@ -218,6 +218,22 @@ def test_normal_run_completes_and_every_job_exits_0(batch, no_leaks):
     assert done == ids
 
 
+@pytest.mark.parametrize("how", ["slurm", "lsf"])
+def test_normal_end_with_a_slow_submit_command_is_not_a_failed_cancel(batch, how, no_leaks):
+    """At a normal end the jobs' programs have exited but ``sbatch --wait``/``bsub -K`` (which poll)
+    have not noticed yet: the run ends them, scancel/bkill answer "already finished", and that is
+    reported as such, not as a warning that the cancel failed."""
+    state, out = batch
+    d = _driver(out, how, blocks=6, block_secs="0.1", env={"FAKEBATCH_WAIT_LAG_SECS": "30"})
+    rc, text = _finish(d, timeout=120)
+    assert rc == 0 and "DRIVER_DONE 6" in text, text
+    ids = {p.name.split(".")[0] for p in state.glob("*.runner")}
+    assert len(ids) == 2 and all((state / f"{i}.rc").read_text() == "0" for i in ids)
+    ends = {r["job"]: r["state"] for r in _jobs(out) if r["state"] not in ("submitted", "running")}
+    assert set(ends) == ids and set(ends.values()) <= {"done", "ended before the cancel"}, ends
+    assert "cancel failed" not in text, text
+
+
 def test_failed_job_raises_like_check_true(batch, tmp_path):
     """The job's exit status: the worker function raises CalledProcessError (subprocess.run(check=True))."""
     fn = launch.slurm([sys.executable, "-c", "raise SystemExit(3)"])

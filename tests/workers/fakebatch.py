@@ -14,7 +14,9 @@ function reaches it), after a queue delay (``FAKEBATCH_QUEUE_SECS``). The state 
 * ``bsub -K [-q Q] [-gpu G] [opts] CMD...``: ``Job <id> is submitted to queue <Q>.``,
   waits (``-K``) and exits with the job's status.
 * ``scancel ID`` / ``bkill ID``: kill the job's runner and everything in its session
-  (a pending job never starts), mark it cancelled.
+  (a pending job never starts), mark it cancelled; a job that has ended is refused with
+  the real commands' message and status 1. ``FAKEBATCH_WAIT_LAG_SECS``: how long a
+  waiting ``sbatch``/``bsub`` takes to notice that its job ended (the real ones poll).
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def _wait(jid: str) -> int:
     while True:
         try:
             with open(_path(jid, "rc")) as f:
-                return int(f.read())
+                rc = int(f.read())
+            time.sleep(float(os.environ.get("FAKEBATCH_WAIT_LAG_SECS", "0")))  # sbatch --wait polls the job's state
+            return rc
         except (FileNotFoundError, ValueError):
             pass
         if os.path.exists(_path(jid, "cancelled")):
@@ -105,7 +109,16 @@ def bsub(args: list[str]) -> int:
     return _wait(jid)
 
 
-def cancel(jid: str) -> int:
+def cancel(jid: str, role: str) -> int:
+    if os.path.exists(_path(jid, "rc")):  # the job has ended: what the real commands say, and their status
+        if role == "scancel":
+            print(
+                f"scancel: error: Kill job error on job id {jid}: Job/step already completing or completed",
+                file=sys.stderr,
+            )
+        else:
+            print(f"Job <{jid}>: Job has already finished", file=sys.stderr)
+        return 1
     try:
         with open(_path(jid, "runner")) as f:
             pid = int(f.read())
@@ -129,7 +142,7 @@ def main() -> int:
     if role == "bsub":
         return bsub(args)
     if role in ("scancel", "bkill"):
-        return cancel(args[0])
+        return cancel(args[0], role)
     raise SystemExit(f"fakebatch: unknown role {role}")
 
 
