@@ -36,6 +36,8 @@ _LAZY = {
     "profile_block": "daisy_nb.profiling",
     "BlockStats": "daisy_nb.profiling",
     "Server": "daisy_nb.server",
+    "Plan": "daisy_nb.plan",
+    "TaskPlan": "daisy_nb.plan",
     "SerialServer": "daisy_nb.server",
 }
 

@@ -232,3 +232,12 @@ def test_daisy_nb_run_dry_run_prints_the_plan_and_exits_0(tmp_path):
     assert r.stdout.startswith("before the run\nDry run (nothing was run): 1 task(s), 100 blocks, 100 to run")
     assert "seg" in r.stdout and "after the run" not in r.stdout
     assert not (tmp_path / "ran").exists() and not (tmp_path / "trk").exists()
+
+
+def test_plan_classes_are_top_level_exports():
+    """``daisy_nb.Plan`` (what ``dry_run=True`` returns) and ``TaskPlan`` without reaching into submodules."""
+    import daisy_nb
+    from daisy_nb import plan
+
+    assert daisy_nb.Plan is plan.Plan and daisy_nb.TaskPlan is plan.TaskPlan
+    assert {"Plan", "TaskPlan"} <= set(daisy_nb.__all__)
