@@ -477,3 +477,30 @@ def test_daisy2_store_with_another_layout_is_refused(tmp_path):
     assert str(path) in str(ei.value)
     assert f.calls == []
     assert (path / "done" / "c" / "0" / "0").read_bytes() == (FIXTURE / "t2d" / "done" / "c" / "0" / "0").read_bytes()
+
+
+def test_summary_keeps_one_line_per_task_whatever_its_id():
+    """Task ids may hold control characters (as daisy 2.0.0 accepts them): the summary shows them
+    escaped, so each task stays one aligned row."""
+    import io
+
+    from daisy_nb.progress import print_summary
+
+    ids = ["a\nb", "tab\there", "ünï"]
+    tasks = [
+        daisy.Task(
+            tid,
+            Roi((0,), (10,)),
+            Roi((0,), (1,)),
+            Roi((0,), (1,)),
+            process_function=lambda b: None,
+            read_write_conflict=False,
+        )
+        for tid in ids
+    ]
+    states = daisy.run_blockwise(tasks, multiprocessing=False, progress=False, summary=False, return_states=True)
+    buf = io.StringIO()
+    print_summary(states, ids, file=buf)
+    rows = [line for line in buf.getvalue().splitlines() if "✔" in line]
+    assert [r.split()[0] for r in rows] == ["a\\nb", "tab\\there", "ünï"]
+    assert len({len(r) for r in rows}) == 1  # aligned: every row as wide
