@@ -116,7 +116,8 @@ class TqdmObserver:
 
 
 class JsonProgressObserver:
-    """One JSON line per task per event (``start``/``progress``/``finish``), daisy 2.0's schema.
+    """One JSON line per task per event (``start``/``progress``/``finish``), daisy 2.0's schema
+    plus ``job_ends`` (``worker_job_end_count``: the ``failures`` that were job ends, not crashes).
 
     The hang alarm's events (:mod:`daisy_nb.hang`) are lines too: ``{"t", "event":
     "hang" | "resumed", "task", "stalled_secs", ...}`` (a ``hang`` line names the
@@ -149,6 +150,7 @@ class JsonProgressObserver:
                 "orphaned": int(st.orphaned_count),
                 "restarts": int(st.worker_restart_count),
                 "failures": int(st.worker_failure_count),
+                "job_ends": int(getattr(st, "worker_job_end_count", 0)),
             }
             self._sink.write(json.dumps(line) + "\n")
         try:

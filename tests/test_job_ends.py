@@ -9,6 +9,7 @@ Real worker processes; the 0-argument worker functions run a real worker program
 (``workers/walltime_prog.py``) as their job.
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -39,8 +40,8 @@ def make_task(tid, n, fn, **kw):
     )
 
 
-def run(task):
-    return daisy_nb.Server().run_blockwise([task], progress=False, summary=False)[task.task_id]
+def run(task, progress=False):
+    return daisy_nb.Server().run_blockwise([task], progress=progress, summary=False)[task.task_id]
 
 
 def files(out, prefix):
@@ -62,7 +63,8 @@ def done_ids(out, tid):
 def test_twenty_job_ends_after_finished_blocks_do_not_abandon(out, fn, n):
     """20+ workers end (SIGKILL mid-block) after 3 finished blocks each, with max_worker_restarts=2:
     every one is replaced, nothing is abandoned, every block completes, the counters show the ends."""
-    st = run(make_task("w", n, fn, max_workers=2, max_worker_restarts=2))
+    log = out / "progress.jsonl"
+    st = run(make_task("w", n, fn, max_workers=2, max_worker_restarts=2), daisy_nb.JsonProgressObserver(path=str(log)))
     ends = files(out, "jobend")
     # each job takes 4 fresh blocks (3 finished, 1 it dies in); the retries (handed out last) end nobody
     assert len(ends) >= 20, len(ends)
@@ -73,6 +75,8 @@ def test_twenty_job_ends_after_finished_blocks_do_not_abandon(out, fn, n):
     # every end is a failure and a job end; none is a restart, though 20 > max_worker_restarts
     assert st.worker_failure_count == st.worker_job_end_count == len(ends)
     assert st.worker_restart_count == 0
+    last = [json.loads(x) for x in log.read_text().splitlines() if '"task": "w"' in x][-1]  # the JSON observer too
+    assert last["job_ends"] == last["failures"] == len(ends) and last["restarts"] == 0
     assert st.worker_start_count > len(ends)
     # each ended job's running block failed once and was retried
     assert sum(attempts(out, "w", i) for i in range(n)) == n + len(ends)
