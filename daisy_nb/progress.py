@@ -15,6 +15,12 @@ import time
 __all__ = ["JsonProgressObserver", "TqdmObserver", "print_error_groups", "print_resource_utilization", "print_summary"]
 
 
+def one_line(tid: str) -> str:
+    """A task id as one line of a table: control characters (``\\n``, ``\\t``...) escaped as in
+    Python's repr, everything else (non-ASCII names included) as is."""
+    return tid if tid.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in tid)
+
+
 def _ordered(states, task_order):
     if task_order is None:
         return sorted(states)
@@ -62,7 +68,7 @@ class TqdmObserver:
             tty = getattr(out, "isatty", lambda: False)()
             bar = tqdm(
                 total=total,
-                desc=f"{tid} ▶ ♻=0",
+                desc=f"{one_line(tid)} ▶ ♻=0",
                 unit="block",
                 leave=True,
                 dynamic_ncols=True,
@@ -71,11 +77,11 @@ class TqdmObserver:
                 maxinterval=10.0 if tty else 60.0,
             )
             self._bars[tid] = bar
-            self._desc[tid] = f"{tid} ▶ ♻=0"
+            self._desc[tid] = f"{one_line(tid)} ▶ ♻=0"
         return bar
 
     def _set_desc(self, tid, sym, restarts, refresh=False):
-        d = f"{tid} {sym} ♻={restarts}"
+        d = f"{one_line(tid)} {sym} ♻={restarts}"
         if self._desc.get(tid) != d:
             self._bars[tid].set_description(d, refresh=refresh)
             self._desc[tid] = d
@@ -227,7 +233,7 @@ def print_summary(states, task_order=None, elapsed_per_task=None, *, interrupted
         rate = f"{ran / secs:,.0f}" if secs > 0 else "-"
         rows.append(
             (
-                tid,
+                one_line(tid),
                 sym,
                 st.total_block_count,
                 st.completed_count,
@@ -369,7 +375,9 @@ def print_resource_utilization(states, task_order=None, *, file=None) -> bool:
     for tid, r in tracked:
         mean, slope = r.mean_block_ms, r.block_ms_slope
         ms = "-" if mean != mean else (f"{mean:.1f} ∠ " + ("-" if slope != slope else f"{slope:+.3f}"))
-        rows.append((tid, f"{r.blocks:,}", f"{r.failed:,}", ms, f"{r.cpu_seconds:.2f}", _bytes(r.peak_rss_bytes)))
+        rows.append(
+            (one_line(tid), f"{r.blocks:,}", f"{r.failed:,}", ms, f"{r.cpu_seconds:.2f}", _bytes(r.peak_rss_bytes))
+        )
     name_w = max(len("task"), *(len(r[0]) for r in rows))
     heads = [
         (name_w, "task", "<"),
