@@ -44,5 +44,6 @@ while True:
         time.sleep(block_secs)
         blockfns.done(block, extra="cluster")
         n += 1
-with open(os.path.join(out, f"end_{os.getpid()}"), "w") as f:
+with open(os.path.join(out, f".end_{os.getpid()}.tmp"), "w") as f:  # renamed into place: never read half written
     f.write(f"{n} connected={client.connected}\n")
+os.replace(os.path.join(out, f".end_{os.getpid()}.tmp"), os.path.join(out, f"end_{os.getpid()}"))

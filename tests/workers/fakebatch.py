@@ -15,7 +15,7 @@ function reaches it), after a queue delay (``FAKEBATCH_QUEUE_SECS``). The state 
   waits (``-K``) and exits with the job's status.
 * ``scancel ID`` / ``bkill ID``: kill the job's runner and everything in its session
   (a pending job never starts), mark it cancelled; a job that has ended is refused with
-  the real commands' message and status 1. ``FAKEBATCH_WAIT_LAG_SECS``: how long a
+  the real commands' message and status 1. Either way ``<id>.cancel_asked`` records the call. ``FAKEBATCH_WAIT_LAG_SECS``: how long a
   waiting ``sbatch``/``bsub`` takes to notice that its job ended (the real ones poll).
 """
 
@@ -110,6 +110,7 @@ def bsub(args: list[str]) -> int:
 
 
 def cancel(jid: str, role: str) -> int:
+    open(_path(jid, "cancel_asked"), "w").close()
     if os.path.exists(_path(jid, "rc")):  # the job has ended: what the real commands say, and their status
         if role == "scancel":
             print(

@@ -17,8 +17,10 @@ pid = os.getpid()
 
 
 def mark(name: str, text: str = "") -> None:
-    with open(os.path.join(out, name), "w") as f:
+    """Leave ``name`` holding ``text``; renamed into place, so a test never reads it half written."""
+    with open(os.path.join(out, f".{name}.tmp"), "w") as f:
         f.write(text)
+    os.replace(os.path.join(out, f".{name}.tmp"), os.path.join(out, name))
 
 
 import daisy_nb  # noqa: E402
