@@ -46,10 +46,13 @@ from ._grid import (
     set_tracking_basedir,
     task_hash,
 )
+from ._io import ENV_IO, TrackingWriteError
 from ._store import TrackingStore, read_tracking
 
 __all__ = [
+    "ENV_IO",
     "TRACKING_HASH_PREFIX",
+    "TrackingWriteError",
     "TrackingStore",
     "get_done_marker_basedir",
     "get_tracking_basedir",
