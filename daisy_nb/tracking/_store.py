@@ -395,6 +395,7 @@ class TrackingStore:
         self._done = _TrackedArray(self.path, DONE_ARRAY, _DONE_DTYPE, self.grid_shape, True)
         self._failures = _TrackedArray(self.path, FAILURES_ARRAY, _FAILURES_DTYPE, self.grid_shape, False)
         self._closed = False
+        self._held_back: list[tuple[np.ndarray, Any]] = []  # failure counts without a reserved page
         self._reported = False  # a write error was raised by flush and not cleared since
         self._last_flush_end = 0.0
         self._last_flush_secs = 0.0
@@ -531,29 +532,38 @@ class TrackingStore:
     def add_failures(self, linear_indices, counts=1) -> None:
         """Add ``counts`` (default 1) failed attempts to the given blocks.
 
-        Repeated indices accumulate; out-of-grid indices are ignored.
+        Repeated indices accumulate; out-of-grid indices are ignored. On a full disk
+        (a page of the mapped ``failures`` chunk cannot be reserved) the counts are
+        held back: the next :meth:`flush` retries them and raises if it cannot.
         """
         raw = np.asarray(linear_indices, dtype=np.int64).reshape(-1)
         idx = self._idx(raw)
         if idx.size == 0:
             return
-        if not self._failures.reserve(idx):
-            return
-        flat = self._failures.flat
+        c: int | np.ndarray
         if np.ndim(counts) == 0:
             c = int(counts)
             if c == 0:
                 return
+        else:
+            c = np.broadcast_to(np.asarray(counts, dtype=np.uint32).reshape(-1), raw.shape)
+            if idx.size != raw.size:
+                c = c[(raw >= 0) & (raw < self._failures.flat.size)]
+        if not self._failures.reserve(idx):
+            self._held_back.append((idx.copy(), c if isinstance(c, int) else np.array(c)))
+            return
+        self._add_failures(idx, c)
+
+    def _add_failures(self, idx: np.ndarray, c) -> None:
+        flat = self._failures.flat
+        if isinstance(c, int):
             if idx.size == 1:
                 i = int(idx[0])
                 flat[i] = min(int(flat[i]) + c, 0xFFFFFFFF)
             else:
                 np.add.at(flat, idx, np.uint32(c))
         else:
-            cnt = np.broadcast_to(np.asarray(counts, dtype=np.uint32).reshape(-1), raw.shape)
-            if idx.size != raw.size:
-                cnt = cnt[(raw >= 0) & (raw < flat.size)]
-            np.add.at(flat, idx, cnt)
+            np.add.at(flat, idx, c)
         self._failures.dirty = True
         self._failures.write_through(idx)
 
@@ -590,6 +600,12 @@ class TrackingStore:
         if self._closed or not self.dirty:
             return False
         t0 = time.perf_counter()
+        held, self._held_back = self._held_back, []
+        for idx, c in held:  # failure counts a full disk held back: room for them now?
+            if self._failures.reserve(idx):
+                self._add_failures(idx, c)
+            else:
+                self._held_back.append((idx, c))
         wrote = False
         for arr in (self._done, self._failures):  # done first: the marks a rerun skips
             try:
