@@ -148,9 +148,11 @@ class TrackingWriteError(OSError):
     is fixed skips them.
     """
 
+    __module__ = "daisy_nb.tracking"
+
     def __str__(self) -> str:
         return (
-            f"block tracking at {self.filename}: cannot write the marks of finished blocks "
+            f"block tracking at {self.filename}: cannot record block states "
             f"({self.strerror or 'error'}, errno {self.errno}). The run was stopped; the blocks "
             "recorded before this are kept: free space (or fix the file system) and rerun to "
             "resume from them."

@@ -7,6 +7,14 @@ the moment it is made (the kernel writes the page back), and a flush is one
 ``msync`` of the mapping, which writes only the pages that changed. A done byte
 cannot tear; a failure count is an aligned 4-byte store.
 
+That is the ``mmap`` path, taken where reserved blocks are overwritten in place
+(ext4, XFS, tmpfs). On other file systems (copy-on-write, network, FUSE: a mapped
+write-back there can fail late, as a SIGBUS) the arrays are held in memory and
+every change is written at once with ``os.pwrite``, a flush being ``fdatasync``
+(the ``pwrite`` path; :mod:`._io` picks the path, ``DAISY_NB_TRACKING_IO`` forces
+one). A write error on either path is raised by the next :meth:`TrackingStore.flush`
+as a :class:`~._io.TrackingWriteError` naming the chunk.
+
 Files are created full-size once (sparse, written aside and renamed, like the
 metadata documents, so a crash leaves no half-made store). ``done`` is then
 allocated on disk (``posix_fallocate``) and each page of ``failures`` is allocated
@@ -16,7 +24,8 @@ When a chunk file cannot be opened for writing (a read-only file, Windows) or
 mapped, or when a caller-provided array is compressed, the array is held
 privately instead and each flush rewrites the whole chunk aside + ``os.replace``
 (the previous strategy); a foreign layout is replaced by the raw one at its first
-flush and mapped shared from then on.
+flush (built beside and swapped in, :func:`._io.convert_array`) and mapped shared
+(or held for pwrite) from then on.
 
 What survives what: a SIGKILL (or any death) of this process keeps every mark
 made (the page cache belongs to the file); a crash of the machine keeps the
@@ -59,7 +68,6 @@ from ._files import (
     _remove_stale_tmp,
     _write_array,
     _write_json,
-    zarr3,
 )
 from ._grid import grid_shape, task_hash
 from ._io import (
@@ -658,48 +666,3 @@ class TrackingStore:
 
     def __repr__(self) -> str:
         return f"TrackingStore({str(self.path)!r}, grid_shape={list(self.grid_shape)})"
-
-
-# ---------------------------------------------------------------------------
-# read-only inspection
-# ---------------------------------------------------------------------------
-
-
-def read_tracking(path) -> dict[str, Any]:
-    """Inspect a tracking store without loading it.
-
-    Returns ``{"path", "task_hash", "grid_shape", "done", "failures", "arrays"}``
-    where ``done``/``failures`` are read-only ``np.memmap`` views of the raw
-    chunks (zeros if the chunk does not exist yet, a lazy ``zarr.Array`` for a
-    non-canonical layout, None if the array is absent) and ``arrays`` lists
-    every array in the group. Raises ``FileNotFoundError`` if ``path`` holds no
-    tracking group.
-    """
-    p = Path(os.fspath(path))
-    group_json = p / "zarr.json"
-    if not group_json.exists():
-        raise FileNotFoundError(f"no block tracking at {p} (missing {group_json})")
-    meta = _read_json(group_json)
-    if meta.get("node_type") != "group":
-        raise RuntimeError(f"tracking path {p} is not a zarr group")
-    out: dict[str, Any] = {
-        "path": p,
-        "task_hash": (meta.get("attributes") or {}).get(HASH_ATTRIBUTE),
-        "grid_shape": None,
-        "done": None,
-        "failures": None,
-        "arrays": sorted(c.name for c in p.iterdir() if c.is_dir() and (c / "zarr.json").exists()),
-    }
-    for name, dtype in ((DONE_ARRAY, _DONE_DTYPE), (FAILURES_ARRAY, _FAILURES_DTYPE)):
-        array_json = p / name / "zarr.json"
-        if not array_json.exists():
-            continue
-        ameta = _read_json(array_json)
-        shape = tuple(int(v) for v in ameta.get("shape", ()))
-        if out["grid_shape"] is None:
-            out["grid_shape"] = shape
-        if _is_canonical(ameta, shape, dtype):
-            out[name] = _map_chunk(_chunk_path(p / name, len(shape)), shape, dtype, "r")
-        else:
-            out[name] = zarr3().open_array(store=str(p / name), mode="r")
-    return out
