@@ -196,7 +196,13 @@ def read_sparse(fd: int, out) -> None:
                 seek_data = seek_hole = None  # a file system without them: read it all
                 start, end = pos, n
         while start < end:
-            got = os.preadv(fd, [mv[start : min(end, start + (64 << 20))]], start)
+            piece = mv[start : min(end, start + (64 << 20))]
+            if hasattr(os, "preadv"):
+                got = os.preadv(fd, [piece], start)
+            else:  # pragma: no cover - macOS < 11
+                data = os.pread(fd, piece.nbytes, start)
+                got = len(data)
+                piece[:got] = data
             if got <= 0:  # the file is shorter than the array: the rest stays zero
                 return
             start += got

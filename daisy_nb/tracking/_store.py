@@ -89,6 +89,7 @@ from ._io import (
 SHARED_MAPS = True
 
 _PAGE = mmap.PAGESIZE
+_datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 class _TrackedArray:
@@ -366,7 +367,7 @@ class _TrackedArray:
         elif self.io == "pwrite":
             self._write_pending()
             if durable:
-                os.fdatasync(self.fd)  # reports write-back errors (NFS, a full disk)
+                _datasync(self.fd)  # reports write-back errors (NFS, a full disk)
         else:
             data = self.data
             _atomic_write(self.chunk, lambda f: _write_array(f, data), durable=durable)

@@ -1,8 +1,7 @@
 """Block functions for the full-disk tracking tests (imported by worker processes: keep light).
 
-``$DAISY_NB_TEST_OUT``: where each finished block leaves a file; ``$DAISY_NB_TEST_FILL``:
-a file on the (small) tracking file system that block ``$DAISY_NB_TEST_FILL_AT`` fills
-it with, as another program writing to the same disk would.
+A block fills the (small) tracking file system with a file, as another program
+writing to the same disk would.
 """
 
 import errno
@@ -29,17 +28,17 @@ def fill(path):
         os.close(fd)
 
 
-def fill_then_fail_some(block):
-    """Fill the disk at one block; every fifth block fails (a failure count to record)."""
+def fill_then_fail_some(block, out, filler, at):
+    """Fill ``filler``'s disk at block ``at``; every fifth block fails (a failure count to
+    record); the others leave ``out/ok_<i>``. (Bound with functools.partial.)"""
     i = block.write_roi.offset[0] // 10  # the block's tracking cell (10-wide blocks from 0)
-    at = int(os.environ.get("DAISY_NB_TEST_FILL_AT", "-1"))
     if i == at:
-        fill(os.environ["DAISY_NB_TEST_FILL"])
+        fill(filler)
     time.sleep(0.001)
     if i % 5 == 3:  # failed without raising: the serial runner would re-raise it
         from daisy_nb.block import BlockStatus
 
         block.status = BlockStatus.FAILED
         return
-    with open(os.path.join(os.environ["DAISY_NB_TEST_OUT"], f"ok_{i}"), "w"):
+    with open(os.path.join(out, f"ok_{i}"), "w"):
         pass
