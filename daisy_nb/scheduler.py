@@ -582,8 +582,14 @@ class Scheduler:
             raise error
 
     def close(self) -> None:
-        for store in self.tracking.values():
-            store.close()
+        error = None
+        for store in self.tracking.values():  # every store is released, even after one failed
+            try:
+                store.close()
+            except OSError as e:
+                error = error or e
+        if error is not None:
+            raise error
 
     def __enter__(self):
         return self
