@@ -572,12 +572,24 @@ class Scheduler:
         return self._dependency_graph
 
     def flush_tracking(self) -> None:
-        for store in self.tracking.values():
-            store.flush()
+        error = None
+        for store in self.tracking.values():  # every store, even after one failed
+            try:
+                store.flush()
+            except OSError as e:  # a TrackingWriteError (a full disk...): ends the run
+                error = error or e
+        if error is not None:
+            raise error
 
     def close(self) -> None:
-        for store in self.tracking.values():
-            store.close()
+        error = None
+        for store in self.tracking.values():  # every store is released, even after one failed
+            try:
+                store.close()
+            except OSError as e:
+                error = error or e
+        if error is not None:
+            raise error
 
     def __enter__(self):
         return self

@@ -451,9 +451,13 @@ def test_large_store_opens_cheaply(tmp_path):
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     rss1 = _rss_bytes()
+    # python-level allocations: nothing proportional to the grid when mapped; the pwrite
+    # path (DAISY_NB_TRACKING_IO=pwrite) holds the arrays in memory (pages of its zeros
+    # untouched: the RSS check below holds for both)
+    held = s.done.nbytes + s.failures.nbytes if s.io == "pwrite" else 0
     s.close()
     assert elapsed < 5.0
-    assert peak < 2_000_000, peak  # python-level allocations: nothing proportional to the grid
+    assert peak < 2_000_000 + held, peak
     if rss0 is not None and rss1 is not None:
         # generous: < 2 bytes/cell even though the flush streamed 50 MB of chunks
         assert rss1 - rss0 < 2 * n0 * n1, rss1 - rss0

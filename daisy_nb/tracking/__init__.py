@@ -14,10 +14,12 @@ rename); the chunks are raw bytes (codec ``bytes``, little endian, no
 compression), which zarr-python reads as is.
 
 Modules: :mod:`._grid` (task hash, grid shape, where a store lives, reset),
-:mod:`._files` (metadata documents, atomic writes, raw chunks) and
-:mod:`._store` (:class:`TrackingStore`: the chunks mapped shared, so a mark is in
-the file at once and a flush writes only the pages that changed; and
-:func:`read_tracking`).
+:mod:`._files` (metadata documents, atomic writes, raw chunks, :func:`read_tracking`),
+:mod:`._io` (which write path a file system takes, ``DAISY_NB_TRACKING_IO``,
+:class:`TrackingWriteError`, the crash-safe conversion of a foreign array) and
+:mod:`._store` (:class:`TrackingStore`: the chunks mapped shared, or held in memory
+and written with ``pwrite``, so a mark is in the file at once and a flush writes
+only the pages that changed).
 
 This package is imported by the CLI and by worker-side code: it must not import
 numba (nor ``daisy_nb.kernels``). zarr is only imported for stores whose layout
@@ -33,6 +35,7 @@ from ._files import (  # noqa: F401 - re-exported (status.py, tests)
     DONE_ARRAY,
     FAILURES_ARRAY,
     HASH_ATTRIBUTE,
+    read_tracking,
 )
 from ._grid import (
     TRACKING_HASH_PREFIX,
@@ -46,10 +49,13 @@ from ._grid import (
     set_tracking_basedir,
     task_hash,
 )
-from ._store import TrackingStore, read_tracking
+from ._io import ENV_IO, TrackingWriteError
+from ._store import TrackingStore
 
 __all__ = [
+    "ENV_IO",
     "TRACKING_HASH_PREFIX",
+    "TrackingWriteError",
     "TrackingStore",
     "get_done_marker_basedir",
     "get_tracking_basedir",

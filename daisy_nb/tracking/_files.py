@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -284,3 +285,48 @@ def _prepare_chunk(chunk: Path, nbytes: int, *, durable: bool = True) -> None:
         return
     fixed = _resized(chunk, size, nbytes)
     _atomic_write(chunk, lambda f: _write_array(f, fixed), durable=durable)
+
+
+# ---------------------------------------------------------------------------
+# read-only inspection
+# ---------------------------------------------------------------------------
+
+
+def read_tracking(path) -> dict[str, Any]:
+    """Inspect a tracking store without loading it.
+
+    Returns ``{"path", "task_hash", "grid_shape", "done", "failures", "arrays"}``
+    where ``done``/``failures`` are read-only ``np.memmap`` views of the raw
+    chunks (zeros if the chunk does not exist yet, a lazy ``zarr.Array`` for a
+    non-canonical layout, None if the array is absent) and ``arrays`` lists
+    every array in the group. Raises ``FileNotFoundError`` if ``path`` holds no
+    tracking group.
+    """
+    p = Path(os.fspath(path))
+    group_json = p / "zarr.json"
+    if not group_json.exists():
+        raise FileNotFoundError(f"no block tracking at {p} (missing {group_json})")
+    meta = _read_json(group_json)
+    if meta.get("node_type") != "group":
+        raise RuntimeError(f"tracking path {p} is not a zarr group")
+    out: dict[str, Any] = {
+        "path": p,
+        "task_hash": (meta.get("attributes") or {}).get(HASH_ATTRIBUTE),
+        "grid_shape": None,
+        "done": None,
+        "failures": None,
+        "arrays": sorted(c.name for c in p.iterdir() if c.is_dir() and (c / "zarr.json").exists()),
+    }
+    for name, dtype in ((DONE_ARRAY, _DONE_DTYPE), (FAILURES_ARRAY, _FAILURES_DTYPE)):
+        array_json = p / name / "zarr.json"
+        if not array_json.exists():
+            continue
+        ameta = _read_json(array_json)
+        shape = tuple(int(v) for v in ameta.get("shape", ()))
+        if out["grid_shape"] is None:
+            out["grid_shape"] = shape
+        if _is_canonical(ameta, shape, dtype):
+            out[name] = _map_chunk(_chunk_path(p / name, len(shape)), shape, dtype, "r")
+        else:
+            out[name] = zarr3().open_array(store=str(p / name), mode="r")
+    return out

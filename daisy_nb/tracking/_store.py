@@ -7,6 +7,14 @@ the moment it is made (the kernel writes the page back), and a flush is one
 ``msync`` of the mapping, which writes only the pages that changed. A done byte
 cannot tear; a failure count is an aligned 4-byte store.
 
+That is the ``mmap`` path, taken where reserved blocks are overwritten in place
+(ext4, XFS, tmpfs). On other file systems (copy-on-write, network, FUSE: a mapped
+write-back there can fail late, as a SIGBUS) the arrays are held in memory and
+every change is written at once with ``os.pwrite``, a flush being ``fdatasync``
+(the ``pwrite`` path; :mod:`._io` picks the path, ``DAISY_NB_TRACKING_IO`` forces
+one). A write error on either path is raised by the next :meth:`TrackingStore.flush`
+as a :class:`~._io.TrackingWriteError` naming the chunk.
+
 Files are created full-size once (sparse, written aside and renamed, like the
 metadata documents, so a crash leaves no half-made store). ``done`` is then
 allocated on disk (``posix_fallocate``) and each page of ``failures`` is allocated
@@ -16,7 +24,8 @@ When a chunk file cannot be opened for writing (a read-only file, Windows) or
 mapped, or when a caller-provided array is compressed, the array is held
 privately instead and each flush rewrites the whole chunk aside + ``os.replace``
 (the previous strategy); a foreign layout is replaced by the raw one at its first
-flush and mapped shared from then on.
+flush (built beside and swapped in, :func:`._io.convert_array`) and mapped shared
+(or held for pwrite) from then on.
 
 What survives what: a SIGKILL (or any death) of this process keeps every mark
 made (the page cache belongs to the file); a crash of the machine keeps the
@@ -33,9 +42,7 @@ import errno
 import math
 import mmap
 import os
-import shutil
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +51,6 @@ import numpy as np
 from ._files import (
     _DONE_DTYPE,
     _FAILURES_DTYPE,
-    _TMP_MARK,
     DONE_ARRAY,
     FAILURES_ARRAY,
     HASH_ATTRIBUTE,
@@ -52,6 +58,7 @@ from ._files import (
     _array_metadata,
     _atomic_write,
     _chunk_path,
+    _fsync_dir,
     _group_metadata,
     _is_canonical,
     _map_chunk,
@@ -61,9 +68,20 @@ from ._files import (
     _remove_stale_tmp,
     _write_array,
     _write_json,
-    zarr3,
 )
 from ._grid import grid_shape, task_hash
+from ._io import (
+    _XFS,
+    TrackingWriteError,
+    convert_array,
+    io_mode,
+    pages_to_write,
+    pwrite_all,
+    read_sparse,
+    recover_conversion,
+    step,
+    unshare,
+)
 
 #: Map chunks shared (the default). False holds every array privately and rewrites
 #: whole chunks on flush, the fallback strategy; ``benchmarks/bench_tracking.py``
@@ -71,10 +89,16 @@ from ._grid import grid_shape, task_hash
 SHARED_MAPS = True
 
 _PAGE = mmap.PAGESIZE
+_datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 class _TrackedArray:
-    """One array of the group: metadata + chunk + its data (shared map or private copy)."""
+    """One array of the group: metadata + chunk + its data.
+
+    ``io`` says how writes reach the chunk: ``"mmap"`` (mapped shared),
+    ``"pwrite"`` (held in memory, each change written with ``os.pwrite``) or
+    ``"private"`` (held in memory, the chunk rewritten whole at a flush).
+    """
 
     __slots__ = (
         "allocate_all",
@@ -83,13 +107,18 @@ class _TrackedArray:
         "dir",
         "dirty",
         "dtype",
+        "error",
         "fd",
         "flat",
+        "fs",
+        "io",
         "mm",
         "name",
+        "pending",
         "reserved",
         "rewrite_meta",
         "shape",
+        "whole",
     )
 
     def __init__(self, root: Path, name: str, dtype: np.dtype, shape: tuple[int, ...], allocate_all: bool):
@@ -102,17 +131,36 @@ class _TrackedArray:
         self.flat: np.ndarray | None = None
         self.dirty = False
         self.rewrite_meta = False
+        self.io = "private"
+        self.fs: int | None = None  # statfs f_type of the chunk's file system
         self.mm: mmap.mmap | None = None  # set while mapped shared
-        self.fd: int | None = None  # kept open to reserve pages (failures)
+        self.fd: int | None = None  # kept open to reserve pages (failures) or to pwrite
         self.reserved: set[int] = set()  # pages of the chunk known to be allocated
+        self.pending: set[int] = set()  # pages (pwrite) whose write failed: retried at flush
+        self.error: OSError | None = None  # the first write error since the last flush
+        self.whole = False  # pwrite: direct writes into the array (mark_dirty): write it all
         self.allocate_all = allocate_all
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
+    def _is_raw(self, array_dir: Path) -> bool:
+        """Whether ``array_dir`` holds a complete array of the raw layout (conversion's result)."""
+        try:
+            meta = _read_json(array_dir / "zarr.json")
+            chunk = _chunk_path(array_dir, len(self.shape))
+            return (
+                tuple(meta.get("shape", ())) == self.shape
+                and _is_canonical(meta, self.shape, self.dtype)
+                and chunk.stat().st_size == self.nbytes
+            )
+        except (OSError, ValueError):
+            return False
+
     def load(self, path: Path, durable: bool) -> None:
         meta_path = self.dir / "zarr.json"
+        recover_conversion(path, self.name, self._is_raw)
         _remove_stale_tmp(self.dir)
         if not meta_path.exists():
             # absent (fresh store, or a caller-provided group without it): chunk
@@ -144,7 +192,7 @@ class _TrackedArray:
             self.dirty = True
 
     def _map(self) -> None:
-        """Map the chunk shared, or privately (copy-on-write) if it cannot be written."""
+        """Map the chunk shared, or hold it for pwrite, or privately if it cannot be written."""
         if SHARED_MAPS and os.name != "nt":
             try:
                 fd = os.open(self.chunk, os.O_RDWR)
@@ -152,35 +200,75 @@ class _TrackedArray:
                 fd = None
             if fd is not None:
                 try:
-                    st = os.fstat(fd)
-                    # pages of a chunk with nothing on disk cost no read: fault them in one
-                    # by one (see below); a chunk with data is read ahead (a resumed run's
-                    # scan of 10^8 done bytes: ~0.1 s instead of ~2 s of 4 KiB reads)
-                    one_by_one = st.st_blocks == 0 or not self.allocate_all
-                    if self.allocate_all and st.st_blocks * 512 < st.st_size:
-                        _allocate(fd, 0, self.nbytes)
-                    mm = mmap.mmap(fd, self.nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                    how, self.fs = io_mode(self.chunk)
+                    if how == "mmap" and self.fs == _XFS and not unshare(fd, self.nbytes):
+                        how = "pwrite"  # reflinked blocks cannot be unshared: copy-on-write
+                    if how == "pwrite":
+                        self._hold(fd)
+                        return
+                    if self._map_shared(fd):
+                        return
                 except OSError as e:
                     os.close(fd)
-                    if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+                    if e.errno in (errno.ENOSPC, errno.EDQUOT):
                         raise RuntimeError(f"no disk space for block tracking at {self.chunk}: {e}") from e
-                    fd = None  # a file system without shared writable maps
-                else:
-                    if one_by_one and hasattr(mmap, "MADV_RANDOM"):
-                        # No readahead on faults: pages come in one by one as small page-cache
-                        # folios, so a changed byte dirties (and a flush writes) one 4 KiB
-                        # page; pages read ahead may sit in large folios (up to 2 MiB on
-                        # Linux >= 6.x file systems), which are written whole.
-                        mm.madvise(mmap.MADV_RANDOM)
-                    self.mm = mm
-                    if self.allocate_all:
-                        os.close(fd)
-                    else:
-                        self.fd = fd
-                    self.reserved.clear()
-                    self._set(np.frombuffer(mm, dtype=self.dtype).reshape(self.shape))
-                    return
+                    if self.io == "pwrite":
+                        raise
+                except BaseException:
+                    os.close(fd)
+                    raise
+        self.io = "private"
         self._set(_map_chunk(self.chunk, self.shape, self.dtype, "c"))
+
+    def _map_shared(self, fd: int) -> bool:
+        st = os.fstat(fd)
+        # pages of a chunk with nothing on disk cost no read: fault them in one
+        # by one (see below); a chunk with data is read ahead (a resumed run's
+        # scan of 10^8 done bytes: ~0.1 s instead of ~2 s of 4 KiB reads)
+        one_by_one = st.st_blocks == 0 or not self.allocate_all
+        if self.allocate_all and st.st_blocks * 512 < st.st_size:
+            _allocate(fd, 0, self.nbytes)
+        try:
+            mm = mmap.mmap(fd, self.nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            os.close(fd)
+            return False  # a file system without shared writable maps
+        if one_by_one and hasattr(mmap, "MADV_RANDOM"):
+            # No readahead on faults: pages come in one by one as small page-cache
+            # folios, so a changed byte dirties (and a flush writes) one 4 KiB
+            # page; pages read ahead may sit in large folios (up to 2 MiB on
+            # Linux >= 6.x file systems), which are written whole.
+            mm.madvise(mmap.MADV_RANDOM)
+        self.mm = mm
+        self.io = "mmap"
+        if self.allocate_all:
+            os.close(fd)
+        else:
+            self.fd = fd
+        self.reserved.clear()
+        self._set(np.frombuffer(mm, dtype=self.dtype).reshape(self.shape))
+        return True
+
+    def _hold(self, fd: int) -> None:
+        """The pwrite path: read the chunk into memory, keep ``fd`` to write changes."""
+        self.io = "pwrite"
+        if self.allocate_all:
+            # reserve done's blocks now: a full disk refuses the run before it starts
+            # (where blocks are overwritten in place, no later write needs space)
+            st = os.fstat(fd)
+            if st.st_blocks * 512 < st.st_size:
+                _allocate(fd, 0, self.nbytes)
+        if hasattr(os, "posix_fadvise"):
+            # no readahead: the pages read come in as 4 KiB page-cache folios, so a
+            # changed byte dirties (and write-back writes) one page, not a 2 MiB folio
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        raw = np.zeros(self.nbytes, np.uint8)
+        read_sparse(fd, raw)
+        self.fd = fd
+        self.pending.clear()
+        self._set(raw.view(self.dtype).reshape(self.shape))
 
     def _set(self, data) -> None:
         arr = data.view(np.ndarray) if isinstance(data, np.memmap) else data
@@ -190,10 +278,10 @@ class _TrackedArray:
     def reserve(self, idx: np.ndarray) -> bool:
         """Allocate the pages holding elements ``idx`` before they are first written.
 
-        Only for a shared, sparse array (``failures``). Returns False, after a
-        warning, when the disk is full.
+        Only for a shared, sparse array (``failures``). Returns False when the disk
+        is full (the error is kept in :attr:`error`, for the next flush to raise).
         """
-        if self.fd is None:
+        if self.fd is None or self.io != "mmap":
             return True
         per_page = _PAGE // self.dtype.itemsize
         if idx.size == 1:
@@ -206,33 +294,80 @@ class _TrackedArray:
             try:
                 _allocate(self.fd, page * _PAGE, min(_PAGE, self.nbytes - page * _PAGE))
             except OSError as e:
-                warnings.warn(
-                    f"block tracking at {self.chunk}: cannot record failure counts ({e})", RuntimeWarning, stacklevel=4
-                )
+                self.error = self.error or e
+                self.dirty = True
                 return False
             self.reserved.add(page)
         return True
 
+    def write_through(self, idx: np.ndarray) -> None:
+        """pwrite path: write elements ``idx`` (just changed in memory) to the chunk.
+
+        One ``os.pwrite`` per page touched (from its first to its last changed
+        element). A failed write keeps its pages for the flush to retry and the
+        error for it to raise.
+        """
+        fd = self.fd
+        if fd is None or self.io != "pwrite":
+            return
+        flat, isz = self.flat, self.dtype.itemsize
+        if idx.size == 1:
+            spans = [(int(idx[0]), int(idx[0]))]
+        else:
+            u = np.unique(idx)
+            pg = u // (_PAGE // isz)
+            first = np.flatnonzero(np.concatenate(([True], pg[1:] != pg[:-1])))
+            last = np.concatenate((first[1:], [u.size])) - 1
+            spans = list(zip(u[first].tolist(), u[last].tolist()))
+        for a, b in spans:
+            try:
+                pwrite_all(fd, flat[a : b + 1], a * isz)
+            except OSError as e:
+                self.error = self.error or e
+                self.pending.update(range(a * isz // _PAGE, b * isz // _PAGE + 1))
+
+    def _write_pending(self) -> None:
+        fd = self.fd
+        assert fd is not None
+        raw = self.flat.view(np.uint8)
+        if self.whole:  # direct writes into the array (mark_dirty): every page that may differ
+            self.pending.update(pages_to_write(fd, raw, _PAGE))
+            self.whole = False
+        for page in sorted(self.pending):
+            pwrite_all(fd, raw[page * _PAGE : (page + 1) * _PAGE], page * _PAGE)
+            self.pending.discard(page)
+
     def flush(self, durable: bool) -> bool:
         if not self.dirty:
             return False
+        if self.error is not None:
+            e, self.error = self.error, None
+            if self.io == "pwrite":
+                self._write_pending()  # the space may be back: retry before reporting
+            else:
+                raise e
         if self.rewrite_meta:
-            # Replace a foreign layout (e.g. compressed) by the canonical one.
-            # Write the raw chunk aside first so that the window in which the
-            # old metadata meets the new chunk is just a rmtree + rename.
+            # Replace a foreign layout (e.g. compressed) by the canonical one, built
+            # beside and swapped in (see _io.convert_array: no instant without a
+            # complete array; a leftover is finished or rolled back on open).
             data = self.data
-            staged = self.dir / f".c{_TMP_MARK}{os.getpid()}"
-            shutil.rmtree(staged, ignore_errors=True)
-            _atomic_write(_chunk_path(staged, len(self.shape)), lambda f: _write_array(f, data), durable=durable)
-            shutil.rmtree(self.dir / "c", ignore_errors=True)
-            os.replace(staged / "c", self.dir / "c")
-            shutil.rmtree(staged, ignore_errors=True)
-            _write_json(self.dir / "zarr.json", _array_metadata(self.shape, self.dtype))
+            shape, dtype = self.shape, self.dtype
+
+            def build(d: Path) -> None:
+                _atomic_write(_chunk_path(d, len(shape)), lambda f: _write_array(f, data), durable=durable)
+                step("chunk")
+                _write_json(d / "zarr.json", _array_metadata(shape, dtype))
+
+            convert_array(self.dir.parent, self.name, build, _fsync_dir if durable else lambda d: None)
             self.rewrite_meta = False
-            self._map()  # shared from now on
-        elif self.mm is not None:
+            self._map()  # shared (or pwrite) from now on
+        elif self.io == "mmap":
             if durable:
                 self.mm.flush()  # msync(MS_SYNC): writes back the dirty pages only
+        elif self.io == "pwrite":
+            self._write_pending()
+            if durable:
+                _datasync(self.fd)  # reports write-back errors (NFS, a full disk)
         else:
             data = self.data
             _atomic_write(self.chunk, lambda f: _write_array(f, data), durable=durable)
@@ -269,6 +404,8 @@ class TrackingStore:
         self._done = _TrackedArray(self.path, DONE_ARRAY, _DONE_DTYPE, self.grid_shape, True)
         self._failures = _TrackedArray(self.path, FAILURES_ARRAY, _FAILURES_DTYPE, self.grid_shape, False)
         self._closed = False
+        self._held_back: list[tuple[np.ndarray, Any]] = []  # failure counts without a reserved page
+        self._reported = False  # a write error was raised by flush and not cleared since
         self._last_flush_end = 0.0
         self._last_flush_secs = 0.0
 
@@ -293,6 +430,22 @@ class TrackingStore:
         h = task_hash(total_roi, read_roi, write_roi, fit)
         grid = grid_shape(total_roi, write_roi)
         store = cls(p, grid, h, durable=durable)
+        try:
+            store._load(p, h, require_hash)
+        except OSError as e:
+            store._done.release()
+            store._failures.release()
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise RuntimeError(f"no disk space for block tracking at {p}: {e}") from e
+            raise
+        except BaseException:
+            store._done.release()
+            store._failures.release()
+            raise
+        return store
+
+    def _load(self, p: Path, h: str, require_hash: bool) -> None:
+        durable = self.durable
         group_json = p / "zarr.json"
         if group_json.exists():
             try:
@@ -313,18 +466,17 @@ class TrackingStore:
                     f"(stored hash = {stored if stored is not None else '<missing>'}, "
                     f"expected = {h}). Delete it to start fresh:\n    rm -rf {p}"
                 )
-            store._done.load(p, durable)
-            store._failures.load(p, durable)
+            self._done.load(p, durable)
+            self._failures.load(p, durable)
         else:
             if p.exists() and not p.is_dir():
                 raise RuntimeError(f"cannot open block tracking at {p}: not a directory")
             p.mkdir(parents=True, exist_ok=True)
             # arrays first, group document last: a directory without the group
             # document is treated as fresh on the next open
-            store._done.load(p, durable)
-            store._failures.load(p, durable)
+            self._done.load(p, durable)
+            self._failures.load(p, durable)
             _write_json(group_json, _group_metadata(h))
-        return store
 
     # -- arrays ---------------------------------------------------------------
 
@@ -337,6 +489,12 @@ class TrackingStore:
         return self._failures.data
 
     @property
+    def io(self) -> str:
+        """How marks reach the ``done`` chunk: ``"mmap"``, ``"pwrite"`` or ``"private"``
+        (see :mod:`daisy_nb.tracking._io`)."""
+        return self._done.io
+
+    @property
     def size(self) -> int:
         return math.prod(self.grid_shape)
 
@@ -346,8 +504,10 @@ class TrackingStore:
 
     def mark_dirty(self, done: bool = True, failures: bool = True) -> None:
         """Declare direct writes into ``done``/``failures`` so flush writes them."""
-        self._done.dirty |= bool(done)
-        self._failures.dirty |= bool(failures)
+        for arr, flag in ((self._done, done), (self._failures, failures)):
+            if flag:
+                arr.dirty = True
+                arr.whole = arr.io == "pwrite"
 
     def _idx(self, linear_indices) -> np.ndarray:
         """1-D int64 indices, dropping out-of-grid ones (-1 etc., CORE.md 7.1)."""
@@ -371,38 +531,50 @@ class TrackingStore:
             if flat[i] != 1:
                 flat[i] = 1
                 self._done.dirty = True
+                self._done.write_through(idx)
             return
         if not np.all(flat[idx] == 1):
             flat[idx] = 1
             self._done.dirty = True
+            self._done.write_through(idx)
 
     def add_failures(self, linear_indices, counts=1) -> None:
         """Add ``counts`` (default 1) failed attempts to the given blocks.
 
-        Repeated indices accumulate; out-of-grid indices are ignored.
+        Repeated indices accumulate; out-of-grid indices are ignored. On a full disk
+        (a page of the mapped ``failures`` chunk cannot be reserved) the counts are
+        held back: the next :meth:`flush` retries them and raises if it cannot.
         """
         raw = np.asarray(linear_indices, dtype=np.int64).reshape(-1)
         idx = self._idx(raw)
         if idx.size == 0:
             return
-        if not self._failures.reserve(idx):
-            return
-        flat = self._failures.flat
+        c: int | np.ndarray
         if np.ndim(counts) == 0:
             c = int(counts)
             if c == 0:
                 return
+        else:
+            c = np.broadcast_to(np.asarray(counts, dtype=np.uint32).reshape(-1), raw.shape)
+            if idx.size != raw.size:
+                c = c[(raw >= 0) & (raw < self._failures.flat.size)]
+        if not self._failures.reserve(idx):
+            self._held_back.append((idx.copy(), c if isinstance(c, int) else np.array(c)))
+            return
+        self._add_failures(idx, c)
+
+    def _add_failures(self, idx: np.ndarray, c) -> None:
+        flat = self._failures.flat
+        if isinstance(c, int):
             if idx.size == 1:
                 i = int(idx[0])
                 flat[i] = min(int(flat[i]) + c, 0xFFFFFFFF)
             else:
                 np.add.at(flat, idx, np.uint32(c))
         else:
-            cnt = np.broadcast_to(np.asarray(counts, dtype=np.uint32).reshape(-1), raw.shape)
-            if idx.size != raw.size:
-                cnt = cnt[(raw >= 0) & (raw < flat.size)]
-            np.add.at(flat, idx, cnt)
+            np.add.at(flat, idx, c)
         self._failures.dirty = True
+        self._failures.write_through(idx)
 
     def is_done(self, linear_indices) -> np.ndarray:
         """Bool array (same shape as the input): whether each block is recorded done.
@@ -437,8 +609,22 @@ class TrackingStore:
         if self._closed or not self.dirty:
             return False
         t0 = time.perf_counter()
-        wrote = self._done.flush(self.durable)
-        wrote |= self._failures.flush(self.durable)
+        held, self._held_back = self._held_back, []
+        for idx, c in held:  # failure counts a full disk held back: room for them now?
+            if self._failures.reserve(idx):
+                self._add_failures(idx, c)
+            else:
+                self._held_back.append((idx, c))
+        wrote = False
+        for arr in (self._done, self._failures):  # done first: the marks a rerun skips
+            try:
+                wrote |= arr.flush(self.durable)
+            except OSError as e:
+                if self._reported:
+                    return False  # raised once already: the run is ending
+                self._reported = True
+                raise TrackingWriteError(e.errno or errno.EIO, e.strerror or str(e), str(arr.chunk)) from None
+        self._reported = False
         t1 = time.perf_counter()
         self._last_flush_secs = t1 - t0
         self._last_flush_end = t1
@@ -481,48 +667,3 @@ class TrackingStore:
 
     def __repr__(self) -> str:
         return f"TrackingStore({str(self.path)!r}, grid_shape={list(self.grid_shape)})"
-
-
-# ---------------------------------------------------------------------------
-# read-only inspection
-# ---------------------------------------------------------------------------
-
-
-def read_tracking(path) -> dict[str, Any]:
-    """Inspect a tracking store without loading it.
-
-    Returns ``{"path", "task_hash", "grid_shape", "done", "failures", "arrays"}``
-    where ``done``/``failures`` are read-only ``np.memmap`` views of the raw
-    chunks (zeros if the chunk does not exist yet, a lazy ``zarr.Array`` for a
-    non-canonical layout, None if the array is absent) and ``arrays`` lists
-    every array in the group. Raises ``FileNotFoundError`` if ``path`` holds no
-    tracking group.
-    """
-    p = Path(os.fspath(path))
-    group_json = p / "zarr.json"
-    if not group_json.exists():
-        raise FileNotFoundError(f"no block tracking at {p} (missing {group_json})")
-    meta = _read_json(group_json)
-    if meta.get("node_type") != "group":
-        raise RuntimeError(f"tracking path {p} is not a zarr group")
-    out: dict[str, Any] = {
-        "path": p,
-        "task_hash": (meta.get("attributes") or {}).get(HASH_ATTRIBUTE),
-        "grid_shape": None,
-        "done": None,
-        "failures": None,
-        "arrays": sorted(c.name for c in p.iterdir() if c.is_dir() and (c / "zarr.json").exists()),
-    }
-    for name, dtype in ((DONE_ARRAY, _DONE_DTYPE), (FAILURES_ARRAY, _FAILURES_DTYPE)):
-        array_json = p / name / "zarr.json"
-        if not array_json.exists():
-            continue
-        ameta = _read_json(array_json)
-        shape = tuple(int(v) for v in ameta.get("shape", ()))
-        if out["grid_shape"] is None:
-            out["grid_shape"] = shape
-        if _is_canonical(ameta, shape, dtype):
-            out[name] = _map_chunk(_chunk_path(p / name, len(shape)), shape, dtype, "r")
-        else:
-            out[name] = zarr3().open_array(store=str(p / name), mode="r")
-    return out
