@@ -100,6 +100,8 @@ def test_a_token_is_required_on_127_0_0_1_too():
         assert status(bare(dash, "metrics"), {"Authorization": f"Basic {dash.token}"})[0] == 403
     with Dashboard(quiet=True) as other:
         assert other.token != dash.token  # random per dashboard
+        assert other.token not in repr(other) and f":{other.port}/" in repr(other)  # a repr goes to logs
+    assert repr(Dashboard(token=False)).endswith("not started, no token)")
 
 
 def test_the_page_sets_a_strict_cookie_so_a_reload_without_the_query_works():

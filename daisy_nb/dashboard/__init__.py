@@ -179,8 +179,9 @@ class Dashboard:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return f"Dashboard({self.url or f'{self.host}:{self.port}, not started'})"
+    def __repr__(self) -> str:  # without the token: a repr ends up in logs (print dash.url to share it)
+        where = self.url.split("?", 1)[0] if self.url else f"{self.host}:{self.port}, not started"
+        return f"Dashboard({where}, {'no token' if self.token is None else 'token required'})"
 
 
 def check_dashboard(dashboard) -> None:
