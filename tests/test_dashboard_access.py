@@ -223,8 +223,8 @@ def test_a_connection_that_sends_nothing_is_closed(monkeypatch):
     monkeypatch.setattr(dserver, "REQUEST_TIMEOUT", 0.5)
     with Dashboard(quiet=True) as dash:
         with socket.create_connection(("127.0.0.1", dash.port)) as s:
-            took = _closed_within(s, 10)
-        assert took is not None and took < 5
+            took = _closed_within(s, 8)  # at 0.5 s, on a busy machine a bit later; never, before (or 10 s)
+        assert took is not None
         # the server is still there for a real request
         assert status(dash.url_for("api/state"))[0] == 200
 
@@ -232,11 +232,10 @@ def test_a_connection_that_sends_nothing_is_closed(monkeypatch):
 def test_a_connection_that_sends_slowly_is_closed(monkeypatch):
     monkeypatch.setattr(dserver, "REQUEST_TIMEOUT", 0.5)
     with Dashboard(quiet=True) as dash:
-        head = f"GET /api/state?token={dash.token} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: {'x' * 200}\r\n"
+        head = f"GET /api/state?token={dash.token} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: {'x' * 400}\r\n"
         with socket.create_connection(("127.0.0.1", dash.port)) as s:
-            t0 = time.monotonic()
             closed = False
-            for ch in head.encode():  # one byte every 50 ms: each read is quick, the head is not
+            for ch in head.encode():  # one byte every 50 ms (>= 23 s): each read is quick, the head is not
                 try:
                     s.sendall(bytes([ch]))
                 except OSError:  # the server closed it
@@ -249,10 +248,7 @@ def test_a_connection_that_sends_slowly_is_closed(monkeypatch):
                         break
                 except TimeoutError:
                     pass
-                if time.monotonic() - t0 > 10:
-                    break
-            assert closed, "the slow request was still open after 10 s"
-            assert time.monotonic() - t0 < 5
+            assert closed, "the slow request stayed open until its head was all sent"
         # and a keep-alive connection that goes idle after a request is closed too
         with socket.create_connection(("127.0.0.1", dash.port)) as s:
             s.sendall(f"GET /api/state?token={dash.token} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
