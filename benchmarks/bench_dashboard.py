@@ -49,10 +49,11 @@ def _poller(url: str, secs: float) -> None:
     """Fetch the page's two endpoints every ``secs`` until killed (``--poller``)."""
     import urllib.request
 
+    base, _, query = url.partition("?")  # the printed URL: http://host:port/?token=...
     while True:
         for path in ("api/state", "api/pictures"):
             try:
-                with urllib.request.urlopen(url + path, timeout=5) as r:
+                with urllib.request.urlopen(f"{base}{path}?{query}", timeout=5) as r:
                     r.read()
             except OSError:
                 pass

@@ -66,11 +66,12 @@ def noop_failing(block):
 def _poller(url: str, secs: float, timeline: bool) -> None:
     import urllib.request
 
+    base, _, query = url.partition("?")  # the printed URL: http://host:port/?token=...
     paths = ("api/state", "api/pictures") + (("api/timeline",) if timeline else ())
     while True:
         for path in paths:
             try:
-                with urllib.request.urlopen(url + path, timeout=5) as r:
+                with urllib.request.urlopen(f"{base}{path}?{query}", timeout=5) as r:
                     r.read()
             except OSError:
                 pass

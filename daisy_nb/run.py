@@ -34,7 +34,8 @@ def run_blockwise(
     of a block function. With worker processes, a task abandoned after
     ``max_worker_restarts`` raises ``RuntimeError`` with the states attached.
     ``dashboard=True`` (or a port, or a :class:`daisy_nb.dashboard.Dashboard`)
-    serves a live page of the run on 127.0.0.1 and prints its URL.
+    serves a live page of the run on 127.0.0.1 and prints its URL, with the token every
+    request needs (``$DAISY_NB_DASHBOARD_TOKEN``, else a random one).
     ``host`` (else ``DAISY_HOST``) is where the pool accepts ``Client`` connections and
     what it tells workers (``DAISY_CONTEXT``). Unset, as daisy 2.0.0: every interface,
     advertising the address detected for this machine (its resolved host name, else

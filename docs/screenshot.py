@@ -66,7 +66,7 @@ def main(out: str) -> None:
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            with urllib.request.urlopen(dash.url + "api/state", timeout=10) as r:
+            with urllib.request.urlopen(dash.url_for("api/state"), timeout=10) as r:
                 s = json.load(r)
             t = {x["task_id"]: x for x in s["tasks"]}
             if t and t["segment"]["completed"] > 0.4 * t["segment"]["total"] and t["relabel"]["failed"] >= 2:

@@ -265,11 +265,11 @@ def test_task_ids_with_slashes_run_end_to_end_and_resume(out, tmp_path, capsys):
 
         with Dashboard(quiet=True) as dash:
             states = daisy_nb.run_blockwise(pipeline(), return_states=True, progress=False, dashboard=dash)
-            with urllib.request.urlopen(dash.url + "api/state", timeout=10) as r:
+            with urllib.request.urlopen(dash.url_for("api/state"), timeout=10) as r:
                 assert [t["task_id"] for t in json.loads(r.read())["tasks"]] == [DACAPO, WEIRD]
             for tid in (DACAPO, WEIRD):
                 q = urllib.parse.urlencode({"task": tid, "block_id": 0})
-                with urllib.request.urlopen(f"{dash.url}api/block?{q}", timeout=10) as r:
+                with urllib.request.urlopen(dash.url_for("api/block", q), timeout=10) as r:
                     assert json.loads(r.read())["blocks"][0]["status"] == "done"
         assert states[DACAPO].completed_count == 6 and states[WEIRD].completed_count == 5
         assert len(blocks_run(out, DACAPO)) == 6 and len(blocks_run(out, WEIRD)) == 5

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zlib
 from pathlib import Path
@@ -45,6 +46,12 @@ def get(url, host=None, timeout=10):
 
 def get_json(url):
     return json.loads(get(url)[1])
+
+
+def at(url, path, query=""):
+    """``path`` (and ``query``) on the dashboard of a printed URL, keeping its ``?token=...``."""
+    p = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((p.scheme, p.netloc, "/" + path, "&".join(x for x in (query, p.query) if x), ""))
 
 
 def unpack(b64, shape):
@@ -212,34 +219,15 @@ def _refused(host, port):
 def test_default_binding_is_127_0_0_1_only():
     with Dashboard(quiet=True) as dash:
         port = dash.port
-        assert dash.url == f"http://127.0.0.1:{port}/"
+        assert dash.url == f"http://127.0.0.1:{port}/?token={dash.token}"
         assert get(dash.url)[0] == 200
         assert _refused("127.0.0.2", port)  # another loopback address: nobody listens there
-        # a page elsewhere cannot read it through a DNS name pointing to 127.0.0.1
-        with pytest.raises(urllib.error.HTTPError) as e:
-            get(dash.url + "api/state", host=f"evil.example:{port}")
-        assert e.value.code == 403
-        assert get(dash.url + "api/state", host=f"localhost:{port}")[0] == 200
-
-
-def test_explicit_bind_address_needs_the_token():
-    with Dashboard(host="127.0.0.2", quiet=True) as dash:
-        assert dash.token and len(dash.token) >= 24
-        assert dash.url.startswith(f"http://127.0.0.2:{dash.port}/?token=")
-        base = f"http://127.0.0.2:{dash.port}/"
-        for path in ("", "api/state", "api/pictures", "static/app.js", "api/state?token=wrong"):
-            with pytest.raises(urllib.error.HTTPError) as e:
-                get(base + path)
-            assert e.value.code == 403, path
-        assert get(dash.url)[0] == 200
-        assert json.loads(get(f"{base}api/state?token={dash.token}")[1])["mode"] == "live"
-        assert _refused("127.0.0.1", dash.port)
-    assert _refused("127.0.0.2", dash.port)  # closed with the Dashboard
+        assert get(dash.url_for("api/state"), host=f"localhost:{port}")[0] == 200
 
 
 def test_read_only_methods():
     with Dashboard(quiet=True) as dash:
-        req = urllib.request.Request(dash.url + "api/state", data=b"x", method="POST")
+        req = urllib.request.Request(dash.url_for("api/state"), data=b"x", method="POST")
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=5)
         assert e.value.code == 501
@@ -297,7 +285,7 @@ def test_state_agrees_with_final_task_states_and_shows_failures(tmp_path, monkey
             for ln in capsys.readouterr().out.splitlines()
             if ln.strip().startswith(("alpha ", "beta "))
         }
-        s = get_json(dash.url + "api/state")
+        s = get_json(dash.url_for("api/state"))
         assert s["finished"] is True
         assert [t["task_id"] for t in s["tasks"]] == list(states)
         for t in s["tasks"]:
@@ -316,30 +304,30 @@ def test_state_agrees_with_final_task_states_and_shows_failures(tmp_path, monkey
         # click: block id, ROIs, traceback (from the states or the worker logs)
         for tid in ("alpha", "beta"):
             for bid in (4, 17):
-                b = get_json(f"{dash.url}api/block?task={tid}&block_id={bid}")
+                b = get_json(dash.url_for("api/block", f"task={tid}&block_id={bid}"))
                 assert b["blocks_in_pixel"] == 1
                 (blk,) = b["blocks"]
                 assert blk["block_id"] == bid and blk["status"] == "failed"
                 assert blk["failed_attempts"] == (2 if tid == "alpha" else 1)
                 assert f"dashboard test failure in block {bid}" in blk["traceback"]
-        blk = get_json(f"{dash.url}api/block?task=beta&block_id=17")["blocks"][0]
+        blk = get_json(dash.url_for("api/block", "task=beta&block_id=17"))["blocks"][0]
         assert blk["write_roi"] == {"offset": [170], "shape": [10]} and blk["read_roi"] == blk["write_roi"]
         # alpha is 2-D: block id 4 is grid cell inverse_cantor(4)
         g = inverse_cantor(4, 2)
-        blk = get_json(f"{dash.url}api/block?task=alpha&block_id=4")["blocks"][0]
+        blk = get_json(dash.url_for("api/block", "task=alpha&block_id=4"))["blocks"][0]
         assert blk["write_roi"]["offset"] == [10 * g[0], 10 * g[1]]
         # the pictures: one per task, counts as in the states; the failed pixel is clickable
-        p = get_json(dash.url + "api/pictures")["tasks"]
+        p = get_json(dash.url_for("api/pictures"))["tasks"]
         for tid, st in states.items():
             assert p[tid]["counts"]["failed"] == st.failed_count
             assert p[tid]["counts"]["done"] + p[tid]["counts"]["skipped"] == st.completed_count
         pa = p["alpha"]
         worst = unpack(pa["codes"], (len(pa["panels"]), pa["h"], pa["w"]))
         r, c = map(int, np.argwhere(worst[0] == pic.FAILED)[0])
-        clicked = get_json(f"{dash.url}api/block?task=alpha&panel=0&r={r}&c={c}")
+        clicked = get_json(dash.url_for("api/block", f"task=alpha&panel=0&r={r}&c={c}"))
         assert clicked["blocks"][0]["status"] == "failed"
         with pytest.raises(urllib.error.HTTPError) as e:
-            get(f"{dash.url}api/block?task=nope&block_id=1")
+            get(dash.url_for("api/block", "task=nope&block_id=1"))
         assert e.value.code == 404
 
 
@@ -359,7 +347,7 @@ def test_counts_grow_while_running_and_workers_are_listed(tmp_path, monkeypatch)
                 deadline = time.monotonic() + 60
                 first = None
                 while time.monotonic() < deadline:
-                    s = get_json(dash.url + "api/state")
+                    s = get_json(dash.url_for("api/state"))
                     done = sum(t["completed"] for t in s["tasks"])
                     busy = [w for w in s["workers"] if w["alive"] and w.get("block_id") is not None]
                     if first is None and done > 0:
@@ -382,7 +370,7 @@ def test_counts_grow_while_running_and_workers_are_listed(tmp_path, monkeypatch)
         ws = seen["workers"]
         assert {w["task"] for w in ws} <= {"alpha", "beta"} and all(w["pid"] for w in ws)
         assert any(w["state"] == "busy" for w in ws)
-        s = get_json(dash.url + "api/state")
+        s = get_json(dash.url_for("api/state"))
         for t in s["tasks"]:
             _agree(t, states[t["task_id"]])
         assert not any(w["alive"] for w in s["workers"])  # all gone at the end
@@ -397,7 +385,7 @@ def test_dead_worker_shows_as_restart_and_error(tmp_path, monkeypatch):
         states = daisy_nb.run_blockwise(
             _tasks(40, 30), dashboard=dash, return_states=True, progress=False, summary=False
         )
-        s = get_json(dash.url + "api/state")
+        s = get_json(dash.url_for("api/state"))
     assert (tmp_path / "died").exists()
     died = [t for t in s["tasks"] if t["worker_failures"]]
     assert len(died) == 1  # block 6 of whichever task reaches it first: its worker dies once
@@ -434,7 +422,7 @@ def test_ctrl_c_with_a_watched_dashboard_stops_promptly(tmp_path):
         url = line.split(": ", 1)[1].strip()
         deadline = time.monotonic() + 60
         # running, and watched (the URL is printed before the run's tasks are known: poll until they are)
-        while not [t for t in get_json(url + "api/state")["tasks"] if t["completed"]]:
+        while not [t for t in get_json(at(url, "api/state"))["tasks"] if t["completed"]]:
             assert time.monotonic() < deadline
             time.sleep(0.2)
         t0 = time.monotonic()
@@ -442,7 +430,7 @@ def test_ctrl_c_with_a_watched_dashboard_stops_promptly(tmp_path):
         out, err = proc.communicate(timeout=30)
         assert time.monotonic() - t0 < 5  # the pool's 2 s plus start-up noise; no linger on Ctrl-C
         assert proc.returncode != 0 and "KeyboardInterrupt" in err
-        assert _refused("127.0.0.1", int(url.rsplit(":", 1)[1].strip("/")))
+        assert _refused("127.0.0.1", urllib.parse.urlsplit(url).port)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -457,7 +445,9 @@ def test_serial_runner_and_server_owned_by_the_run(capsys):
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.startswith("daisy_nb dashboard: http://127.0.0.1:")]
     assert len(lines) == 1  # printed once
-    port = int(lines[0].rsplit(":", 1)[1].strip("/"))
+    url = lines[0].split(": ", 1)[1]
+    assert urllib.parse.urlsplit(url).query.startswith("token=")
+    port = urllib.parse.urlsplit(url).port
     assert states["alpha"].completed_count == 40
     assert _refused("127.0.0.1", port)  # dashboard=True: the server ends with the run
 
@@ -467,12 +457,13 @@ def test_serial_runner_and_server_owned_by_the_run(capsys):
 def test_a_watching_page_sees_the_end_of_a_dashboard_true_run(tmp_path, monkeypatch):
     flag = tmp_path / "slow"
     flag.write_text("")
+    monkeypatch.setenv("DAISY_NB_DASHBOARD_TOKEN", "page-knows-it")  # the run's own server takes it
     monkeypatch.setenv("DASH_SLOW", str(flag))
     monkeypatch.delenv("DASH_FAIL", raising=False)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/api/state"
+    url = f"http://127.0.0.1:{port}/api/state?token=page-knows-it"
     seen = []
 
     def page():  # polls like the page, once a second
@@ -511,9 +502,9 @@ def test_a_dashboard_shows_the_next_run():
             process_function=dashfns.work,
         )
         daisy_nb.run_blockwise([t2], multiprocessing=False, dashboard=dash, progress=False, summary=False)
-        s = get_json(dash.url + "api/state")
+        s = get_json(dash.url_for("api/state"))
         assert [t["task_id"] for t in s["tasks"]] == ["gamma"] and s["tasks"][0]["completed"] == 5
-        assert list(get_json(dash.url + "api/pictures")["tasks"]) == ["gamma"]
+        assert list(get_json(dash.url_for("api/pictures"))["tasks"]) == ["gamma"]
 
 
 @pytest.mark.timeout(180)
@@ -530,12 +521,12 @@ def test_dask_executor_run_agrees(monkeypatch):
         states = daisy_nb.run_blockwise(
             _tasks(100, 50), executor=client, dashboard=dash, return_states=True, progress=False, summary=False
         )
-        s = get_json(dash.url + "api/state")
+        s = get_json(dash.url_for("api/state"))
         assert s["runtime"] == "dask" and s["finished"]
         for t in s["tasks"]:
             _agree(t, states[t["task_id"]])
         assert states["beta"].failed_count == 1
-        b = get_json(f"{dash.url}api/block?task=beta&block_id=5")["blocks"][0]
+        b = get_json(dash.url_for("api/block", "task=beta&block_id=5"))["blocks"][0]
         assert b["status"] == "failed" and b["write_roi"] == {"offset": [50], "shape": [10]}
 
 
@@ -583,21 +574,24 @@ def test_cli_serves_tracking_read_only(tmp_path, monkeypatch):
         line = proc.stdout.readline()
         assert "daisy_nb dashboard (read-only" in line, line + proc.stderr.read()
         url = line.split(": ", 1)[1].strip()
-        assert url.startswith("http://127.0.0.1:")
-        s = get_json(url + "api/state")
+        assert url.startswith("http://127.0.0.1:") and "?token=" in url
+        with pytest.raises(urllib.error.HTTPError) as e:
+            get(url.split("?")[0])
+        assert e.value.code == 403
+        s = get_json(at(url, "api/state"))
         assert s["mode"] == "tracking"
         (t,) = s["tasks"]
         assert (t["task_id"], t["total"], t["completed"], t["failed"]) == ("vol", 64, st.completed_count, 2)
-        b = get_json(url + "api/block?task=vol&block_id=9")["blocks"][0]
+        b = get_json(at(url, "api/block", "task=vol&block_id=9"))["blocks"][0]
         assert b["status"] == "failed" and b["failed_attempts"] == 1
         assert "dashboard test failure in block 9" in b["traceback"]  # from ./daisy_logs
-        p = get_json(url + "api/pictures")["tasks"]["vol"]
+        p = get_json(at(url, "api/pictures"))["tasks"]["vol"]
         assert p["counts"]["failed"] == 2 and p["shape"] == [4, 4, 4]
         time.sleep(1.1)  # the state is re-read at most once a second
-        errs = get_json(url + "api/state")["errors"]  # the failed blocks the picture pass found
+        errs = get_json(at(url, "api/state"))["errors"]  # the failed blocks the picture pass found
         assert sorted(e["block_id"] for e in errs) == [3, 9]
         assert all(f"dashboard test failure in block {e['block_id']}" in e["text"] for e in errs)
-        groups = get_json(url + "api/state")["error_groups"]  # the worker logs' failures, by kind
+        groups = get_json(at(url, "api/state"))["error_groups"]  # the worker logs' failures, by kind
         assert [(g["type"], g["count"], g["task"]) for g in groups] == [("ValueError", 2, "vol")]
         assert "static/app.js" in get(url)[1].decode()
     finally:

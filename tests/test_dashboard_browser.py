@@ -163,7 +163,7 @@ def test_page_of_a_running_pipeline(tmp_path, monkeypatch):
 
                 deadline = time.monotonic() + 120
                 while time.monotonic() < deadline:  # wait until block 3 has failed and blocks are done
-                    with urllib.request.urlopen(dash.url + "api/state", timeout=10) as r:
+                    with urllib.request.urlopen(dash.url_for("api/state"), timeout=10) as r:
                         s = json.load(r)
                     if s["tasks"] and all(t["completed"] > 0 for t in s["tasks"]) and s["errors"]:
                         break
@@ -171,7 +171,7 @@ def test_page_of_a_running_pipeline(tmp_path, monkeypatch):
                 pages["first"] = Page(dump_dom(dash.url))
                 gate.write_text("")
                 while time.monotonic() < deadline:  # gated blocks (none can be on the first page) have run
-                    with urllib.request.urlopen(dash.url + "api/state", timeout=10) as r:
+                    with urllib.request.urlopen(dash.url_for("api/state"), timeout=10) as r:
                         now = json.load(r)
                     if any(t["task_id"] == "relabel" and t["completed"] > 160 for t in now["tasks"]):
                         break

@@ -268,6 +268,7 @@ def test_cli_dashboard_and_report(tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "daisy_nb dashboard: http://127.0.0.1:" in r.stdout
+    assert "/?token=" in r.stdout.split("daisy_nb dashboard: ", 1)[1].splitlines()[0]  # the URL carries the token
     html = rep.read_text()
     data = json.loads(html.split("window.DAISY_NB_REPORT = ", 1)[1].split(";</script>", 1)[0])
     tasks = {t["task_id"]: t for t in data["/api/state"]["tasks"]}

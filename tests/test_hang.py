@@ -149,7 +149,7 @@ def test_dashboard_shows_the_alarm_and_metrics_say_hung(tmp_path, out):
             return r.read().decode(), r.headers.get("Content-Type")
 
     def metrics(dash):
-        text, ctype = get(dash.url + "metrics")
+        text, ctype = get(dash.url_for("metrics"))
         assert ctype.startswith("text/plain; version=0.0.4")
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
@@ -163,7 +163,7 @@ def test_dashboard_shows_the_alarm_and_metrics_say_hung(tmp_path, out):
             try:
 
                 def hung():
-                    s = json.loads(get(dash.url + "api/state")[0])
+                    s = json.loads(get(dash.url_for("api/state"))[0])
                     seen["state"] = s
                     return bool(s.get("alarms"))
 
@@ -179,7 +179,7 @@ def test_dashboard_shows_the_alarm_and_metrics_say_hung(tmp_path, out):
         ok = daisy.run_blockwise(_task(), dashboard=dash, progress=False, summary=False, hang_alarm=1.0)
         th.join()
         after = metrics(dash)
-        final = json.loads(get(dash.url + "api/state")[0])
+        final = json.loads(get(dash.url_for("api/state"))[0])
     assert ok
     (alarm,) = seen["state"]["alarms"]
     assert alarm["task"] == "h" and alarm["running"][0]["block_id"] == 0

@@ -406,7 +406,7 @@ def test_dashboard_worker_list_shows_the_job(batch, no_leaks):
         def watch():
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not seen:
-                with urllib.request.urlopen(dash.url + "api/state", timeout=10) as r:
+                with urllib.request.urlopen(dash.url_for("api/state"), timeout=10) as r:
                     s = json.loads(r.read())
                 seen.extend(w["job"] for w in s["workers"] if w.get("job"))
                 time.sleep(0.1)

@@ -100,7 +100,7 @@ def test_live_timeline_and_errors_by_kind(tmp_path, monkeypatch):
             try:
                 deadline = time.monotonic() + 120
                 while time.monotonic() < deadline:  # three failures grouped, blocks done
-                    with urllib.request.urlopen(dash.url + "api/state", timeout=10) as r:
+                    with urllib.request.urlopen(dash.url_for("api/state"), timeout=10) as r:
                         s = json.load(r)
                     if s["tasks"] and s["tasks"][0]["completed"] > 20 and s["tasks"][0]["failed"] == 3:
                         break

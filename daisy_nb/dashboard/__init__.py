@@ -3,8 +3,10 @@
 ``run_blockwise(..., dashboard=True)`` serves a page on ``http://127.0.0.1:<free
 port>/`` for the length of the run (``dashboard=8787`` picks the port; a watching
 page gets up to :data:`LINGER_SECS` more to fetch the final state) and prints its
-URL once. For a page that outlives the run, or another bind address, make a
-:class:`Dashboard` yourself and pass it::
+URL once, with the random token every request needs (on loopback too: other
+users of the machine can reach 127.0.0.1; :func:`resolve_token` for choosing one
+or turning it off). For a page that outlives the run, or another bind address
+(IPv4 or IPv6), make a :class:`Dashboard` yourself and pass it::
 
     with daisy_nb.dashboard.Dashboard(port=8787) as dash:
         daisy.run_blockwise(pipeline, dashboard=dash)
@@ -29,6 +31,8 @@ same around a ``run(progress)`` callable for other front-ends.
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
 import secrets
 import sys
 import time
@@ -36,7 +40,10 @@ from typing import Any
 
 from .live import LiveSource, Tee
 
-__all__ = ["Dashboard", "check_dashboard", "start_for_run", "with_dashboard"]
+__all__ = ["TOKEN_ENV", "Dashboard", "check_dashboard", "resolve_token", "start_for_run", "with_dashboard"]
+
+logger = logging.getLogger("daisy")
+TOKEN_ENV = "DAISY_NB_DASHBOARD_TOKEN"  # the token of dashboards that are given none; "off": no token
 
 LINGER_SECS = 1.5  # dashboard=True: after the run, how long to wait for a watching page to fetch the end state
 
@@ -60,6 +67,38 @@ def _check_host(host) -> str:
     return host
 
 
+def _check_token(token: str, name: str) -> str:
+    if not (token.isascii() and token.isprintable()) or any(c.isspace() for c in token):
+        raise ValueError(f"{name} must be printable ASCII without spaces, got {token!r}")
+    return token
+
+
+def resolve_token(token: str | bool | None = None) -> str | None:
+    """The token a dashboard requires (None: none): the rule of ``Dashboard(token=...)``.
+
+    * ``None`` (default): ``$DAISY_NB_DASHBOARD_TOKEN`` if it is set and not
+      empty (``off``: no token), else a random one (``secrets.token_urlsafe(24)``);
+    * ``True``: a random one; a str: that one (printable ASCII, no spaces);
+    * ``""`` or ``False``: no token. Anyone who can reach the address can then
+      read the dashboard (on a shared login node: every user, on 127.0.0.1 too);
+      starting it logs a warning.
+    """
+    if token is None:
+        env = os.environ.get(TOKEN_ENV, "")
+        if env == "off":
+            return None
+        if env:
+            return _check_token(env, f"${TOKEN_ENV}")
+        return secrets.token_urlsafe(24)
+    if token is True:
+        return secrets.token_urlsafe(24)
+    if token is False or token == "":
+        return None
+    if not isinstance(token, str):
+        raise TypeError(f"token must be a str, True, False or None, got {type(token).__name__}")
+    return _check_token(token, "token")
+
+
 class Dashboard:
     """A dashboard server; shows the run it is passed to (``run_blockwise(..., dashboard=dash)``).
 
@@ -68,12 +107,14 @@ class Dashboard:
     port : int
         0 (default) for a free port.
     host : str
-        The bind address, 127.0.0.1 by default. Any other address (another
-        loopback address, a LAN address, ``0.0.0.0``) needs this explicit choice,
-        and then every request must carry a random token: open :attr:`url`.
-    token : str, optional
-        The token to require (default: a random one when ``host`` is not
-        127.0.0.1/localhost, none otherwise).
+        The bind address, 127.0.0.1 by default: an IPv4 or IPv6 address
+        (``"::1"``; ``"::"`` is every address, IPv4 too) or ``localhost``. Any
+        other than loopback (a LAN address, ``0.0.0.0``) needs this explicit choice.
+    token : str or bool, optional
+        Every request must carry it (``?token=`` as in :attr:`url`, an
+        ``Authorization: token ...``/``Bearer ...`` header, or the cookie the
+        page gets). Default: ``$DAISY_NB_DASHBOARD_TOKEN``, else a random one;
+        ``""``/``False`` turns it off (a warning): see :func:`resolve_token`.
     quiet : bool
         Do not print the URL when the server starts.
 
@@ -81,14 +122,10 @@ class Dashboard:
     :meth:`close`; a context manager does both.
     """
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1", *, token: str | None = None, quiet: bool = False):
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", *, token: str | bool | None = None, quiet: bool = False):
         self.port = _check_port(port)
         self.host = _check_host(host)
-        if token is not None and (not isinstance(token, str) or not token):
-            raise TypeError("token must be a non-empty str")
-        from .server import LOOPBACK_HOSTS
-
-        self.token = token if token is not None else (None if host in LOOPBACK_HOSTS else secrets.token_urlsafe(24))
+        self.token = resolve_token(token)
         self.quiet = bool(quiet)
         self.source: Any = LiveSource()  # or another source with state/pictures/block (offline.py)
         self._server: Any = None
@@ -101,8 +138,15 @@ class Dashboard:
             try:
                 self._server = DashboardServer(lambda: self.source, self.host, self.port, self.token)
             except OSError as e:
-                raise OSError(f"dashboard: cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
+                h = f"[{self.host}]" if ":" in self.host else self.host
+                raise OSError(f"dashboard: cannot listen on {h}:{self.port}: {e.strerror or e}") from None
             self.port = self._server.port
+            if self.token is None:
+                logger.warning(
+                    "daisy_nb dashboard: no token (turned off): anyone who can reach %s can read the run's "
+                    "task names, tracebacks, paths and PIDs",
+                    self._server.url,
+                )
             if not self.quiet:
                 try:
                     print(f"daisy_nb dashboard: {self.url}", file=sys.stdout or sys.__stdout__, flush=True)
@@ -112,8 +156,14 @@ class Dashboard:
 
     @property
     def url(self) -> str | None:
-        """The page's address (with the token, if one is needed); None before :meth:`start`."""
+        """The page's address with its token (``http://127.0.0.1:PORT/?token=...``); None before :meth:`start`."""
         return None if self._server is None else self._server.url
+
+    def url_for(self, path: str = "", query: str = "") -> str:
+        """The address of ``path`` (``"api/state"``, ``"metrics"``) with ``query`` and the token."""
+        if self._server is None:
+            raise RuntimeError("the dashboard is not started")
+        return self._server.url_for(path, query)
 
     def close(self) -> None:
         """Stop serving (idempotent)."""
@@ -129,8 +179,9 @@ class Dashboard:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return f"Dashboard({self.url or f'{self.host}:{self.port}, not started'})"
+    def __repr__(self) -> str:  # without the token: a repr ends up in logs (print dash.url to share it)
+        where = self.url.split("?", 1)[0] if self.url else f"{self.host}:{self.port}, not started"
+        return f"Dashboard({where}, {'no token' if self.token is None else 'token required'})"
 
 
 def check_dashboard(dashboard) -> None:

@@ -8,7 +8,10 @@ not done) / remaining; workers, processing and orphaned blocks are not known
 here. Without the task's ROIs (``--total-roi/--read-roi/--write-roi``, as for
 ``daisy-nb status``) every cell of the tracking grid counts as a block, and a
 clicked block shows its tracking cell and id but no ROIs. Tracebacks come from
-the worker logs (``--logs``, default ``./daisy_logs`` if present).
+the worker logs (``--logs``, default ``./daisy_logs`` if present). Access as for
+the live dashboard: the printed URL carries the token every request needs
+(``--token``, ``$DAISY_NB_DASHBOARD_TOKEN``; ``--no-token`` turns it off), IPv4 or
+IPv6 (``--bind ::1``).
 """
 
 from __future__ import annotations
@@ -274,8 +277,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bind",
         metavar="ADDRESS",
         default=None,
-        help="listen on this address instead of 127.0.0.1; then the URL carries a token "
-        "that every request must present",
+        help="listen on this address instead of 127.0.0.1 (IPv4 or IPv6: ::1, :: for every address)",
+    )
+    tok = parser.add_mutually_exclusive_group()
+    tok.add_argument(
+        "--token",
+        default=None,
+        help="the token every request must carry (in the printed URL); default: $DAISY_NB_DASHBOARD_TOKEN "
+        "if set (off: none), else a random one",
+    )
+    tok.add_argument(
+        "--no-token",
+        action="store_true",
+        help="no token: anyone who can reach the address (other users on 127.0.0.1 too) can read it",
     )
     parser.add_argument(
         "--logs",
@@ -311,7 +325,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"daisy_nb dashboard: error: {e}", file=sys.stderr)
         return 2
     try:
-        dash = Dashboard(port=args.port, host=args.bind or "127.0.0.1", quiet=True)
+        token = False if getattr(args, "no_token", False) else getattr(args, "token", None)
+        dash = Dashboard(port=args.port, host=args.bind or "127.0.0.1", token=token, quiet=True)
     except (TypeError, ValueError) as e:
         print(f"daisy_nb dashboard: error: {e}", file=sys.stderr)
         return 2

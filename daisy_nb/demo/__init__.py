@@ -576,7 +576,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const=0,
         default=None,
         metavar="PORT",
-        help="serve the live dashboard on 127.0.0.1 (PORT, default a free one; the URL is printed); on a "
+        help="serve the live dashboard on 127.0.0.1 (PORT, default a free one; the URL, with its token, is printed); on a "
         "terminal it stays up after the run until Enter",
     )
     parser.add_argument("--report", default=None, metavar="FILE.html", help="write the HTML run report there")
