@@ -19,7 +19,8 @@ a barrier across the generator processes (files in a shared folder):
    handshakes per process in flight, by default all of them); the time from the
    barrier to the last handshake done, and the connections that failed (and why:
    a real ``Client`` that fails here ends its job, thinking the run is over);
-2. **rest**: all connected, hello said, none asking for work; heartbeats both ways
+2. **rest**: all connected (the handshakes that failed in the storm are retried first,
+   8 at a time per process, unless ``--no-reconnect``), hello said, none asking for work; heartbeats both ways
    (``DAISY_NB_HEARTBEAT_SECS``, 5 s by default) for ``idle_secs``: the scheduler's
    CPU per second at rest, its threads;
 3. **blocks**: every connection loops acquire / release on blocks that take no time
@@ -42,16 +43,20 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+RECONNECT_ROUNDS = 5  # after the storm (--reconnect): retries of the handshakes that failed
+RECONNECT_THREADS = 8  # handshakes in flight per process while retrying
 
 
-def raise_nofile(need: int) -> int:
-    """Soft ``RLIMIT_NOFILE`` up to the hard limit; returns it (a ``RuntimeError`` if below ``need``)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    if hard < need:
+def raise_nofile(need: int, soft: int = 0) -> int:
+    """Soft ``RLIMIT_NOFILE`` up to the hard limit (or to ``soft``); returns it.
+
+    A ``RuntimeError`` if the hard limit is below ``need``."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < need:
         raise RuntimeError(f"RLIMIT_NOFILE hard limit {hard} < {need} file descriptors needed")
-    return hard
+    want = min(soft, hard) if soft else hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return want
 
 
 # ------------------------------------------------------------------------- the wire
@@ -114,6 +119,7 @@ def generate(lib: str) -> None:
     k = int(os.environ["BENCH_CONN_PER_PROC"])
     threads = int(os.environ.get("BENCH_CONN_STORM_THREADS") or k)
     idle = float(os.environ["BENCH_CONN_IDLE_SECS"])
+    reconnect = os.environ.get("BENCH_CONN_RECONNECT") == "1"
     raise_nofile(k + 64)
     ctx = Context.from_env()
     timeouts = _net.liveness(ctx)
@@ -144,6 +150,14 @@ def generate(lib: str) -> None:
     out["connected"] = len(wires)
     out["errors"] = errors
     out["handshake_secs_max"] = max((s for _, s in results), default=0.0)
+    if reconnect:  # so that the later phases have every connection: a few handshakes at a time
+        for _ in range(RECONNECT_ROUNDS):
+            missing = k - len(wires)
+            if not missing:
+                break
+            with ThreadPoolExecutor(max_workers=RECONNECT_THREADS) as ex:
+                wires += [r for r, _ in ex.map(one, range(missing)) if isinstance(r, Wire)]
+    out["connected_after_retries"] = len(wires)
     sel = selectors.DefaultSelector()
     for w in wires:
         w.send(hello)
@@ -237,7 +251,7 @@ def generate(lib: str) -> None:
 
 
 # ---------------------------------------------------------------------- scheduler
-def child(conns: int, procs: int, blocks: int, idle: float, storm_threads: int) -> dict:
+def child(conns: int, procs: int, blocks: int, idle: float, storm_threads: int, reconnect: bool, nofile: int) -> dict:
     import json
     import shutil
     import tempfile
@@ -252,7 +266,7 @@ def child(conns: int, procs: int, blocks: int, idle: float, storm_threads: int) 
     import daisy_nb as daisy
     from daisy_nb import Roi
 
-    nofile = raise_nofile(conns + 256)
+    nofile = raise_nofile(0 if nofile else conns + 256, nofile)
     folder = tempfile.mkdtemp(prefix="bench_connections.")
     os.environ.update(
         BENCH_CLUSTER_LIB="daisy_nb",
@@ -262,6 +276,7 @@ def child(conns: int, procs: int, blocks: int, idle: float, storm_threads: int) 
         BENCH_CONN_PER_PROC=str(conns // procs),
         BENCH_CONN_STORM_THREADS=str(storm_threads or ""),
         BENCH_CONN_IDLE_SECS=repr(idle),
+        BENCH_CONN_RECONNECT="1" if reconnect else "0",
     )
     task = daisy.Task(
         "conns",
@@ -306,11 +321,14 @@ def child(conns: int, procs: int, blocks: int, idle: float, storm_threads: int) 
         storm_secs=max(g["storm_end"] for g in gens) - min(g["storm_start"] for g in gens),
         handshake_max=max(g["handshake_secs_max"] for g in gens),
         connected=sum(g["connected"] for g in gens),
+        connected_later=sum(g["connected_after_retries"] for g in gens),
         errors=errors,
         dropped_at_rest=sum(g["dropped"]["rest"] for g in gens),
         dropped_in_blocks=sum(g["dropped"]["blocks"] for g in gens),
         pings_at_rest=sum(g["pings_at_rest"] for g in gens),
     )
+    a, b = min(g["storm_start"] for g in gens), max(g["storm_end"] for g in gens)
+    out["storm_cpu"] = sampler.cpu_at(b) - sampler.cpu_at(a)
     a, b = max(g["rest_start"] for g in gens), min(g["rest_end"] for g in gens)
     if b > a:
         out["rest_secs"] = b - a
@@ -337,14 +355,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--connections", default="500,2000", help="connections per run, comma-separated")
     ap.add_argument("--procs", type=int, default=4, help="generator processes (each a job of the task)")
-    ap.add_argument("--blocks", type=int, default=20000, help="zero-time blocks of the task")
+    ap.add_argument("--blocks", type=int, default=40000, help="zero-time blocks of the task")
     ap.add_argument("--idle-secs", type=float, default=12.0, help="seconds at rest (all connected, none asking)")
     ap.add_argument("--storm-threads", type=int, default=0, help="handshakes in flight per process (0: all)")
-    ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--no-reconnect",
+        action="store_true",
+        help="do not retry the handshakes that failed in the storm (the later phases run with fewer connections)",
+    )
+    ap.add_argument(
+        "--scheduler-nofile",
+        type=int,
+        default=0,
+        help="the scheduler's soft RLIMIT_NOFILE (default: raised to the hard limit; 1024 is a common default)",
+    )
+    ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        c, p, b, i, t = args.worker
-        _util.emit(child(int(c), int(p), int(b), float(i), int(t)))
+        c, p, b, i, t, rc, nf = args.worker
+        _util.emit(child(int(c), int(p), int(b), float(i), int(t), rc == "1", int(nf)))
         return
     note = _util.machine_note()
     bc = _util.compile_bytecode()
@@ -353,13 +382,24 @@ def main() -> None:
     rows = []
     for conns in [int(x) for x in args.connections.split(",") if x]:
         r = _util.spawn(
-            sys.executable, os.path.abspath(__file__), [conns, args.procs, args.blocks, args.idle_secs, args.storm_threads]
+            sys.executable,
+            os.path.abspath(__file__),
+            [
+                conns,
+                args.procs,
+                args.blocks,
+                args.idle_secs,
+                args.storm_threads,
+                int(not args.no_reconnect),
+                args.scheduler_nofile,
+            ],
         )
         print(f"  {conns} connections: {r}", file=sys.stderr, flush=True)
         rows.append(_row(r))
     print(
         f"\nload generator: {args.procs} processes, one selector each, against one daisy_nb scheduler on 127.0.0.1; "
-        f"{args.blocks:,} zero-time blocks; {args.idle_secs:g} s at rest\n{note}\n"
+        f"{args.blocks:,} zero-time blocks; {args.idle_secs:g} s at rest; scheduler RLIMIT_NOFILE "
+        f"{rows_nofile(args.scheduler_nofile)}\n{note}\n"
     )
     print(
         _util.table(
@@ -367,7 +407,9 @@ def main() -> None:
                 "connections",
                 "storm: all handshakes done",
                 "slowest handshake",
+                "scheduler CPU in the storm",
                 "failed (why)",
+                "connected after retries",
                 "dropped later",
                 "CPU at rest",
                 "threads",
@@ -378,6 +420,10 @@ def main() -> None:
             rows,
         )
     )
+
+
+def rows_nofile(soft: int) -> str:
+    return str(soft) if soft else f"raised to the hard limit ({resource.getrlimit(resource.RLIMIT_NOFILE)[1]})"
 
 
 def _row(r: dict) -> list:
@@ -393,7 +439,9 @@ def _row(r: dict) -> list:
         r["conns"],
         f"{r['storm_secs']:.2f} s",
         f"{r['handshake_max']:.2f} s",
+        f"{r['storm_cpu']:.2f} s",
         f"{failed}" + (f" ({why})" if why else ""),
+        r["connected_later"],
         f"{r['dropped_at_rest']} at rest, {r['dropped_in_blocks']} in blocks",
         f"{r['rest_cpu_per_s'] * 1e3:.0f} ms/s" if "rest_cpu_per_s" in r else "n/a",
         r.get("rest_threads", "n/a"),

@@ -15,8 +15,8 @@ Measured in the driver (the scheduler process), each run its own interpreter:
 * **CPU per block**: ``getrusage(RUSAGE_SELF)`` (user + system) around
   ``run_blockwise``, divided by the blocks. ``RUSAGE_SELF`` counts every thread of
   the process: daisy_nb's main loop and its listener thread, daisy 2.0.0's tokio
-  and worker-slot threads. Nothing is subtracted: it includes starting the worker
-  functions. "main thread" is ``RUSAGE_THREAD`` of the calling thread (daisy_nb's
+  and worker-slot threads. Only the benchmark's own sampler thread (below) is
+  subtracted; the figure includes starting the worker functions. "main thread" is ``RUSAGE_THREAD`` of the calling thread (daisy_nb's
   main loop; daisy 2.0.0 waits in Rust there).
 * **steady state**: the job programs wait at a barrier (a file each in a shared
   folder) until all of them are connected, so that no worker finishes the task
@@ -51,21 +51,29 @@ SAMPLE_SECS = 0.02
 
 
 class Sampler:
-    """Driver side: ``(monotonic, CPU seconds of the process, threads)`` every ``SAMPLE_SECS``."""
+    """Driver side: ``(monotonic, CPU seconds of the process, threads)`` every ``SAMPLE_SECS``.
+
+    The CPU is the process's less this sampler thread's own (``self_cpu`` in the end),
+    so that every figure is the scheduler's alone.
+    """
 
     def __init__(self):
         self.samples: list[tuple[float, float, int]] = []
+        self.self_cpu = 0.0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, name="bench-sampler", daemon=True)
 
     @staticmethod
-    def cpu() -> float:
-        r = resource.getrusage(resource.RUSAGE_SELF)
+    def cpu(who=resource.RUSAGE_SELF) -> float:
+        r = resource.getrusage(who)
         return r.ru_utime + r.ru_stime
 
     def _loop(self):
         while not self._stop.wait(SAMPLE_SECS):
-            self.samples.append((time.monotonic(), self.cpu(), len(os.listdir("/proc/self/task"))))
+            t, n = time.monotonic(), len(os.listdir("/proc/self/task"))
+            self.self_cpu = self.cpu(resource.RUSAGE_THREAD)
+            self.samples.append((t, self.cpu() - self.self_cpu, n))
+        self.self_cpu = self.cpu(resource.RUSAGE_THREAD)
 
     def __enter__(self):
         self._t.start()
@@ -170,7 +178,8 @@ def child(lib: str, workers: int, block_ms: float, per_worker: int) -> dict:
         "completed": states["cpu"].completed_count,
         "secs": secs,
         "sleep": real,
-        "cpu": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+        "cpu": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime) - sampler.self_cpu,
+        "sampler_cpu": sampler.self_cpu,
         "cpu_sys": r1.ru_stime - r0.ru_stime,
         "cpu_main": (th1.ru_utime - th0.ru_utime) + (th1.ru_stime - th0.ru_stime),
         "cpu_jobs": (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime),
