@@ -291,7 +291,7 @@ def child(conns: int, procs: int, blocks: int, idle: float, storm_threads: int, 
     )
     t0 = time.perf_counter()
     with Sampler() as sampler:
-        states = daisy.run_blockwise(task, progress=False, summary=False, return_states=True)
+        states = daisy.run_blockwise(task, progress=False, summary=False, return_states=True, host="127.0.0.1")
     secs = time.perf_counter() - t0
     gens = []
     for name in os.listdir(folder):

@@ -6,7 +6,7 @@
 The cluster pattern of ``bench_cluster.py`` (whose worker function and job program
 this reuses): a task whose 0-argument worker function starts a detached job
 program and waits for it; the job builds a ``Client()`` from ``DAISY_CONTEXT``,
-connects back over TCP (127.0.0.1) and loops over ``acquire_block()``, each block a
+connects back over TCP (both schedulers get ``host="127.0.0.1"``) and loops over ``acquire_block()``, each block a
 ``time.sleep(block_ms)``. ``workers`` job programs, ``blocks_per_worker x workers``
 blocks. Defaults (a quick run, ~1-2 min): 32 workers, blocks of 1, 10 and 20 ms.
 
@@ -70,7 +70,11 @@ class Sampler:
 
     def _loop(self):
         while not self._stop.wait(SAMPLE_SECS):
-            t, n = time.monotonic(), len(os.listdir("/proc/self/task"))
+            try:
+                n = len(os.listdir("/proc/self/task"))
+            except OSError:  # out of file descriptors (bench_connections --scheduler-nofile)
+                n = 0
+            t = time.monotonic()
             self.self_cpu = self.cpu(resource.RUSAGE_THREAD)
             self.samples.append((t, self.cpu() - self.self_cpu, n))
         self.self_cpu = self.cpu(resource.RUSAGE_THREAD)
@@ -130,14 +134,10 @@ def child(lib: str, workers: int, block_ms: float, per_worker: int) -> dict:
     if lib == "daisy":
         import daisy
         from funlib.geometry import Roi
-
-        kw = {"host": "127.0.0.1"}
     else:
         _util.warm_daisy_nb()
         import daisy_nb as daisy
         from daisy_nb import Roi
-
-        kw = {}
     n = workers * per_worker
     times_dir = tempfile.mkdtemp(prefix="bench_server_cpu.")
     os.environ.update(
@@ -163,7 +163,7 @@ def child(lib: str, workers: int, block_ms: float, per_worker: int) -> dict:
     c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with Sampler() as sampler:
-        states = daisy.run_blockwise(task, progress=False, summary=False, return_states=True, **kw)
+        states = daisy.run_blockwise(task, progress=False, summary=False, return_states=True, host="127.0.0.1")
     secs = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     th1 = resource.getrusage(resource.RUSAGE_THREAD)
