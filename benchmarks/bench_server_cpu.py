@@ -2,6 +2,7 @@
 
     python benchmarks/bench_server_cpu.py --daisy-python /work/venv-daisy2/bin/python \\
         [--workers 32,64,128,256] [--block-ms 1,10,20] [--blocks-per-worker 400] [--rounds N]
+    python benchmarks/bench_server_cpu.py --micro   # the scheduler calls per block alone
 
 The cluster pattern of ``bench_cluster.py`` (whose worker function and job program
 this reuses): a task whose 0-argument worker function starts a detached job
@@ -197,6 +198,60 @@ def child(lib: str, workers: int, block_ms: float, per_worker: int) -> dict:
     return out
 
 
+def micro(n: int = 20000) -> dict:
+    """The scheduler calls behind one block over TCP, in this process without any I/O:
+    one block at a time (as ``clients.py`` calls them today: ``acquire_blocks(tid, 1)``,
+    ``pack_block`` from the batch's rows, ``release_blocks`` of a 1-element array) and in
+    batches (what a batch scheduler API behind a window or a readable pass costs per block)."""
+    import _util
+
+    _util.warm_daisy_nb()
+    import numpy as np
+
+    import daisy_nb as daisy
+    from daisy_nb import Roi
+    from daisy_nb.runtime.client import pack_block
+    from daisy_nb.scheduler import Scheduler
+
+    def scheduler():
+        task = daisy.Task(
+            "t",
+            Roi((0,), (n,)),
+            Roi((0,), (1,)),
+            Roi((0,), (1,)),
+            process_function=measured_sleep,
+            read_write_conflict=False,
+            max_retries=0,
+            tracking_path=False,
+        )
+        return Scheduler([task])
+
+    out = {}
+    for k in (1, 8, 64):
+        s = scheduler()
+        t = time.process_time()
+        for _ in range(n // k):
+            b = s.acquire_blocks("t", k)
+            if k == 1:  # clients.py's per-block path
+                i = int(b.index[0])
+                pack_block(
+                    i,
+                    int(b.spatial_id[0]),
+                    b.read_offset[0].tolist(),
+                    b.read_shape[0].tolist(),
+                    b.write_offset[0].tolist(),
+                    b.write_shape[0].tolist(),
+                )
+                s.release_blocks("t", np.array([i], np.int64), np.array([2], np.uint8))
+            else:
+                cols = [b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape]
+                for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols), strict=True):
+                    pack_block(i, sid, ro, rs, wo, ws)
+                s.release_blocks("t", b.index, np.full(len(b.index), 2, np.uint8))
+        out[k] = (time.process_time() - t) / (n // k * k)
+    return out
+
+
 def run_one(python: str, lib: str, workers: int, block_ms: float, per_worker: int) -> dict:
     import _util
 
@@ -232,16 +287,26 @@ def main() -> None:
     ap.add_argument("--block-ms", type=_floats, default=[1.0, 10.0, 20.0], help="block times in ms, comma-separated")
     ap.add_argument("--blocks-per-worker", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument(
+        "--micro", action="store_true", help="only the scheduler calls per block, one at a time vs batched (no I/O)"
+    )
     ap.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.micro:
+        r = _util.spawn(sys.executable, os.path.abspath(__file__), ["micro", 0, 0, 0])
+        print(
+            f"\nscheduler calls per block (acquire_blocks + pack_block + release_blocks), CPU time, no I/O\n{note_of()}"
+        )
+        print(_util.table(["blocks per call", "CPU per block"], [[k, f"{v * 1e6:.1f} µs"] for k, v in r.items()]))
+        return
+    if args.worker and args.worker[0] == "micro":
+        _util.emit(micro())
+        return
     if args.worker:
         lib, w, ms, per = args.worker
         _util.emit(child(lib, int(w), float(ms), int(per)))
         return
-    note = _util.machine_note()
-    bc = _util.compile_bytecode()
-    if bc:
-        note += "; " + bc
+    note = note_of()
     libs = [("daisy_nb", sys.executable, "daisy_nb")]
     if args.daisy_python:
         libs.append(("daisy 2.0.0", args.daisy_python, "daisy"))
@@ -283,6 +348,14 @@ def main() -> None:
         "\nCPU/block: getrusage(RUSAGE_SELF) of the driver (all its threads) around run_blockwise / blocks; "
         "steady: inside the window where >= 90% of the jobs run (see the docstring)."
     )
+
+
+def note_of() -> str:
+    import _util
+
+    note = _util.machine_note()
+    bc = _util.compile_bytecode()
+    return note + ("; " + bc if bc else "")
 
 
 def _row(name: str, workers: int, ms: float, r: dict) -> list:
