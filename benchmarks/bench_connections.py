@@ -369,8 +369,11 @@ def main() -> None:
         default=0,
         help="the scheduler's soft RLIMIT_NOFILE (default: raised to the hard limit; 1024 is a common default)",
     )
+    ap.add_argument("--quick", action="store_true", help="smoke run: 40 connections from 2 processes, 5,000 blocks")
     ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.quick:
+        args.connections, args.procs, args.blocks, args.idle_secs = "40", 2, 5000, 2.0
     if args.worker:
         c, p, b, i, t, rc, nf = args.worker
         _util.emit(child(int(c), int(p), int(b), float(i), int(t), rc == "1", int(nf)))

@@ -287,6 +287,7 @@ def main() -> None:
     ap.add_argument("--block-ms", type=_floats, default=[1.0, 10.0, 20.0], help="block times in ms, comma-separated")
     ap.add_argument("--blocks-per-worker", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 4 workers, 50 blocks each of 1 ms")
     ap.add_argument(
         "--micro", action="store_true", help="only the scheduler calls per block, one at a time vs batched (no I/O)"
     )
@@ -306,6 +307,8 @@ def main() -> None:
         lib, w, ms, per = args.worker
         _util.emit(child(lib, int(w), float(ms), int(per)))
         return
+    if args.quick:
+        args.workers, args.block_ms, args.blocks_per_worker, args.rounds = [4], [1.0], 50, 1
     note = note_of()
     libs = [("daisy_nb", sys.executable, "daisy_nb")]
     if args.daisy_python:
