@@ -35,28 +35,66 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SLEEP = 0.001
 
 
+# Every BENCH_* variable is passed on to the job programs (bench_server_cpu.py and
+# bench_connections.py set them): BENCH_CLUSTER_PROGRAM, the job's script (default: this one);
+# BENCH_CLUSTER_SLEEP, the block time; BENCH_CLUSTER_TIMES, a folder where each job writes its
+# connect time and block end times (time.monotonic: one clock for the machine);
+# BENCH_CLUSTER_BARRIER, the number of jobs to wait for (in that folder) before the first block.
+BARRIER_SECS = 600.0  # a job starts anyway after this long (a worker that never connected)
+
+
+def barrier_arrive(folder: str, name: str = "ready") -> None:
+    """This job has reached barrier ``name`` (a file ``name.<pid>`` in ``folder``)."""
+    open(os.path.join(folder, f"{name}.{os.getpid()}"), "w").close()
+
+
+def barrier_passed(folder: str, jobs: int, name: str = "ready") -> bool:
+    """``jobs`` jobs have reached barrier ``name``."""
+    return sum(1 for n in os.listdir(folder) if n.startswith(name + ".")) >= jobs
+
+
+def barrier_wait(folder: str, jobs: int, name: str = "ready") -> None:
+    """Reach barrier ``name`` and wait until ``jobs`` jobs have (so that all of them run together)."""
+    barrier_arrive(folder, name)
+    deadline = time.monotonic() + BARRIER_SECS
+    while time.monotonic() < deadline and not barrier_passed(folder, jobs, name):
+        time.sleep(0.1)
+
+
 def job(lib: str) -> None:
-    """The detached worker program (a cluster job)."""
+    """The detached worker program (a cluster job): the canonical ``Client`` loop."""
     if lib == "daisy":
         import daisy
     else:
         import daisy_nb as daisy
+    sleep = float(os.environ.get("BENCH_CLUSTER_SLEEP") or SLEEP)
+    times_dir = os.environ.get("BENCH_CLUSTER_TIMES")
     client = daisy.Client()
+    ends = [time.monotonic()]  # connected
+    if times_dir and os.environ.get("BENCH_CLUSTER_BARRIER"):
+        barrier_wait(times_dir, int(os.environ["BENCH_CLUSTER_BARRIER"]))
     while True:
         with client.acquire_block() as block:
             if block is None:
                 break
-            time.sleep(SLEEP)
+            time.sleep(sleep)
+            block.status = daisy.BlockStatus.SUCCESS
+        ends.append(time.monotonic())
+    if times_dir:
+        path = os.path.join(times_dir, f"{os.getpid()}.txt")
+        with open(path + ".tmp", "w") as f:
+            f.write("\n".join(repr(t) for t in ends))
+        os.replace(path + ".tmp", path)
 
 
 def submit() -> None:
     """The 0-argument worker function: start the job detached and wait for it (``bsub -K``)."""
     env = {"PATH": os.environ.get("PATH", ""), "DAISY_CONTEXT": os.environ["DAISY_CONTEXT"]}
-    if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    env.update((k, v) for k, v in os.environ.items() if k == "PYTHONPATH" or k.startswith("BENCH_"))
     lib = os.environ["BENCH_CLUSTER_LIB"]
+    program = os.environ.get("BENCH_CLUSTER_PROGRAM") or os.path.abspath(__file__)
     p = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--job", lib],
+        [sys.executable, program, "--job", lib],
         env=env,
         start_new_session=True,
         stdin=subprocess.DEVNULL,

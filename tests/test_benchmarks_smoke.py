@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_dry_run.py",
         "bench_timeline.py",
         "bench_dask_lost_worker.py",
+        "bench_server_cpu.py",
+        "bench_connections.py",
     ],
 )
 def test_benchmark_quick(script):
