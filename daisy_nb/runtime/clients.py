@@ -9,17 +9,14 @@ per-task client counts and block times, and the diagnoses of worker functions
 that do not wait for their workers (which returned, which tasks were connected
 to, what was warned).
 
-Called by the pool: :meth:`~Clients.add`, :meth:`~Clients.on_readable` (its
-waitables), :meth:`~Clients.serve_parked`, :meth:`~Clients.holding`,
-:meth:`~Clients.check_heartbeats`, :meth:`~Clients.check_timeouts`,
-:meth:`~Clients.check_unconnected`, :meth:`~Clients.running_blocks`,
-:meth:`~Clients.drop_task` (abandonment), :meth:`~Clients.close_all` (the run's
-end), :meth:`~Clients.listening`, :meth:`~Clients.abort`,
-:meth:`~Clients.attach_timeline`, and, for :class:`.processes.Processes` (through
-the pool's :class:`.processes.JobHooks`), :meth:`~Clients.function_returned` and
-:meth:`~Clients.unconnected_note`. What it asks about a connection's worker
-function goes to :class:`Jobs` (the processes part); a task to abandon (a worker
-that connected too late) goes to the pool's ``abandon`` callback.
+Called by the pool: ``add``, ``on_readable`` (its waitables), ``serve_parked``,
+``holding``, ``check_heartbeats``, ``check_timeouts``, ``check_unconnected``,
+``running_blocks``, ``drop_task`` (abandonment), ``close_all`` (the run's end),
+``listening``, ``abort``, ``attach_timeline``, and, for
+:class:`.processes.Processes` (through the pool's :class:`.processes.JobHooks`),
+``function_returned`` and ``unconnected_note``. What it asks about a connection's
+worker function goes to :class:`Jobs` (the processes part); a task to abandon (a
+worker that connected too late) goes to the pool's ``abandon`` callback.
 
 **Blocks sent ahead.** A client asks (``A``) and waits a round trip for every block
 (~0.3 ms on a loaded 2-core VM, as long as a fast block itself). For fast blocks the

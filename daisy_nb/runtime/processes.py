@@ -6,20 +6,16 @@ batches sent, shared memory, socket pair and pidfd), the per-task sets of them,
 the ``resources`` budget in use, and, through its :class:`.starter.Starter`, the
 worker template and the workers' process groups. Nobody else writes a ``Worker``.
 
-Called by the pool: :meth:`~Processes.spawn`, :meth:`~Processes.alive`,
-:meth:`~Processes.waiting`, :meth:`~Processes.can_allocate`,
-:meth:`~Processes.free_parked_for`, :meth:`~Processes.has_workers`,
-:meth:`~Processes.count`, :meth:`~Processes.dispatch_parked`,
-:meth:`~Processes.drain`, :meth:`~Processes.end_task` (abandonment),
-:meth:`~Processes.on_readable` and :meth:`~Processes.on_exit` (its waitables),
-:meth:`~Processes.poll_exits`, :meth:`~Processes.check_timeouts`,
-:meth:`~Processes.running_blocks`, :meth:`~Processes.kill_all` and
-:meth:`~Processes.reap_all` (the run's end), :meth:`~Processes.abort`,
-:meth:`~Processes.attach_timeline`. Called by the Client side
-(:class:`.clients.Clients`) about the worker function whose job a connection is:
-the ``job_*`` methods and :meth:`~Processes.died_with_template`. What it asks the
-Client side (a worker function that returned or failed: daisy 2.0.0's diagnoses)
-goes through :class:`JobHooks`, which the pool implements.
+Called by the pool: ``spawn``, ``alive``, ``waiting``, ``can_allocate``,
+``free_parked_for``, ``has_workers``, ``count``, ``dispatch_parked``, ``drain``,
+``end_task`` (abandonment), ``on_readable`` and ``on_exit`` (its waitables),
+``poll_exits``, ``check_timeouts``, ``running_blocks``, ``kill_all`` and
+``reap_all`` (the run's end), ``abort``, ``attach_timeline``. Called by the Client
+side (:class:`.clients.Clients`, through its :class:`.clients.Jobs`) about the
+worker function whose job a connection is: the ``job_*`` methods, ``is_worker``,
+``has_workers`` and ``died_with_template``. What it asks the Client side (a worker
+function that returned or failed: daisy 2.0.0's diagnoses) goes through
+:class:`JobHooks`, which the pool implements.
 
 * **Transport.** One shared-memory segment per block-function worker carries
   batches of block indices and ROI arrays one way and a status per block back
@@ -252,6 +248,7 @@ class Processes:
         return w
 
     def is_worker(self, wid: int) -> bool:
+        """Worker ``wid`` runs (the timeline row of its Clients)."""
         return wid in self.workers
 
     def job_connected(self, wid: int, tr: PoolTaskRun) -> bool:
