@@ -396,6 +396,8 @@ class Clients:
     def check_heartbeats(self) -> None:
         """Heartbeats: ping every client (also while it runs a block, so that it can tell a live
         scheduler from a vanished one and end its program); drop the ones that went silent."""
+        if not self.clients:
+            return
         now = time.monotonic()
         beat, dead = self.net["heartbeat"], self.net["peer_timeout"]
         for cc in list(self.clients.values()):
@@ -422,6 +424,8 @@ class Clients:
 
     def check_timeouts(self, now: int) -> None:
         """A client's running block (the first it holds) past the task's timeout fails; one behind goes back."""
+        if not self.clients:
+            return
         for cc in list(self.clients.values()):
             tr = cc.tr
             if tr is None or tr.timeout_ns is None or not cc.held:
