@@ -448,8 +448,7 @@ def test_run_blockwise_raises_on_abandonment(out, capsys):
 @pytest.fixture
 def queue_depth(monkeypatch):
     """Record, per dispatch, how many batches the worker then had queued and how many blocks."""
-    import daisy_nb.runtime.pool as pool_mod
-    from daisy_nb.runtime.processes import Processes
+    from daisy_nb.runtime.processes import DEAD, Processes
 
     seen = []
     orig_send, orig_exit = Processes._send_batch, Processes.on_exit
@@ -461,7 +460,7 @@ def queue_depth(monkeypatch):
         return n
 
     def on_exit(self, w):
-        if w.state != pool_mod.DEAD:
+        if w.state != DEAD:
             seen.append(("exit", len(w.queue), sum(len(i) for _, i in w.queue)))
         orig_exit(self, w)
 

@@ -62,9 +62,9 @@ from daisy_nb.runtime.clients import Clients
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.policy import end_run
 from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables
-from daisy_nb.runtime.processes import DEAD, Processes
+from daisy_nb.runtime.processes import Processes
 
-__all__ = ["DEAD", "raise_if_abandoned", "run_pool"]
+__all__ = ["raise_if_abandoned", "run_pool"]
 
 logger = logging.getLogger("daisy")
 
