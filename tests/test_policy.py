@@ -14,7 +14,7 @@ import pytest
 import daisy_nb
 from daisy_nb import Roi
 from daisy_nb.runtime import dask as dask_rt
-from daisy_nb.runtime import pool as pool_rt
+from daisy_nb.runtime import pool_parts as pool_rt
 from daisy_nb.runtime.policy import (
     MAX_GROWTH,
     TaskRun,
@@ -26,7 +26,7 @@ from daisy_nb.runtime.policy import (
 )
 from daisy_nb.scheduler import WorkerCounters
 
-RECORDS = [TaskRun, pool_rt._TaskRun, dask_rt._TaskRun]
+RECORDS = [TaskRun, pool_rt.PoolTaskRun, dask_rt._TaskRun]
 
 
 def block_fn(block):
@@ -82,7 +82,7 @@ def test_every_runtime_reads_the_task_options_alike(cls):
 
 def test_what_each_runtime_adds_is_derived_from_the_shared_fields():
     t = task(timeout=2.5, requires={"gpu": 1, "mem": 0}, resource_tracking=True)
-    p, d = pool_rt._TaskRun(t), dask_rt._TaskRun(t)
+    p, d = pool_rt.PoolTaskRun(t), dask_rt._TaskRun(t)
     assert p.timeout_ns == 2_500_000_000
     assert d.resources == {"gpu": 1}  # dask resource restrictions: zero amounts are no restriction
     assert dask_rt._TaskRun(task()).resources is None
@@ -90,7 +90,7 @@ def test_what_each_runtime_adds_is_derived_from_the_shared_fields():
     assert p.res is not None and p.res.task_id == "t"
     assert TaskRun(t).res is not None
     assert d.res is None
-    assert pool_rt._TaskRun(task()).res is None
+    assert pool_rt.PoolTaskRun(task()).res is None
 
 
 def test_defaults_and_worker_functions():

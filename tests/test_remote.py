@@ -361,7 +361,7 @@ def frames(monkeypatch):
     from daisy_nb.runtime import clients
 
     seen = {"ahead": 0}
-    on_msg, serve = clients.ClientsMixin._on_client_msg, clients.ClientsMixin._serve_client
+    on_msg, serve = clients.Clients._on_client_msg, clients.Clients._serve_client
 
     def on_client_msg(self, cc, msg):
         k = msg[:1].decode()
@@ -373,8 +373,8 @@ def frames(monkeypatch):
         serve(self, cc, ahead)
         seen["ahead"] += ahead and len(cc.held) > n
 
-    monkeypatch.setattr(clients.ClientsMixin, "_on_client_msg", on_client_msg)
-    monkeypatch.setattr(clients.ClientsMixin, "_serve_client", serve_client)
+    monkeypatch.setattr(clients.Clients, "_on_client_msg", on_client_msg)
+    monkeypatch.setattr(clients.Clients, "_serve_client", serve_client)
     return seen
 
 

@@ -447,10 +447,10 @@ def test_run_blockwise_raises_on_abandonment(out, capsys):
 @pytest.fixture
 def queue_depth(monkeypatch):
     """Record, per dispatch, how many batches the worker then had queued and how many blocks."""
-    import daisy_nb.runtime.pool as pool_mod
+    from daisy_nb.runtime.processes import DEAD, Processes
 
     seen = []
-    orig_send, orig_exit = pool_mod._Pool._send_batch, pool_mod._Pool._on_exit
+    orig_send, orig_exit = Processes._send_batch, Processes.on_exit
 
     def send(self, w, max_n):
         n = orig_send(self, w, max_n)
@@ -459,12 +459,12 @@ def queue_depth(monkeypatch):
         return n
 
     def on_exit(self, w):
-        if w.state != pool_mod.DEAD:
+        if w.state != DEAD:
             seen.append(("exit", len(w.queue), sum(len(i) for _, i in w.queue)))
         orig_exit(self, w)
 
-    monkeypatch.setattr(pool_mod._Pool, "_send_batch", send)
-    monkeypatch.setattr(pool_mod._Pool, "_on_exit", on_exit)
+    monkeypatch.setattr(Processes, "_send_batch", send)
+    monkeypatch.setattr(Processes, "on_exit", on_exit)
     return seen
 
 

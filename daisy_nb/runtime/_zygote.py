@@ -123,7 +123,7 @@ class ForkedProcess:
     def __init__(self, template: Template, pid: int, pidfd: int):
         self._t = template
         self.pid = pid
-        self.pidfd = pidfd  # the pool owns it from here (selector sentinel), closes it in _on_exit
+        self.pidfd: int | None = pidfd  # the pool owns it from here (selector sentinel), closes it in on_exit
         self.returncode: int | None = None
         self.orphaned = False
 

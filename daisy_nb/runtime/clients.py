@@ -1,8 +1,22 @@
 """The scheduler's side of ``daisy_nb.Client`` connections (0-argument worker functions).
 
-A mixin of the pool (``pool._Pool``): every method runs in the pool's main loop.
-Connections arrive authenticated from :class:`daisy_nb.runtime._net.Listener`;
-frames are those of :mod:`daisy_nb.runtime.client`.
+A part of the pool (:mod:`.pool`): every method runs in the pool's main loop.
+Connections arrive authenticated from :class:`daisy_nb.runtime._net.Listener` (the
+pool's; the pool hands each over with :meth:`Clients.add`); frames are those of
+:mod:`daisy_nb.runtime.client`. :class:`Clients` owns every connection
+(:class:`ClientConn`: the blocks it holds, heartbeats, its timeline row), the
+per-task client counts and block times, and the diagnoses of worker functions
+that do not wait for their workers (which returned, which tasks were connected
+to, what was warned).
+
+Called by the pool: ``add``, ``on_readable`` (its waitables), ``serve_parked``,
+``holding``, ``check_heartbeats``, ``check_timeouts``, ``check_unconnected``,
+``running_blocks``, ``drop_task`` (abandonment), ``close_all`` (the run's end),
+``listening``, ``abort``, ``attach_timeline``, and, for
+:class:`.processes.Processes` (through the pool's :class:`.processes.JobHooks`),
+``function_returned`` and ``unconnected_note``. What it asks about a connection's
+worker function goes to :class:`Jobs` (the processes part); a task to abandon (a
+worker that connected too late) goes to the pool's ``abandon`` callback.
 
 **Blocks sent ahead.** A client asks (``A``) and waits a round trip for every block
 (~0.3 ms on a loaded 2-core VM, as long as a fast block itself). For fast blocks the
@@ -22,15 +36,16 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
 from daisy_nb.runtime.client import _RELEASE, _STATS, pack_block, unpack_hello
 from daisy_nb.runtime.policy import record_error
-from daisy_nb.runtime.processes import job_text
+from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables, nothing_left
 
-__all__ = ["ClientConn", "ClientsMixin"]
+__all__ = ["ClientConn", "Clients", "Jobs"]
 
 logger = logging.getLogger("daisy")
 
@@ -60,35 +75,92 @@ class ClientConn:
         self.tl_key = None  # its row in the dashboard's timeline
 
 
-class ClientsMixin:
+class Jobs(Protocol):
+    """What the Client side asks and tells about the worker function whose job a connection is
+    (:class:`.processes.Processes`): a client's hello carries its worker id."""
+
+    def is_worker(self, wid: int) -> bool: ...
+    def job_connected(self, wid: int, tr: PoolTaskRun) -> bool: ...
+    def job_acquired(self, wid: int) -> None: ...
+    def job_result(self, wid: int, tr: PoolTaskRun, *, raised: bool, finished: bool) -> None: ...
+    def job_log(self, wid: int) -> str | None: ...
+    def job_label(self, wid: int) -> str | None: ...
+    def job_pid(self, wid: int) -> int | None: ...
+    def job_lost(self, wid: int, tr: PoolTaskRun) -> None: ...
+    def job_timed_out(self, wid: int, tr: PoolTaskRun) -> bool: ...
+    def died_with_template(self, wid: int) -> bool: ...
+    def has_workers(self, tr: PoolTaskRun) -> bool: ...
+
+
+class Clients:
     """Client messages, block hand-out, heartbeats and drops (see the module docstring)."""
 
-    # set by the pool (pool._Pool)
-    s: Any  # the Scheduler
-    trs: dict
-    workers: dict
-    clients: dict
-    by_obj: dict
-    n_clients: dict[str, int]
-    client_block_secs: dict[str, float]
-    next_wid: int
-    target: float
-    net: dict[str, float]
-    aborting: bool
-    timeline: Any  # a dashboard.timeline.Timeline, or None
-    _died_with_template: Any  # processes.ProcessesMixin
+    def __init__(
+        self,
+        scheduler,
+        tasks: Mapping[str, PoolTaskRun],
+        waitables: Waitables,
+        jobs: Jobs,
+        abandon: Callable[[str, str], None],
+        *,
+        batch_target_secs: float,
+        net: dict[str, float],
+    ):
+        self.s = scheduler
+        self.trs = tasks  # the pool's run records (a hello names its task)
+        self.waitables = waitables
+        self.jobs = jobs
+        self._abandon = abandon  # the pool's: abandon a task and its downstream tasks
+        self.target = float(batch_target_secs)
+        self.net = net
+        self.clients: dict = {}  # connection -> ClientConn
+        self.n_clients: dict[str, int] = {}  # task id -> connected clients
+        self.client_block_secs: dict[str, float] = {}  # task id -> mean block time of its clients
+        self.where = ""  # where the scheduler listens and what it advertises (see listening)
+        self.returned_wids: set[int] = set()  # worker functions that returned on their own
+        self.connected_tids: set[str] = set()  # tasks a Client has said hello for
+        self.warned: set[tuple[str, str]] = set()  # (task id, kind) of the diagnoses logged once
+        self.aborting = False
+        self.timeline: Any = None  # a dashboard.timeline.Timeline, or None
 
-    where: str  # where the scheduler listens and what it advertises (pool._start_listener)
-    returned_wids: set[int]
-    connected_tids: set[str]
-    warned: set[tuple[str, str]]
+    # ------------------------------------------------------------- coordination
+    def attach_timeline(self, timeline) -> None:
+        self.timeline = timeline
 
-    if TYPE_CHECKING:
+    def abort(self) -> None:
+        """The run is being aborted (Ctrl-C, an error): blocks cut short are given back, not failed."""
+        self.aborting = True
 
-        def _abandon(self, tid: str, reason: str) -> None: ...
-        def _nothing_left(self, tr) -> bool: ...
-        def _client_lost(self, cc: ClientConn) -> None: ...
-        def _client_timed_out(self, cc: ClientConn) -> None: ...
+    def listening(self, where: str) -> None:
+        """The listener is up: ``where`` Client connections go (for the diagnoses)."""
+        self.where = where
+
+    def add(self, conn) -> None:
+        """A new authenticated connection (from the listener's thread, through the pool)."""
+        cc = ClientConn(conn)
+        self.clients[conn] = cc
+        self.waitables.add(conn, "c", cc)
+
+    def serve_parked(self) -> None:
+        """Answer the clients waiting for a block (a block, or ``N`` when none is left)."""
+        for cc in list(self.clients.values()):
+            if cc.parked and cc.tr is not None:
+                self._serve_client(cc)
+
+    def holding(self) -> bool:
+        """Some client holds a block."""
+        return any(cc.held for cc in self.clients.values())
+
+    def drop_task(self, tr: PoolTaskRun) -> None:
+        """``tr`` was abandoned: its connections are closed (what they held goes back)."""
+        for cc in list(self.clients.values()):
+            if cc.tr is tr:
+                self._drop_client(cc)
+
+    def close_all(self) -> None:
+        """The run's end: every connection closed at once (their programs end, see ``runtime.client``)."""
+        for cc in list(self.clients.values()):
+            self._drop_client(cc)
 
     def _on_client_msg(self, cc: ClientConn, msg: bytes) -> None:
         kind = msg[:1]
@@ -105,26 +177,23 @@ class ClientsMixin:
                 return
             self.n_clients[tid] = self.n_clients.get(tid, 0) + 1
             self.connected_tids.add(tid)
-            w = self.workers.get(cc.wid)
-            if w is not None and w.tr is cc.tr:
-                w.connected = True
-            elif cc.wid in self.returned_wids and not (cc.tr.abandoned or self.s.is_task_done(tid)):
-                self._connected_too_late(cc)
+            if not self.jobs.job_connected(cc.wid, cc.tr):  # not the job of a running worker function
+                if cc.wid in self.returned_wids and not (cc.tr.abandoned or self.s.is_task_done(tid)):
+                    self._connected_too_late(cc)
             tl = self.timeline
             if tl is not None:  # the row of its worker function (its job), or its own if that has one
                 taken = any(c.tl_key == ("w", cc.wid) for c in self.clients.values() if c is not cc)
-                if cc.wid in self.workers and not taken:
+                if self.jobs.is_worker(cc.wid) and not taken:
                     cc.tl_key = ("w", cc.wid)
                 else:
                     cc.tl_key = ("c", cc.wid, time.monotonic_ns())  # unique (an id() could be reused)
-                    w = self.workers.get(cc.wid)
                     tl.worker(
                         cc.tl_key,
                         tid,
                         "client",
                         f"client of worker {cc.wid}",
                         None,
-                        None if w is None else job_text(w.job),
+                        self.jobs.job_label(cc.wid),
                     )
             return
         tr = cc.tr
@@ -149,7 +218,6 @@ class ClientsMixin:
                 tr.inflight -= 1
         elif kind in (b"R", b"F", b"E"):
             stats = None
-            w = self.workers.get(cc.wid)  # the worker function whose job this client is
             if kind == b"R":
                 index, status = _RELEASE.unpack_from(msg, 1)
                 if len(msg) >= 1 + _RELEASE.size + _STATS.size:  # a tracked release carries its stats
@@ -162,16 +230,12 @@ class ClientsMixin:
                     stats = _STATS.unpack_from(msg, 9)
                     t0 += _STATS.size
                 record_error(
-                    self.s.counters[tr.tid], msg[t0:].decode("utf-8", "replace"), log=None if w is None else w.err_path
+                    self.s.counters[tr.tid], msg[t0:].decode("utf-8", "replace"), log=self.jobs.job_log(cc.wid)
                 )
-            if w is not None and w.tr is tr:  # what its worker function's jobs finished (policy.is_job_end)
-                w.client_raised = kind != b"R"
-            else:
-                w = None
             sent = cc.held.pop(index, None)
+            # what its worker function's jobs finished (policy.is_job_end)
+            self.jobs.job_result(cc.wid, tr, raised=kind != b"R", finished=sent is not None and status == 2)
             if sent is not None:  # else: reclaimed after a timeout
-                if w is not None and status == 2:
-                    w.finished += 1
                 if stats is not None and tr.res is not None:
                     tr.res.add_one(stats, status != 2)
                 self.s.release_blocks(
@@ -196,40 +260,39 @@ class ClientsMixin:
             "they can reach: run_blockwise(host=...) or DAISY_HOST"
         )
 
-    def _function_returned(self, w) -> tuple[bool, str | None]:
-        """A worker function returned on its own (exit 0): ``(dirty, reason)`` (see processes._on_exit).
+    def function_returned(self, wid: int, tr: PoolTaskRun, acquired: int, connected: bool) -> tuple[bool, str | None]:
+        """A worker function returned on its own (exit 0): ``(dirty, reason)`` (see ``Processes.on_exit``).
 
         Its worker still connected: it goes on (daisy 2.0.0 too), with a warning. Returned
         before any block while blocks are ready: a failure (else it would be respawned
         without end); never connected: daisy 2.0.0's diagnosis, and where its job
         should have connected (the job may not reach the address)."""
-        tr = w.tr
-        self.returned_wids.add(w.wid)
-        if any(cc.wid == w.wid and cc.tr is tr for cc in self.clients.values()):
+        self.returned_wids.add(wid)
+        if any(cc.wid == wid and cc.tr is tr for cc in self.clients.values()):
             if (tr.tid, "running") not in self.warned:
                 self.warned.add((tr.tid, "running"))
                 logger.warning(
                     "task %r: the worker function of worker %d returned while its worker is still connected; %s",
                     tr.tid,
-                    w.wid,
+                    wid,
                     _MUST_BLOCK,
                 )
             return False, None
-        if w.acquired or self.s.ready_count(tr.tid) == 0:
+        if acquired or self.s.ready_count(tr.tid) == 0:
             return False, None
-        if w.connected:
+        if connected:
             return True, (
-                f"worker function of worker {w.wid} returned without acquiring any block while blocks were "
+                f"worker function of worker {wid} returned without acquiring any block while blocks were "
                 "ready (its worker connected and left without asking for one)"
             )
         return True, (
-            f"worker function of worker {w.wid} returned without its worker ever connecting, while the task "
+            f"worker function of worker {wid} returned without its worker ever connecting, while the task "
             f"still has work. {_MUST_BLOCK}. If it did wait, its worker could not connect: " + self._unreachable_hint()
         )
 
-    def _unconnected_note(self, w) -> str:
+    def unconnected_note(self, tid: str, connected: bool) -> str:
         """For a worker function that failed before any worker of its task connected: where to."""
-        if w.connected or w.tr.tid in self.connected_tids:
+        if connected or tid in self.connected_tids:
             return ""
         return f" (no worker of this task has connected yet: {self._unreachable_hint()})"
 
@@ -247,7 +310,7 @@ class ClientsMixin:
 
         self._abandon(tr.tid, ABANDON_NOT_WAITING)
 
-    def _check_unconnected(self, now: float) -> None:
+    def check_unconnected(self, now: float) -> None:
         """Warn once per task when its worker functions run but no worker has connected for a while
         (twice the peer timeout: 60 s by default). Jobs still queued are fine; jobs that cannot
         reach the address are what this is about."""
@@ -256,7 +319,7 @@ class ClientsMixin:
             if (
                 tr.arity != 0
                 or tid in self.connected_tids
-                or not tr.workers
+                or not self.jobs.has_workers(tr)
                 or tr.t_spawned is None
                 or now - tr.t_spawned < limit
                 or (tid, "unconnected") in self.warned
@@ -300,9 +363,7 @@ class ClientsMixin:
                 cc.last_sent = time.monotonic()
                 tr.inflight += 1
                 cc.parked = False
-                w = self.workers.get(cc.wid)
-                if w is not None:
-                    w.acquired += 1
+                self.jobs.job_acquired(cc.wid)
                 if tr.t_first is None:
                     tr.t_first = time.monotonic()
                 try:
@@ -310,14 +371,14 @@ class ClientsMixin:
                 except OSError:
                     self._drop_client(cc)
                 return
-        if not ahead and self._nothing_left(tr):
+        if not ahead and nothing_left(self.s, tr):
             cc.parked = False
             try:
                 cc.conn.send_bytes(b"N")
             except OSError:
                 self._drop_client(cc)
 
-    def _on_client_readable(self, cc: ClientConn) -> None:
+    def on_readable(self, cc: ClientConn) -> None:
         try:
             msgs = cc.conn.recv_frames()
         except (EOFError, OSError):
@@ -332,9 +393,11 @@ class ClientsMixin:
             except (struct.error, ValueError):  # a malformed frame (from an authenticated peer)
                 self._drop_client(cc)
 
-    def _check_clients(self) -> None:
+    def check_heartbeats(self) -> None:
         """Heartbeats: ping every client (also while it runs a block, so that it can tell a live
         scheduler from a vanished one and end its program); drop the ones that went silent."""
+        if not self.clients:
+            return
         now = time.monotonic()
         beat, dead = self.net["heartbeat"], self.net["peer_timeout"]
         for cc in list(self.clients.values()):
@@ -350,7 +413,8 @@ class ClientsMixin:
                     len(cc.held),
                 )
                 self._drop_client(cc)
-                self._client_lost(cc)
+                if cc.tr is not None:  # the worker function waiting for it is ended (and replaced)
+                    self.jobs.job_lost(cc.wid, cc.tr)
             elif now - cc.last_sent > beat:
                 try:
                     cc.conn.send_bytes(b"P")
@@ -358,8 +422,10 @@ class ClientsMixin:
                 except OSError:
                     self._drop_client(cc)
 
-    def _client_timeouts(self, now: int) -> None:
+    def check_timeouts(self, now: int) -> None:
         """A client's running block (the first it holds) past the task's timeout fails; one behind goes back."""
+        if not self.clients:
+            return
         for cc in list(self.clients.values()):
             tr = cc.tr
             if tr is None or tr.timeout_ns is None or not cc.held:
@@ -369,16 +435,16 @@ class ClientsMixin:
                 continue
             self.s.counters[tr.tid].timeout_reclaim_count += 1
             self._release_held(cc)
-            self._client_timed_out(cc)
+            if not self.jobs.job_timed_out(cc.wid, tr):  # its worker function is ended, else it is dropped
+                self._drop_client(cc)
 
-    def _running_client_blocks(self) -> list:
+    def running_blocks(self) -> list:
         """The block each client runs (the first it holds), for the hang alarm."""
-        out = []
+        out: list[tuple] = []
         for cc in list(self.clients.values()):
             if cc.held and cc.tr is not None:
                 row, sent = next(iter(cc.held.items()))
-                w = self.workers.get(cc.wid)
-                pid = w.proc.pid if w is not None and w.proc is not None else None
+                pid = self.jobs.job_pid(cc.wid)
                 out.append((cc.tr.tid, [row], f"Client of worker {cc.wid} at {cc.conn.peer}", pid,
                             max(sent, cc.t_free_ns) / 1e9))  # fmt: skip
         return out
@@ -394,7 +460,7 @@ class ClientsMixin:
         """
         idx = np.array(list(cc.held), np.int64)
         st = np.zeros(len(idx), np.uint8)
-        if fail_running and not (self.aborting or self._died_with_template(cc.wid)):
+        if fail_running and not (self.aborting or self.jobs.died_with_template(cc.wid)):
             st[0] = 3
         cc.held.clear()
         self.s.release_blocks(cc.tr.tid, idx, st)
@@ -405,7 +471,7 @@ class ClientsMixin:
             self.n_clients[cc.tr.tid] -= 1
             if self.timeline is not None and cc.tl_key is not None and cc.tl_key[0] == "c":
                 self.timeline.ended(cc.tl_key)
-        self.by_obj.pop(cc.conn, None)
+        self.waitables.discard(cc.conn)
         try:
             cc.conn.close()
         except OSError:

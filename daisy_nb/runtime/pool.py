@@ -2,11 +2,22 @@
 
 Design (numbers in ``benchmarks/bench_runtime.py``):
 
-* **Worker processes** (spawned from a worker template or exec'd, fed batches
-  through shared memory, a second batch prefetched, exits and timeouts) are
-  :mod:`.processes`; ``daisy_nb.Client`` connections are :mod:`.clients`; what a
-  task asks for (its run record, batch sizing, function serialisation) is
-  :mod:`.policy`. This module is the main loop and ``run_pool``.
+* **Parts, each the one owner of its state.** The worker processes (spawned from a
+  worker template or exec'd, fed batches through shared memory, a second batch
+  prefetched, exits and timeouts) are :class:`.processes.Processes` (started by its
+  :class:`.starter.Starter`); the ``daisy_nb.Client`` connections are
+  :class:`.clients.Clients`; what a task asks for (its run record, batch sizing,
+  function serialisation) is :mod:`.policy` and :mod:`.pool_parts`. Each part gets
+  its collaborators at construction (the scheduler, the run records, the main
+  loop's :class:`.pool_parts.Waitables`, and the other part through a narrow
+  interface: :class:`.processes.JobHooks`, which this pool implements by asking the
+  Client side, and :class:`.clients.Jobs`, which the processes part implements) and
+  is driven through the methods its module docstring lists; no part reads another's
+  attributes. This module owns the run records, the dispatch across tasks (which
+  task gets a worker, abandonment), the listener and what connecting workers are
+  told (address, secret, timeouts: ``DAISY_CONTEXT``), and the main loop, and
+  ``run_pool``. The dashboard reads the ``workers`` and ``clients`` tables (on the
+  runtime's thread) and sets ``timeline``.
 * **Starting workers.** Up to ``max_workers`` per task, within the ``resources``
   budget, only while the task has more ready blocks than its idle workers can take;
   at most ``SPAWN_BURST`` start per loop turn, so the first ones get work while the
@@ -40,18 +51,18 @@ import logging
 import os
 import queue
 import secrets
-import selectors
 import signal
-import subprocess
 import threading
 import time
 
 from daisy_nb import logging as dlog
 from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_abandoned
 from daisy_nb.runtime import _net
-from daisy_nb.runtime.clients import ClientConn, ClientsMixin
-from daisy_nb.runtime.policy import TaskRun, end_run
-from daisy_nb.runtime.processes import DEAD, IDLE, PARKED, STARTING, TERM_GRACE_SECS, ProcessesMixin, Worker
+from daisy_nb.runtime.clients import Clients
+from daisy_nb.runtime.context import Context
+from daisy_nb.runtime.policy import end_run
+from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables
+from daisy_nb.runtime.processes import Processes
 
 __all__ = ["raise_if_abandoned", "run_pool"]
 
@@ -63,37 +74,17 @@ SHUTDOWN_GRACE_SECS = 2.0  # after "quit", before SIGKILL
 WORKER_FUNCTION_GRACE_SECS = 10.0  # a worker function may clean up after its loop
 
 
-class _TaskRun(TaskRun):
-    """The pool's run record of a task: the shared one, plus its workers."""
+class _Pool:
+    """The main loop over the parts (see the module docstring); owns the run records, the
+    listener and what every connecting worker is told (address, secret, timeouts)."""
 
-    def __init__(self, task):
-        super().__init__(task)
-        self.timeout_ns = None if self.timeout is None else int(self.timeout * 1e9)
-        self.workers: set[Worker] = set()
-        self.per_block = None  # seconds, from the last finished batch (None: not measured yet)
-        self.next_slot = 0  # the next worker's slot number (its log file names)
-        self.t_spawned: float | None = None  # monotonic time its first worker started
-
-
-class _Pool(ProcessesMixin, ClientsMixin):
     def __init__(self, scheduler, resources, observer, batch_target_secs, host=None, template=None, hang_alarm=None):
         self.s = scheduler
         self.hang = hang_alarm  # run_blockwise's hang_alarm= (see daisy_nb.hang)
         self.order = list(scheduler.task_ids)
         self.budget = {k: int(v) for k, v in (resources or {}).items()}
-        self.used = dict.fromkeys(self.budget, 0)
         self.observer = observer
-        self.target = float(batch_target_secs)
-        self.trs: dict[str, _TaskRun] = {}
-        self.workers: dict[int, Worker] = {}
-        self.by_obj: dict = {}  # waitable -> ("w", worker) | ("pidfd", worker) | ("c", client)
-        self._sel = None  # cached poll selector over by_obj (see _wait)
-        self._sel_set: set = set()
-        self.clients: dict = {}  # connection -> ClientConn (see clients.py)
-        self.n_clients: dict[str, int] = {}  # task id -> connected clients
-        self.client_block_secs: dict[str, float] = {}  # task id -> mean block time of its clients
-        self.pgids: list[int] = []
-        self.next_wid = 0
+        self.trs: dict[str, PoolTaskRun] = {}
         self.interrupted = False
         self.listener = None
         self.new_conns: queue.SimpleQueue = queue.SimpleQueue()
@@ -108,15 +99,58 @@ class _Pool(ProcessesMixin, ClientsMixin):
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
         self.aborting = False
-        # the worker template (_zygote): started early by run._execute, else by the first _spawn
-        self.template = template
-        self.template_failed = False
-        self.forked_wids: set[int] = set()  # workers forked by the template (they die with it)
         self.more_spawns = False  # _spawn_pass stopped at SPAWN_BURST with more workers to start
-        self.returned_wids: set[int] = set()  # worker functions that returned on their own (clients.py)
-        self.connected_tids: set[str] = set()  # tasks a Client has said hello for
-        self.warned: set[tuple[str, str]] = set()  # (task id, kind) of the diagnoses logged once
-        self.timeline = None  # set by the dashboard's observer (attach_runtime): batches are reported to it
+        self.waitables = Waitables(self.wake_r)
+        self.procs = Processes(
+            scheduler,
+            self.trs,
+            self.waitables,
+            self,
+            budget=self.budget,
+            batch_target_secs=batch_target_secs,
+            net=self.net,
+            context=self._context,
+            observer=observer,
+            template=template,  # started early by run._execute, else by the first spawn
+        )
+        self.tcp = Clients(
+            scheduler,
+            self.trs,
+            self.waitables,
+            self.procs,
+            self._abandon,
+            batch_target_secs=batch_target_secs,
+            net=self.net,
+        )
+        self._timeline = None
+
+    # ------------------------------------------------ what the dashboard reads (dashboard/live.py)
+    @property
+    def workers(self) -> dict:
+        """The worker processes (read-only; on the runtime's thread)."""
+        return self.procs.workers
+
+    @property
+    def clients(self) -> dict:
+        """The Client connections (read-only; on the runtime's thread)."""
+        return self.tcp.clients
+
+    @property
+    def timeline(self):
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, timeline) -> None:
+        """Set by the dashboard's observer (``attach_runtime``): the parts report batches to it."""
+        self._timeline = timeline
+        self.procs.attach_timeline(timeline)
+        self.tcp.attach_timeline(timeline)
+
+    def abort(self) -> None:
+        """The run is being aborted (Ctrl-C, an error): blocks cut short are given back, not failed."""
+        self.aborting = True
+        self.procs.abort()
+        self.tcp.abort()
 
     # ------------------------------------------------------------------ setup
     def prepare(self):
@@ -127,7 +161,7 @@ class _Pool(ProcessesMixin, ClientsMixin):
                     f'invalid configuration: task "{tid}" has no process_function; distributed runs need one '
                     "(daisy 2.0 would wait forever)"
                 )
-            tr = _TaskRun(task)
+            tr = PoolTaskRun(task)
             tr.serialize()  # with init_fn (daisy_nb extension: once per block-function worker)
             for k, v in tr.requires.items():
                 if v > self.budget.get(k, 0):
@@ -151,7 +185,24 @@ class _Pool(ProcessesMixin, ClientsMixin):
         if not self.advertise:  # no host=, or the wildcard: as daisy 2.0.0 (see _net.detect_address)
             self.advertise = _net.detect_address(self.listener)
         self.where = _net.describe(self.bind_host, self.port, self.advertise)
+        self.tcp.listening(self.where)
         logger.info("daisy_nb scheduler %s", self.where)
+
+    def _context(self, tr: PoolTaskRun, wid: int) -> Context:
+        """What worker ``wid`` of ``tr`` is told (``DAISY_CONTEXT``): where to connect, the secret, the timeouts."""
+        base = dlog.get_log_basedir()
+        return Context(
+            hostname=self.advertise,
+            port=self.port,
+            task_id=tr.tid,
+            worker_id=wid,
+            logdir="" if base is None else str(base),
+            resource_tracking=int(tr.track),
+            authkey=self.authkey.hex(),
+            heartbeat=f"{self.net['heartbeat']:g}",
+            peer_timeout=f"{self.net['peer_timeout']:g}",
+            auth=f"{self.net['auth']:g}",
+        )
 
     def _wake(self):
         fd = self.wake_w
@@ -162,22 +213,12 @@ class _Pool(ProcessesMixin, ClientsMixin):
         except OSError:
             pass
 
-    # ----------------------------------------------------------------- clients
-    def _client_lost(self, cc) -> None:
-        """``cc`` went silent and was dropped: end the worker function waiting for it (it is replaced)."""
-        w = self.workers.get(cc.wid)
-        if w is not None and w.tr is cc.tr and w.state != DEAD and not w.expected_exit:
-            w.lost = True
-            self._kill(w)
+    # ------------------------------------------ processes.JobHooks: the Client side's diagnoses
+    def function_returned(self, wid: int, tr: PoolTaskRun, acquired: int, connected: bool) -> tuple[bool, str | None]:
+        return self.tcp.function_returned(wid, tr, acquired, connected)
 
-    def _client_timed_out(self, cc) -> None:
-        """``cc``'s block exceeded the task's timeout (already reclaimed): end its worker function, or drop it."""
-        w = self.workers.get(cc.wid)
-        if w is not None and w.tr is cc.tr:
-            w.timed_out = True
-            self._kill(w)
-        else:
-            self._drop_client(cc)
+    def unconnected_note(self, tid: str, connected: bool) -> str:
+        return self.tcp.unconnected_note(tid, connected)
 
     # ------------------------------------------------------------------- loop
     def _spawn_pass(self) -> None:
@@ -186,6 +227,7 @@ class _Pool(ProcessesMixin, ClientsMixin):
         progress = True
         started = 0
         self.more_spawns = False
+        procs = self.procs
         while progress:
             progress = False
             if started >= SPAWN_BURST:
@@ -193,33 +235,25 @@ class _Pool(ProcessesMixin, ClientsMixin):
                 return
             for tid in self.order:
                 tr = self.trs[tid]
-                if tr.abandoned or self.s.is_task_done(tid) or self._alive(tr) >= tr.max_workers:
+                if tr.abandoned or self.s.is_task_done(tid) or procs.alive(tr) >= tr.max_workers:
                     continue
                 ready = self.s.ready_count(tid)
                 # block workers: only if the ready blocks are more than the idle/starting ones can take
-                waiting = sum(1 for w in tr.workers if w.state in (STARTING, PARKED, IDLE))
-                if ready <= waiting:
+                if ready <= procs.waiting(tr):
                     continue
                 if tr.restarts_exhausted(self.s.counters[tid]):
                     continue
-                if not self._can_allocate(tr):
-                    self._free_parked_for(tr)
+                if not procs.can_allocate(tr):
+                    procs.free_parked_for(tr)
                     continue
-                self._spawn(tr)
+                procs.spawn(tr)
                 started += 1
                 progress = True
-
-    def _free_parked_for(self, tr: _TaskRun) -> None:
-        """A parked worker of another task must not hold budget a task with ready work needs."""
-        for w in list(self.workers.values()):
-            if w.tr is not tr and w.state == PARKED and set(w.tr.requires) & set(tr.requires):
-                self._quit(w)
-                return
 
     def _check_abandon(self) -> None:
         for tid in self.order:
             tr = self.trs[tid]
-            if tr.abandoned or self.s.is_task_done(tid) or tr.workers:
+            if tr.abandoned or self.s.is_task_done(tid) or self.procs.has_workers(tr):
                 continue
             if tr.restarts_exhausted(self.s.counters[tid]):
                 self._abandon(tid, ABANDON_RESTARTS)
@@ -229,22 +263,15 @@ class _Pool(ProcessesMixin, ClientsMixin):
         for a in self.s.abandon_task(tid, reason):
             atr = self.trs[a]
             atr.abandoned = True
-            for w in list(atr.workers):
-                self._quit(w)
-                if w.state != DEAD:
-                    self._kill(w)
-            for cc in list(self.clients.values()):
-                if cc.tr is atr:
-                    self._drop_client(cc)
+            self.procs.end_task(atr)
+            self.tcp.drop_task(atr)
 
     def _check_timeouts(self) -> None:
         now = time.monotonic_ns()
-        self._worker_timeouts(now)  # processes.py
-        self._term_overdue(now / 1e9)  # worker functions past their SIGTERM grace
-        if self.clients:
-            self._client_timeouts(now)  # clients.py; calls _client_timed_out
+        self.procs.check_timeouts(now)  # block timeouts; worker functions past their SIGTERM grace
+        self.tcp.check_timeouts(now)  # a Client's block timeout ends its worker function
         if self.listener is not None:
-            self._check_unconnected(now / 1e9)  # clients.py: a task none of whose jobs connect
+            self.tcp.check_unconnected(now / 1e9)  # a task none of whose jobs connect
 
     def _notify(self, what: str) -> None:
         notify(self.observer, what, self.s)
@@ -255,6 +282,7 @@ class _Pool(ProcessesMixin, ClientsMixin):
 
     def run(self) -> None:
         s = self.s
+        procs, tcp = self.procs, self.tcp
         self._notify("on_start")
         from daisy_nb.hang import make_alarm, resolve_hang_alarm
 
@@ -266,18 +294,11 @@ class _Pool(ProcessesMixin, ClientsMixin):
             if self.interrupted:
                 raise KeyboardInterrupt("run aborted by SIGINT")
             while not self.new_conns.empty():
-                conn = self.new_conns.get()
-                cc = ClientConn(conn)
-                self.clients[conn] = cc
-                self.by_obj[conn] = ("c", cc)
+                tcp.add(self.new_conns.get())
             done = s.is_done()
             if not done:
-                for w in list(self.workers.values()):
-                    if w.state == PARKED:
-                        self._dispatch(w)
-                for cc in list(self.clients.values()):
-                    if cc.parked and cc.tr is not None:
-                        self._serve_client(cc)
+                procs.dispatch_parked()
+                tcp.serve_parked()
                 self._check_abandon()
                 self._spawn_pass()
                 done = s.is_done()
@@ -291,55 +312,37 @@ class _Pool(ProcessesMixin, ClientsMixin):
                 if draining_since is None:
                     draining_since = now
                     self._notify("on_progress")
-                for w in list(self.workers.values()):
-                    if w.state in (IDLE, PARKED, STARTING):
-                        self._quit(w)
-                for cc in list(self.clients.values()):
-                    if cc.parked:
-                        self._serve_client(cc)
-                if not self.workers:
+                procs.drain(now - draining_since, SHUTDOWN_GRACE_SECS, WORKER_FUNCTION_GRACE_SECS)
+                tcp.serve_parked()
+                if not procs.count():
                     break
-                for w in list(self.workers.values()):
-                    grace = SHUTDOWN_GRACE_SECS if w.tr.arity else WORKER_FUNCTION_GRACE_SECS
-                    if now - draining_since > grace:
-                        w.expected_exit = True
-                        self._kill(w)
-            elif not self.workers and not any(cc.held for cc in self.clients.values()):
+            elif not procs.count() and not tcp.holding():
                 if not any(s.ready_count(t) for t in self.order):
                     stalled += 1
                     if stalled > 20:
                         raise RuntimeError("daisy_nb: the run stalled (no workers, no ready blocks, tasks not done)")
             else:
                 stalled = 0
-            for obj in self._wait(0 if self.more_spawns else POLL_SECS):
+            for obj in self.waitables.wait(0 if self.more_spawns else POLL_SECS):
                 if obj == self.wake_r:
                     try:
                         os.read(self.wake_r, 4096)
                     except BlockingIOError:
                         pass
                     continue
-                entry = self.by_obj.get(obj)
+                entry = self.waitables.get(obj)
                 if entry is None:
                     continue
                 kind, x = entry
                 if kind == "w":
-                    try:  # one message per wake-up: Connection.poll(0) builds a selector per call
-                        if x.state != DEAD:
-                            self._on_worker_msg(x, obj.recv_bytes())
-                    except (EOFError, OSError):
-                        self.by_obj.pop(obj, None)  # the pidfd (or poll below) reports the exit
-                        if x.pidfd is None:
-                            self._on_exit(x)
+                    procs.on_readable(x, obj)
                 elif kind == "pidfd":
-                    self._on_exit(x)
+                    procs.on_exit(x)
                 else:
-                    self._on_client_readable(x)
-            for w in list(self.workers.values()):
-                if w.pidfd is None and w.proc.poll() is not None:
-                    self._on_exit(w)
+                    tcp.on_readable(x)
+            procs.poll_exits()
             self._check_timeouts()
-            if self.clients:
-                self._check_clients()
+            tcp.check_heartbeats()
             now = time.monotonic()
             heartbeat(now)
         if alarm is not None:
@@ -347,56 +350,15 @@ class _Pool(ProcessesMixin, ClientsMixin):
 
     def running_blocks(self) -> list:
         """What runs now, per worker and Client connection (see ``daisy_nb.hang``)."""
-        return self._running_worker_blocks() + self._running_client_blocks()
-
-    def _wait(self, timeout: float) -> list:
-        """The waitables (``by_obj`` keys and the wake pipe) that are ready to read.
-
-        Like ``multiprocessing.connection.wait``, but the poll selector is kept until
-        the set of waitables changes: building one per loop (a register call per
-        waitable) was a third of this process's CPU time on small batches.
-        """
-        cur = set(self.by_obj)
-        if self._sel is None or cur != self._sel_set:
-            sel = selectors.PollSelector()
-            sel.register(self.wake_r, selectors.EVENT_READ)
-            for obj in cur:
-                sel.register(obj, selectors.EVENT_READ)
-            if self._sel is not None:
-                self._sel.close()
-            self._sel, self._sel_set = sel, cur
-        return [key.fileobj for key, _ in self._sel.select(timeout)]
+        return self.procs.running_blocks() + self.tcp.running_blocks()
 
     def shutdown(self) -> None:
         """End every worker (block workers: SIGKILL; worker functions: SIGTERM, SIGKILL after a
         grace), close every ``Client`` connection at once (their programs end, see
         ``runtime.client``), unlink shared memory."""
-        for w in list(self.workers.values()):
-            if w.state != DEAD:
-                w.expected_exit = True
-                self._kill(w)
-        for cc in list(self.clients.values()):  # before waiting: the jobs' clients learn the run ended now
-            self._drop_client(cc)
-        for w in list(self.workers.values()):
-            t_term = w.t_term
-            wait = 5.0 if t_term is None else max(0.0, t_term + TERM_GRACE_SECS - time.monotonic())
-            try:
-                w.proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                if t_term is not None:
-                    self._sigkill(w)
-                    try:
-                        w.proc.wait(timeout=5)
-                    except subprocess.TimeoutExpired:
-                        pass
-            self._on_exit(w)
-        if self.template is not None:
-            self.template.close()
-        for pgid in self.pgids:  # helpers a worker function launched and left behind
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        self.procs.kill_all()
+        self.tcp.close_all()  # before waiting: the jobs' clients learn the run ended now
+        self.procs.reap_all()
         if self.listener is not None:
             self.listener.close()
         while not self.new_conns.empty():
@@ -404,9 +366,7 @@ class _Pool(ProcessesMixin, ClientsMixin):
                 self.new_conns.get().close()
             except OSError:
                 pass
-        if self._sel is not None:
-            self._sel.close()
-            self._sel = None
+        self.waitables.close()
         wake_w, self.wake_w = self.wake_w, None
         os.close(wake_w)
         os.close(self.wake_r)
@@ -461,9 +421,10 @@ def run_pool(
                 old_handler = signal.signal(signal.SIGINT, pool._on_sigint)
             pool.run()
         except KeyboardInterrupt:
-            interrupted = pool.aborting = True
+            interrupted = True
+            pool.abort()
         except BaseException:
-            pool.aborting = True
+            pool.abort()
             raise
         finally:
             pool.shutdown()

@@ -1,18 +1,22 @@
 """The pool's block and worker-function processes, seen from the scheduler process.
 
-A mixin of the pool (``pool._Pool``), as :mod:`.clients` is for ``Client``
-connections: every method runs in the pool's main loop.
+A part of the pool (:mod:`.pool`): every method runs in the pool's main loop.
+:class:`Processes` owns every worker process (:class:`.starter.Worker`: its state,
+batches sent, shared memory, socket pair and pidfd), the per-task sets of them,
+the ``resources`` budget in use, and, through its :class:`.starter.Starter`, the
+worker template and the workers' process groups. Nobody else writes a ``Worker``.
 
-* **Processes, never a fork of the scheduler.** On Linux each worker is forked by the
-  run's worker template (:mod:`._zygote`: exec'd once per run, imported only the
-  worker side, single-threaded), which hands back a pidfd and later the exit code;
-  elsewhere, after the template died, or with ``DAISY_NB_WORKER_START=exec``, it is
-  ``python -m daisy_nb.runtime.worker`` started with :class:`subprocess.Popen`. Either
-  way in its own session (process group), with ``.out``/``.err`` as fd 1/2. This is
-  the ``spawn`` start method without ``multiprocessing``'s re-import of the user's
-  ``__main__``: daisy 2.0 scripts often have no ``if __name__ == "__main__"`` guard.
-  Never ``fork`` the scheduler process: it runs numba and zarr threads. The user's
-  function is serialized once per task at run start (:mod:`.policy`).
+Called by the pool: ``spawn``, ``alive``, ``waiting``, ``can_allocate``,
+``free_parked_for``, ``has_workers``, ``count``, ``dispatch_parked``, ``drain``,
+``end_task`` (abandonment), ``on_readable`` and ``on_exit`` (its waitables),
+``poll_exits``, ``check_timeouts``, ``running_blocks``, ``kill_all`` and
+``reap_all`` (the run's end), ``abort``, ``attach_timeline``. Called by the Client
+side (:class:`.clients.Clients`, through its :class:`.clients.Jobs`) about the
+worker function whose job a connection is: the ``job_*`` methods, ``is_worker``,
+``has_workers`` and ``died_with_template``. What it asks the Client side (a worker
+function that returned or failed: daisy 2.0.0's diagnoses) goes through
+:class:`JobHooks`, which the pool implements.
+
 * **Transport.** One shared-memory segment per block-function worker carries
   batches of block indices and ROI arrays one way and a status per block back
   (layout in :mod:`._shm`, two batch slots); a socket pair per worker carries
@@ -51,123 +55,254 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import signal
 import subprocess
-import sys
 import time
-from collections import deque
-from multiprocessing import connection as mpc
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
-from daisy_nb import logging as dlog
 from daisy_nb.runtime import _shm, _zygote
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.policy import JOB_END, count_worker_failure, grow_batch, is_job_end, record_error
+from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables, nothing_left
+from daisy_nb.runtime.starter import BUSY, CAPACITY, DEAD, IDLE, PARKED, QUITTING, STARTING, Starter, Worker, job_text
 from daisy_nb.runtime.state import TB_CAP_BYTES, cap_traceback
 
-if TYPE_CHECKING:
-    from daisy_nb.runtime.policy import TaskRun
-
-__all__ = ["BUSY", "DEAD", "IDLE", "PARKED", "QUITTING", "STARTING", "ProcessesMixin"]
+__all__ = ["BUSY", "DEAD", "IDLE", "PARKED", "QUITTING", "STARTING", "JobHooks", "Processes", "Worker", "job_text"]
 
 logger = logging.getLogger("daisy")
 
-_WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")  # a forked worker's argv[0]
-
-CAPACITY = 4096  # blocks per shared-memory batch
 PER_WORKER_BATCH_SECS = 0.002  # batch target floor per running worker (16 workers: 32 ms batches)
 TERM_GRACE_SECS = 3.0  # a worker function's SIGTERM -> SIGKILL (a launcher cancels its job meanwhile)
-
-# worker states
-STARTING, IDLE, BUSY, PARKED, QUITTING, DEAD = range(6)
 
 _RUN = [b"R" + bytes((k,)) for k in range(_shm.SLOTS)]  # "run the batch in slot k"
 
 
-def job_text(job) -> str | None:
-    """A worker function's launcher job (``daisy_nb.launch``) as the worker list and timeline show it."""
-    if not job:
-        return None
-    return f"{job.get('scheduler', '')} {job.get('job', '')} {job.get('state', '')}".strip()
+class JobHooks(Protocol):
+    """What this part asks about a worker function's exit that only the Client side knows
+    (:class:`.clients.Clients`, through the pool)."""
+
+    def function_returned(self, wid: int, tr: PoolTaskRun, acquired: int, connected: bool) -> tuple[bool, str | None]:
+        """It returned on its own (exit 0): ``(dirty, reason)``."""
+        ...
+
+    def unconnected_note(self, tid: str, connected: bool) -> str:
+        """For a worker function that failed: where its workers should have connected."""
+        ...
 
 
-class Worker:
-    def __init__(self, wid: int, tr: TaskRun, slot: int):
-        self.wid = wid
-        self.tr = tr
-        self.slot = slot
-        self.state = STARTING
-        self.proc: subprocess.Popen | None = None
-        self.conn = None
-        self.pidfd = None
-        self.shm = None
-        self.bufs: list | None = None  # one int64 array per batch slot of its shared memory
-        self.fbufs: list | None = None  # the same slots as float64 (stats region), when tracking
-        self.off = None
-        self.queue: deque = deque()  # (batch slot, block indices) sent to the worker, in run order
-        self.next_buf = 0
-        self.expected_exit = False
-        self.raised = False  # a block raised: the worker is exiting (dirty), not yet reaped
-        self.timed_out = False
-        self.lost = False  # a client of its job went silent (heartbeat): killed, counts as a failure
-        self.connected = False  # a Client of its job said hello (0-argument worker functions)
-        self.acquired = 0
-        self.finished = 0  # blocks it (or its worker function's clients) finished successfully
-        self.client_raised = False  # a worker function's last block raised (its exit is a crash)
-        self.err_path = None
-        self.err_offset = 0
-        self.t_spawn = time.monotonic()
-        self.t_term: float | None = None  # a worker function: when it was sent SIGTERM
-        self.job: dict | None = None  # a worker function's launcher: its last job report
+class Processes:
+    """Spawn, dispatch and prefetch, messages, exits and timeouts of worker processes.
 
+    Owns every :class:`Worker` (``workers``, and per task), the ``resources`` budget in
+    use and the :class:`.starter.Starter` (template, process groups). See the module
+    docstring for the methods the pool and the Client side call.
+    """
 
-class ProcessesMixin:
-    """Spawn, dispatch and prefetch, messages, exits and timeouts of worker processes."""
+    def __init__(
+        self,
+        scheduler,
+        tasks: Mapping[str, PoolTaskRun],
+        waitables: Waitables,
+        hooks: JobHooks,
+        *,
+        budget: dict[str, int],
+        batch_target_secs: float,
+        net: dict[str, float],
+        context: Callable[[PoolTaskRun, int], Context],
+        observer=None,
+        template=None,
+    ):
+        self.s = scheduler
+        self.waitables = waitables
+        self.hooks = hooks
+        self.budget = dict(budget)
+        self.used = dict.fromkeys(self.budget, 0)
+        self.target = float(batch_target_secs)
+        self.net = net
+        self._make_context = context
+        self.observer = observer
+        self.workers: dict[int, Worker] = {}
+        self.of_task: dict[str, set[Worker]] = {}  # task id -> its workers
+        self.starter = Starter(tasks, template)  # tasks: whether the template preloads the Client
+        self.next_wid = 0
+        self.aborting = False
+        self.timeline: Any = None  # a dashboard.timeline.Timeline, or None (no dashboard or report)
 
-    # set by the pool (pool._Pool)
-    s: Any  # the Scheduler
-    trs: dict
-    workers: dict
-    by_obj: dict
-    used: dict
-    budget: dict
-    pgids: list
-    target: float
-    net: dict
-    port: int
-    advertise: str
-    authkey: bytes
-    aborting: bool
-    template: Any
-    template_failed: bool
-    forked_wids: set[int]
-    next_wid: int
-    timeline: Any  # a dashboard.timeline.Timeline, or None (no dashboard or report)
+    # ------------------------------------------------------------- coordination
+    def attach_timeline(self, timeline) -> None:
+        self.timeline = timeline
 
-    if TYPE_CHECKING:
+    def abort(self) -> None:
+        """The run is being aborted (Ctrl-C, an error): blocks cut short are given back, not failed."""
+        self.aborting = True
 
-        def _function_returned(self, w: Worker) -> tuple[bool, str | None]: ...
-        def _unconnected_note(self, w: Worker) -> str: ...
+    def _workers_of(self, tr: PoolTaskRun) -> set[Worker]:
+        ws = self.of_task.get(tr.tid)
+        if ws is None:
+            ws = self.of_task[tr.tid] = set()
+        return ws
 
-    def _context(self, tr: TaskRun, wid: int) -> Context:
-        base = dlog.get_log_basedir()
-        return Context(
-            hostname=self.advertise,
-            port=self.port,
-            task_id=tr.tid,
-            worker_id=wid,
-            logdir="" if base is None else str(base),
-            resource_tracking=int(tr.track),
-            authkey=self.authkey.hex(),
-            heartbeat=f"{self.net['heartbeat']:g}",
-            peer_timeout=f"{self.net['peer_timeout']:g}",
-            auth=f"{self.net['auth']:g}",
-        )
+    def has_workers(self, tr: PoolTaskRun) -> bool:
+        """``tr`` has a worker process (in any state but reaped)."""
+        return bool(self._workers_of(tr))
 
-    def _spawn(self, tr: TaskRun) -> None:
+    def waiting(self, tr: PoolTaskRun) -> int:
+        """``tr``'s workers that are starting or waiting for work."""
+        return sum(1 for w in self._workers_of(tr) if w.state in (STARTING, PARKED, IDLE))
+
+    def count(self) -> int:
+        """Worker processes not reaped yet."""
+        return len(self.workers)
+
+    def dispatch_parked(self) -> None:
+        for w in list(self.workers.values()):
+            if w.state == PARKED:
+                self._dispatch(w)
+
+    def drain(self, elapsed: float, block_grace: float, function_grace: float) -> None:
+        """Every task is done: workers waiting for work quit, workers still there ``elapsed``
+        seconds after the end past their grace (block workers, worker functions) are ended."""
+        for w in list(self.workers.values()):
+            if w.state in (IDLE, PARKED, STARTING):
+                self._quit(w)
+        if not self.workers:
+            return
+        for w in list(self.workers.values()):
+            grace = block_grace if w.tr.arity else function_grace
+            if elapsed > grace:
+                w.expected_exit = True
+                self._kill(w)
+
+    def end_task(self, tr: PoolTaskRun) -> None:
+        """``tr`` was abandoned: its workers are asked to quit, and ended."""
+        for w in list(self._workers_of(tr)):
+            self._quit(w)
+            if w.state != DEAD:
+                self._kill(w)
+
+    def free_parked_for(self, tr: PoolTaskRun) -> None:
+        """A parked worker of another task must not hold budget a task with ready work needs."""
+        for w in list(self.workers.values()):
+            if w.tr is not tr and w.state == PARKED and set(w.tr.requires) & set(tr.requires):
+                self._quit(w)
+                return
+
+    def on_readable(self, w: Worker, obj) -> None:
+        """``w``'s socket is readable: one message per wake-up (``Connection.poll(0)`` builds a
+        selector per call), or its end."""
+        try:
+            if w.state != DEAD:
+                self._on_worker_msg(w, obj.recv_bytes())
+        except (EOFError, OSError):
+            self.waitables.discard(obj)  # the pidfd (or poll_exits) reports the exit
+            if w.pidfd is None:
+                self.on_exit(w)
+
+    def poll_exits(self) -> None:
+        """Workers without a pidfd: ask their process."""
+        for w in list(self.workers.values()):
+            if w.pidfd is None and w.proc.poll() is not None:
+                self.on_exit(w)
+
+    def check_timeouts(self, now: int) -> None:
+        self._worker_timeouts(now)
+        self._term_overdue(now / 1e9)  # worker functions past their SIGTERM grace
+
+    def kill_all(self) -> None:
+        """End every worker (block workers: SIGKILL; worker functions: SIGTERM, SIGKILL after a grace)."""
+        for w in list(self.workers.values()):
+            if w.state != DEAD:
+                w.expected_exit = True
+                self._kill(w)
+
+    def reap_all(self) -> None:
+        """After :meth:`kill_all`: wait for every worker, close the template, kill the helpers
+        worker functions left behind, unlink shared memory."""
+        for w in list(self.workers.values()):
+            t_term = w.t_term
+            wait = 5.0 if t_term is None else max(0.0, t_term + TERM_GRACE_SECS - time.monotonic())
+            try:
+                w.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                if t_term is not None:
+                    self._sigkill(w)
+                    try:
+                        w.proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        pass
+            self.on_exit(w)
+        self.starter.close()
+
+    # ------------------------------------------------- a worker function's jobs (the Client side)
+    def died_with_template(self, wid: int) -> bool:
+        """Worker ``wid`` was forked by the run's template, and the template has died (taking it along)."""
+        return self.starter.died_with_template(wid)
+
+    def _job(self, wid: int, tr: PoolTaskRun | None = None) -> Worker | None:
+        w = self.workers.get(wid)
+        if w is None or (tr is not None and w.tr is not tr):
+            return None
+        return w
+
+    def is_worker(self, wid: int) -> bool:
+        """Worker ``wid`` runs (the timeline row of its Clients)."""
+        return wid in self.workers
+
+    def job_connected(self, wid: int, tr: PoolTaskRun) -> bool:
+        """A Client said hello for worker ``wid`` of ``tr``: False if no such worker runs."""
+        w = self._job(wid, tr)
+        if w is None:
+            return False
+        w.connected = True
+        return True
+
+    def job_acquired(self, wid: int) -> None:
+        w = self._job(wid)
+        if w is not None:
+            w.acquired += 1
+
+    def job_result(self, wid: int, tr: PoolTaskRun, *, raised: bool, finished: bool) -> None:
+        """A Client of worker ``wid``'s job released a block: what its job finished (policy.is_job_end)."""
+        w = self._job(wid, tr)
+        if w is not None:
+            w.client_raised = raised
+            if finished:
+                w.finished += 1
+
+    def job_log(self, wid: int) -> str | None:
+        w = self._job(wid)
+        return None if w is None else w.err_path
+
+    def job_label(self, wid: int) -> str | None:
+        w = self._job(wid)
+        return None if w is None else job_text(w.job)
+
+    def job_pid(self, wid: int) -> int | None:
+        w = self._job(wid)
+        return w.proc.pid if w is not None and w.proc is not None else None
+
+    def job_lost(self, wid: int, tr: PoolTaskRun) -> None:
+        """A Client of worker ``wid`` went silent and was dropped: end the worker function waiting
+        for it (it is replaced)."""
+        w = self._job(wid, tr)
+        if w is not None and w.state != DEAD and not w.expected_exit:
+            w.lost = True
+            self._kill(w)
+
+    def job_timed_out(self, wid: int, tr: PoolTaskRun) -> bool:
+        """A Client of worker ``wid`` exceeded the task's timeout: end its worker function;
+        False if there is none (the Client side drops the connection instead)."""
+        w = self._job(wid, tr)
+        if w is None:
+            return False
+        w.timed_out = True
+        self._kill(w)
+        return True
+
+    def spawn(self, tr: PoolTaskRun) -> None:
         c = self.s.counters[tr.tid]
         if tr.crash_unreplaced(c):  # replacing a crash: a restart (a job end's replacement is not)
             c.worker_restart_count += 1
@@ -180,75 +315,14 @@ class ProcessesMixin:
             tr.t_spawned = w.t_spawn
         for k, v in tr.requires.items():
             self.used[k] = self.used.get(k, 0) + v
-        setup = {
-            "sys_path": list(sys.path),
-            "log_basedir": None if dlog.get_log_basedir() is None else str(dlog.get_log_basedir()),
-            "log_mode": dlog.get_log_mode(),
-            "log_level": dlog.get_log_level(),
-            "task_id": tr.tid,
-            "worker_id": wid,
-            "arity": tr.arity,
-            "wants_context": tr.wants_context,
-            "capacity": CAPACITY,
-            "ndim": tr.ndim,
-        }
-        keep_fds = []
-        if tr.arity:
-            w.shm = _shm.Segment(_shm.segment_bytes(CAPACITY, tr.ndim, tr.track))
-            nw = _shm.words(CAPACITY, tr.ndim, tr.track)
-            arr = np.ndarray((_shm.SLOTS, nw), dtype=np.int64, buffer=w.shm.buf)
-            arr[:, : _shm.HDR] = 0
-            arr[:, _shm.H_CUR] = -1
-            w.bufs = list(arr)
-            w.off = _shm.offsets(CAPACITY, tr.ndim, tr.track)
-            if tr.track:
-                w.fbufs = list(np.ndarray((_shm.SLOTS, nw), dtype=np.float64, buffer=w.shm.buf))
-                setup["resource_tracking"] = True
-            setup.update(w.shm.worker_setup())
-            setup["slots"] = _shm.SLOTS
-            if w.shm.fd >= 0:
-                keep_fds.append(w.shm.fd)
-        parent_end, child_end = mpc.Pipe(duplex=True)
-        logs = dlog.open_worker_logs(tr.tid, w.slot)
-        tee = logs is not None and dlog.get_log_mode() == "both"
-        if tee:  # console stays fd 1/2; the worker copies Python-level writes into the files
-            setup["tee_files"] = (logs[0].name, logs[1].name)
-        env = _zygote.worker_env()
-        env[Context.ENV_VARIABLE] = self._context(tr, wid).to_env()
-        fd = child_end.fileno()
-        try:
-            w.proc = self._start_process(env, fd, keep_fds, logs if logs and not tee else None)
-        finally:
-            child_end.close()
-            if w.shm is not None:
-                w.shm.close_fd()  # the worker has its own
-            if logs:
-                w.err_path = logs[1].name
-                w.err_offset = logs[1].tell()
-                logs[0].close()
-                logs[1].close()
-        self.pgids.append(w.proc.pid)
-        w.conn = parent_end
-        try:
-            parent_end.send_bytes(pickle.dumps(setup))
-            parent_end.send_bytes(tr.payload)
-        except OSError:
-            pass  # died already: its pidfd says so
-        if isinstance(w.proc, _zygote.ForkedProcess):  # the template opened it before it could reap
-            self.forked_wids.add(wid)
-            w.pidfd = w.proc.pidfd
-            self.by_obj[w.pidfd] = ("pidfd", w)
-        elif hasattr(os, "pidfd_open"):
-            try:
-                w.pidfd = os.pidfd_open(w.proc.pid)
-                self.by_obj[w.pidfd] = ("pidfd", w)
-            except OSError:
-                w.pidfd = None
-        self.by_obj[w.conn] = ("w", w)  # a worker function's: job reports only (Client connections do the rest)
+        self.starter.start(w, self._make_context(tr, wid))
+        if w.pidfd is not None:
+            self.waitables.add(w.pidfd, "pidfd", w)
+        self.waitables.add(w.conn, "w", w)  # a worker function's: job reports only (Client connections do the rest)
         if not tr.arity:
             w.state = BUSY
         self.workers[wid] = w
-        tr.workers.add(w)
+        self._workers_of(tr).add(w)
         if self.timeline is not None:  # the dashboard's worker timeline (dashboard/timeline.py)
             self.timeline.worker(
                 ("w", wid),
@@ -258,49 +332,6 @@ class ProcessesMixin:
                 w.proc.pid,
                 job_text(w.job),
                 w.t_spawn,
-            )
-
-    def _start_process(self, env: dict, fd: int, keep_fds: list, logs):
-        """Fork the worker from the run's template (started on first use), else exec it."""
-        if self.template is None and not self.template_failed:
-            self.template = _zygote.start_early(any(t.arity == 0 for t in self.trs.values()))
-            self.template_failed = self.template is None
-        if self.template is not None and not self.template.dead:
-            fds = {"conn": fd}
-            outs = (logs[0].fileno(), logs[1].fileno()) if logs else (1, 2)  # else: this process's console
-            for name, x in zip(("out", "err"), outs):
-                try:
-                    os.fstat(x)
-                    fds[name] = x
-                except OSError:
-                    pass
-            if keep_fds:
-                fds["shm"] = keep_fds[0]
-            try:
-                return self.template.fork(env, fds, [_WORKER_PY, str(fd), str(os.getpid())])
-            except _zygote.TemplateDied:
-                self._template_gone()
-        return subprocess.Popen(
-            [sys.executable, "-m", "daisy_nb.runtime.worker", str(fd), str(os.getpid())],
-            pass_fds=(fd, *keep_fds),
-            stdin=subprocess.DEVNULL,
-            stdout=logs[0] if logs else None,
-            stderr=logs[1] if logs else None,
-            env=env,
-            start_new_session=True,  # own process group: Ctrl-C is ours to handle, killpg reaps helpers
-        )
-
-    def _died_with_template(self, wid: int) -> bool:
-        """Worker ``wid`` was forked by the run's template, and the template has died (taking it along)."""
-        t = self.template
-        return wid in self.forked_wids and t is not None and (t.dead or t.proc.poll() is not None)
-
-    def _template_gone(self) -> None:
-        if not self.template_failed:
-            self.template_failed = True
-            logger.warning(
-                "daisy_nb: the worker template process died; its workers' unfinished blocks are "
-                "given back and new workers start by exec"
             )
 
     def _kill(self, w: Worker) -> None:
@@ -341,17 +372,17 @@ class ProcessesMixin:
             except OSError:
                 pass
 
-    def _release_resources(self, tr: TaskRun) -> None:
+    def _release_resources(self, tr: PoolTaskRun) -> None:
         for k, v in tr.requires.items():
             self.used[k] -= v
 
-    def _can_allocate(self, tr: TaskRun) -> bool:
+    def can_allocate(self, tr: PoolTaskRun) -> bool:
         return all(self.used.get(k, 0) + v <= self.budget.get(k, 0) for k, v in tr.requires.items())
 
-    def _alive(self, tr: TaskRun) -> int:
-        return sum(1 for w in tr.workers if w.state != QUITTING or w.raised)
+    def alive(self, tr: PoolTaskRun) -> int:
+        return sum(1 for w in self._workers_of(tr) if w.state != QUITTING or w.raised)
 
-    def _on_exit(self, w: Worker) -> None:
+    def on_exit(self, w: Worker) -> None:
         """A worker process ended: account for its batch, decide dirty/clean, clean up."""
         if w.state == DEAD:
             return
@@ -359,7 +390,7 @@ class ProcessesMixin:
         rc = w.proc.wait()
         orphan = getattr(w.proc, "orphaned", False)  # died with the worker template: not its fault
         if orphan:
-            self._template_gone()
+            self.starter.template_gone()
         if w.conn is not None:  # results it sent before dying still count
             try:
                 while (w.state == BUSY or not tr.arity) and w.conn.poll(0):  # a worker function's: job reports
@@ -383,11 +414,11 @@ class ProcessesMixin:
         elif rc != 0:
             dirty = True
         else:  # a worker function returned on its own: daisy 2.0.0's diagnoses (clients.py)
-            dirty, msg = self._function_returned(w)
+            dirty, msg = self.hooks.function_returned(w.wid, tr, w.acquired, w.connected)
         w.state = DEAD
         for obj in (w.conn, w.pidfd):
             if obj is not None:
-                self.by_obj.pop(obj, None)
+                self.waitables.discard(obj)
         if w.conn is not None:
             w.conn.close()
         if w.pidfd is not None:
@@ -398,7 +429,7 @@ class ProcessesMixin:
             w.bufs = w.fbufs = None
             w.shm.close()
             w.shm = None
-        tr.workers.discard(w)
+        self._workers_of(tr).discard(w)
         self.workers.pop(w.wid, None)
         self._release_resources(tr)
         if self.timeline is not None:
@@ -422,7 +453,7 @@ class ProcessesMixin:
                         " while processing blocks" if was_busy else ""
                     )
                     if not tr.arity:
-                        msg += self._unconnected_note(w)
+                        msg += self.hooks.unconnected_note(tr.tid, w.connected)
                 if job_end:
                     msg += f" after it had finished {w.finished} block(s): {JOB_END}"
                 tail = self._err_tail(w)
@@ -477,12 +508,9 @@ class ProcessesMixin:
             return ""
 
     # ---------------------------------------------------------------- dispatch
-    def _batch_size(self, tr: TaskRun, ready: int) -> int:
-        n = max(1, sum(1 for w in tr.workers if w.state in (IDLE, BUSY, PARKED)))
+    def _batch_size(self, tr: PoolTaskRun, ready: int) -> int:
+        n = max(1, sum(1 for w in self._workers_of(tr) if w.state in (IDLE, BUSY, PARKED)))
         return max(1, min(tr.batch_k, -(-ready // n), CAPACITY))
-
-    def _nothing_left(self, tr: TaskRun) -> bool:
-        return tr.abandoned or self.s.remaining_count(tr.tid) - tr.inflight <= 0
 
     def _send_batch(self, w: Worker, max_n: int) -> int:
         """Acquire up to ``max_n`` blocks into ``w``'s next slot and tell it; returns how many."""
@@ -524,7 +552,7 @@ class ProcessesMixin:
         if ready > 0 and self._send_batch(w, self._batch_size(tr, ready)):
             self._prefetch(w)
             return
-        if self._nothing_left(tr):
+        if nothing_left(self.s, tr):
             self._quit(w)
         else:
             w.state = PARKED
@@ -535,7 +563,7 @@ class ProcessesMixin:
         if len(w.queue) >= _shm.SLOTS or tr.abandoned or tr.per_block is None or tr.per_block > self.target:
             return  # slow blocks (one at a time) never wait behind another batch
         active = 0
-        for x in tr.workers:
+        for x in self._workers_of(tr):
             if x.state in (IDLE, PARKED):
                 return  # a worker waiting for work comes first
             if x.state in (STARTING, BUSY):
@@ -567,7 +595,7 @@ class ProcessesMixin:
             w.job["job"],
             w.job["state"],
         )
-        hook = getattr(getattr(self, "observer", None), "on_worker_job", None)
+        hook = getattr(self.observer, "on_worker_job", None)
         if hook is not None:
             try:
                 hook({"task": w.tr.tid, "worker": w.wid, **w.job})
@@ -638,9 +666,9 @@ class ProcessesMixin:
             rows, failed = rows[measured], failed[measured]
         w.tr.res.add(rows, failed)
 
-    def _running_worker_blocks(self) -> list:
+    def running_blocks(self) -> list:
         """The block each block-function worker runs (from ``cur`` in its segment), for the hang alarm."""
-        out = []
+        out: list[tuple] = []
         for w in list(self.workers.values()):
             if w.state != BUSY or not w.queue or w.bufs is None:
                 continue

@@ -1,0 +1,229 @@
+"""Starting a worker process: the :class:`Worker` record, its setup, the template fork or exec.
+
+A part of the pool (:mod:`.pool`), owned by :class:`.processes.Processes`, which
+decides when a worker starts and what becomes of it; this module only starts it.
+
+* **Processes, never a fork of the scheduler.** On Linux each worker is forked by the
+  run's worker template (:mod:`._zygote`: exec'd once per run, imported only the
+  worker side, single-threaded), which hands back a pidfd and later the exit code;
+  elsewhere, after the template died, or with ``DAISY_NB_WORKER_START=exec``, it is
+  ``python -m daisy_nb.runtime.worker`` started with :class:`subprocess.Popen`. Either
+  way in its own session (process group), with ``.out``/``.err`` as fd 1/2. This is
+  the ``spawn`` start method without ``multiprocessing``'s re-import of the user's
+  ``__main__``: daisy 2.0 scripts often have no ``if __name__ == "__main__"`` guard.
+  Never ``fork`` the scheduler process: it runs numba and zarr threads. The user's
+  function is serialized once per task at run start (:mod:`.policy`).
+
+:class:`Starter` owns the run's worker template (started on first use unless
+``run._execute`` started it early), which workers it forked, and the process group
+of every worker started. Its methods, called by :class:`.processes.Processes`:
+:meth:`Starter.start` (a new :class:`Worker`'s process, shared memory, socket pair,
+setup and pidfd), :meth:`Starter.died_with_template`, :meth:`Starter.template_gone`
+and :meth:`Starter.close` (the run's end: the template closed, every process group
+killed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Mapping
+from multiprocessing import connection as mpc
+from typing import Any
+
+import numpy as np
+
+from daisy_nb import logging as dlog
+from daisy_nb.runtime import _shm, _zygote
+from daisy_nb.runtime.context import Context
+from daisy_nb.runtime.pool_parts import PoolTaskRun
+
+__all__ = ["BUSY", "CAPACITY", "DEAD", "IDLE", "PARKED", "QUITTING", "STARTING", "Starter", "Worker", "job_text"]
+
+logger = logging.getLogger("daisy")
+
+_WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")  # a forked worker's argv[0]
+
+CAPACITY = 4096  # blocks per shared-memory batch
+
+# worker states
+STARTING, IDLE, BUSY, PARKED, QUITTING, DEAD = range(6)
+
+
+def job_text(job) -> str | None:
+    """A worker function's launcher job (``daisy_nb.launch``) as the worker list and timeline show it."""
+    if not job:
+        return None
+    return f"{job.get('scheduler', '')} {job.get('job', '')} {job.get('state', '')}".strip()
+
+
+class Worker:
+    def __init__(self, wid: int, tr: PoolTaskRun, slot: int):
+        self.wid = wid
+        self.tr = tr
+        self.slot = slot
+        self.state = STARTING
+        # set by Starter.start: its process (subprocess.Popen, or _zygote.ForkedProcess), socket pair
+        # (multiprocessing.connection.Connection), pidfd; a block function's _shm.Segment, one int64
+        # array per batch slot of it (bufs), the same slots as float64 (fbufs, stats region, when
+        # tracking) and the offsets of the slots' regions (off)
+        self.proc: Any = None
+        self.conn: Any = None
+        self.pidfd: int | None = None
+        self.shm: Any = None
+        self.bufs: Any = None
+        self.fbufs: Any = None
+        self.off: Any = None
+        self.queue: deque = deque()  # (batch slot, block indices) sent to the worker, in run order
+        self.next_buf = 0
+        self.expected_exit = False
+        self.raised = False  # a block raised: the worker is exiting (dirty), not yet reaped
+        self.timed_out = False
+        self.lost = False  # a client of its job went silent (heartbeat): killed, counts as a failure
+        self.connected = False  # a Client of its job said hello (0-argument worker functions)
+        self.acquired = 0
+        self.finished = 0  # blocks it (or its worker function's clients) finished successfully
+        self.client_raised = False  # a worker function's last block raised (its exit is a crash)
+        self.err_path = None
+        self.err_offset = 0
+        self.t_spawn = time.monotonic()
+        self.t_term: float | None = None  # a worker function: when it was sent SIGTERM
+        self.job: dict | None = None  # a worker function's launcher: its last job report
+
+
+class Starter:
+    """Starts worker processes (see the module docstring)."""
+
+    def __init__(self, tasks: Mapping[str, PoolTaskRun], template=None):
+        self.trs = tasks  # the pool's run records: a worker function among them preloads the Client
+        # the worker template (_zygote): started early by run._execute, else by the first start
+        self.template = template
+        self.template_failed = False
+        self.forked_wids: set[int] = set()  # workers forked by the template (they die with it)
+        self.pgids: list[int] = []  # the process group of every worker started
+
+    def start(self, w: Worker, context: Context) -> None:
+        """Start ``w``'s process: its shared memory (block functions), socket pair (``w.conn``),
+        log files, setup and function sent; ``w.pidfd`` when this platform has one."""
+        tr = w.tr
+        setup = {
+            "sys_path": list(sys.path),
+            "log_basedir": None if dlog.get_log_basedir() is None else str(dlog.get_log_basedir()),
+            "log_mode": dlog.get_log_mode(),
+            "log_level": dlog.get_log_level(),
+            "task_id": tr.tid,
+            "worker_id": w.wid,
+            "arity": tr.arity,
+            "wants_context": tr.wants_context,
+            "capacity": CAPACITY,
+            "ndim": tr.ndim,
+        }
+        keep_fds = []
+        if tr.arity:
+            w.shm = _shm.Segment(_shm.segment_bytes(CAPACITY, tr.ndim, tr.track))
+            nw = _shm.words(CAPACITY, tr.ndim, tr.track)
+            arr = np.ndarray((_shm.SLOTS, nw), dtype=np.int64, buffer=w.shm.buf)
+            arr[:, : _shm.HDR] = 0
+            arr[:, _shm.H_CUR] = -1
+            w.bufs = list(arr)
+            w.off = _shm.offsets(CAPACITY, tr.ndim, tr.track)
+            if tr.track:
+                w.fbufs = list(np.ndarray((_shm.SLOTS, nw), dtype=np.float64, buffer=w.shm.buf))
+                setup["resource_tracking"] = True
+            setup.update(w.shm.worker_setup())
+            setup["slots"] = _shm.SLOTS
+            if w.shm.fd >= 0:
+                keep_fds.append(w.shm.fd)
+        parent_end, child_end = mpc.Pipe(duplex=True)
+        logs = dlog.open_worker_logs(tr.tid, w.slot)
+        tee = logs is not None and dlog.get_log_mode() == "both"
+        if tee:  # console stays fd 1/2; the worker copies Python-level writes into the files
+            setup["tee_files"] = (logs[0].name, logs[1].name)
+        env = _zygote.worker_env()
+        env[Context.ENV_VARIABLE] = context.to_env()
+        fd = child_end.fileno()
+        try:
+            w.proc = self._start_process(env, fd, keep_fds, logs if logs and not tee else None)
+        finally:
+            child_end.close()
+            if w.shm is not None:
+                w.shm.close_fd()  # the worker has its own
+            if logs:
+                w.err_path = logs[1].name
+                w.err_offset = logs[1].tell()
+                logs[0].close()
+                logs[1].close()
+        self.pgids.append(w.proc.pid)
+        w.conn = parent_end
+        try:
+            parent_end.send_bytes(pickle.dumps(setup))
+            parent_end.send_bytes(tr.payload or b"")  # serialized by the pool's prepare
+        except OSError:
+            pass  # died already: its pidfd says so
+        if isinstance(w.proc, _zygote.ForkedProcess):  # the template opened it before it could reap
+            self.forked_wids.add(w.wid)
+            w.pidfd = w.proc.pidfd
+        elif hasattr(os, "pidfd_open"):
+            try:
+                w.pidfd = os.pidfd_open(w.proc.pid)
+            except OSError:
+                w.pidfd = None
+
+    def _start_process(self, env: dict, fd: int, keep_fds: list, logs):
+        """Fork the worker from the run's template (started on first use), else exec it."""
+        if self.template is None and not self.template_failed:
+            self.template = _zygote.start_early(any(t.arity == 0 for t in self.trs.values()))
+            self.template_failed = self.template is None
+        if self.template is not None and not self.template.dead:
+            fds = {"conn": fd}
+            outs = (logs[0].fileno(), logs[1].fileno()) if logs else (1, 2)  # else: this process's console
+            for name, x in zip(("out", "err"), outs):
+                try:
+                    os.fstat(x)
+                    fds[name] = x
+                except OSError:
+                    pass
+            if keep_fds:
+                fds["shm"] = keep_fds[0]
+            try:
+                return self.template.fork(env, fds, [_WORKER_PY, str(fd), str(os.getpid())])
+            except _zygote.TemplateDied:
+                self.template_gone()
+        return subprocess.Popen(
+            [sys.executable, "-m", "daisy_nb.runtime.worker", str(fd), str(os.getpid())],
+            pass_fds=(fd, *keep_fds),
+            stdin=subprocess.DEVNULL,
+            stdout=logs[0] if logs else None,
+            stderr=logs[1] if logs else None,
+            env=env,
+            start_new_session=True,  # own process group: Ctrl-C is ours to handle, killpg reaps helpers
+        )
+
+    def died_with_template(self, wid: int) -> bool:
+        """Worker ``wid`` was forked by the run's template, and the template has died (taking it along)."""
+        t = self.template
+        return wid in self.forked_wids and t is not None and (t.dead or t.proc.poll() is not None)
+
+    def template_gone(self) -> None:
+        if not self.template_failed:
+            self.template_failed = True
+            logger.warning(
+                "daisy_nb: the worker template process died; its workers' unfinished blocks are "
+                "given back and new workers start by exec"
+            )
+
+    def close(self) -> None:
+        """The run's end: close the template, kill the helpers worker functions launched and left behind."""
+        if self.template is not None:
+            self.template.close()
+        for pgid in self.pgids:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
