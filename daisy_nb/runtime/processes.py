@@ -153,19 +153,23 @@ class ProcessesMixin:
         def _unconnected_note(self, w: Worker) -> str: ...
 
     def _context(self, tr: TaskRun, wid: int) -> Context:
+        """A worker's ``DAISY_CONTEXT``. Only a worker function's (its programs connect over TCP)
+        holds the run's secret: a block-function worker never connects, so it never gets it."""
         base = dlog.get_log_basedir()
-        return Context(
+        ctx = Context(
             hostname=self.advertise,
             port=self.port,
             task_id=tr.tid,
             worker_id=wid,
             logdir="" if base is None else str(base),
             resource_tracking=int(tr.track),
-            authkey=self.authkey.hex(),
             heartbeat=f"{self.net['heartbeat']:g}",
             peer_timeout=f"{self.net['peer_timeout']:g}",
             auth=f"{self.net['auth']:g}",
         )
+        if tr.arity == 0:
+            ctx["authkey"] = self.authkey.hex()
+        return ctx
 
     def _spawn(self, tr: TaskRun) -> None:
         c = self.s.counters[tr.tid]
