@@ -237,14 +237,14 @@ def test_a_flipped_bit_is_never_believed(out, fast, tmp_path, monkeypatch, caplo
     finally:
         proxy.close()
     assert proxy.flipped_at is not None, "the proxy never saw that frame"
-    assert proxy.closed_at is not None and proxy.closed_at - proxy.flipped_at < 1.0, (
-        "the connection was not dropped within a second of the flip"
-    )
     succeeded = {int(p.name.split("_")[1]) for p in out.glob("ok_*")}
     done = set(np.flatnonzero(np.asarray(read_tracking(trk)["done"])).tolist())
     assert done == succeeded  # never a wrong record
     assert done == set(range(N_BLOCKS)) - {fns.ALWAYS_STATUS, fns.ALWAYS_RAISES}  # the run completed
     assert st.completed_count == N_BLOCKS - 2 and st.failed_count == 2
+    assert proxy.closed_at is not None and proxy.closed_at - proxy.flipped_at < 1.0, (
+        "the connection was not dropped within a second of the flip"
+    )
     assert proxy.connections >= 2 or (direction, kind) in (("c2s", "Q"), ("s2c", "N"))  # went on elsewhere
     if direction == "c2s":
         assert "failed its integrity check" in caplog.text
@@ -339,6 +339,76 @@ def test_a_flood_from_one_address_does_not_evict_another_addresses_handshake():
         for s in flood:
             s.close()
         lst.close()
+
+
+class Flooder:
+    """Keeps ``n`` silent handshakes open from 127.0.0.2 to ``port``, replacing each one the
+    listener drops, until stopped."""
+
+    def __init__(self, port: int, n: int):
+        self.port, self.n, self.opened = port, n, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        socks: list[socket.socket] = []
+        try:
+            while not self.stop.is_set():
+                for s in [s for s in socks if self._dropped(s)]:
+                    socks.remove(s)
+                    s.close()
+                while len(socks) < self.n and not self.stop.is_set():
+                    s = socket.socket()
+                    s.bind(("127.0.0.2", 0))
+                    try:
+                        s.connect(("127.0.0.1", self.port))
+                    except OSError:
+                        s.close()
+                        break
+                    s.setblocking(False)
+                    socks.append(s)
+                    self.opened += 1
+                self.stop.wait(0.01)
+        finally:
+            for s in socks:
+                s.close()
+
+    @staticmethod
+    def _dropped(s) -> bool:
+        try:
+            while True:
+                data = s.recv(4096)
+                if not data:
+                    return True
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_a_worker_gets_in_during_a_handshake_flood_from_another_address(out, fast, monkeypatch):
+    flooders = []
+    orig = pool_mod._Pool._start_listener
+
+    def patched(self):
+        orig(self)
+        f = Flooder(self.port, 3 * _net.MAX_PENDING_PER_PEER)
+        flooders.append(f)
+        wait_for(lambda: f.opened >= 2 * _net.MAX_PENDING_PER_PEER, 20, "the flood")
+
+    monkeypatch.setattr(pool_mod._Pool, "_start_listener", patched)
+    monkeypatch.setenv("DAISY_NB_AUTH_TIMEOUT_SECS", "20")  # the flood's handshakes never time out on their own
+    try:
+        st = run(make_task("fl", 10, fns.client_loop, max_workers=2, max_worker_restarts=0), host="127.0.0.1")["fl"]
+    finally:
+        for f in flooders:
+            f.stop.set()
+            f.thread.join(10)
+    assert st.completed_count == 10 and st.worker_failure_count == 0
+    assert {int(p.name.split("_")[1]) for p in out.glob("ok_*")} == set(range(10))
+    assert flooders[0].opened > 3 * _net.MAX_PENDING_PER_PEER  # the flood went on: its own were evicted
 
 
 def test_a_dropped_handshake_is_tried_once_more():

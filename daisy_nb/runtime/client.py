@@ -7,14 +7,15 @@ hands out one block per ``acquire_block()``.
 
 Protocol (details in :mod:`daisy_nb.runtime._net`):
 
-1. Handshake, before anything else is read: the scheduler sends ``DAISYNB1`` and a
+1. Handshake, before anything else is read: the scheduler sends ``DAISYNB2`` and a
    16-byte nonce; the client answers ``HMAC-SHA256(secret, "daisy_nb client" +
    nonce)`` and its own nonce; the scheduler proves the secret the same way. The
    secret (``authkey``) comes with the address in ``DAISY_CONTEXT``.
 2. Frames, each with a MAC and an implicit sequence number under keys derived from
-   the secret and both nonces (``_net.FrameCodec``; a frame that fails ends the
-   connection, as a lost one), tiny ``struct``-packed payloads, never pickles. Client: ``H`` hello (worker id, then the task id: the rest of the frame,
-   so an id may hold any character), ``A`` acquire, ``R`` release
+   the secret and both nonces (``_frames.FrameCodec``; a frame that fails ends the
+   connection, as a lost one), tiny ``struct``-packed payloads, never pickles.
+   Client: ``H`` hello (worker id, then the task id: the rest of the frame, so an id
+   may hold any character; one per connection), ``A`` acquire, ``R`` release
    (index, status), ``F`` failure (index + traceback), ``G`` give back a block sent
    ahead (index), ``Q`` goodbye, ``P`` heartbeat (every ``heartbeat`` seconds, from
    a background thread, also while a block runs). Scheduler: ``B`` block (index,

@@ -92,3 +92,14 @@ def double_hello():
 def record_env(block):
     """A block function: what its worker process has in DAISY_CONTEXT."""
     (_out() / f"env_{os.getpid()}").write_text(os.environ.get("DAISY_CONTEXT", "<unset>"))
+
+
+def client_loop():
+    import daisy_nb
+
+    client = daisy_nb.Client()
+    while True:
+        with client.acquire_block() as b:
+            if b is None:
+                break
+            (_out() / f"ok_{b.write_roi.begin[0] // 10}_{os.getpid()}").touch()
