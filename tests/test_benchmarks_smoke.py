@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_dry_run.py",
         "bench_timeline.py",
         "bench_dask_lost_worker.py",
+        "bench_frame_mac.py",
     ],
 )
 def test_benchmark_quick(script):
