@@ -64,19 +64,20 @@ class Wire:
     """One generator connection: handshake, frames out, frames in.
 
     The only place that knows how daisy_nb's worker protocol is put on the wire: the
-    handshake is ``_net.connect`` (the real client's), frames are framed and split by
-    ``_net.ServerConn`` (whose ``send_bytes``/``recv_frames`` are the framing of both
-    directions, on a non-blocking socket) and the messages are ``client.py``'s. When
-    frames gain a MAC and a sequence number, :meth:`connect`, :meth:`send` and
-    :meth:`frames` are what changes.
+    handshake is ``_net.connect`` (the real client's: it returns a ``Session``, the socket
+    and its frame codec with the client's keys and sequence numbers), frames are sealed,
+    verified and split by ``_net.ServerConn`` over that codec (its ``send_bytes``/
+    ``recv_frames`` work for either end, on a non-blocking socket) and the messages are
+    ``client.py``'s.
     """
 
     __slots__ = ("asked", "conn", "done", "last_send", "released")
 
-    def __init__(self, sock):
+    def __init__(self, session):
         from daisy_nb.runtime import _net
 
-        self.conn = _net.ServerConn(sock, sock.getpeername())  # sets it non-blocking
+        sock = session.sock
+        self.conn = _net.ServerConn(sock, sock.getpeername(), session.codec)  # sets it non-blocking
         self.asked = False  # an A is on its way, unanswered
         self.done = False  # N received: the goodbye was sent
         self.released = 0
@@ -96,7 +97,10 @@ class Wire:
         self.last_send = time.monotonic()
 
     def frames(self) -> list[bytes]:
-        return self.conn.recv_frames()
+        got = self.conn.recv_frames()
+        if self.conn.broken is not None:  # a frame failed its check: never on loopback, so say it
+            raise ConnectionError(f"frame integrity: {self.conn.broken}")
+        return got
 
     def close(self) -> None:
         self.conn.close()

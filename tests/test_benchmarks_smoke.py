@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_dask_lost_worker.py",
         "bench_server_cpu.py",
         "bench_connections.py",
+        "bench_frame_mac.py",
     ],
 )
 def test_benchmark_quick(script):

@@ -289,7 +289,7 @@ def test_straggler_after_the_run_exits_zero_at_once(out):
         lst.close()
     assert r.returncode == 0, r.stderr
     assert "not this worker's run" in r.stderr and secs < 20
-    assert got == [] and lst.rejected == 1
+    assert got == [] and lst.rejected == 2  # tried once more (a flood may have dropped its handshake)
     assert (next(out.glob("end_*"))).read_text().strip() == "0 connected=False"
     assert len(done(out, "s")) == before
 

@@ -127,7 +127,7 @@ def test_worker_function_with_context_keyword(out):
     states = run([make_task("wc", 10, blockfns.client_loop_with_context)])
     assert states["wc"].completed_count == 10
     ctx = (next(out.glob("context_*"))).read_text()
-    assert "task_id=wc" in ctx and "authkey=" in ctx
+    assert "task_id=wc" in ctx and "authkey=" in ctx  # a worker function connects: it gets the secret
 
 
 def test_external_worker_program_connects_through_context(out):

@@ -4,7 +4,7 @@ Used by 0-argument worker functions and the programs they start (cluster jobs), 
 by block-function workers (those use shared memory, see ``_shm``). Standard library
 only: worker programs import this.
 
-Protocol (version 1) on one TCP connection, all integers little-endian:
+Protocol (version 2) on one TCP connection, all integers little-endian:
 
 1. server -> client: ``MAGIC`` (8 bytes) + server nonce ``Ns`` (16 random bytes).
 2. client -> server: ``HMAC-SHA256(secret, b"daisy_nb client" + Ns)`` (32 bytes) +
@@ -14,14 +14,37 @@ Protocol (version 1) on one TCP connection, all integers little-endian:
    connection. Nothing a peer sends is interpreted before this check passes.
    Handshakes run in the listener's own thread on non-blocking sockets with a
    deadline each, so a silent stranger delays neither other connections nor the run.
+   At most ``MAX_PENDING_PER_PEER`` handshakes per peer address (an IPv6 /64) are in
+   progress (beyond it that address's oldest is dropped) and ``MAX_PENDING`` in all
+   (beyond it the oldest of the address with the most is dropped): a flood from one
+   address never evicts another address's handshake. A client whose handshake is
+   closed or times out tries once more before it concludes "another run".
 3. server -> client: ``HMAC-SHA256(secret, b"daisy_nb server" + Ns + Nc)`` (32 bytes).
    The client checks it, so a worker never talks to another run that reuses the port
    (or to any other program): it treats that as "the run has ended".
-4. Frames, both ways: ``u32`` length + payload (at most ``MAX_FRAME`` bytes); the
-   payload's first byte is its kind (see ``client.py``). ``P`` is a heartbeat.
+4. Frames, both ways, each with a MAC and an implicit sequence number under a key per
+   direction derived from the secret and both nonces (:mod:`._frames`: layout, keys,
+   why BLAKE2b). A frame that fails is never interpreted: the connection is closed at
+   once (the scheduler hands out the blocks it held again, as for a lost client; the
+   client treats it as a lost connection). The payload's first byte is its kind (see
+   ``client.py``); ``P`` is a heartbeat.
 
-The secret (32 random bytes per run) travels hex-encoded in ``DAISY_CONTEXT``
-(``authkey``), like the address. So does liveness: the client sends ``P`` every
+   Why not TLS: Python's :mod:`ssl` has no pre-shared-key ciphersuites before 3.13
+   (this package supports 3.10), so TLS would need certificates per run
+   (generated with a third-party package, or ``openssl`` on ``PATH``) on a path that
+   carries ~100-byte frames; the per-frame MAC costs ~1 µs (benchmarks/bench_frame_mac.py)
+   and only the standard library. Frames are authenticated, not encrypted: block
+   coordinates and tracebacks are not secret, the run's secret never travels.
+
+Using the frames (a client, a benchmark): :func:`connect` returns a :class:`Session`
+(the socket and its :class:`FrameCodec`); ``send_frame(session, payload)``,
+``recv_frame(session)`` (blocking) and ``session.feed(data)`` (bytes read by the
+caller: the complete frames, verified, in one pass) work on it. The scheduler's end
+is a :class:`ServerConn` (``send_bytes``, ``recv_frames``), made by :class:`Listener`.
+
+The secret (32 random bytes per run) travels hex-encoded in the ``DAISY_CONTEXT`` of
+worker functions (``authkey``), like the address; block-function workers never connect
+and never get it, and ``Context``'s repr hides it. So does liveness: the client sends ``P`` every
 ``heartbeat`` seconds from a background thread (also while a block runs) and the
 server pings clients that wait for work; each side treats ``peer_timeout`` seconds
 of silence as the end of the other (the server drops the client and hands its blocks
@@ -38,35 +61,59 @@ import hmac
 import ipaddress
 import logging
 import os
+import random
 import secrets
 import selectors
 import socket
-import struct
 import threading
 import time
 
+from daisy_nb.runtime._frames import (
+    HEADER,
+    HTAG,
+    MAX_FRAME,
+    TAG,
+    FrameCodec,
+    FrameError,
+    Session,
+    recv_frame,
+    send_frame,
+    session_keys,
+    split_frames,
+)
+
 __all__ = [
+    "HEADER",
+    "HTAG",
+    "MAX_FRAME",
+    "TAG",
+    "FrameCodec",
+    "FrameError",
     "Listener",
     "NotOurRun",
     "ServerConn",
+    "Session",
     "candidate_addresses",
     "connect",
     "describe",
     "detect_address",
     "liveness",
+    "recv_frame",
     "resolve_host",
+    "send_frame",
+    "session_keys",
+    "split_frames",
 ]
 
 logger = logging.getLogger("daisy")
 
-MAGIC = b"DAISYNB1"
+MAGIC = b"DAISYNB2"  # protocol version 2: authenticated frames (version 1's were plain)
 NONCE = 16
 MAC = 32
 _CLIENT_LABEL = b"daisy_nb client"
 _SERVER_LABEL = b"daisy_nb server"
-MAX_FRAME = 1 << 20  # tracebacks are capped at 8 KiB; a block frame is < 1 KiB
-MAX_PENDING = 64  # handshakes in progress at once; the oldest is dropped beyond this
-_LEN = struct.Struct("<I")
+MAX_PENDING = 256  # handshakes in progress at once (the oldest of the busiest address goes beyond this)
+MAX_PENDING_PER_PEER = 32  # per peer address (an IPv6 /64); that address's oldest goes beyond this
 
 DEFAULTS = {"auth": 5.0, "heartbeat": 5.0, "peer_timeout": 30.0}
 _ENV = {
@@ -78,6 +125,10 @@ _ENV = {
 
 class NotOurRun(ConnectionError):
     """The listener at the address is not this worker's run (another run, another program)."""
+
+
+class _Dropped(NotOurRun):
+    """The handshake was closed or timed out: another run, or ours dropped it (a flood); retried once."""
 
 
 # ------------------------------------------------------------------------ settings
@@ -240,73 +291,67 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def connect(host: str, port: int, secret: bytes, timeouts: dict) -> socket.socket:
-    """Connect and authenticate both ways; returns a blocking socket with ``peer_timeout`` set.
+def connect(host: str, port: int, secret: bytes, timeouts: dict) -> Session:
+    """Connect and authenticate both ways; returns a :class:`Session` (blocking, ``peer_timeout`` set).
 
     ``OSError`` if nothing answers (refused, unreachable, timeout); :class:`NotOurRun`
-    if something answers that is not this run.
+    if something answers that is not this run. A handshake that the listener closes or
+    lets time out is tried once more (after 0.05-0.5 s) before concluding "another run":
+    a listener under a handshake flood may have dropped ours.
     """
     if not secret:
         raise NotOurRun("the context has no authkey")
+    try:
+        return _connect_once(host, port, secret, timeouts)
+    except _Dropped as e:
+        logger.info("daisy_nb handshake with %s:%s failed (%s); trying once more", host, port, e)
+    time.sleep(random.uniform(0.05, 0.5))
+    return _connect_once(host, port, secret, timeouts)
+
+
+def _connect_once(host: str, port: int, secret: bytes, timeouts: dict) -> Session:
     sock = socket.create_connection((host, port), timeout=timeouts["auth"])
     try:
         try:
             hello = _recv_exact(sock, len(MAGIC) + NONCE)
             if hello[: len(MAGIC)] != MAGIC:
+                if hello[: len(MAGIC) - 1] == MAGIC[:-1]:
+                    raise NotOurRun("the scheduler speaks another version of daisy_nb's protocol (another release)")
                 raise NotOurRun("the listener is not a daisy_nb scheduler")
             ns = hello[len(MAGIC) :]
             nc = secrets.token_bytes(NONCE)
             sock.sendall(_mac(secret, _CLIENT_LABEL, ns) + nc)
             proof = _recv_exact(sock, MAC)
         except (EOFError, ConnectionResetError):
-            raise NotOurRun("the scheduler closed the connection during authentication (another run)") from None
+            raise _Dropped("the scheduler closed the connection during authentication (another run)") from None
         except TimeoutError:
-            raise NotOurRun("no daisy_nb handshake from the listener") from None
+            raise _Dropped("no daisy_nb handshake from the listener") from None
         if not hmac.compare_digest(proof, _mac(secret, _SERVER_LABEL, ns, nc)):
             raise NotOurRun("the scheduler could not prove it knows this run's secret (another run)")
         keepalive(sock, timeouts["peer_timeout"])
         sock.settimeout(timeouts["peer_timeout"])
-        return sock
+        return Session(sock, FrameCodec.client(secret, ns, nc))
     except BaseException:
         sock.close()
         raise
 
 
-def send_frame(sock: socket.socket, payload: bytes) -> None:
-    sock.sendall(_LEN.pack(len(payload)) + payload)
-
-
-def recv_frame(sock: socket.socket) -> bytes:
-    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-    if n > MAX_FRAME:
-        raise ConnectionError(f"frame of {n} bytes from the scheduler (protocol error)")
-    return _recv_exact(sock, n)
-
-
-def split_frames(buf: bytearray) -> list[bytes]:
-    """Remove the complete frames at the front of ``buf`` and return their payloads."""
-    out = []
-    while len(buf) >= _LEN.size:
-        (n,) = _LEN.unpack_from(buf)
-        if n > MAX_FRAME:
-            raise ConnectionError(f"frame of {n} bytes (protocol error)")
-        if len(buf) < _LEN.size + n:
-            break
-        out.append(bytes(buf[_LEN.size : _LEN.size + n]))
-        del buf[: _LEN.size + n]
-    return out
-
-
 # -------------------------------------------------------------------------- server
 class ServerConn:
-    """The scheduler's end of an authenticated connection (non-blocking; never blocks the loop)."""
+    """The scheduler's end of an authenticated connection (non-blocking; never blocks the loop).
 
-    def __init__(self, sock: socket.socket, peer):
+    ``broken``: why a frame failed its check (``recv_frames`` returned the frames verified
+    before it; the caller closes the connection), else None.
+    """
+
+    def __init__(self, sock: socket.socket, peer, codec: FrameCodec):
         self.sock = sock
         self.peer = peer
+        self.codec = codec
         self._fd = sock.fileno()
         self._buf = bytearray()
         self.closed = False
+        self.broken: str | None = None
         sock.setblocking(False)
 
     def fileno(self) -> int:
@@ -314,12 +359,17 @@ class ServerConn:
 
     def send_bytes(self, payload: bytes) -> None:
         """Send one frame; ``OSError`` if it does not fit at once (the peer has stopped reading)."""
-        data = _LEN.pack(len(payload)) + payload
+        data = self.codec.seal(payload)
         if self.sock.send(data) != len(data):
             raise OSError("peer is not reading (send buffer full)")
 
     def recv_frames(self) -> list[bytes]:
-        """The complete frames that have arrived (``EOFError`` at end of stream)."""
+        """The complete frames that have arrived, verified (``EOFError`` at end of stream).
+
+        A frame that fails its check sets ``broken`` and ends the list (the frames before
+        it are authentic); after that, ``FrameError``."""
+        if self.broken is not None:
+            raise FrameError(self.broken)
         try:
             data = self.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
@@ -327,7 +377,11 @@ class ServerConn:
         if not data:
             raise EOFError("connection closed")
         self._buf += data
-        return split_frames(self._buf)
+        try:
+            return self.codec.open(self._buf)
+        except FrameError as e:
+            self.broken = str(e)
+            return e.frames
 
     def close(self) -> None:
         if not self.closed:
@@ -335,13 +389,66 @@ class ServerConn:
             self.sock.close()
 
 
+def peer_key(peer) -> str:
+    """Whose handshake slots a connection uses: its IPv4 address, or its IPv6 /64 (one host's usual share)."""
+    try:
+        a = ipaddress.ip_address(str(peer[0]).split("%")[0])
+    except (ValueError, TypeError, IndexError):
+        return str(peer)
+    if isinstance(a, ipaddress.IPv6Address):
+        if a.ipv4_mapped is not None:
+            return str(a.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{a}/64", strict=False))
+    return str(a)
+
+
 class _Handshake:
-    __slots__ = ("buf", "deadline", "nonce", "peer", "sock")
+    __slots__ = ("buf", "deadline", "key", "nonce", "peer", "sock")
 
     def __init__(self, sock, peer, deadline):
         self.sock, self.peer, self.deadline = sock, peer, deadline
+        self.key = peer_key(peer)
         self.nonce = secrets.token_bytes(NONCE)
         self.buf = b""
+
+
+class _Pending:
+    """The handshakes in progress, oldest first, in all and per peer address (see :func:`peer_key`)."""
+
+    def __init__(self):
+        self.all: dict[socket.socket, _Handshake] = {}
+        self.peers: dict[str, dict[socket.socket, _Handshake]] = {}
+
+    def __contains__(self, sock) -> bool:
+        return sock in self.all
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def values(self):
+        return self.all.values()
+
+    def add(self, hs: _Handshake) -> None:
+        self.all[hs.sock] = hs
+        self.peers.setdefault(hs.key, {})[hs.sock] = hs
+
+    def remove(self, hs: _Handshake) -> None:
+        self.all.pop(hs.sock, None)
+        group = self.peers.get(hs.key)
+        if group is not None:
+            group.pop(hs.sock, None)
+            if not group:
+                del self.peers[hs.key]
+
+    def victim(self, key: str) -> _Handshake | None:
+        """The handshake to drop before one from ``key`` joins: ``key``'s oldest at its cap, else
+        at the global cap the oldest of the address with the most (a flooder's), else None."""
+        group = self.peers.get(key)
+        if group is not None and len(group) >= MAX_PENDING_PER_PEER:
+            return next(iter(group.values()))
+        if len(self.all) >= MAX_PENDING:
+            return next(iter(max(self.peers.values(), key=len).values()))
+        return None
 
 
 class Listener:
@@ -447,7 +554,7 @@ class Listener:
         sel = selectors.DefaultSelector()
         sel.register(self._sock, selectors.EVENT_READ, None)
         sel.register(self._stop_r, selectors.EVENT_READ, "stop")
-        pending: dict[socket.socket, _Handshake] = {}  # insertion order: oldest first
+        pending = _Pending()
         try:
             while True:
                 now = time.monotonic()
@@ -474,8 +581,8 @@ class Listener:
             sel.close()
             self._sock.close()
 
-    def _drop(self, sel, pending, hs: _Handshake, why: str) -> None:
-        pending.pop(hs.sock, None)
+    def _drop(self, sel, pending: _Pending, hs: _Handshake, why: str) -> None:
+        pending.remove(hs)
         sel.unregister(hs.sock)
         self._reject(hs, why)
 
@@ -495,9 +602,9 @@ class Listener:
             except OSError:
                 self._reject(hs, "closed at once")
                 continue
-            if len(pending) >= MAX_PENDING:
-                self._drop(sel, pending, next(iter(pending.values())), "too many handshakes at once")
-            pending[sock] = hs
+            while (victim := pending.victim(hs.key)) is not None:
+                self._drop(sel, pending, victim, f"too many handshakes at once (from {victim.key})")
+            pending.add(hs)
             sel.register(sock, selectors.EVENT_READ, hs)
 
     def _advance(self, sel, pending, hs: _Handshake) -> None:
@@ -516,7 +623,7 @@ class Listener:
         hs.buf += chunk
         if len(hs.buf) < MAC + NONCE:
             return
-        pending.pop(hs.sock)
+        pending.remove(hs)
         sel.unregister(hs.sock)
         if not hmac.compare_digest(hs.buf[:MAC], _mac(self.secret, _CLIENT_LABEL, hs.nonce)):
             self._reject(hs, "wrong answer")
@@ -529,4 +636,5 @@ class Listener:
             self._reject(hs, str(e))
             return
         keepalive(hs.sock, self.timeouts["peer_timeout"])
-        self.on_conn(ServerConn(hs.sock, hs.peer))
+        nc = hs.buf[MAC:]
+        self.on_conn(ServerConn(hs.sock, hs.peer, FrameCodec.server(self.secret, hs.nonce, nc)))

@@ -7,13 +7,15 @@ hands out one block per ``acquire_block()``.
 
 Protocol (details in :mod:`daisy_nb.runtime._net`):
 
-1. Handshake, before anything else is read: the scheduler sends ``DAISYNB1`` and a
+1. Handshake, before anything else is read: the scheduler sends ``DAISYNB2`` and a
    16-byte nonce; the client answers ``HMAC-SHA256(secret, "daisy_nb client" +
    nonce)`` and its own nonce; the scheduler proves the secret the same way. The
    secret (``authkey``) comes with the address in ``DAISY_CONTEXT``.
-2. Frames (``u32`` little-endian length + payload), tiny ``struct``-packed, never
-   pickles. Client: ``H`` hello (worker id, then the task id: the rest of the frame,
-   so an id may hold any character), ``A`` acquire, ``R`` release
+2. Frames, each with a MAC and an implicit sequence number under keys derived from
+   the secret and both nonces (``_frames.FrameCodec``; a frame that fails ends the
+   connection, as a lost one), tiny ``struct``-packed payloads, never pickles.
+   Client: ``H`` hello (worker id, then the task id: the rest of the frame, so an id
+   may hold any character; one per connection), ``A`` acquire, ``R`` release
    (index, status), ``F`` failure (index + traceback), ``G`` give back a block sent
    ahead (index), ``Q`` goodbye, ``P`` heartbeat (every ``heartbeat`` seconds, from
    a background thread, also while a block runs). Scheduler: ``B`` block (index,
@@ -186,15 +188,16 @@ class Client:
         self._beat = timeouts["heartbeat"]
         self._peer = timeouts["peer_timeout"]
         self._sock: socket.socket | None = None
+        self._sess: _net.Session | None = None  # the socket and its frame codec
         self._lock = threading.Lock()  # one sender at a time: this thread and the heartbeat
         self._io = threading.RLock()  # reading the socket / the inbox: this thread, or the heartbeat's give-back
         self._stop = threading.Event()
         self._inbox: deque = deque()  # frames read and not used yet: a block sent ahead
-        self._rbuf = bytearray()
         self._in_block = False
         self._t_idle = self._last_send = self._last_recv = time.monotonic()
         try:
-            self._sock = _net.connect(self.host, self.port, secret, timeouts)
+            self._sess = _net.connect(self.host, self.port, secret, timeouts)
+            self._sock = self._sess.sock
         except _net.NotOurRun as e:
             logger.warning("daisy server at %s:%s is not this worker's run (%s); " + _ENDED, self.host, self.port, e)
             return
@@ -215,11 +218,11 @@ class Client:
     # ------------------------------------------------------------- transport
     def _send(self, payload: bytes) -> bool:
         with self._lock:
-            sock = self._sock
-            if sock is None:
+            sess = self._sess
+            if sess is None:
                 return False
             try:
-                _net.send_frame(sock, payload)
+                sess.send(payload)
                 self._last_send = time.monotonic()
                 return True
             except OSError as e:
@@ -245,9 +248,9 @@ class Client:
         if now - self._last_send < self._beat:
             return
         with self._lock:
-            if self._sock is not None:
+            if self._sess is not None:
                 try:
-                    _net.send_frame(self._sock, b"P")
+                    self._sess.send(b"P")
                     self._last_send = time.monotonic()
                 except OSError:
                     pass  # the main thread finds out on its next send or receive
@@ -289,17 +292,19 @@ class Client:
 
     def _read(self, wait: bool) -> None:
         """Move the frames that arrived into the inbox; ``wait``: block (up to peer_timeout) for bytes."""
-        sock = self._sock
-        if sock is None:
+        sock, sess = self._sock, self._sess
+        if sock is None or sess is None:
             raise EOFError("disconnected")
+        if sess.broken is not None:  # a frame failed its check: never read past it
+            raise _net.FrameError(sess.broken)
         if not wait and not self._poll.poll(0):
             return
         data = sock.recv(65536)
         if not data:
             raise EOFError("the scheduler closed the connection")
         self._last_recv = time.monotonic()
-        self._rbuf += data
-        self._inbox.extend(m for m in _net.split_frames(self._rbuf) if m[:1] != b"P")
+        # a frame that fails its check raises FrameError (a ConnectionError): a lost connection
+        self._inbox.extend(m for m in sess.feed(data) if m[:1] != b"P")
 
     def _request(self):
         with self._io:
@@ -404,7 +409,7 @@ class Client:
             # goodbye: the scheduler gives back what it sent ahead (never started) and closes
             bye = give_back and self._send(b"Q")
             with self._lock:
-                sock, self._sock = self._sock, None
+                sock, self._sock, self._sess = self._sock, None, None
         if sock is None:
             return
         try:

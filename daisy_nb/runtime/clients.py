@@ -392,6 +392,17 @@ class Clients:
                 self._on_client_msg(cc, msg)
             except (struct.error, ValueError):  # a malformed frame (from an authenticated peer)
                 self._drop_client(cc)
+        if cc.conn.broken is not None and cc.conn in self.clients:  # never interpreted: dropped at once
+            logger.warning(
+                "task %r: a frame from worker %s at %s failed its integrity check (%s); connection dropped, "
+                "%d block(s) it held are handed out again",
+                "?" if cc.tr is None else cc.tr.tid,
+                cc.wid,
+                cc.conn.peer,
+                cc.conn.broken,
+                len(cc.held),
+            )
+            self._drop_client(cc)
 
     def check_heartbeats(self) -> None:
         """Heartbeats: ping every client (also while it runs a block, so that it can tell a live

@@ -2,6 +2,8 @@
 
 Encoded as ``k=v:k=v`` with ``%``, ``:`` and ``=`` percent-encoded inside keys and
 values (the wheel encodes ``:``; we also encode ``=`` so any value round-trips).
+``repr``/``str`` never show the run's secret (``authkey=<hidden>``); ``to_env`` does
+(it is how a ``Client`` program gets it).
 """
 
 from __future__ import annotations
@@ -101,4 +103,6 @@ class Context:
         return c
 
     def __repr__(self):
-        return f"Context({self.to_env()})"
+        """As ``to_env()``, with the run's secret shown as ``authkey=<hidden>`` (reprs end up in logs)."""
+        shown = (f"{_enc(k)}=" + ("<hidden>" if k == "authkey" else _enc(v)) for k, v in self._d.items())
+        return "Context(" + ":".join(shown) + ")"

@@ -189,20 +189,24 @@ class _Pool:
         logger.info("daisy_nb scheduler %s", self.where)
 
     def _context(self, tr: PoolTaskRun, wid: int) -> Context:
-        """What worker ``wid`` of ``tr`` is told (``DAISY_CONTEXT``): where to connect, the secret, the timeouts."""
+        """What worker ``wid`` of ``tr`` is told (``DAISY_CONTEXT``): where to connect, the timeouts,
+        and, only for a worker function (its programs connect over TCP), the run's secret: a
+        block-function worker never connects, so it never gets it."""
         base = dlog.get_log_basedir()
-        return Context(
+        ctx = Context(
             hostname=self.advertise,
             port=self.port,
             task_id=tr.tid,
             worker_id=wid,
             logdir="" if base is None else str(base),
             resource_tracking=int(tr.track),
-            authkey=self.authkey.hex(),
             heartbeat=f"{self.net['heartbeat']:g}",
             peer_timeout=f"{self.net['peer_timeout']:g}",
             auth=f"{self.net['auth']:g}",
         )
+        if tr.arity == 0:
+            ctx["authkey"] = self.authkey.hex()
+        return ctx
 
     def _wake(self):
         fd = self.wake_w
