@@ -587,9 +587,10 @@ def test_cli_serves_tracking_read_only(tmp_path, monkeypatch):
         assert "dashboard test failure in block 9" in b["traceback"]  # from ./daisy_logs
         p = get_json(at(url, "api/pictures"))["tasks"]["vol"]
         assert p["counts"]["failed"] == 2 and p["shape"] == [4, 4, 4]
-        time.sleep(1.1)  # the state is re-read at most once a second
-        errs = get_json(at(url, "api/state"))["errors"]  # the failed blocks the picture pass found
-        assert sorted(e["block_id"] for e in errs) == [3, 9]
+        deadline = time.monotonic() + 20  # the state is re-read at most once a second: poll for the pass
+        while len(errs := get_json(at(url, "api/state"))["errors"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted(e["block_id"] for e in errs) == [3, 9]  # the failed blocks the picture pass found
         assert all(f"dashboard test failure in block {e['block_id']}" in e["text"] for e in errs)
         groups = get_json(at(url, "api/state"))["error_groups"]  # the worker logs' failures, by kind
         assert [(g["type"], g["count"], g["task"]) for g in groups] == [("ValueError", 2, "vol")]

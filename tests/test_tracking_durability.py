@@ -39,6 +39,25 @@ def _done_by_zarr(track: Path) -> set[int]:
     return set(np.flatnonzero(done).tolist())
 
 
+def _wait_group_gone(pgid: int, wait: float) -> None:
+    """Poll until no live process of process group ``pgid`` is left, or ``wait`` seconds passed."""
+    import psutil
+
+    def left():
+        out = []
+        for p in psutil.process_iter(["pid", "status"]):
+            try:
+                if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.info["pid"]) == pgid:
+                    out.append(p.info["pid"])
+            except (ProcessLookupError, psutil.Error):
+                pass
+        return out
+
+    deadline = time.monotonic() + wait
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _read_log(log: Path) -> dict[int, float]:
     out = {}
     if log.exists():
@@ -72,7 +91,7 @@ def test_sigkill_keeps_every_finished_block_but_the_last_second(mode, tmp_path):
         t_kill = time.time()
         os.kill(proc.pid, signal.SIGKILL)  # the scheduler process only
         proc.wait(timeout=10)
-        time.sleep(0.3)  # pool workers notice and stop
+        _wait_group_gone(proc.pid, 3.0)  # pool workers notice and stop (what is left is killed below)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
