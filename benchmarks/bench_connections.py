@@ -9,7 +9,7 @@ program, as a cluster job; here each job is a *load generator* process that open
 handshakes in a thread pool (``_net.connect`` is blocking), then every socket
 non-blocking under one selector (no thread per connection). Each connection speaks
 the worker protocol of ``daisy_nb.Client`` (hello with the job's worker id, ``A``
-acquire, ``R`` release, ``Q`` goodbye, ``P`` heartbeats) with the frame and message
+acquire, ``R`` release and acquire, ``Q`` goodbye, ``P`` heartbeats) with the frame and message
 helpers of ``daisy_nb.runtime._net`` and ``daisy_nb.runtime.client``, through
 :class:`Wire`, the one place that knows the wire format (the hardening issue's
 per-frame MAC and sequence numbers change only it). Three phases, each started by
@@ -23,8 +23,9 @@ a barrier across the generator processes (files in a shared folder):
    8 at a time per process, unless ``--no-reconnect``), hello said, none asking for work; heartbeats both ways
    (``DAISY_NB_HEARTBEAT_SECS``, 5 s by default) for ``idle_secs``: the scheduler's
    CPU per second at rest, its threads;
-3. **blocks**: every connection loops acquire / release on blocks that take no time
-   (as the real client: it asks only when no block sent ahead is waiting); blocks/s
+3. **blocks**: every connection asks (``A``) and releases each block at once, blocks
+   that take no time (as the real client, a release asks for the next block, so ``A``
+   goes out again only where no request is unanswered); blocks/s
    and the scheduler's CPU per block while every connection is busy (from the
    barrier to the first ``N``, "no more work").
 
@@ -199,9 +200,9 @@ def generate(lib: str) -> None:
                     for m in msgs:
                         kind = m[:1]
                         if kind == b"B":  # a block that takes no time: released at once
-                            w.asked = False
                             index = _BLOCK_HDR.unpack_from(m, 1)[0]
-                            w.send(b"R" + _RELEASE.pack(index, 2))
+                            w.send(b"R" + _RELEASE.pack(index, 2))  # a release asks for the next block too
+                            w.asked = True
                             w.released += 1
                             released.append(time.monotonic())
                         elif kind == b"N":

@@ -512,14 +512,51 @@ class Scheduler:
         self._release_rows(t, rows, codes)
         self._track(t, rows, codes)
 
+    # -- list API (the TCP path: a few blocks per call, frames built from plain ints) ------
+    def acquire_described(self, task_id, max_n: int) -> list[list[int]]:
+        """Up to ``max_n`` ready blocks of ``task_id`` as flat lists ``[index, spatial id, *read
+        offset, *read shape, *write offset, *write shape]`` (the batch API's order and prechecks).
+
+        One block is one kernel call into a preallocated row (the per-block API's), no arrays
+        built: what serving one ``Client`` request costs (``clients.py``)."""
+        t = self._tindex.get(task_id)
+        if t is None or max_n <= 0:
+            return []
+        if max_n == 1 and self._checks[task_id] is None:
+            out = self._one[t]
+            n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
+            if n < 0:
+                raise RuntimeError("internal error: scratch buffer too small")
+            return [out.tolist()] if n else []
+        b = self.acquire_blocks(task_id, max_n)
+        cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)
+        return [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
+
+    def release_indices(self, task_id, index: list[int], status: list[int]) -> None:
+        """``release_blocks`` for lists a runtime built itself (statuses 0, 2 or 3, not checked):
+        one block is one kernel call, no arrays built."""
+        t = self._tindex[task_id]
+        if len(index) != 1:
+            self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
+            return
+        row, code = index[0], status[0]
+        n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE_ONE, t, row, code, self._no_rows, self._no_codes)
+        if n < 0:
+            if n == kt.RC_SCRATCH:
+                raise RuntimeError("internal error: scratch buffer too small")
+            self._fail(t, row)
+        if self.tracking:
+            self._track(t, np.full(1, row, np.int64), np.full(1, code, np.uint8))
+
     # -- state --------------------------------------------------------------------------
     def ready_count(self, task_id) -> int:
-        return int(self.cnt[self._tindex[task_id], kt.C_READY])
+        return self.cnt.item(self._tindex[task_id], kt.C_READY)
 
     def remaining_count(self, task_id) -> int:
+        # .item: plain ints, no numpy scalars (runtimes ask this several times per loop turn)
         t = self._tindex[task_id]
-        c = self.cnt[t]
-        return int(self._layouts[t].num_blocks - c[kt.C_COMPLETED] - c[kt.C_FAILED] - c[kt.C_ORPHANED])
+        item = self.cnt.item
+        return self._nblocks[t] - item(t, kt.C_COMPLETED) - item(t, kt.C_FAILED) - item(t, kt.C_ORPHANED)
 
     def is_task_done(self, task_id) -> bool:
         return self.remaining_count(task_id) <= 0

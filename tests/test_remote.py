@@ -361,20 +361,19 @@ def frames(monkeypatch):
     from daisy_nb.runtime import clients
 
     seen = {"ahead": 0}
-    on_msg, serve = clients.Clients._on_client_msg, clients.Clients._serve_client
+    on_msg, send = clients.Clients._on_client_msg, clients.Clients._send_block
 
     def on_client_msg(self, cc, msg):
         k = msg[:1].decode()
         seen[k] = seen.get(k, 0) + 1
         return on_msg(self, cc, msg)
 
-    def serve_client(self, cc, ahead=False):
-        n = len(cc.held)
-        serve(self, cc, ahead)
-        seen["ahead"] += ahead and len(cc.held) > n
+    def send_block(self, cc, row, ahead):
+        seen["ahead"] += bool(ahead)
+        return send(self, cc, row, ahead)
 
     monkeypatch.setattr(clients.Clients, "_on_client_msg", on_client_msg)
-    monkeypatch.setattr(clients.Clients, "_serve_client", serve_client)
+    monkeypatch.setattr(clients.Clients, "_send_block", send_block)
     return seen
 
 

@@ -4,7 +4,7 @@ Used by 0-argument worker functions and the programs they start (cluster jobs), 
 by block-function workers (those use shared memory, see ``_shm``). Standard library
 only: worker programs import this.
 
-Protocol (version 2) on one TCP connection, all integers little-endian:
+Protocol (version 3) on one TCP connection, all integers little-endian:
 
 1. server -> client: ``MAGIC`` (8 bytes) + server nonce ``Ns`` (16 random bytes).
 2. client -> server: ``HMAC-SHA256(secret, b"daisy_nb client" + Ns)`` (32 bytes) +
@@ -107,7 +107,7 @@ __all__ = [
 
 logger = logging.getLogger("daisy")
 
-MAGIC = b"DAISYNB2"  # protocol version 2: authenticated frames (version 1's were plain)
+MAGIC = b"DAISYNB3"  # protocol version 3: a release asks for the next block (2: authenticated frames; 1: plain)
 NONCE = 16
 MAC = 32
 _CLIENT_LABEL = b"daisy_nb client"

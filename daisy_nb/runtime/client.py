@@ -7,7 +7,7 @@ hands out one block per ``acquire_block()``.
 
 Protocol (details in :mod:`daisy_nb.runtime._net`):
 
-1. Handshake, before anything else is read: the scheduler sends ``DAISYNB2`` and a
+1. Handshake, before anything else is read: the scheduler sends ``DAISYNB3`` and a
    16-byte nonce; the client answers ``HMAC-SHA256(secret, "daisy_nb client" +
    nonce)`` and its own nonce; the scheduler proves the secret the same way. The
    secret (``authkey``) comes with the address in ``DAISY_CONTEXT``.
@@ -16,10 +16,15 @@ Protocol (details in :mod:`daisy_nb.runtime._net`):
    connection, as a lost one), tiny ``struct``-packed payloads, never pickles.
    Client: ``H`` hello (worker id, then the task id: the rest of the frame, so an id
    may hold any character; one per connection), ``A`` acquire, ``R`` release
-   (index, status), ``F`` failure (index + traceback), ``G`` give back a block sent
-   ahead (index), ``Q`` goodbye, ``P`` heartbeat (every ``heartbeat`` seconds, from
-   a background thread, also while a block runs). Scheduler: ``B`` block (index,
-   spatial id, ROIs), ``N`` no more work, ``P`` heartbeat (while a request waits).
+   (index, status) *and* acquire the next (the scheduler answers it as an ``A``, so
+   a loop sends one frame per block; ``A`` only where no release asked: the first
+   block, after a failure or a give-back), ``F`` failure (index + traceback; no
+   request), ``G`` give back a block sent ahead (index), ``Q`` goodbye, ``P``
+   heartbeat (every ``heartbeat`` seconds, from a background thread, also while a
+   block runs). Scheduler: ``B`` block (index, spatial id, ROIs), ``N`` no more
+   work, ``P`` heartbeat (while a request waits). A block the client holds (sent
+   ahead, or on its way) answers a request; one it does not use is given back (``G``,
+   ``Q``), uncounted.
 3. Silence for ``peer_timeout`` seconds ends the connection, on either side.
 
 For a ``Task(resource_tracking=True)`` (``resource_tracking=1`` in the context) the
@@ -130,6 +135,12 @@ def pack_block(index: int, spatial_id: int, ro, rs, wo, ws) -> bytes:
     return b"B" + _BLOCK_HDR.pack(index, spatial_id, nd) + struct.pack(f"<{4 * nd}q", *ro, *rs, *wo, *ws)
 
 
+def pack_row(row: list[int]) -> bytes:
+    """``pack_block`` of a flat ``[index, spatial id, *ro, *rs, *wo, *ws]`` (``Scheduler.acquire_described``)."""
+    nd = (len(row) - 2) // 4
+    return b"B" + struct.pack(f"<{3 + 4 * nd}q", row[0], row[1], nd, *row[2:])
+
+
 def pack_hello(task_id: str, worker_id: int) -> bytes:
     """``H`` + worker id (``int64``) + the task id in UTF-8, the rest of the frame: any id works."""
     return b"H" + _HELLO.pack(worker_id) + task_id.encode("utf-8", "surrogatepass")
@@ -194,6 +205,7 @@ class Client:
         self._stop = threading.Event()
         self._inbox: deque = deque()  # frames read and not used yet: a block sent ahead
         self._in_block = False
+        self._owed = False  # a request (A, or an R: "done, and the next one") is not answered yet
         self._t_idle = self._last_send = self._last_recv = time.monotonic()
         try:
             self._sess = _net.connect(self.host, self.port, secret, timeouts)
@@ -312,15 +324,19 @@ class Client:
                 return None
             try:
                 self._read(False)  # a block sent ahead is used without asking
-                if not any(m[:1] == b"B" for m in self._inbox) and not self._send(b"A"):
-                    return None
+                if not self._owed and not any(m[:1] == b"B" for m in self._inbox):
+                    if not self._send(b"A"):
+                        return None
+                    self._owed = True
                 while True:
                     while self._inbox:
                         msg = self._inbox.popleft()
                         kind = msg[:1]
-                        if kind == b"B":
+                        if kind == b"B":  # the answer, or a block sent ahead (then it answers the request)
+                            self._owed = False
                             return unpack_block(msg, self.task_id)
                         if kind == b"N":
+                            self._owed = False
                             return None
                         raise ConnectionError(f"unexpected message {kind!r}")
                     self._read(True)
@@ -341,6 +357,7 @@ class Client:
                 return
             for msg in [m for m in self._inbox if m[:1] == b"B"]:
                 self._inbox.remove(msg)
+                self._owed = False  # that block answered the request: asking again takes an A
                 self._send(b"G" + msg[1:9])  # the block's index
 
     @contextmanager
@@ -386,9 +403,10 @@ class Client:
         finally:
             if block.status != BlockStatus.SUCCESS:
                 block.status = BlockStatus.FAILED
-            if not reported:
+            if not reported:  # a release asks for the next block too: the loop goes on
                 tail = b"" if prof is None else self._stats_bytes(prof, block)
-                self._send(b"R" + _RELEASE.pack(block.index, block.status) + tail)
+                if self._send(b"R" + _RELEASE.pack(block.index, block.status) + tail):
+                    self._owed = True
             self._t_idle = time.monotonic()
             self._in_block = False
 

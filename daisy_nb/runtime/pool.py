@@ -69,6 +69,7 @@ __all__ = ["raise_if_abandoned", "run_pool"]
 logger = logging.getLogger("daisy")
 
 POLL_SECS = 0.1  # main loop wake-up: timeouts, Ctrl-C, progress
+CHECK_SECS = 0.02  # timeouts, heartbeats, exits without a pidfd, progress: at most this often
 SPAWN_BURST = 4  # workers started per main-loop turn (the loop serves the ready ones in between)
 SHUTDOWN_GRACE_SECS = 2.0  # after "quit", before SIGKILL
 WORKER_FUNCTION_GRACE_SECS = 10.0  # a worker function may clean up after its loop
@@ -119,7 +120,6 @@ class _Pool:
             self.waitables,
             self.procs,
             self._abandon,
-            batch_target_secs=batch_target_secs,
             net=self.net,
         )
         self._timeline = None
@@ -294,6 +294,7 @@ class _Pool:
         heartbeat = Heartbeat(self.observer, s, alarm)
         stalled = 0
         draining_since = None
+        next_checks = 0.0
         while True:
             if self.interrupted:
                 raise KeyboardInterrupt("run aborted by SIGINT")
@@ -327,6 +328,7 @@ class _Pool:
                         raise RuntimeError("daisy_nb: the run stalled (no workers, no ready blocks, tasks not done)")
             else:
                 stalled = 0
+            readable = []
             for obj in self.waitables.wait(0 if self.more_spawns else POLL_SECS):
                 if obj == self.wake_r:
                     try:
@@ -343,12 +345,18 @@ class _Pool:
                 elif kind == "pidfd":
                     procs.on_exit(x)
                 else:
-                    tcp.on_readable(x)
-            procs.poll_exits()
-            self._check_timeouts()
-            tcp.check_heartbeats()
+                    readable.append(x)
+            if readable:  # every readable connection in one pass (one scheduler call per task)
+                tcp.on_readable(readable)
+                if tcp.quiet_secs > 0 and not procs.block_workers:  # no client waits: let frames gather
+                    time.sleep(tcp.quiet_secs)
             now = time.monotonic()
-            heartbeat(now)
+            if now >= next_checks:  # the scans over every worker and connection, a few times a second
+                next_checks = now + CHECK_SECS
+                procs.poll_exits()
+                self._check_timeouts()
+                tcp.check_heartbeats()
+                heartbeat(now)
         if alarm is not None:
             alarm.close()
 

@@ -126,6 +126,9 @@ class Processes:
         self.observer = observer
         self.workers: dict[int, Worker] = {}
         self.of_task: dict[str, set[Worker]] = {}  # task id -> its workers
+        self._alive: dict[str, int] = {}  # task id -> alive(), until a worker of it starts, quits or ends
+        self._parked: set[Worker] = set()  # workers set PARKED (some may have moved on: see dispatch_parked)
+        self.block_workers = 0  # workers of block-function tasks not reaped yet
         self.starter = Starter(tasks, template)  # tasks: whether the template preloads the Client
         self.next_wid = 0
         self.aborting = False
@@ -158,7 +161,10 @@ class Processes:
         return len(self.workers)
 
     def dispatch_parked(self) -> None:
-        for w in list(self.workers.values()):
+        if not self._parked:
+            return
+        parked, self._parked = self._parked, set()
+        for w in sorted(parked, key=lambda w: w.wid):  # in start order, as a scan of the workers
             if w.state == PARKED:
                 self._dispatch(w)
 
@@ -322,7 +328,9 @@ class Processes:
         if not tr.arity:
             w.state = BUSY
         self.workers[wid] = w
+        self.block_workers += tr.arity != 0
         self._workers_of(tr).add(w)
+        self._alive.pop(tr.tid, None)
         if self.timeline is not None:  # the dashboard's worker timeline (dashboard/timeline.py)
             self.timeline.worker(
                 ("w", wid),
@@ -366,6 +374,7 @@ class Processes:
         if w.state == DEAD:
             return
         w.state = QUITTING
+        self._alive.pop(w.tr.tid, None)
         if w.conn is not None:
             try:
                 w.conn.send_bytes(b"Q")
@@ -380,7 +389,13 @@ class Processes:
         return all(self.used.get(k, 0) + v <= self.budget.get(k, 0) for k, v in tr.requires.items())
 
     def alive(self, tr: PoolTaskRun) -> int:
-        return sum(1 for w in self._workers_of(tr) if w.state != QUITTING or w.raised)
+        """``tr``'s workers that count toward ``max_workers`` (all but those told to quit; one
+        whose block raised is replaced only once it is reaped). Cached: the main loop asks every
+        turn, and it changes only when a worker starts, quits, raises or ends."""
+        n = self._alive.get(tr.tid)
+        if n is None:
+            n = self._alive[tr.tid] = sum(1 for w in self._workers_of(tr) if w.state != QUITTING or w.raised)
+        return n
 
     def on_exit(self, w: Worker) -> None:
         """A worker process ended: account for its batch, decide dirty/clean, clean up."""
@@ -430,6 +445,9 @@ class Processes:
             w.shm.close()
             w.shm = None
         self._workers_of(tr).discard(w)
+        self.block_workers -= tr.arity != 0
+        self._alive.pop(tr.tid, None)
+        self._parked.discard(w)
         self.workers.pop(w.wid, None)
         self._release_resources(tr)
         if self.timeline is not None:
@@ -556,6 +574,7 @@ class Processes:
             self._quit(w)
         else:
             w.state = PARKED
+            self._parked.add(w)
 
     def _prefetch(self, w: Worker) -> None:
         """Queue a second batch behind the one ``w`` is running, if nobody can be held back by it."""
@@ -656,6 +675,7 @@ class Processes:
             record_error(self.s.counters[tr.tid], msg[2:].decode("utf-8", "replace"), log=w.err_path)
             w.state = QUITTING  # no more work for it; its exit is a dirty one (replaced once reaped)
             w.raised = True
+            self._alive.pop(tr.tid, None)
 
     def _add_stats(self, w: Worker, k: int, n: int, st, measured=None) -> None:
         """Fold the per-block stats of slot ``k``'s first ``n`` blocks into the task's totals."""

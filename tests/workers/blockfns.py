@@ -254,3 +254,48 @@ def client_pauses_after_two():
         k += 1
         if k == 2:
             time.sleep(2.5)
+
+
+def client_loop_slow_killed_on_5():
+    """30 ms blocks (blocks go ahead whatever their time); SIGKILLs itself inside block 5's first
+    attempt, with the block sent ahead of it unread: that block must go back uncounted."""
+    import daisy_nb.runtime.client as c
+
+    client = c.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            if attempt(block) == 1 and block.spatial_id == 5:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.03)
+            done(block)
+
+
+def client_loop_sleep_20ms():
+    import daisy_nb.runtime.client as c
+
+    client = c.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            time.sleep(0.02)
+            mark(block)
+
+
+def client_loop_catching():
+    """Block 7 raises in every attempt; the loop catches it (an ``F`` frame) and goes on."""
+    import daisy_nb.runtime.client as c
+
+    client = c.Client()
+    while True:
+        try:
+            with client.acquire_block() as block:
+                if block is None:
+                    break
+                if block.spatial_id == 7:
+                    raise RuntimeError("block 7 always fails")
+                mark(block)
+        except RuntimeError:
+            pass
