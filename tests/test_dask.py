@@ -371,12 +371,17 @@ def test_resume_after_failures_and_ctrl_c(both_workers, tmp_path):
 
 
 def slow_mark(block, out, hang=(), hang_secs=0.0, sleep=0.06):
+    """Count the attempt, sleep, leave ``done_<id>``; the first attempt of a block in ``hang`` sleeps
+    ``hang_secs`` more and, at its very end, leaves ``hang_over_<id>`` (its thread is free again)."""
     k = _attempt(out, "k", block.spatial_id, n=200)
-    if block.spatial_id in hang and k == 1:
+    hung = block.spatial_id in hang and k == 1
+    if hung:
         time.sleep(hang_secs)
     time.sleep(sleep)
     with open(os.path.join(out, f"done_{block.spatial_id}"), "w") as f:
         f.write(str(os.getpid()))
+    if hung:
+        open(os.path.join(out, f"hang_over_{block.spatial_id}"), "w").close()
 
 
 def test_timeout_cancels_batch_and_retries(both_workers, tmp_path):
@@ -400,7 +405,11 @@ def test_timeout_cancels_batch_and_retries(both_workers, tmp_path):
     assert "exceeded timeout=0.5s" in st.first_worker_error
     assert all((tmp_path / f"done_{i}").exists() for i in range(12))
     assert counts(tmp_path, "k", 12)[5] == 2
-    time.sleep(max(0.0, 3.3 - (time.monotonic() - t)))  # let the hanging thread finish before the next test
+    # the hanging attempt still holds a thread of the shared cluster's worker: let it end before the next test
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "hang_over_5").exists():
+        assert time.monotonic() < deadline, "the hanging attempt of block 5 never ended"
+        time.sleep(0.05)
 
 
 def stamp_mark(block, out, sleep):

@@ -82,8 +82,10 @@ def recv_exact(sock, n):
 
 # ------------------------------------------------------------------ the proxy
 def _kind(payload: bytes) -> str:
+    """A frame's kind: its first byte (``G``, ``E`` too); for a release, ``R`` and its status (2
+    success, 3 failed: after the index, before the stats of a ``resource_tracking`` release)."""
     k = payload[:1].decode("latin-1")
-    if k == "R":  # a release: its status (2 success, 3 failed) is part of its kind here
+    if k == "R":
         return f"R{int.from_bytes(payload[9:17], 'little', signed=True)}"
     return k
 
@@ -99,6 +101,13 @@ class FlipProxy:
         "R3": (9, 0),  # status 3 -> 2: a failed block recorded done
         "B": (1, 0),  # the block's index: the worker runs one block, releases another
         "H": (1, 0),  # the worker id
+        # the index of the block given back: another block (or none, if not held) would go back,
+        # and the one really given back would stay with the connection, never to be run or
+        # failed: the run would never end (the test times out)
+        "G": (1, 0),
+        # the failed block's index: the failure charged to another block (one done, or the one
+        # sent ahead), the failed one held by the connection for ever: the run would never end
+        "E": (1, 0),
     }
 
     def __init__(self, direction: str, kind: str, where: str = "payload"):
@@ -144,7 +153,7 @@ class FlipProxy:
             return 8 * 5
         if self.where == "tag":
             return 8 * (len(frame) - 1) + 7
-        off, bit = self.PAYLOAD_BIT.get(self.kind, (0, 0))  # else the kind byte: P <-> Q, F <-> G, ...
+        off, bit = self.PAYLOAD_BIT.get(self.kind, (0, 0))  # else the kind byte: P <-> Q, F -> G, A -> @, ...
         return 8 * (_net.HEADER + off) + bit
 
     def _pump(self, src, dst, d, skip, conn):
@@ -205,14 +214,27 @@ CASES = [
     ("c2s", "F", "payload"),
     ("c2s", "P", "payload"),
     ("c2s", "Q", "payload"),
+    ("c2s", "G", "payload"),
+    ("c2s", "E", "payload"),
     ("c2s", "R2", "len"),
     ("c2s", "R3", "tag"),
+    ("c2s", "G", "tag"),
+    ("c2s", "E", "tag"),
     ("s2c", "B", "payload"),
     ("s2c", "N", "payload"),
     ("s2c", "P", "payload"),
     ("s2c", "B", "len"),
     ("s2c", "B", "htag"),
 ]
+# what makes a kind occur in the run: (the worker's environment, task options); the others occur
+# in every run (F: ALWAYS_RAISES; P: while SLOW runs; Q: at the end; A: each connection's first
+# request, and after a failure)
+SCENARIOS = {
+    # a pause of more than GIVE_BACK_SECS after block PAUSE_AFTER: the blocks sent ahead go back
+    "G": ({"INTEGRITY_PAUSE": "1"}, {}),
+    # the failure of ALWAYS_RAISES carries its stats: E instead of F
+    "E": ({}, {"resource_tracking": True}),
+}
 
 
 @pytest.mark.usefixtures("no_leaks")
@@ -228,10 +250,14 @@ def test_a_flipped_bit_is_never_believed(out, fast, tmp_path, monkeypatch, caplo
     monkeypatch.setattr(pool_mod._Pool, "_start_listener", patched)
     monkeypatch.setenv("INTEGRITY_PROXY_PORT", str(proxy.port))
     monkeypatch.setenv("DAISY_NB_EXIT_GRACE_SECS", "0.5")
+    env, task_kw = SCENARIOS.get(kind, ({}, {}))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
     trk = tmp_path / "trk"
     task = make_task(
-        "mitm", N_BLOCKS, fns.proxied_loop, tracking_path=trk, max_workers=1, max_retries=1, max_worker_restarts=5
-    )
+        "mitm", N_BLOCKS, fns.proxied_loop, tracking_path=trk, max_workers=1, max_retries=1, max_worker_restarts=5,
+        **task_kw,
+    )  # fmt: skip
     try:
         st = run(task, host="127.0.0.1")["mitm"]
     finally:

@@ -5,9 +5,12 @@ test's bit-flipping proxy (``INTEGRITY_PROXY_PORT``) instead of the scheduler's 
 Its blocks (1-D, 10 wide, grid index = ``write_roi.begin // 10``):
 
 * ``ALWAYS_STATUS`` ends every attempt with ``block.status = FAILED`` (an ``R`` frame
-  with status 3), ``ALWAYS_RAISES`` raises in every attempt (an ``F`` frame): neither may
-  ever be recorded done;
+  with status 3), ``ALWAYS_RAISES`` raises in every attempt (an ``F`` frame; ``E`` for a
+  task with ``resource_tracking=True``): neither may ever be recorded done;
 * ``SLOW`` sleeps long enough for heartbeats to flow both ways;
+* with ``INTEGRITY_PAUSE=1`` in the environment, the worker pauses for longer than
+  ``GIVE_BACK_SECS`` after ``PAUSE_AFTER`` (outside ``acquire_block``): the blocks the
+  scheduler sent ahead meanwhile are given back (``G`` frames, from the heartbeat thread);
 * every other block succeeds and first writes ``ok_<index>_<pid>_<n>``: what really
   succeeded, to compare with the tracking store's done marks.
 """
@@ -20,6 +23,7 @@ ALWAYS_STATUS = 3
 ALWAYS_RAISES = 7
 SLOW = 5
 SLOW_SECS = 1.2
+PAUSE_AFTER = 1  # early: the task's ready blocks still cover two per client, so blocks go ahead
 
 
 def _out() -> Path:
@@ -28,12 +32,15 @@ def _out() -> Path:
 
 def proxied_loop():
     import daisy_nb
+    from daisy_nb.runtime.client import GIVE_BACK_SECS
 
     ctx = daisy_nb.Context.from_env()
     ctx["port"] = os.environ["INTEGRITY_PROXY_PORT"]
+    pause = os.environ.get("INTEGRITY_PAUSE") == "1"
     client = daisy_nb.Client(ctx)
     n = 0
     while True:
+        i = None
         try:
             with client.acquire_block() as b:
                 if b is None:
@@ -49,7 +56,9 @@ def proxied_loop():
                     n += 1
                     (_out() / f"ok_{i}_{os.getpid()}_{n}").touch()
         except RuntimeError:
-            pass  # reported (an F frame); go on with the next block
+            pass  # reported (an F frame, E with resource_tracking); go on with the next block
+        if pause and i == PAUSE_AFTER:  # the scenario, not a wait: not asking for a block, holding some
+            time.sleep(GIVE_BACK_SECS + 0.5)
 
 
 def double_hello():
