@@ -28,6 +28,7 @@ sys.path.insert(0, str(WORKERS))
 import harness  # noqa: E402
 
 from daisy_nb import launch  # noqa: E402
+from daisy_nb.progress import ABANDON_NOT_WAITING, ABANDON_RESTARTS  # noqa: E402
 
 END_SECS = 10.0  # "no job outlives its run by more than ~5 s", with slack for a loaded 2-core CI machine (the jobs run 60 s blocks; bench_ctrl_c measures the real latency: < 1 s)
 LONG_BLOCK = "60"
@@ -136,6 +137,18 @@ def _finish(proc, timeout=30) -> tuple[int, str]:
     return proc.returncode, text
 
 
+def _states(text: str) -> dict:
+    """The task states the driver printed at its end (``DRIVER_STATES``), by task id."""
+    lines = [x for x in text.splitlines() if x.startswith("DRIVER_STATES ")]
+    assert len(lines) == 1, text
+    return json.loads(lines[0].split(" ", 1)[1])
+
+
+def _ids(state: Path) -> set[str]:
+    """The ids of every job submitted to the fake batch system."""
+    return {p.name.split(".")[0] for p in state.glob("*.runner")}
+
+
 # ------------------------------------------------------------------------- launchers
 @pytest.mark.parametrize("how", ["slurm", "lsf", "local"])
 def test_ctrl_c_cancels_every_job(batch, how, no_leaks):
@@ -205,6 +218,95 @@ def test_pending_job_is_cancelled_and_never_starts(batch, monkeypatch, no_leaks)
     _gone_within({runner}, END_SECS)  # the runner that would start the job after its queue delay
     assert (state / f"{jid}.cancelled").exists()
     assert not (state / f"{jid}.started").exists() and not _pids(out, "pid")
+
+
+@pytest.mark.parametrize("how", ["slurm", "lsf"])
+def test_abandoned_launcher_task_cancels_the_jobs_it_submitted(batch, how, no_leaks):
+    """The launcher task runs downstream of a task whose workers crash (``LAUNCH_UPSTREAM=crash``):
+    that one hits its restart cap while the launcher's jobs hold 60 s blocks (or wait for one), and
+    the launcher task is abandoned with it. Every job it submitted is cancelled (scancel/bkill), or
+    had ended with the run just before, and no job process outlives the run."""
+    state, out = batch
+    d = _driver(out, how, env={"LAUNCH_UPSTREAM": "crash"})
+    _in_blocks(out, 1)  # the upstream workers crash only once a job runs a block
+    rc, text = _finish(d, timeout=120)
+    t_end = time.monotonic()
+    jobs = _all_pids(state, out)
+    _gone_within(jobs, END_SECS - (time.monotonic() - t_end))
+    assert rc != 0 and "DRIVER_DONE" not in text, text
+    assert "DRIVER_RAISED RuntimeError: task 'up' was abandoned (worker restart cap exhausted)" in text, text
+    states = _states(text)
+    assert states["up"]["abandoned"] and states["up"]["abandon_reason"] == ABANDON_RESTARTS, text
+    assert states["launch"]["abandoned"] and states["launch"]["abandon_reason"] == "upstream task abandoned", text
+    assert states["launch"]["completed"] == 0 and states["launch"]["orphaned"] == 4, text
+    ids = _ids(state)
+    reports = _jobs(out)
+    assert ids and {r["job"] for r in reports if r["state"] == "submitted"} == ids, reports
+    assert {r["job"] for r in reports if r["state"] in ENDED_BY_RUN} == ids, reports
+    assert all(r["task"] == "launch" and r["scheduler"] == how for r in reports), reports
+    for jid in ids:  # the batch system was told, also of a job that never got a block
+        assert (state / f"{jid}.cancel_asked").exists(), jid
+        assert (state / f"{jid}.cancelled").exists() or (state / f"{jid}.rc").exists(), jid
+    # no block ran to its end (a job that waited for a block may have been told "no more work")
+    assert not _pids(out, "blockdone")
+
+
+def test_launcher_jobs_that_keep_failing_abandon_the_task_and_leave_no_job(batch, no_leaks):
+    """Jobs that exit with status 3 before they connect: each worker function raises
+    ``CalledProcessError`` (a crash: no block finished), the restart cap abandons the task. Every job
+    was recorded and reported with its exit status; none was left running (nothing to cancel)."""
+    state, out = batch
+    d = _driver(out, "slurm", mode="exit3")
+    rc, text = _finish(d, timeout=120)
+    t_end = time.monotonic()
+    _gone_within(_all_pids(state, out), END_SECS - (time.monotonic() - t_end))
+    assert rc != 0 and "DRIVER_DONE" not in text, text
+    assert "DRIVER_RAISED RuntimeError: task 'launch' was abandoned (worker restart cap exhausted)" in text, text
+    st = _states(text)["launch"]
+    assert st["abandoned"] and st["abandon_reason"] == ABANDON_RESTARTS, text
+    assert st["completed"] == 0 and st["orphaned"] == 4 and st["worker_restarts"] == 1, text
+    ids = _ids(state)
+    assert len(ids) == st["worker_failures"] == 3, (ids, text)  # 2 workers, 1 restart: one job each
+    assert all((state / f"{jid}.rc").read_text() == "3" for jid in ids)
+    assert not list(state.glob("*.cancel_asked"))  # every job had ended: the launcher cancels nothing
+    reports = _jobs(out)
+    assert {r["job"] for r in reports if r["state"] == "submitted"} == ids, reports
+    assert {r["job"] for r in reports if r["state"] == "failed (exit status 3)"} == ids, reports
+    logs = "".join(p.read_text() for p in (out / "logs" / "launch").glob("worker_*.err"))
+    assert all(f"daisy_nb.launch: slurm job {jid} failed (exit status 3)" in logs for jid in ids), logs
+
+
+@pytest.mark.parametrize(("how", "raising"), [("slurm", "observer"), ("lsf", "signal"), ("plain", "signal")])
+def test_a_run_ended_by_an_exception_ends_every_job(batch, how, raising, no_leaks):
+    """The run ends by an exception while both jobs run 60 s blocks: a ``SIGTERM`` handler of the
+    driver raises ``Preempted`` (a driver that is itself a batch job, at its walltime), or the
+    progress observer raises ``SystemExit`` from ``on_progress`` (``notify`` swallows only
+    ``Exception``). The exception reaches the caller; the launchers cancel their jobs (a
+    hand-written worker function's job: its ``Client`` interrupts the block); every job process is
+    gone within the deadline."""
+    state, out = batch
+    d = _driver(out, how, env={"LAUNCH_RAISE": raising})
+    _in_blocks(out, 2)  # the observer raises at its next on_progress (every 0.2 s) from here
+    jobs = _all_pids(state, out)
+    t0 = time.monotonic()
+    if raising == "signal":
+        d.send_signal(signal.SIGTERM)
+    rc, text = _finish(d)
+    _gone_within(jobs, END_SECS - (time.monotonic() - t0))
+    if raising == "signal":
+        assert rc == 1 and "DRIVER_RAISED Preempted: the driver got signal 15" in text, text
+    else:
+        assert rc == 7 and "DRIVER_RAISED SystemExit: 7" in text, text
+    assert "DRIVER_DONE" not in text and "DRIVER_STATES" not in text, text
+    assert not _pids(out, "blockdone") and not _pids(out, "end")
+    if how == "plain":
+        assert _pids(out, "interrupted") == _pids(out, "pid")  # the block body got KeyboardInterrupt
+        return
+    ids = _ids(state)
+    reports = _jobs(out)
+    assert len(ids) == 2 and {r["job"] for r in reports if r["state"] == "submitted"} == ids, reports
+    assert {r["job"] for r in reports if r["state"] in ENDED_BY_RUN} == ids, reports
+    assert all((state / f"{jid}.cancel_asked").exists() for jid in ids)
 
 
 def test_normal_run_completes_and_every_job_exits_0(batch, no_leaks):
@@ -334,17 +436,24 @@ def test_client_program_that_swallows_the_interrupt_still_ends(batch, no_leaks):
 
 def test_abandonment_ends_the_jobs_of_a_fire_and_forget_submit(batch, no_leaks):
     """``sbatch`` without ``--wait``: the worker functions return at once, the task is abandoned
-    (or stopped) while the jobs run long blocks; their clients end them.
-    (The worker functions fail once a job runs a block: the restart cap is exhausted.)"""
+    while the jobs run long blocks; their clients end them.
+    (The worker functions fail once a job runs a block: the restart cap is exhausted; or a job
+    connects after its worker function returned: daisy 2.0.0's "did not wait" stop.)"""
     state, out = batch
     d = _driver(out, "fireforget")
     _wait_for(lambda: len(_pids(out, "inblock")) >= 1, 60, "a job running a block")
     rc, text = _finish(d, timeout=120)
     t_end = time.monotonic()
-    assert "DRIVER_DONE 4" not in text, text
     jobs = _pids(out, "pid") | _runner_pids(state)
     _gone_within(jobs, END_SECS - (time.monotonic() - t_end))
+    # abandoned, not ended for another reason: run_blockwise raised with the states attached
+    assert rc != 0 and "DRIVER_DONE" not in text, text
+    st = _states(text)["launch"]
+    assert st["abandoned"] and st["abandon_reason"] in (ABANDON_RESTARTS, ABANDON_NOT_WAITING), text
+    assert f"DRIVER_RAISED RuntimeError: task 'launch' was abandoned ({st['abandon_reason']})" in text, text
+    assert st["completed"] == 0 and st["orphaned"] == 4, text
     assert not _pids(out, "blockdone")
+    assert _pids(out, "inblock") <= _pids(out, "interrupted")  # ended by their clients, not at the block's end
 
 
 def test_opt_out_lets_the_block_finish(batch, no_leaks):

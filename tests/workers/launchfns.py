@@ -25,3 +25,25 @@ def fire_and_forget():
     while not glob.glob(os.path.join(argv[2], "inblock_*")) and time.monotonic() < deadline:
         time.sleep(0.05)
     raise RuntimeError("the worker function gives up while its job goes on")
+
+
+def marks(out: str, prefix: str) -> list:
+    """The marks ``launch_job.py`` left in ``out`` whose names start with ``prefix``."""
+    return [n for n in os.listdir(out) if n.startswith(prefix)]
+
+
+def up_block(block, out: str, ok: int):
+    """The block function of the upstream task of ``LAUNCH_UPSTREAM=crash``: blocks before ``ok``
+    succeed (their downstream blocks become ready for the jobs); any other block waits until a
+    job runs a block, then ends its worker process (a crash, unless that worker finished blocks
+    before: the restart cap abandons the task, and the launcher task downstream of it, while its
+    jobs run). Waiting for more than one job could wait for ever: a batch's successes are only
+    released when the batch ends, so block 1 may still be held with the block that waits."""
+    import time
+
+    if block.write_roi.begin[0] < ok:
+        return
+    deadline = time.monotonic() + 60
+    while not marks(out, "inblock_") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os._exit(3)
