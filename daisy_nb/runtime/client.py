@@ -30,9 +30,9 @@ Protocol (details in :mod:`daisy_nb.runtime._net`):
 For a ``Task(resource_tracking=True)`` (``resource_tracking=1`` in the context) the
 body of ``with client.acquire_block()`` is measured with ``profile_block`` and the
 stats ride on the block's own release frame (``R`` with five float64 appended;
-``E`` instead of ``F``): still one message per block. For fast blocks the scheduler
-sends the next block ahead, so that the worker does not wait a round trip per block
-(see :mod:`daisy_nb.runtime.clients`); ``G`` gives such a block back unstarted
+``E`` instead of ``F``): still one message per block. While its task has ready
+blocks to spare, the scheduler sends the next block ahead, so that the worker does
+not wait a round trip per block (see :mod:`daisy_nb.runtime.clients`); ``G`` gives such a block back unstarted
 (after a failure, or when the worker stops asking for a second) and ``Q`` gives
 back everything still held. The block that a connection which drops (or stays
 silent) was running is failed (and retried) by the scheduler.

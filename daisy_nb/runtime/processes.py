@@ -10,7 +10,10 @@ Called by the pool: ``spawn``, ``alive``, ``waiting``, ``can_allocate``,
 ``free_parked_for``, ``has_workers``, ``count``, ``dispatch_parked``, ``drain``,
 ``end_task`` (abandonment), ``on_readable`` and ``on_exit`` (its waitables),
 ``poll_exits``, ``check_timeouts``, ``running_blocks``, ``kill_all`` and
-``reap_all`` (the run's end), ``abort``, ``attach_timeline``. Called by the Client
+``reap_all`` (the run's end), ``abort``, ``attach_timeline``; it reads
+``block_workers`` (the Client side's quiet time is only for runs without them).
+``alive`` is cached per task (it is asked every loop turn) and parked workers are
+kept in a set, so neither costs a scan of every worker per turn. Called by the Client
 side (:class:`.clients.Clients`, through its :class:`.clients.Jobs`) about the
 worker function whose job a connection is: the ``job_*`` methods, ``is_worker``,
 ``has_workers`` and ``died_with_template``. What it asks the Client side (a worker
