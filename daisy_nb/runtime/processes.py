@@ -471,7 +471,7 @@ class Processes:
                     )
                 else:
                     msg = f"daisy worker process exited with code {rc}" + (
-                        " while processing blocks" if was_busy else ""
+                        " while processing blocks" if was_busy and (tr.arity or w.acquired) else ""
                     )
                     if not tr.arity:
                         msg += self.hooks.unconnected_note(tr.tid, w.connected)

@@ -128,6 +128,7 @@ def print_states(states) -> None:
         "orphaned": "orphaned_count",
         "worker_failures": "worker_failure_count",
         "worker_restarts": "worker_restart_count",
+        "first_worker_error": "first_worker_error",
     }
     view = {tid: {k: getattr(st, a, None) for k, a in fields.items()} for tid, st in states.items()}
     print("DRIVER_STATES", json.dumps(view, default=str), flush=True)
