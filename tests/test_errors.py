@@ -59,6 +59,7 @@ def test_groups_count_first_last_and_first_traceback():
     ie = lst[0]
     assert ie["type"] == "IndexError" and ie["first_block"] == 7 and ie["last_block"] == 11
     assert ie["first_roi"] == {"write_roi": {"offset": [70], "shape": [10]}}
+    assert ie["last_roi"] == {"write_roi": {"offset": [110], "shape": [10]}}
     assert "index 700 is out" in ie["traceback"] and ie["log"] == "w0.err"
     assert lst[1]["type"] == "worker error" and lst[1]["first_block"] is None
     text = "\n".join(format_groups(lst))
@@ -108,6 +109,7 @@ def test_a_pool_run_groups_its_failures_and_the_summary_shows_them(tmp_path, mon
     assert ie["count"] == 3 and {ie["first_block"], ie["last_block"]} <= {3, 9, 21}
     assert ie["first_block"] != ie["last_block"]
     assert ie["first_roi"]["write_roi"] == {"offset": [ie["first_block"] * 10], "shape": [10]}
+    assert ie["last_roi"]["write_roi"] == {"offset": [ie["last_block"] * 10], "shape": [10]}
     assert "Traceback" in ie["traceback"] and "errfns.py" in ie["traceback"]
     assert ie["log"] and Path(ie["log"]).is_file() and Path(ie["log"]).parent == tmp_path / "logs" / "grp"
     assert blocks["KeyError"]["count"] == 1 and blocks["KeyError"]["first_block"] == 14

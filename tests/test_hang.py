@@ -191,6 +191,8 @@ def test_dashboard_shows_the_alarm_and_metrics_say_hung(tmp_path, out):
     assert after[("daisy_nb_blocks", (("state", "done"), ("task", "h")))] == 10
     assert after[("daisy_nb_blocks_run_total", (("task", "h"),))] == 10
     assert after[("daisy_nb_run_finished", ())] == 1
+    if CHROMIUM is None:  # said, not silently passed: everything above held, the page was not drawn
+        pytest.skip("the alarm and /metrics passed; the banner was not rendered (no chromium; .ci/run installs it)")
     if CHROMIUM is not None:  # the banner on the page, rendered by a real browser
         page = seen["page"]
         assert 'id="alarms"' in page and "Task h: no block finished" in page
