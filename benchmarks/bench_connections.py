@@ -1,7 +1,7 @@
 """Thousands of ``Client`` connections to one daisy_nb scheduler: a load generator (issue 21).
 
     python benchmarks/bench_connections.py [--connections 500,2000] [--procs 4] [--blocks N]
-        [--idle-secs S] [--storm-threads T]
+        [--idle-secs S] [--storm-threads T] [--sources S]
 
 A task whose 0-argument worker function (``bench_cluster.submit``) starts a job
 program, as a cluster job; here each job is a *load generator* process that opens
@@ -14,6 +14,11 @@ helpers of ``daisy_nb.runtime._net`` and ``daisy_nb.runtime.client``, through
 :class:`Wire`, the one place that knows the wire format (the hardening issue's
 per-frame MAC and sequence numbers change only it). Three phases, each started by
 a barrier across the generator processes (files in a shared folder):
+
+The connections come from ``--sources`` loopback addresses (``127.1.x.y``, 64 by
+default), each standing in for one machine of a cluster: the listener keeps its
+handshake slots per peer address, so 2,000 connections from 127.0.0.1 alone are a
+flood from one machine (``--sources 0`` measures that).
 
 1. **storm**: every connection of every process connects at once (``storm_threads``
    handshakes per process in flight, by default all of them); the time from the
@@ -60,6 +65,15 @@ def raise_nofile(need: int, soft: int = 0) -> int:
     return want
 
 
+def source_address(i: int, sources: int) -> str | None:
+    """The loopback address connection ``i`` comes from (one of ``sources``: machines of a cluster,
+    each its own peer for the listener's handshake slots), or None (all from 127.0.0.1)."""
+    if sources <= 0:
+        return None
+    s = i % sources
+    return f"127.1.{s // 200}.{s % 200 + 1}"
+
+
 # ------------------------------------------------------------------------- the wire
 class Wire:
     """One generator connection: handshake, frames out, frames in.
@@ -85,10 +99,10 @@ class Wire:
         self.last_send = time.monotonic()
 
     @classmethod
-    def connect(cls, ctx, timeouts) -> Wire:
+    def connect(cls, ctx, timeouts, source: str | None = None) -> Wire:
         from daisy_nb.runtime import _net
 
-        return cls(_net.connect(ctx["hostname"], int(ctx["port"]), bytes.fromhex(ctx["authkey"]), timeouts))
+        return cls(_net.connect(ctx["hostname"], int(ctx["port"]), bytes.fromhex(ctx["authkey"]), timeouts, source))
 
     def fileno(self) -> int:
         return self.conn.fileno()
@@ -135,10 +149,13 @@ def generate(lib: str) -> None:
     bc.barrier_wait(folder, procs, "storm")
     errors: dict[str, int] = {}
 
-    def one(_):
+    sources = int(os.environ.get("BENCH_CONN_SOURCES") or 0)
+    first = int(ctx["worker_id"]) * k  # this process's connections, numbered across the processes
+
+    def one(i):
         t = time.monotonic()
         try:
-            return Wire.connect(ctx, timeouts), time.monotonic() - t
+            return Wire.connect(ctx, timeouts, source_address(first + i, sources)), time.monotonic() - t
         except Exception as e:  # NotOurRun (dropped during the handshake), refused, timed out
             return f"{type(e).__name__}: {e}", time.monotonic() - t
 
@@ -256,7 +273,9 @@ def generate(lib: str) -> None:
 
 
 # ---------------------------------------------------------------------- scheduler
-def child(conns: int, procs: int, blocks: int, idle: float, storm_threads: int, reconnect: bool, nofile: int) -> dict:
+def child(
+    conns: int, procs: int, blocks: int, idle: float, storm_threads: int, reconnect: bool, nofile: int, sources: int
+) -> dict:
     import json
     import shutil
     import tempfile
@@ -280,6 +299,7 @@ def child(conns: int, procs: int, blocks: int, idle: float, storm_threads: int, 
         BENCH_CONN_PROCS=str(procs),
         BENCH_CONN_PER_PROC=str(conns // procs),
         BENCH_CONN_STORM_THREADS=str(storm_threads or ""),
+        BENCH_CONN_SOURCES=str(sources),
         BENCH_CONN_IDLE_SECS=repr(idle),
         BENCH_CONN_RECONNECT="1" if reconnect else "0",
     )
@@ -364,6 +384,12 @@ def main() -> None:
     ap.add_argument("--idle-secs", type=float, default=12.0, help="seconds at rest (all connected, none asking)")
     ap.add_argument("--storm-threads", type=int, default=0, help="handshakes in flight per process (0: all)")
     ap.add_argument(
+        "--sources",
+        type=int,
+        default=64,
+        help="loopback addresses the connections come from, as machines of a cluster (127.1.x.y; 0: all from 127.0.0.1)",
+    )
+    ap.add_argument(
         "--no-reconnect",
         action="store_true",
         help="do not retry the handshakes that failed in the storm (the later phases run with fewer connections)",
@@ -375,13 +401,13 @@ def main() -> None:
         help="the scheduler's soft RLIMIT_NOFILE (default: raised to the hard limit; 1024 is a common default)",
     )
     ap.add_argument("--quick", action="store_true", help="smoke run: 40 connections from 2 processes, 5,000 blocks")
-    ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
         args.connections, args.procs, args.blocks, args.idle_secs = "40", 2, 5000, 2.0
     if args.worker:
-        c, p, b, i, t, rc, nf = args.worker
-        _util.emit(child(int(c), int(p), int(b), float(i), int(t), rc == "1", int(nf)))
+        c, p, b, i, t, rc, nf, src = args.worker
+        _util.emit(child(int(c), int(p), int(b), float(i), int(t), rc == "1", int(nf), int(src)))
         return
     note = _util.machine_note()
     bc = _util.compile_bytecode()
@@ -400,12 +426,15 @@ def main() -> None:
                 args.storm_threads,
                 int(not args.no_reconnect),
                 args.scheduler_nofile,
+                args.sources,
             ],
         )
         print(f"  {conns} connections: {r}", file=sys.stderr, flush=True)
         rows.append(_row(r))
     print(
-        f"\nload generator: {args.procs} processes, one selector each, against one daisy_nb scheduler on 127.0.0.1; "
+        f"\nload generator: {args.procs} processes, one selector each, from "
+        f"{f'{args.sources} loopback addresses' if args.sources else '127.0.0.1'}, "
+        f"against one daisy_nb scheduler on 127.0.0.1; "
         f"{args.blocks:,} zero-time blocks; {args.idle_secs:g} s at rest; scheduler RLIMIT_NOFILE "
         f"{rows_nofile(args.scheduler_nofile)}\n{note}\n"
     )
