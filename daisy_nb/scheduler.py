@@ -443,6 +443,9 @@ class Scheduler:
         row = block.index
         if row < 0 or row >= self._nblocks[t]:
             row = self._row_of(t, block)
+        self._release_one(t, row, code)
+
+    def _release_one(self, t: int, row: int, code: int) -> None:
         n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE_ONE, t, row, code, self._no_rows, self._no_codes)
         if n < 0:
             if n == kt.RC_SCRATCH:
@@ -514,11 +517,9 @@ class Scheduler:
 
     # -- list API (the TCP path: a few blocks per call, frames built from plain ints) ------
     def acquire_described(self, task_id, max_n: int) -> list[list[int]]:
-        """Up to ``max_n`` ready blocks of ``task_id`` as flat lists ``[index, spatial id, *read
-        offset, *read shape, *write offset, *write shape]`` (the batch API's order and prechecks).
-
-        One block is one kernel call into a preallocated row (the per-block API's), no arrays
-        built: what serving one ``Client`` request costs (``clients.py``)."""
+        """Up to ``max_n`` ready blocks of ``task_id`` as flat lists ``[index, spatial id, *read offset,
+        *read shape, *write offset, *write shape]`` (the batch API's order and prechecks); one block
+        is one kernel call into a preallocated row, no arrays built (``runtime/clients.py``)."""
         t = self._tindex.get(task_id)
         if t is None or max_n <= 0:
             return []
@@ -533,20 +534,12 @@ class Scheduler:
         return [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
 
     def release_indices(self, task_id, index: list[int], status: list[int]) -> None:
-        """``release_blocks`` for lists a runtime built itself (statuses 0, 2 or 3, not checked):
-        one block is one kernel call, no arrays built."""
-        t = self._tindex[task_id]
+        """``release_blocks`` of lists a runtime built (statuses 0, 2, 3: not checked); one block is
+        one kernel call, no arrays built."""
         if len(index) != 1:
             self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
-            return
-        row, code = index[0], status[0]
-        n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE_ONE, t, row, code, self._no_rows, self._no_codes)
-        if n < 0:
-            if n == kt.RC_SCRATCH:
-                raise RuntimeError("internal error: scratch buffer too small")
-            self._fail(t, row)
-        if self.tracking:
-            self._track(t, np.full(1, row, np.int64), np.full(1, code, np.uint8))
+        else:
+            self._release_one(self._tindex[task_id], index[0], status[0])
 
     # -- state --------------------------------------------------------------------------
     def ready_count(self, task_id) -> int:

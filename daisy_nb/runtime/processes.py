@@ -49,7 +49,7 @@ function that returned or failed: daisy 2.0.0's diagnoses) goes through
 * **Worker functions** (0-argument) are ended with ``SIGTERM`` to their process group
   and ``SIGKILL`` ``TERM_GRACE_SECS`` later (their death signal is ``SIGTERM`` too):
   the grace lets a launcher (:mod:`daisy_nb.launch`) cancel the job it submitted.
-  Their socket pair carries only the launchers' job reports (``J``, :meth:`_on_job`).
+  Their socket pair carries only the launchers' job reports (``J``, :func:`.starter.job_report`).
 * **Timeouts** are read off shared memory (``cur``/``cur_start_ns``, set when a
   block starts, so time spent queued does not count): the worker is killed.
 """
@@ -66,7 +66,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from daisy_nb.runtime import _shm, _zygote
+from daisy_nb.runtime import _shm, _zygote, starter
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.policy import JOB_END, count_worker_failure, grow_batch, is_job_end, record_error
 from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables, nothing_left
@@ -596,39 +596,11 @@ class Processes:
         if self.s.ready_count(tr.tid) >= 2 * active * k:
             self._send_batch(w, k)
 
-    def _on_job(self, w: Worker, msg: bytes) -> None:
-        """``J`` + JSON from a worker function's launcher: its job (scheduler, id, state)."""
-        import json
-
-        try:
-            info = json.loads(msg[1:].decode())
-        except ValueError:
-            return
-        if not isinstance(info, dict):
-            return
-        w.job = {k: str(info.get(k, "")) for k in ("scheduler", "job", "state")}
-        bad = w.job["state"].startswith(("failed", "cancel failed"))
-        logger.log(
-            logging.WARNING if bad else logging.INFO,
-            "task %r: worker %d: %s job %s %s",
-            w.tr.tid,
-            w.wid,
-            w.job["scheduler"],
-            w.job["job"],
-            w.job["state"],
-        )
-        hook = getattr(self.observer, "on_worker_job", None)
-        if hook is not None:
-            try:
-                hook({"task": w.tr.tid, "worker": w.wid, **w.job})
-            except Exception:
-                pass
-
     def _on_worker_msg(self, w: Worker, msg: bytes, redispatch: bool = True) -> None:
         tr = w.tr
         kind = msg[:1]
         if kind == b"J":
-            self._on_job(w, msg)
+            starter.job_report(w, msg, self.observer)
         elif kind == b"I":
             if w.state == STARTING:
                 w.state = IDLE

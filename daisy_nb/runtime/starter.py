@@ -44,7 +44,19 @@ from daisy_nb.runtime import _shm, _zygote
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.pool_parts import PoolTaskRun
 
-__all__ = ["BUSY", "CAPACITY", "DEAD", "IDLE", "PARKED", "QUITTING", "STARTING", "Starter", "Worker", "job_text"]
+__all__ = [
+    "BUSY",
+    "CAPACITY",
+    "DEAD",
+    "IDLE",
+    "PARKED",
+    "QUITTING",
+    "STARTING",
+    "Starter",
+    "Worker",
+    "job_report",
+    "job_text",
+]
 
 logger = logging.getLogger("daisy")
 
@@ -61,6 +73,36 @@ def job_text(job) -> str | None:
     if not job:
         return None
     return f"{job.get('scheduler', '')} {job.get('job', '')} {job.get('state', '')}".strip()
+
+
+def job_report(w: Worker, msg: bytes, observer) -> None:
+    """``J`` + JSON from a worker function's launcher: its job (scheduler, id, state), kept on the
+    worker, logged (a warning when it failed or could not be cancelled) and told to the observer."""
+    import json
+
+    try:
+        info = json.loads(msg[1:].decode())
+    except ValueError:
+        return
+    if not isinstance(info, dict):
+        return
+    w.job = {k: str(info.get(k, "")) for k in ("scheduler", "job", "state")}
+    bad = w.job["state"].startswith(("failed", "cancel failed"))
+    logger.log(
+        logging.WARNING if bad else logging.INFO,
+        "task %r: worker %d: %s job %s %s",
+        w.tr.tid,
+        w.wid,
+        w.job["scheduler"],
+        w.job["job"],
+        w.job["state"],
+    )
+    hook = getattr(observer, "on_worker_job", None)
+    if hook is not None:
+        try:
+            hook({"task": w.tr.tid, "worker": w.wid, **w.job})
+        except Exception:
+            pass
 
 
 class Worker:
