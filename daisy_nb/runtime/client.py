@@ -32,9 +32,9 @@ body of ``with client.acquire_block()`` is measured with ``profile_block`` and t
 stats ride on the block's own release frame (``R`` with five float64 appended;
 ``E`` instead of ``F``): still one message per block. While its task has ready
 blocks to spare, the scheduler sends the next block ahead, so that the worker does
-not wait a round trip per block (see :mod:`daisy_nb.runtime.clients`); ``G`` gives such a block back unstarted
-(after a failure, or when the worker stops asking for a second) and ``Q`` gives
-back everything still held. The block that a connection which drops (or stays
+not wait a round trip per block (see :mod:`daisy_nb.runtime.clients`); ``G`` gives
+such a block back unstarted (after a failure, or when the worker stops asking for a
+second) and ``Q`` gives back everything still held. The block that a connection which drops (or stays
 silent) was running is failed (and retried) by the scheduler.
 
 The run being over is never an error here: a scheduler that refuses the
