@@ -551,6 +551,18 @@ class Scheduler:
         item = self.cnt.item
         return self._nblocks[t] - item(t, kt.C_COMPLETED) - item(t, kt.C_FAILED) - item(t, kt.C_ORPHANED)
 
+    def processing_count(self, task_id) -> int:
+        """Blocks of ``task_id`` handed out and not yet released (0 once the task is abandoned)."""
+        return self.cnt.item(self._tindex[task_id], kt.C_PROC)
+
+    def is_abandoned(self, task_id) -> bool:
+        """Whether ``task_id`` was abandoned (its own failures, or an upstream task's)."""
+        return bool(self.tcfg[self._tindex[task_id], kt.F_STATE] == kt.ABANDONED)
+
+    def abandon_reason(self, task_id) -> str | None:
+        """Why ``task_id`` was abandoned (the reason given to :meth:`abandon_task`), or None."""
+        return self._abandon_reason.get(task_id)
+
     def is_task_done(self, task_id) -> bool:
         return self.remaining_count(task_id) <= 0
 

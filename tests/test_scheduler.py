@@ -1319,3 +1319,23 @@ def test_each_surface_entry_point_has_one_compiled_signature():
     import daisy_nb.kernels.surface as ks
 
     assert len(ks.step.signatures) == 1 and len(ks.fail_block.signatures) == 1
+
+
+def test_processing_count_and_abandonment_are_read_from_the_scheduler():
+    """The runtimes derive in-flight counts and abandonment from these three calls."""
+    import daisy_nb as daisy
+
+    a = daisy.Task("a", daisy.Roi((0,), (40,)), daisy.Roi((0,), (10,)), daisy.Roi((0,), (10,)), process_function=lambda b: 0)
+    b = daisy.Task("b", daisy.Roi((0,), (40,)), daisy.Roi((0,), (10,)), daisy.Roi((0,), (10,)), process_function=lambda b: 0,
+                   upstream_tasks=[a])
+    s = daisy.Scheduler([a, b], block_tracking=False)
+    got = [s.acquire_block("a"), s.acquire_block("a")]
+    assert s.processing_count("a") == 2 and s.processing_count("b") == 0
+    got[0].status = daisy.BlockStatus.SUCCESS
+    s.release_block(got[0])
+    assert s.processing_count("a") == 1
+    assert not s.is_abandoned("a") and s.abandon_reason("a") is None
+    assert s.abandon_task("a", "too many crashes") == ["a", "b"]
+    assert s.is_abandoned("a") and s.is_abandoned("b")
+    assert s.abandon_reason("a") == "too many crashes" and s.abandon_reason("b") == "upstream task abandoned"
+    assert s.processing_count("a") == 0
