@@ -1325,9 +1325,17 @@ def test_processing_count_and_abandonment_are_read_from_the_scheduler():
     """The runtimes derive in-flight counts and abandonment from these three calls."""
     import daisy_nb as daisy
 
-    a = daisy.Task("a", daisy.Roi((0,), (40,)), daisy.Roi((0,), (10,)), daisy.Roi((0,), (10,)), process_function=lambda b: 0)
-    b = daisy.Task("b", daisy.Roi((0,), (40,)), daisy.Roi((0,), (10,)), daisy.Roi((0,), (10,)), process_function=lambda b: 0,
-                   upstream_tasks=[a])
+    a = daisy.Task(
+        "a", daisy.Roi((0,), (40,)), daisy.Roi((0,), (10,)), daisy.Roi((0,), (10,)), process_function=lambda b: 0
+    )
+    b = daisy.Task(
+        "b",
+        daisy.Roi((0,), (40,)),
+        daisy.Roi((0,), (10,)),
+        daisy.Roi((0,), (10,)),
+        process_function=lambda b: 0,
+        upstream_tasks=[a],
+    )
     s = daisy.Scheduler([a, b], block_tracking=False)
     got = [s.acquire_block("a"), s.acquire_block("a")]
     assert s.processing_count("a") == 2 and s.processing_count("b") == 0
