@@ -228,7 +228,13 @@ def _count_skips(task, layout, block_tracking: bool) -> tuple[int | None, int, s
         # blocks of the grid outside the stored box (cannot happen with a matching grid) are masked as is
         if mask_b is not None and hi[0] - lo[0] < mask_b.shape[0]:
             masked += int(np.count_nonzero(mask_b[hi[0] - lo[0] :]))
-    return done, masked, "", track_cells
+        note = ""
+        if reader.grown is not None:  # a store for a smaller volume: the run migrates it first
+            note = (
+                f"grown volume: the run migrates the store ({reader.grown.describe()}) and skips the "
+                f"{done} blocks whose write ROI did not change"
+            )
+    return done, masked, note, track_cells
 
 
 def make_plan(

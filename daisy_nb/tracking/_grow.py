@@ -381,9 +381,11 @@ def _strides(shape) -> list[int]:
 
 
 def remapped_pieces(
-    growth: Growth, source: _Source, piece_cells: int = PIECE_CELLS
+    growth: Growth, source: _Source, piece_cells: int = PIECE_CELLS, window: tuple[int, int] | None = None
 ) -> Iterator[tuple[int, np.ndarray]]:
     """Yield ``(flat start, values)`` of the new grid's non-zero pieces, in order.
+
+    ``window``: only the pieces overlapping the flat range ``[lo, hi)`` of the new grid.
 
     Pieces are contiguous runs of the new grid's C order: for a split axis ``k`` (the
     first whose trailing axes hold at most ``piece_cells`` cells), a fixed index on
@@ -420,6 +422,8 @@ def remapped_pieces(
         hi = shift[k] + old[k]
         for a_new in range(lo, hi, rows):
             b_new = min(a_new + rows, hi)
+            if window is not None and (base_new + b_new * sn[k] <= window[0] or base_new + a_new * sn[k] >= window[1]):
+                continue
             a, b = a_new - shift[k], b_new - shift[k]  # old rows
             kk = growth.keep[k][a:b]
             if not kk.any():
@@ -432,6 +436,42 @@ def remapped_pieces(
             out = np.zeros((b_new - a_new, *inner_new), vals.dtype)
             out[(slice(None), *place)] = vals
             yield base_new + a_new * sn[k], out.reshape(-1)
+
+
+class GrownSource:
+    """Flat reads ``[start, start + count)`` of an array of the new grid, remapped from the old
+    store on the fly (read only: what :mod:`daisy_nb.status` and the dry run show)."""
+
+    def __init__(self, path: Path, name: str, growth: Growth, dtype):
+        self.dtype = np.dtype(dtype)
+        self.growth = growth
+        self.source = _Source(Path(path) / name, growth.old_grid, self.dtype)
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        out = np.zeros(count, self.dtype)
+        lo, hi = start, start + count
+        for s, vals in remapped_pieces(self.growth, self.source, max(count, 1 << 16), (lo, hi)):
+            a, b = max(lo, s), min(hi, s + vals.size)
+            if a < b:
+                out[a - lo : b - lo] = vals[a - s : b - s]
+        return out
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def grown_view(path, expected: dict) -> tuple[Growth | None, str | None]:
+    """``(growth, None)`` if the store at ``path`` is for a smaller volume of ``expected``'s grid,
+    ``(None, reason)`` if its recorded layout differs otherwise, ``(None, None)`` without a record."""
+    try:
+        meta = _read_json(Path(path) / "zarr.json")
+    except (OSError, ValueError):
+        return None, None
+    rec = stored_record(meta)
+    if rec is None:
+        return None, None
+    g = compare(rec, expected)
+    return (None, g) if isinstance(g, str) else (g, None)
 
 
 def _write_remapped(growth: Growth, src_dir: Path, dst_dir: Path, name: str, dtype, durable: bool) -> int:
