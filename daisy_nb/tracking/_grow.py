@@ -381,7 +381,7 @@ def _strides(shape) -> list[int]:
 
 
 def remapped_pieces(
-    growth: Growth, source: _Source, piece_cells: int = PIECE_CELLS, window: tuple[int, int] | None = None
+    growth: Growth, source: _Source, piece_cells: int | None = None, window: tuple[int, int] | None = None
 ) -> Iterator[tuple[int, np.ndarray]]:
     """Yield ``(flat start, values)`` of the new grid's non-zero pieces, in order.
 
@@ -394,6 +394,8 @@ def remapped_pieces(
     shifted, in a zeroed piece: a few numpy operations per piece.
     """
     old, new, shift = growth.old_grid, growth.new_grid, growth.shift
+    if piece_cells is None:
+        piece_cells = PIECE_CELLS
     nd = len(new)
     k = 0
     while k < nd - 1 and math.prod(new[k + 1 :]) > piece_cells:
