@@ -264,7 +264,7 @@ def test_large_grid_is_remapped_in_pieces(tmp_path, monkeypatch):
 
 
 def _processed(out: Path, task: str) -> set[tuple[int, ...]]:
-    return {tuple(int(v) for v in f.name.split("_", 1)[1].split(",")) for f in out.glob(f"{task}_*")}
+    return {tuple(int(v) for v in f.name[len(task) + 1 :].split(",")) for f in out.glob(f"{task}_*")}
 
 
 def _task(tid, cfg, path, max_retries=0):
