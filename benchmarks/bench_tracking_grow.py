@@ -11,7 +11,10 @@ of both axes. Reported: the migration itself (``_grow.migrate``: the remap of
 ``TrackingStore.open``, wall time and the call's own peak RSS (``VmHWM`` reset
 before it, see ``benchmarks/_util.py``), plus the bytes of the files written. The
 store's pages are in the page cache (it was just written): a cold store adds the
-time to read 500 MB (its sparse ``failures`` holes are not read).
+time to read ``done`` (100 MB) and the pages of ``failures`` that hold counts (its
+holes are not read). Removing the old store costs what freeing its ``failures``
+chunk costs: that chunk's pages are allocated one by one as counts arrive, so 10,000
+scattered counts are ~10,000 extents for the file system to free.
 ``--quick``: 10^6 blocks (the smoke test).
 """
 
@@ -55,7 +58,7 @@ def worker_make(path: str, blocks: int) -> None:
 
     (n0, n1), old, _ = geometry(blocks)
     t0 = time.perf_counter()
-    with TrackingStore.open(path, *rois(old), read_write_conflict=False, durable=False) as s:
+    with TrackingStore.open(path, *rois(old), read_write_conflict=False) as s:
         assert s.grid_shape == (n0, n1), s.grid_shape
         d = s.done.reshape(-1)
         d[:] = 1
@@ -79,6 +82,9 @@ def worker_migrate(path: str, blocks: int) -> None:
         base = rss()
         t0 = time.perf_counter()
         info = real(p, growth, durable)
+        rec["build_secs"] = marks["built"] - t0
+        rec["swap_secs"] = marks.get("swapped", marks.get("moved-new", marks["built"])) - marks["built"]
+        rec["cleanup_secs"] = marks["cleaned"] - marks.get("swapped", marks.get("moved-new", marks["built"]))
         rec.update(
             migrate_secs=time.perf_counter() - t0,
             migrate_peak=peak_rss() - base,
@@ -88,6 +94,10 @@ def worker_migrate(path: str, blocks: int) -> None:
         return info
 
     _store.migrate = timed
+    from daisy_nb.tracking import _io
+
+    marks: dict = {}
+    _io.STEP_HOOK = lambda name: marks.setdefault(name, time.perf_counter())
     reset_peak()
     base = rss()
     t0 = time.perf_counter()
@@ -131,6 +141,9 @@ def main() -> int:
     print(f"# {machine_note()}")
     rows = [
         ["migration (remap + swap)", f"{r['migrate_secs']:.2f} s", f"{r['migrate_peak'] / mb:.1f} MB"],
+        ["... of which: build the remapped store beside (read, remap, write, fsync)", f"{r['build_secs']:.2f} s", ""],
+        ["... swap it in", f"{r['swap_secs']:.3f} s", ""],
+        ["... remove the old store", f"{r['cleanup_secs']:.2f} s", ""],
         ["TrackingStore.open (incl. migration)", f"{r['open_secs']:.2f} s", f"{r['open_peak'] / mb:.1f} MB"],
     ]
     print(table(["step", "wall time", "peak RSS of the call"], rows))

@@ -58,6 +58,7 @@ No numba, no zarr (except for a caller's compressed array).
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -353,6 +354,21 @@ class _Source:
         else:
             self.data = np.ascontiguousarray(_read_via_zarr(array_dir).astype(dtype, copy=False)).reshape(-1)
 
+    def has_data(self, start: int, count: int) -> bool:
+        """False when cells ``[start, start + count)`` are surely all zero (absent, or a hole)."""
+        if self.data is not None:
+            return True
+        if self.fd is None:
+            return False
+        seek_data = getattr(os, "SEEK_DATA", None)
+        if seek_data is None:
+            return True
+        off = start * self.dtype.itemsize
+        try:
+            return os.lseek(self.fd, off, seek_data) < off + count * self.dtype.itemsize
+        except OSError as e:
+            return e.errno != errno.ENXIO  # ENXIO: no data after off
+
     def read(self, start: int, count: int) -> np.ndarray:
         out = np.zeros(count, self.dtype)
         if self.data is not None:
@@ -428,7 +444,7 @@ def remapped_pieces(
                 continue
             a, b = a_new - shift[k], b_new - shift[k]  # old rows
             kk = growth.keep[k][a:b]
-            if not kk.any():
+            if not kk.any() or not source.has_data(base_old + a * so[k], (b - a) * n_inner_old):
                 continue
             vals = source.read(base_old + a * so[k], (b - a) * n_inner_old).reshape((b - a, *inner_old))
             vals *= inner_keep
@@ -476,6 +492,34 @@ def grown_view(path, expected: dict) -> tuple[Growth | None, str | None]:
     return (None, g) if isinstance(g, str) else (g, None)
 
 
+_SEGMENT = 4096  # bytes (a page): all-zero pages of a piece stay holes, as the store keeps them
+
+
+def _pwrite_sparse(fd: int, vals: np.ndarray, offset: int) -> None:
+    """``pwrite`` the non-zero :data:`_SEGMENT`-byte segments of ``vals`` (a file of holes
+    beneath): a sparse ``failures`` stays sparse."""
+    raw = vals.view(np.uint8)
+    n = raw.size
+    lead = (-offset) % _SEGMENT  # align segments to the file's, not to the piece
+    cuts = [0, *range(min(lead, n) if lead else _SEGMENT, n, _SEGMENT), n] if n else [0]
+    cuts = sorted(set(cuts))
+    full = np.array(cuts, dtype=np.int64)
+    if len(full) < 2:
+        return
+    nz = np.logical_or.reduceat(raw != 0, full[:-1]) if n else np.zeros(0, bool)
+    i = 0
+    m = len(nz)
+    while i < m:
+        if not nz[i]:
+            i += 1
+            continue
+        j = i
+        while j < m and nz[j]:
+            j += 1
+        pwrite_all(fd, raw[full[i] : full[j]], offset + int(full[i]))
+        i = j
+
+
 def _write_remapped(growth: Growth, src_dir: Path, dst_dir: Path, name: str, dtype, durable: bool) -> int:
     """Write array ``name`` of the new grid into ``dst_dir`` (chunk, then metadata); its non-zero count."""
     source = _Source(src_dir / name, growth.old_grid, np.dtype(dtype))
@@ -488,7 +532,7 @@ def _write_remapped(growth: Growth, src_dir: Path, dst_dir: Path, name: str, dty
         os.ftruncate(fd, nbytes)  # sparse: pieces that stay zero are holes
         first = True
         for start, vals in remapped_pieces(growth, source):
-            pwrite_all(fd, vals, start * vals.itemsize)
+            _pwrite_sparse(fd, vals, start * vals.itemsize)
             nonzero += int(np.count_nonzero(vals))
             if first:
                 step(f"piece-{name}")  # tests: killed half-way through a chunk
