@@ -131,6 +131,8 @@ def test_grown_store_keeps_exactly_the_unchanged_blocks(case):
         np.testing.assert_array_equal(got_fail, exp_fail)
         assert info["kept"] == int(exp_done.sum()) and info["had"] == int(old_done.sum())
         assert info["growth"].new_blocks == len(_ref(new).blocks())
+        assert info["growth"].old_blocks == len(_ref(cfg).blocks())
+        info["growth"].validate()
         assert _side_dirs(p) == []
         # the migrated store is a plain store of the new layout: reopening changes nothing
         with TrackingStore.open(p, *_rois(new), durable=False) as s:
@@ -429,3 +431,21 @@ def test_sparse_piece_writes(tmp_path, seed):
     assert not raw[:offset].any() and not raw[offset + vals.nbytes :].any()
     pages_touched = {(offset + 4 * int(i)) // 4096 for i in np.flatnonzero(vals)}
     assert os.stat(f).st_blocks * 512 <= (len(pages_touched) + 2) * 4096 + 8192
+
+
+def test_growth_validate_catches_a_broken_mapping():
+    old = _grow.layout_record(*_rois({**BASE, "fit": "shrink"}))
+    new = _grow.layout_record(*_rois(_grown({**BASE, "fit": "shrink"}, (1, 0), (20, 13))))
+    g = _grow.compare(old, new)
+    assert isinstance(g, _grow.Growth)
+    g.validate()
+    import dataclasses
+
+    for broken in (
+        dataclasses.replace(g, shift=(-1, 0)),
+        dataclasses.replace(g, shift=(9, 0)),
+        dataclasses.replace(g, keep=[np.ones(g.old_grid[0], bool), np.ones(g.old_grid[1], bool)]),
+        dataclasses.replace(g, keep=g.keep[:1]),
+    ):
+        with pytest.raises(AssertionError):
+            broken.validate()

@@ -211,6 +211,31 @@ class Growth:
     new_blocks: int
     dropped_axes: list[int] = field(default_factory=list)  # axes whose old far-edge blocks changed
 
+    def validate(self) -> None:
+        """Invariants: raise ``AssertionError`` if the mapping is not a growth of the grid.
+
+        Same dimensions; a non-negative shift; one keep mask per axis of the old grid's
+        length; every kept cell a block of the old volume whose cell, shifted, lies in the
+        new grid; the new volume at least as large in blocks as the kept ones.
+        """
+        nd = len(self.old_grid)
+        assert len(self.new_grid) == nd == len(self.shift) == len(self.keep), "dimensions"
+        a, b = _Axes(self.old), _Axes(self.new)
+        assert tuple(a.grid) == self.old_grid and tuple(b.grid) == self.new_grid, "grid shapes"
+        for d in range(nd):
+            k = self.keep[d]
+            assert self.shift[d] >= 0, f"negative shift on axis {d}"
+            assert k.shape == (self.old_grid[d],) and k.dtype == bool, f"keep mask of axis {d}"
+            idx = np.flatnonzero(k)
+            if idx.size:
+                first, n = a.positions(d)
+                assert idx[0] >= first and idx[-1] < first + n, f"a kept cell of axis {d} is not a block"
+                nfirst, nn = b.positions(d)
+                assert idx[0] + self.shift[d] >= nfirst, f"axis {d}: kept cells below the new blocks"
+                assert idx[-1] + self.shift[d] < min(nfirst + nn, self.new_grid[d]), f"axis {d}: beyond the new grid"
+        kept = math.prod(int(k.sum()) for k in self.keep)
+        assert kept <= self.old_blocks and kept <= self.new_blocks, "more kept blocks than blocks"
+
     def keep_box(self) -> np.ndarray:
         """The keep mask as a bool array of the old grid's shape (tests; small grids)."""
         m = np.ones(self.old_grid, bool)
@@ -293,10 +318,7 @@ def compare(old: dict, new: dict) -> Growth | str:
         new_blocks=b.num_blocks(),
         dropped_axes=dropped,
     )
-    for d in range(a.nd):
-        idx = np.flatnonzero(keep[d])
-        if idx.size and (idx[-1] + shift[d] >= b.grid[d]):  # pragma: no cover - contained volume
-            return "internal error: a kept block falls outside the new grid"
+    growth.validate()
     return growth
 
 
