@@ -9,6 +9,11 @@ scheduler's memory. ``daisy-nb run --dry-run script.py`` sets
 ``Server.run_blockwise`` call prints the plan as a table and ends the program with
 exit code 0 (:func:`exit_with_plan`).
 
+A tracking store written for a smaller volume of the task's grid (a volume that
+grew, see ``docs/tracking-growth.md``) is read as the run would migrate it:
+``done_by_tracking`` counts the blocks whose write ROI did not change, and the task's
+``tracking_note`` says so.
+
 Nothing runs: no block, no worker process, no listener, no ``check_function``
 call, and block tracking is only read (plain file reads of the ``done`` chunk in
 pieces of :data:`daisy_nb.status.CHUNK_CELLS` cells, never created nor mapped

@@ -21,6 +21,11 @@ are reported separately as ``outside_cells``. A known task's ``skip_mask``
 blocks are never written to tracking (daisy 2.0.0 does the same), so they are
 counted as ``skipped_by_mask``, not as "never".
 
+When the task is known and its store was written for a smaller volume of the same
+grid (the volume grew; ``docs/tracking-growth.md``), the store is counted as a resume
+would migrate it: the marks of the blocks whose write ROI did not change, on the
+task's grid (``grown_from`` says from what). Nothing is written.
+
 The arrays are streamed from the chunk files in pieces of :data:`CHUNK_CELLS`
 cells with plain file reads (not a memory map, whose pages would count towards
 the process's resident memory), so a 10^8-cell store needs a few MB. Stores in a

@@ -150,3 +150,9 @@ def test_migrate_needs_a_store(tmp_path):
     case = CASES["valid"]
     r = _migrate(tmp_path / "nothing", case)
     assert r.returncode == 2 and "no block tracking" in r.stderr
+
+
+def test_track_without_action(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    r = subprocess.run([sys.executable, "-m", "daisy_nb", "track"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "expected an action" in r.stderr
