@@ -10,6 +10,9 @@ Subcommands:
   tracking (:mod:`daisy_nb.dashboard.offline`);
 * ``demo``: the demo in :mod:`daisy_nb.demo`, imported only when asked for (it
   brings its own options and optional dependencies);
+* ``track migrate PATH --from-roi ROI --read-roi ROI --write-roi ROI``: record the
+  layout of a block-tracking store written by daisy 2.0.0, so that a run on a grown
+  volume keeps its done marks (:mod:`daisy_nb.tracking._cli`);
 * ``run [--] COMMAND [ARGS...]``: run a program with ``import daisy`` giving
   daisy_nb in it and its child processes (:mod:`daisy_nb.alias`); the exit code
   is the program's.
@@ -57,6 +60,12 @@ def _run_dashboard(args: argparse.Namespace) -> int:
     return dashboard_main(args)
 
 
+def _run_track(args: argparse.Namespace) -> int:
+    from .tracking._cli import main as track_main
+
+    return track_main(args)
+
+
 def build_parser(demo_module=None) -> argparse.ArgumentParser:
     """The argument parser; the ``demo`` options are added only if ``demo_module`` is given."""
     from . import __version__
@@ -92,6 +101,15 @@ def build_parser(demo_module=None) -> argparse.ArgumentParser:
     )
     warmup_arguments(p_warmup)
     p_warmup.set_defaults(func=_run_warmup)
+    from .tracking._cli import add_arguments as track_arguments
+
+    p_track = sub.add_parser(
+        "track",
+        help="block-tracking stores: 'migrate' adopts a daisy 2.0.0 store for a grown volume",
+        description="Maintenance of block-tracking stores (see docs/tracking-growth.md).",
+    )
+    track_arguments(p_track)
+    p_track.set_defaults(func=_run_track)
     sub.add_parser(
         "run", help="run a program (script.py, -m module, any command) with daisy_nb as daisy", add_help=False
     )

@@ -9,6 +9,11 @@ scheduler's memory. ``daisy-nb run --dry-run script.py`` sets
 ``Server.run_blockwise`` call prints the plan as a table and ends the program with
 exit code 0 (:func:`exit_with_plan`).
 
+A tracking store written for a smaller volume of the task's grid (a volume that
+grew, see ``docs/tracking-growth.md``) is read as the run would migrate it:
+``done_by_tracking`` counts the blocks whose write ROI did not change, and the task's
+``tracking_note`` says so.
+
 Nothing runs: no block, no worker process, no listener, no ``check_function``
 call, and block tracking is only read (plain file reads of the ``done`` chunk in
 pieces of :data:`daisy_nb.status.CHUNK_CELLS` cells, never created nor mapped
@@ -228,7 +233,13 @@ def _count_skips(task, layout, block_tracking: bool) -> tuple[int | None, int, s
         # blocks of the grid outside the stored box (cannot happen with a matching grid) are masked as is
         if mask_b is not None and hi[0] - lo[0] < mask_b.shape[0]:
             masked += int(np.count_nonzero(mask_b[hi[0] - lo[0] :]))
-    return done, masked, "", track_cells
+        note = ""
+        if reader.grown is not None:  # a store for a smaller volume: the run migrates it first
+            note = (
+                f"grown volume: the run migrates the store ({reader.grown.describe()}) and skips the "
+                f"{done} blocks whose write ROI did not change"
+            )
+    return done, masked, note, track_cells
 
 
 def make_plan(

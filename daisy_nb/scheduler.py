@@ -266,7 +266,8 @@ class Scheduler:
                 if path is None:
                     continue
                 try:
-                    store = TrackingStore.open(path, task.total_roi, task.read_roi, task.write_roi, task.fit)
+                    store = TrackingStore.open(path, task.total_roi, task.read_roi, task.write_roi, task.fit,
+                                               read_write_conflict=task.read_write_conflict)
                 except RuntimeError as e:
                     self.close()
                     raise RuntimeError(f"invalid configuration: {e}") from None

@@ -21,6 +21,11 @@ are reported separately as ``outside_cells``. A known task's ``skip_mask``
 blocks are never written to tracking (daisy 2.0.0 does the same), so they are
 counted as ``skipped_by_mask``, not as "never".
 
+When the task is known and its store was written for a smaller volume of the same
+grid (the volume grew; ``docs/tracking-growth.md``), the store is counted as a resume
+would migrate it: the marks of the blocks whose write ROI did not change, on the
+task's grid (``grown_from`` says from what). Nothing is written.
+
 The arrays are streamed from the chunk files in pieces of :data:`CHUNK_CELLS`
 cells with plain file reads (not a memory map, whose pages would count towards
 the process's resident memory), so a 10^8-cell store needs a few MB. Stores in a
@@ -42,7 +47,17 @@ from typing import Any
 
 import numpy as np
 
-from .tracking import DONE_ARRAY, FAILURES_ARRAY, HASH_ATTRIBUTE, get_tracking_basedir, read_tracking, task_hash
+from .tracking import (
+    DONE_ARRAY,
+    FAILURES_ARRAY,
+    HASH_ATTRIBUTE,
+    get_tracking_basedir,
+    layout_record,
+    read_tracking,
+    task_hash,
+)
+from .tracking._grow import GrownSource, grown_view
+from .tracking._io import side_paths
 
 __all__ = [
     "CHUNK_CELLS",
@@ -125,7 +140,7 @@ class _ArraySource:
 class _StoreReader:
     """A tracking group opened for streaming reads of ``done`` and ``failures``."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, growth=None):
         try:
             info = read_tracking(path)
         except FileNotFoundError as e:
@@ -142,9 +157,19 @@ class _StoreReader:
         self.grid_shape: tuple[int, ...] = tuple(int(v) for v in info["grid_shape"])
         self.size = math.prod(self.grid_shape)
         self.arrays: list[str] = list(info["arrays"])
-        self.done = _ArraySource(info["done"], _DONE, self.size)
-        self.failures = _ArraySource(info["failures"], _FAILURES, self.size)
+        self.done: _ArraySource | GrownSource = _ArraySource(info["done"], _DONE, self.size)
+        self.failures: _ArraySource | GrownSource = _ArraySource(info["failures"], _FAILURES, self.size)
         del info  # release the memory maps read_tracking made
+        #: the store is for a smaller volume of the task's grid: reads show it remapped, as a
+        #: resume would migrate it (:mod:`daisy_nb.tracking._grow`); ``grown`` is the Growth
+        self.grown = growth
+        if growth is not None:
+            self.done.close()
+            self.failures.close()
+            self.grid_shape = tuple(growth.new_grid)
+            self.size = math.prod(self.grid_shape)
+            self.done = GrownSource(self.path, DONE_ARRAY, growth, _DONE)
+            self.failures = GrownSource(self.path, FAILURES_ARRAY, growth, _FAILURES)
 
     def read(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """``(done, failures)`` of the flat cells ``[start, start + count)``."""
@@ -198,22 +223,49 @@ class TrackingTarget:
         The task's ``skip_mask`` (block-grid shape), if any.
     expected_hash : str or None
         The task's layout hash, checked against the stored one.
+    expected_layout : dict or None
+        The task's layout record (:func:`daisy_nb.tracking.layout_record`): a store
+        written for a smaller volume of the same grid is then read as a resume would
+        migrate it (the marks of unchanged blocks, on the task's grid) instead of
+        being refused.
     """
 
-    def __init__(self, name: str, path, *, block_lo=None, block_hi=None, skip_mask=None, expected_hash=None):
+    def __init__(
+        self,
+        name: str,
+        path,
+        *,
+        block_lo=None,
+        block_hi=None,
+        skip_mask=None,
+        expected_hash=None,
+        expected_layout=None,
+    ):
         self.name = str(name)
         self.path = Path(os.fspath(path))
         self.block_lo = None if block_lo is None else tuple(int(v) for v in block_lo)
         self.block_hi = None if block_hi is None else tuple(int(v) for v in block_hi)
         self.skip_mask = skip_mask
         self.expected_hash = expected_hash
+        self.expected_layout = expected_layout
 
     @classmethod
     def from_layout(cls, name: str, path, layout, skip_mask=None, expected_hash=None) -> TrackingTarget:
         """Target whose block grid comes from a :class:`daisy_nb.layout.BlockLayout`."""
         lo = np.asarray(layout.id_offset, np.int64)
         hi = lo + np.asarray(layout.grid_shape, np.int64)
-        return cls(name, path, block_lo=lo, block_hi=hi, skip_mask=skip_mask, expected_hash=expected_hash)
+        rec = layout_record(
+            layout.total_roi_t, layout.read_roi_t, layout.write_roi_t, layout.fit, layout.read_write_conflict
+        )
+        return cls(
+            name,
+            path,
+            block_lo=lo,
+            block_hi=hi,
+            skip_mask=skip_mask,
+            expected_hash=expected_hash,
+            expected_layout=rec,
+        )
 
     @property
     def knows_blocks(self) -> bool:
@@ -223,11 +275,17 @@ class TrackingTarget:
         """Open the store; check the layout hash and clip the block box to the grid."""
         reader = _StoreReader(self.path)
         if self.expected_hash is not None and reader.task_hash not in (None, self.expected_hash):
+            growth, reason = (None, None)
+            if self.expected_layout is not None:
+                growth, reason = grown_view(self.path, self.expected_layout)
             reader.close()
-            raise StatusError(
-                f"block tracking at {self.path} was written for a different task layout "
-                f"(stored hash = {reader.task_hash}, expected = {self.expected_hash})"
-            )
+            if growth is None:
+                why = f": {reason}" if reason else ""
+                raise StatusError(
+                    f"block tracking at {self.path} was written for a different task layout "
+                    f"(stored hash = {reader.task_hash}, expected = {self.expected_hash}){why}"
+                )
+            reader = _StoreReader(self.path, growth)
         if self.block_lo is not None:
             if len(self.block_lo) != len(reader.grid_shape):
                 reader.close()
@@ -276,7 +334,7 @@ def find_tracking_stores(path) -> list[Path]:
         return [p]
     if (p / "zarr.json").exists():
         raise StatusError(f"{p}: has a zarr.json but is not a block-tracking group")
-    found = sorted(c for c in p.iterdir() if c.is_dir() and _is_store(c))
+    found = sorted(c for c in p.iterdir() if c.is_dir() and not _side_dir(c) and _is_store(c))
     if not found:
         raise StatusError(
             f"{p}: no block tracking here (expected {p}/zarr.json, or task directories "
@@ -486,6 +544,20 @@ def task_status(task_or_path, *, chunk_cells: int = CHUNK_CELLS) -> dict[str, An
         "outside_marked": outside_marked,
         "complete": done + skipped == total,
         "extra_arrays": [a for a in reader.arrays if a not in (DONE_ARRAY, FAILURES_ARRAY)],
+        "grown_from": _grown_info(reader.grown),
+    }
+
+
+def _grown_info(growth) -> dict[str, Any] | None:
+    """What a resume of the grown volume starts from (None: the store is for this layout)."""
+    if growth is None:
+        return None
+    return {
+        "total_roi": growth.old["total_roi"],
+        "grid_shape": list(growth.old_grid),
+        "shift": list(growth.shift),
+        "old_blocks": growth.old_blocks,
+        "describe": growth.describe(),
     }
 
 
@@ -529,6 +601,17 @@ def _geometry_target(p: Path, geometry) -> TrackingTarget:
     lay = geometry
     tr, rd, wr = lay.total_roi_t, lay.read_roi_t, lay.write_roi_t
     return TrackingTarget.from_layout(p.name, p, lay, expected_hash=task_hash(tr, rd, wr, lay.fit))
+
+
+def _side_dir(p: Path) -> bool:
+    """A migration's build or parked store beside a task's store (not a task of its own)."""
+    if not p.name.startswith("."):
+        return False
+    for suffix in side_paths(p.parent, "x"):
+        tail = suffix.name[len(".x") :]
+        if p.name.endswith(tail):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------
@@ -582,5 +665,12 @@ def format_status(status) -> str:
     lines.append(f"  {'failure counts':<{w}}{text}")
     if s["extra_arrays"]:
         lines.append(f"  {'other arrays':<{w}}{', '.join(s['extra_arrays'])}")
+    g = s.get("grown_from")
+    if g:
+        lines.append(
+            f"  {'grown volume':<{w}}the store is for a smaller volume ({g['describe']}): a resume "
+            f"migrates it and skips the {s['done']} blocks counted done here (changed blocks at the old "
+            "far edge run again)"
+        )
     lines.append(f"  {'status':<{w}}{'complete' if s['complete'] else 'INCOMPLETE'}")
     return "\n".join(lines)

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_runtime.py",
         "bench_tracking.py",
         "bench_tracking_io.py",
+        "bench_tracking_grow.py",
         "bench_cluster.py",
         "bench_small.py",
         "bench_ctrl_c.py",

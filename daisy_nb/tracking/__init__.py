@@ -16,7 +16,9 @@ compression), which zarr-python reads as is.
 Modules: :mod:`._grid` (task hash, grid shape, where a store lives, reset),
 :mod:`._files` (metadata documents, atomic writes, raw chunks, :func:`read_tracking`),
 :mod:`._io` (which write path a file system takes, ``DAISY_NB_TRACKING_IO``,
-:class:`TrackingWriteError`, the crash-safe conversion of a foreign array) and
+:class:`TrackingWriteError`, the crash-safe conversion of a foreign array),
+:mod:`._grow` (the layout record beside the hash; a store for a volume that grew
+migrated to the grown grid, keeping the marks of unchanged blocks) and
 :mod:`._store` (:class:`TrackingStore`: the chunks mapped shared, or held in memory
 and written with ``pwrite``, so a mark is in the file at once and a flush writes
 only the pages that changed).
@@ -49,11 +51,13 @@ from ._grid import (
     set_tracking_basedir,
     task_hash,
 )
+from ._grow import LAYOUT_ATTRIBUTE, layout_record
 from ._io import ENV_IO, TrackingWriteError
 from ._store import TrackingStore
 
 __all__ = [
     "ENV_IO",
+    "LAYOUT_ATTRIBUTE",
     "TRACKING_HASH_PREFIX",
     "TrackingWriteError",
     "TrackingStore",
@@ -61,6 +65,7 @@ __all__ = [
     "get_tracking_basedir",
     "grid_linear_indices",
     "grid_shape",
+    "layout_record",
     "read_tracking",
     "reset",
     "resolve_tracking_path",

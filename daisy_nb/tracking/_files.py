@@ -45,8 +45,11 @@ def _array_metadata(shape: tuple[int, ...], dtype: np.dtype) -> dict:
     }
 
 
-def _group_metadata(hash_: str) -> dict:
-    return {"attributes": {HASH_ATTRIBUTE: hash_}, "node_type": "group", "zarr_format": 3}
+def _group_metadata(hash_: str, extra: dict | None = None) -> dict:
+    attrs = {HASH_ATTRIBUTE: hash_}
+    if extra:
+        attrs.update(extra)
+    return {"attributes": attrs, "node_type": "group", "zarr_format": 3}
 
 
 def _fsync_dir(d: Path) -> None:

@@ -180,11 +180,18 @@ def resolve_tracking_path(task_id: str, tracking_path) -> Path | None:
 def reset(path) -> str | None:
     """Delete a tracking store directory (``Task.reset()``).
 
-    Returns the path as a string, or None if ``path`` is None or nothing exists.
+    Also removes what an interrupted migration to a grown volume left beside it
+    (``.<name>.daisy_nb-new``/``-old``, see :mod:`._grow`). Returns the path as a
+    string, or None if ``path`` is None or nothing exists.
     """
     if path is None:
         return None
     p = Path(os.fspath(path))
+    from ._io import side_paths
+
+    for side in side_paths(p.parent, p.name):
+        if side.is_dir() and not side.is_symlink():
+            shutil.rmtree(side, ignore_errors=True)
     if not os.path.lexists(p):
         return None
     try:

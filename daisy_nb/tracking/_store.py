@@ -70,6 +70,7 @@ from ._files import (
     _write_json,
 )
 from ._grid import grid_shape, task_hash
+from ._grow import LAYOUT_ATTRIBUTE, compare, layout_record, migrate, mismatch_message, recover, stored_record
 from ._io import (
     _XFS,
     TrackingWriteError,
@@ -394,8 +395,12 @@ class TrackingStore:
     :meth:`mark_dirty`.
     """
 
-    def __init__(self, path: Path, grid: tuple[int, ...], hash_: str, durable: bool = True):
+    def __init__(self, path: Path, grid: tuple[int, ...], hash_: str, durable: bool = True, layout=None):
         self.path = Path(path)
+        self.layout: dict | None = layout  # the layout record (see _grow.layout_record)
+        #: set when opening migrated the store from a smaller volume: ``{"kept", "had",
+        #: "failures", "dropped_arrays", "growth"}`` (see :func:`._grow.migrate`)
+        self.grown_from: dict | None = None
         self.grid_shape = tuple(grid)
         self.task_hash = hash_
         self.durable = durable
@@ -413,7 +418,16 @@ class TrackingStore:
 
     @classmethod
     def open(
-        cls, path, total_roi, read_roi, write_roi, fit="valid", *, require_hash: bool = False, durable: bool = True
+        cls,
+        path,
+        total_roi,
+        read_roi,
+        write_roi,
+        fit="valid",
+        *,
+        read_write_conflict=None,
+        require_hash: bool = False,
+        durable: bool = True,
     ) -> TrackingStore:
         """Open the tracking group at ``path``, creating it if absent.
 
@@ -425,11 +439,19 @@ class TrackingStore:
         store, as daisy 2.0.0 does (its arrays are then shape-checked and
         missing ones created; the hash is not added). ``require_hash=True``
         rejects it instead. ``durable=False`` skips fsync (tests, scratch runs).
+
+        The group also records the layout (:func:`._grow.layout_record`, with
+        ``read_write_conflict``), beside the hash. A store written for a smaller
+        volume on the same grid is migrated to this one, keeping the marks of the
+        blocks that did not change (:mod:`._grow`; :attr:`grown_from` then says
+        what was kept); any other layout change raises ``RuntimeError`` saying what
+        changed and what to do.
         """
         p = Path(os.fspath(path))
         h = task_hash(total_roi, read_roi, write_roi, fit)
         grid = grid_shape(total_roi, write_roi)
-        store = cls(p, grid, h, durable=durable)
+        rec = layout_record(total_roi, read_roi, write_roi, fit, read_write_conflict)
+        store = cls(p, grid, h, durable=durable, layout=rec)
         try:
             store._load(p, h, require_hash)
         except OSError as e:
@@ -447,6 +469,7 @@ class TrackingStore:
     def _load(self, p: Path, h: str, require_hash: bool) -> None:
         durable = self.durable
         group_json = p / "zarr.json"
+        recover(p, h)  # a migration a crash interrupted: finished or rolled back
         if group_json.exists():
             try:
                 meta = _read_json(group_json)
@@ -459,13 +482,24 @@ class TrackingStore:
                     "zarr v3 group containing a `done` array of the task's block-grid shape; "
                     "either build it that way or delete the path so daisy can create it."
                 )
-            stored = (meta.get("attributes") or {}).get(HASH_ATTRIBUTE)
+            attrs = meta.get("attributes") or {}
+            stored = attrs.get(HASH_ATTRIBUTE)
             if stored != h and (stored is not None or require_hash):
-                raise RuntimeError(
-                    f"block tracking at {p} was written for a different task layout "
-                    f"(stored hash = {stored if stored is not None else '<missing>'}, "
-                    f"expected = {h}). Delete it to start fresh:\n    rm -rf {p}"
-                )
+                rec = stored_record(meta) if stored is not None else None
+                if rec is None:
+                    raise RuntimeError(mismatch_message(p, stored, h, None))
+                growth = compare(rec, self.layout)
+                if isinstance(growth, str):
+                    raise RuntimeError(mismatch_message(p, stored, h, growth))
+                info = migrate(p, growth, durable)
+                info["growth"] = growth
+                self.grown_from = info
+            elif stored is not None:
+                old = stored_record(meta)
+                if old is not None and self.layout is not None and self.layout["read_write_conflict"] is None:
+                    self.layout["read_write_conflict"] = old.get("read_write_conflict")  # keep what is known
+                if attrs.get(LAYOUT_ATTRIBUTE) != self.layout:
+                    self._record_layout(group_json, meta)
             self._done.load(p, durable)
             self._failures.load(p, durable)
         else:
@@ -476,7 +510,19 @@ class TrackingStore:
             # document is treated as fresh on the next open
             self._done.load(p, durable)
             self._failures.load(p, durable)
-            _write_json(group_json, _group_metadata(h))
+            _write_json(group_json, _group_metadata(h, {LAYOUT_ATTRIBUTE: self.layout}))
+
+    def _record_layout(self, group_json: Path, meta: dict) -> None:
+        """Add (or update) the layout record of a store whose hash matches (daisy 2.0.0's,
+        an older daisy_nb's); best effort: a read-only store stays as it is."""
+        doc = dict(meta)
+        attrs = dict(doc.get("attributes") or {})
+        attrs[LAYOUT_ATTRIBUTE] = self.layout
+        doc["attributes"] = attrs
+        try:
+            _write_json(group_json, doc)
+        except OSError:
+            pass
 
     # -- arrays ---------------------------------------------------------------
 
