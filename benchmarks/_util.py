@@ -151,10 +151,31 @@ def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
     return "met" if ok else "**MISSED**"
 
 
+RECORD_ENV = "DAISY_NB_BENCH_RECORD"
+
+
 def table(headers: list[str], rows: list[list]) -> str:
+    """A markdown table; also appended to the JSON-lines file ``$DAISY_NB_BENCH_RECORD`` when set.
+
+    The docs' performance page is generated from such files committed under
+    ``docs/performance/`` (``docs/_hooks/generate.py``), never typed by hand."""
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     for r in rows:
         out.append("| " + " | ".join(str(c) for c in r) + " |")
+    record = os.environ.get(RECORD_ENV)
+    if record:
+        import datetime
+
+        entry = {
+            "script": os.path.basename(sys.argv[0]),
+            "args": sys.argv[1:],
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": machine_note(),
+            "headers": [str(h) for h in headers],
+            "rows": [[str(c) for c in r] for r in rows],
+        }
+        with open(record, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry, ensure_ascii=False) + "\n")
     return "\n".join(out)
 
 

@@ -33,7 +33,7 @@ class BlockStatus:
 def cantor_number(index) -> int:
     """Generalised Cantor ("pyramid volume") number of a non-negative grid index.
 
-    Exact in Python integers (daisy 1.x loses precision past 2**53). See CORE.md 2.2:
+    Exact in Python integers (daisy 1.x loses precision past 2**53). See docs/explanation/algorithms.md#block-ids:
     ``id = x0 + sum_{n=2..N} C(S_n + n - 1, n)`` with ``S_n = x0 + ... + x_{n-1}``.
     """
     x = [int(v) for v in index]

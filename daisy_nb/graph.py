@@ -1,6 +1,6 @@
 """``BlockwiseDependencyGraph``: one task's blocks, levels and intra-task dependencies.
 
-Same blocks, IDs, ROIs and order as daisy 2.0.0 (CORE.md section 3). The bulk form is
+Same blocks, IDs, ROIs and order as daisy 2.0.0 (docs/explanation/algorithms.md#levels). The bulk form is
 :meth:`BlockwiseDependencyGraph.to_arrays`, computed by kernels; the object API
 (``root_gen``, ``enumerate_all_dependencies``, ``upstream``...) builds ``Block``
 objects lazily, in chunks, from the same kernels.
@@ -227,7 +227,7 @@ class BlockwiseDependencyGraph:
         return self._blocks(out[:n])
 
     def subgraph_box(self, sub_roi, read_roi: bool = False):
-        """Grid box ``(lo, hi)`` of the blocks :meth:`get_subgraph_blocks` returns (CORE 3.9)."""
+        """Grid box ``(lo, hi)`` of the blocks :meth:`get_subgraph_blocks` returns (docs/explanation/algorithms.md#subgraph)."""
         off, shp = roi_tuple(sub_roi, "sub_roi")
         lay = self.layout
         if len(off) != lay.ndim:
@@ -293,7 +293,7 @@ class BlockwiseDependencyGraph:
 
 
 def _subgraph_box(off, end, tw_off, tw_shape, ws, grid):
-    """daisy 2.0's ``get_subgraph_blocks`` box (CORE 3.9), including its never-failing intersection."""
+    """daisy 2.0's ``get_subgraph_blocks`` box (docs/explanation/algorithms.md#subgraph), including its never-failing intersection."""
     tw_end = tw_off + tw_shape
     b = np.maximum(off, tw_off)
     e = b + np.maximum(0, np.minimum(end, tw_end) - b)

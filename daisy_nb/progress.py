@@ -2,7 +2,7 @@
 
 Observers get ``on_start/on_progress/on_finish(states)`` with a ``{task_id:
 TaskState}`` snapshot; every runtime (serial, pool, dask) calls ``on_progress`` at
-most every 0.2 s through :class:`Heartbeat` and swallows observer exceptions. Looks follow daisy 2.0 (API.md 1.15/1.16); the
+most every 0.2 s through :class:`Heartbeat` and swallows observer exceptions. Looks follow daisy 2.0 (docs/how-to/migrate.md#progress); the
 summary adds time and blocks/s per task.
 """
 

@@ -1,7 +1,7 @@
 """Status of block-tracking stores: what is done, what failed, what never ran.
 
 ``python -m daisy_nb status PATH [PATH...]`` and :func:`tracking_status` read the
-tracking groups that :class:`daisy_nb.Task` (and daisy 2.0.0) write (CORE.md 7.3)
+tracking groups that :class:`daisy_nb.Task` (and daisy 2.0.0) write (docs/reference/tracking-format.md#layout)
 and count, per task:
 
 * ``done``: cells whose ``done`` byte is set;

@@ -102,6 +102,9 @@ def resolve_token(token: str | bool | None = None) -> str | None:
 class Dashboard:
     """A dashboard server; shows the run it is passed to (``run_blockwise(..., dashboard=dash)``).
 
+    The server starts on :meth:`start` (or the first run) and stops on
+    :meth:`close`; a context manager does both.
+
     Parameters
     ----------
     port : int
@@ -117,9 +120,6 @@ class Dashboard:
         ``""``/``False`` turns it off (a warning): see :func:`resolve_token`.
     quiet : bool
         Do not print the URL when the server starts.
-
-    The server starts on :meth:`start` (or the first run) and stops on
-    :meth:`close`; a context manager does both.
     """
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", *, token: str | bool | None = None, quiet: bool = False):

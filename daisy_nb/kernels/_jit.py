@@ -113,6 +113,10 @@ def _dispatcher(fn, options):
     if d is None:
         import numba
 
+        from ._numba_features import features
+
+        if "_nrt" in options and not features()["nrt_option"]:  # a numba without it: refcounted, same results
+            options = {k: v for k, v in options.items() if k != "_nrt"}
         d = _dispatchers[fn] = numba.njit(**options)(fn)
     return d
 
@@ -266,6 +270,10 @@ def cache_is_warm(kernels=None) -> bool:
     """
     if not CACHE:
         return False
+    from ._numba_features import features
+
+    if not features()["cache_index"]:  # a numba without the internals: assume it must compile
+        return False
     _drop_stale_cache()
     for fn in _entry_points() if kernels is None else kernels:
         try:
@@ -304,7 +312,9 @@ def _install_notice() -> None:
     """Say once on stderr that kernels compile: numba's "numba:compile" event fires only
     on a cache miss, just before the compiler runs. Installed once (tests switch modes)."""
     global _notice_installed
-    if _notice_installed:
+    from ._numba_features import features
+
+    if _notice_installed or not features()["compile_event"]:
         return
     from numba.core import event
 

@@ -1,4 +1,4 @@
-"""Block IDs: daisy's generalised Cantor number of a grid index (CORE.md 2.2).
+"""Block IDs: daisy's generalised Cantor number of a grid index (docs/explanation/algorithms.md#block-ids).
 
 Exact in int64: :class:`daisy_nb.layout.BlockLayout` refuses grids whose IDs (or the
 intermediate products below) would not fit, so nothing here can overflow.

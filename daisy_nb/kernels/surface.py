@@ -1,7 +1,7 @@
 """The ready surface on arrays: which blocks of a pipeline are ready, done or orphaned.
 
 daisy keeps two sets (surface and boundary) and asks the dependency graph for
-upstream/downstream lists on every step (CORE.md section 5). Here the state of
+upstream/downstream lists on every step (docs/explanation/algorithms.md#ready-surface). Here the state of
 every block of every task lives in flat arrays indexed by a *global* block index
 ``gi = block_base[t] + row``:
 
@@ -19,10 +19,10 @@ per-axis interval lengths), so no dependency lists are stored. Downstream blocks
 are found the same way: intra-task through the conflict offsets of the next
 level, inter-task through per-axis interval tables (``e_dn``) that are the exact
 inverse of the upstream tables (``e_up``); this fixes daisy's asymmetric-context
-and far-edge defects (CORE.md 10.1, 10.5) by construction.
+and far-edge defects (docs/explanation/defects.md#downstream-context) by construction.
 
 Orphans: a permanent failure orphans exactly the PENDING blocks that transitively
-depend on it; a block is orphaned at most once (fixes CORE.md 10.2/10.7).
+depend on it; a block is orphaned at most once (fixes docs/explanation/defects.md#orphans).
 
 The Scheduler calls :func:`step` (acquire, release, and their one-block forms) and
 :func:`fail_block`; the arrays above are views into two packed buffers (see the
@@ -522,7 +522,7 @@ def seed_free_blocks(tt_geo, info, lvl_off, lvl_cnt, lvl_start, conf_ptr, conf_j
                      status, queue, cnt, t):
     """Queue the level-0 blocks of a downstream task that have no upstream block at all.
 
-    daisy never runs them (CORE.md 10.3); here they are ready from the start, in
+    daisy never runs them (docs/explanation/defects.md#unread-blocks); here they are ready from the start, in
     enumeration order. Returns how many were queued.
     """
     n = 0
