@@ -271,7 +271,7 @@ def make_plan(
         if note.startswith("the run would raise") or note.endswith("is not a directory"):
             problems.append(f"task {tid!r}: block tracking: {note}")
         arity = task.arity
-        kind = {1: "block function", 0: "worker function (Client loop)"}.get(arity, "none")
+        kind = "none" if arity is None else {1: "block function", 0: "worker function (Client loop)"}.get(arity, "none")
         requires = dict(task.requires)
         if executor is None and n and (task.process_function is None or (not multiprocessing and arity != 1)):
             problems.append(

@@ -394,6 +394,7 @@ class Scheduler:
 
     def _check(self, t: int, block: Block) -> bool:
         fn = self.tasks[self.task_ids[t]].check_function
+        assert fn is not None  # called for tasks with a check_function only
         try:
             return bool(fn(block))
         except Exception:
