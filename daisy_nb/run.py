@@ -302,20 +302,20 @@ def check_run(tasks: Tasks, multiprocessing: bool, executor: Any, resources: Map
 
 
 def _execute(
-    tasks,
+    tasks: Tasks,
     *,
-    multiprocessing,
-    resources,
-    progress,
-    summary,
-    block_tracking,
-    host,
-    executor,
-    log_dir,
-    dashboard=None,
-    hang_alarm=None,
-    report=None,
-):
+    multiprocessing: bool,
+    resources: Mapping[str, int] | None,
+    progress: Any,
+    summary: bool,
+    block_tracking: bool,
+    host: str | None,
+    executor: Any,
+    log_dir: PathArg,
+    dashboard: DashboardArg = None,
+    hang_alarm: HangAlarmArg = None,
+    report: PathArg = None,
+) -> tuple[dict[str, TaskState], list[str]]:
     """One run without the abandonment raise: ``(states, task_order)``; shared with ``Server``.
 
     Under ``daisy-nb run --dry-run`` (:data:`daisy_nb.plan.DRY_RUN_ENV`) it prints the
@@ -387,7 +387,9 @@ def _execute(
             scheduler.close()
 
 
-def _plan(tasks, multiprocessing, resources, block_tracking, executor):
+def _plan(
+    tasks: Tasks, multiprocessing: bool, resources: Mapping[str, int] | None, block_tracking: bool, executor: Any
+) -> Plan:
     from .plan import make_plan
 
     return make_plan(
@@ -395,7 +397,7 @@ def _plan(tasks, multiprocessing, resources, block_tracking, executor):
     )
 
 
-def _early_template(tasks):
+def _early_template(tasks: Tasks) -> Any:
     """The worker template for a pool run about to start, or None (see ``_zygote.start_early``)."""
     if os.environ.get("DAISY_NB_EARLY_TEMPLATE", "1") == "0":
         return None
