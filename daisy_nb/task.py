@@ -232,7 +232,8 @@ class Task:
         resource_tracking: bool = False,
         init_fn: Callable[[], object] | None = None,
     ) -> None:
-        check_task_id(task_id)
+        with task_errors(task_id):
+            check_task_id(task_id)
         self._task_id = task_id
         with task_errors(task_id):
             self._configure(
