@@ -258,3 +258,19 @@ def test_type_checkers_see_every_lazy_export():
                     for alias in imp.names:
                         seen[alias.asname or alias.name] = f"daisy_nb{imp.module and '.' + imp.module}"
     assert seen == {name: mod for name, mod in daisy_nb._LAZY.items()}
+
+
+def test_declared_python_versions_agree():
+    """requires-python, the tools' targets and the interpreters .ci/versions tests say the same."""
+    import tomllib
+
+    root = Path(daisy_nb.__file__).parent.parent
+    cfg = tomllib.loads((root / "pyproject.toml").read_text())
+    lowest = re.fullmatch(r">=\s*3\.(\d+)", cfg["project"]["requires-python"]).group(1)
+    assert cfg["tool"]["ruff"]["target-version"] == f"py3{lowest}"
+    assert cfg["tool"]["mypy"]["python_version"] == f"3.{lowest}"
+    versions = root / ".ci" / "versions"
+    if versions.exists():  # not in an installed copy
+        declared = re.search(r"^DECLARED=\(([^)]*)\)", versions.read_text(), re.M).group(1).split()
+        assert declared[0] == f"3.{lowest}"
+        assert declared == [f"3.{int(lowest) + i}" for i in range(len(declared))]
