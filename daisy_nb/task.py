@@ -147,7 +147,8 @@ class Task:
         the context) and its shape is the block grid's step.
     process_function : callable, optional
         ``f(block)``, called once per block, or ``f()``, a worker function that runs its
-        own :class:`daisy_nb.Client` loop. None only for dry runs and tasks with no block.
+        own :class:`daisy_nb.Client` loop. None is refused by a run on worker processes;
+        serial and dask runs accept it for a task with no block; dry runs always.
     check_function : callable, optional
         ``check(block) -> bool``: True means the block is already done and is skipped
         (daisy 1.x); block tracking usually makes it unnecessary.
@@ -162,8 +163,8 @@ class Task:
     max_retries : int, default 2
         How often a failed block is tried again (0 to 255).
     timeout : float or datetime.timedelta, optional
-        Seconds a block may take before its worker is killed and the block failed
-        (default 600).
+        Seconds a block may run before the runtime takes it back and counts a failed
+        attempt (default 600).
     tracking_path : str or pathlib.Path or False, optional
         Where block tracking (the record of done blocks, for resuming) lives: None for
         ``<tracking basedir>/<task_id>``, False for no tracking.
