@@ -303,7 +303,7 @@ def test_resources_limit_concurrency(out):
 
 
 def test_requirement_above_budget_is_rejected(out):
-    with pytest.raises(ValueError, match="Task 'g': requires"):
+    with pytest.raises(ValueError, match='task "g" requires'):
         run([make_task("g", 2, blockfns.mark, requires={"gpu": 2})], resources={"gpu": 1})
 
 
