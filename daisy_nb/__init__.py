@@ -6,10 +6,38 @@ never import numba.
 """
 
 from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from funlib.geometry import Coordinate, Roi
 
 from .block import Block, BlockStatus
+
+if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names below (the same objects)
+    from .graph import BlockwiseDependencyGraph as BlockwiseDependencyGraph
+    from .graph import GraphArrays as GraphArrays
+    from .logging import get_worker_log_basename as get_worker_log_basename
+    from .plan import Plan as Plan
+    from .plan import TaskPlan as TaskPlan
+    from .plot import plot_block_states as plot_block_states
+    from .profiling import BlockStats as BlockStats
+    from .profiling import profile_block as profile_block
+    from .progress import JsonProgressObserver as JsonProgressObserver
+    from .run import run_blockwise as run_blockwise
+    from .runtime.client import Client as Client
+    from .runtime.context import Context as Context
+    from .runtime.state import worker_state as worker_state
+    from .scheduler import BlockBatch as BlockBatch
+    from .scheduler import DependencyGraph as DependencyGraph
+    from .scheduler import Scheduler as Scheduler
+    from .scheduler import TaskState as TaskState
+    from .server import SerialServer as SerialServer
+    from .server import Server as Server
+    from .task import Pipeline as Pipeline
+    from .task import Task as Task
+    from .tracking import get_done_marker_basedir as get_done_marker_basedir
+    from .tracking import get_tracking_basedir as get_tracking_basedir
+    from .tracking import set_done_marker_basedir as set_done_marker_basedir
+    from .tracking import set_tracking_basedir as set_tracking_basedir
 
 __version__ = "0.1.0"
 
@@ -47,7 +75,7 @@ _SUBMODULES = ("block", "cl_monitor", "logging", "v1_compat", "v2")
 __all__ = ["Block", "BlockStatus", "Coordinate", "Roi", "__version__", *_LAZY]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:  # e.g. daisy.logging (the submodule, not the stdlib)
         return import_module(f"daisy_nb.{name}")
     mod = _LAZY.get(name)
@@ -58,5 +86,5 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))

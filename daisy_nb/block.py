@@ -9,14 +9,33 @@ plain integer tuples and builds funlib ``Roi`` objects only when someone asks
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from funlib.geometry import Coordinate, Roi
+
+if TYPE_CHECKING:
+    from .profiling import BlockStats
+
+    RoiLike = Roi | tuple[tuple[int, ...], tuple[int, ...]]
 
 __all__ = ["Block", "BlockStatus", "cantor_number"]
 
 
 class BlockStatus:
-    """Block status codes, plain ints as in daisy 2.0 (1.x used an Enum)."""
+    """Block status codes, plain ints as in daisy 2.0 (1.x used an Enum).
+
+    Attributes
+    ----------
+    CREATED : int
+        0: not handed out yet.
+    PROCESSING : int
+        1: handed to a worker.
+    SUCCESS : int
+        2: set by a process function (or the runtime) when the block is done.
+    FAILED : int
+        3: set when the block failed; it is retried up to the task's ``max_retries``.
+    """
 
     CREATED = 0
     PROCESSING = 1
@@ -27,10 +46,21 @@ class BlockStatus:
 
     @classmethod
     def name(cls, status: int) -> str:
+        """The name of a status code (``"SUCCESS"``), or the code as a string if unknown.
+
+        Parameters
+        ----------
+        status : int
+            A status code.
+
+        Returns
+        -------
+        str
+        """
         return cls._NAMES.get(int(status), str(status))
 
 
-def cantor_number(index) -> int:
+def cantor_number(index: Iterable[int]) -> int:
     """Generalised Cantor ("pyramid volume") number of a non-negative grid index.
 
     Exact in Python integers (daisy 1.x loses precision past 2**53). See docs/explanation/algorithms.md#block-ids:
@@ -51,11 +81,11 @@ def cantor_number(index) -> int:
     return total
 
 
-def _as_tuple(c) -> tuple[int, ...]:
+def _as_tuple(c: Iterable[Any]) -> tuple[int, ...]:
     return tuple(int(v) for v in c)
 
 
-def _roi_tuple(roi, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _roi_tuple(roi: Any, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if isinstance(roi, tuple) and len(roi) == 2 and isinstance(roi[0], tuple):
         return roi
     try:
@@ -73,7 +103,30 @@ class Block:
     ``Block(total_roi, read_roi, write_roi, block_id=None, task_id=None)`` (the
     daisy 1.x order; daisy 2.0 swapped the last two, so a string given as the
     fourth positional argument is taken as the task id). Equality and hash use
-    ``block_id`` only.
+    ``block_id`` only. Process functions get blocks from the scheduler; building one
+    is for tests and tools.
+
+    Parameters
+    ----------
+    total_roi : funlib.geometry.Roi or (offset, shape)
+        The task's total ROI (with ``block_id=None``, the grid origin of the block id).
+    read_roi : funlib.geometry.Roi or (offset, shape)
+        The block's read ROI.
+    write_roi : funlib.geometry.Roi or (offset, shape)
+        The block's write ROI.
+    block_id : int or (str, int) or str, optional
+        The spatial id (or a ``(task_id, id)`` pair); None computes it from the write
+        ROI's grid position (a Cantor number, as daisy). A str is taken as ``task_id``.
+    task_id : str, optional
+        The task's id (default ``""``).
+
+    Raises
+    ------
+    TypeError
+        A ROI that is not a Roi, a ``task_id`` that is not a str, a ``block_id`` that is
+        not an int.
+    ValueError
+        Unbounded ROIs, ROIs of different dimensions, a write ROI of non-positive shape.
     """
 
     __slots__ = (
@@ -89,7 +142,14 @@ class Block:
         "__weakref__",
     )
 
-    def __init__(self, total_roi, read_roi, write_roi, block_id=None, task_id=None):
+    def __init__(
+        self,
+        total_roi: RoiLike,
+        read_roi: RoiLike,
+        write_roi: RoiLike,
+        block_id: int | tuple[str, int] | str | None = None,
+        task_id: str | None = None,
+    ) -> None:
         if isinstance(block_id, str) and task_id is None:
             block_id, task_id = None, block_id  # daisy 2.0 positional order
         total = _roi_tuple(total_roi, "total_roi")
@@ -97,8 +157,8 @@ class Block:
         self._write = _roi_tuple(write_roi, "write_roi")
         if not (len(total[0]) == len(self._read[0]) == len(self._write[0])):
             raise ValueError("total_roi, read_roi and write_roi must have the same number of dimensions")
-        self._read_roi = read_roi if isinstance(read_roi, Roi) else None
-        self._write_roi = write_roi if isinstance(write_roi, Roi) else None
+        self._read_roi: Roi | None = read_roi if isinstance(read_roi, Roi) else None
+        self._write_roi: Roi | None = write_roi if isinstance(write_roi, Roi) else None
         if task_id is not None and not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str or None, got {type(task_id).__name__}")
         self._task_id = "" if task_id is None else task_id
@@ -114,7 +174,7 @@ class Block:
             if isinstance(block_id, tuple):
                 block_id = block_id[1]
             try:
-                self._spatial_id = operator.index(block_id)
+                self._spatial_id = operator.index(block_id)  # type: ignore[arg-type]  # a str: TypeError below
             except TypeError:
                 raise TypeError(
                     f"block_id must be an int (or a (task_id, int) pair), got {type(block_id).__name__}"
@@ -123,7 +183,14 @@ class Block:
         self.index = -1
 
     @classmethod
-    def _make(cls, task_id: str, spatial_id: int, read, write, index: int = -1) -> Block:
+    def _make(
+        cls,
+        task_id: str,
+        spatial_id: int,
+        read: tuple[tuple[int, ...], tuple[int, ...]],
+        write: tuple[tuple[int, ...], tuple[int, ...]],
+        index: int = -1,
+    ) -> Block:
         """Build a block from trusted plain tuples (scheduler and workers; no validation)."""
         b = cls.__new__(cls)
         b._task_id = task_id
@@ -139,54 +206,60 @@ class Block:
     # --- identity -----------------------------------------------------------------
     @property
     def block_id(self) -> tuple[str, int]:
+        """``(task_id, spatial_id)``: what equality and hash use."""
         return (self._task_id, self._spatial_id)
 
     @property
     def task_id(self) -> str:
+        """The id of the block's task."""
         return self._task_id
 
     @property
     def spatial_id(self) -> int:
+        """The block's number in its task (daisy's Cantor number of its grid position)."""
         return self._spatial_id
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, Block):
             return NotImplemented
         return self._spatial_id == other._spatial_id and self._task_id == other._task_id
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self._task_id, self._spatial_id))
 
     # --- geometry (lazy Roi objects) ----------------------------------------------
     @property
     def read_roi(self) -> Roi:
+        """The ROI the process function may read (the write ROI plus the context)."""
         if self._read_roi is None:
             self._read_roi = Roi(Coordinate(self._read[0]), Coordinate(self._read[1]))
         return self._read_roi
 
     @read_roi.setter
-    def read_roi(self, roi):
+    def read_roi(self, roi: RoiLike) -> None:
         self._read = _roi_tuple(roi, "read_roi")
         self._read_roi = roi if isinstance(roi, Roi) else None
 
     @property
     def write_roi(self) -> Roi:
+        """The ROI the process function writes; write ROIs of a task's blocks do not overlap."""
         if self._write_roi is None:
             self._write_roi = Roi(Coordinate(self._write[0]), Coordinate(self._write[1]))
         return self._write_roi
 
     @write_roi.setter
-    def write_roi(self, roi):
+    def write_roi(self, roi: RoiLike) -> None:
         self._write = _roi_tuple(roi, "write_roi")
         self._write_roi = roi if isinstance(roi, Roi) else None
 
     # --- status -------------------------------------------------------------------
     @property
     def status(self) -> int:
+        """A :class:`BlockStatus` code; a process function may set ``SUCCESS`` or ``FAILED``."""
         return self._status
 
     @status.setter
-    def status(self, value):
+    def status(self, value: int) -> None:
         v = getattr(value, "value", value)  # accept a 1.x-style Enum member too
         if v not in (0, 1, 2, 3) or isinstance(v, bool):
             raise ValueError(f"invalid status value: {value!r}")
@@ -194,7 +267,7 @@ class Block:
 
     # --- resource tracking (daisy 2.0 wheel) ----------------------------------------
     @property
-    def stats(self):
+    def stats(self) -> BlockStats | None:
         """The ``BlockStats`` attached by ``daisy.profile_block`` (first one wins), else None."""
         try:  # the slot stays unset until someone profiles: nothing to pay per block otherwise
             return self._stats
@@ -202,16 +275,16 @@ class Block:
             return None
 
     @stats.setter
-    def stats(self, value):
+    def stats(self, value: BlockStats | None) -> None:
         self._stats = value
 
     # --- misc ---------------------------------------------------------------------
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         args = (self._task_id, self._spatial_id, self._read, self._write, self._status, self.index)
         s = self.stats
         return (_rebuild_block, args if s is None else (*args, s))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         # daisy 2.0.0's format: ``t/4 read=Roi((10, 10), (20, 20)) write=Roi((15, 15), (10, 10))``
         # (1-D: ``Roi((5), (10))``), not funlib's ``[10:30, 10:30] (20, 20)``
         return f"{self._task_id}/{self._spatial_id} read={_roi_repr(self._read)} write={_roi_repr(self._write)}"
@@ -219,12 +292,20 @@ class Block:
     __str__ = __repr__
 
 
-def _roi_repr(roi) -> str:
+def _roi_repr(roi: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
     offset, shape = roi
     return f"Roi(({', '.join(map(str, offset))}), ({', '.join(map(str, shape))}))"
 
 
-def _rebuild_block(task_id, spatial_id, read, write, status, index, stats=None):
+def _rebuild_block(
+    task_id: str,
+    spatial_id: int,
+    read: tuple[tuple[int, ...], tuple[int, ...]],
+    write: tuple[tuple[int, ...], tuple[int, ...]],
+    status: int,
+    index: int,
+    stats: BlockStats | None = None,
+) -> Block:
     b = Block._make(task_id, spatial_id, read, write, index)
     b._status = status
     if stats is not None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import itertools
 import sys
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .block import cantor_number
 from .kernels.tables import (
@@ -60,20 +61,22 @@ FIT_NAMES = {v: k.capitalize() for k, v in FITS.items()}
 _INT64_MAX = 2**63 - 1
 
 
-def _prod(values) -> int:
+def _prod(values: Iterable[int]) -> int:
     n = 1
     for v in values:
         n *= v
     return n
 
 
-def _is_numpy_bool(x) -> bool:
+def _is_numpy_bool(x: object) -> bool:
     """``numpy.bool_`` without importing numpy (no numpy loaded: ``x`` cannot be one)."""
     np = sys.modules.get("numpy")
     return np is not None and isinstance(x, np.bool_)
 
 
-def _periods(conflict: bool, fit_code: int, cul, clr, ws, ts) -> list[int]:
+def _periods(
+    conflict: bool, fit_code: int, cul: Sequence[int], clr: Sequence[int], ws: Sequence[int], ts: Sequence[int]
+) -> list[int]:
     """The level stride in blocks per axis (CORE 3.2): 1 without conflicts; with them a
     stride that rounds to zero is 0 and leaves no levels (no blocks)."""
     if not conflict:
@@ -88,7 +91,7 @@ def _periods(conflict: bool, fit_code: int, cul, clr, ws, ts) -> list[int]:
     return out
 
 
-def roi_tuple(roi, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def roi_tuple(roi: Any, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(offset, shape)`` of a ROI as int tuples; a clear error for anything else."""
     if roi is None:
         raise TypeError(f"{name} is required (a funlib.geometry Roi), got None")
@@ -124,7 +127,15 @@ class BlockLayout:
     Raises ``ValueError``/``TypeError`` naming the parameter on bad input.
     """
 
-    def __init__(self, total_roi, read_roi, write_roi, read_write_conflict=True, fit="valid", total_write_roi=None):
+    def __init__(
+        self,
+        total_roi: Any,
+        read_roi: Any,
+        write_roi: Any,
+        read_write_conflict: bool = True,
+        fit: str = "valid",
+        total_write_roi: Any = None,
+    ) -> None:
         if total_roi is None and total_write_roi is None:
             raise ValueError("either total_roi (total_read_roi) or total_write_roi must be provided")
         rd = roi_tuple(read_roi, "read_roi")
@@ -189,7 +200,7 @@ class BlockLayout:
         self._cul_t, self._clr_t = cul, clr
         self._ts, self._grid, self._periods = ts, grid, periods
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         """The derived arrays (``grid_shape``, ``level_offsets``, ...), computed on first access."""
         d = self.__dict__
         if name.startswith("__") or "_cul_t" not in d or "grid_shape" in d:
@@ -285,10 +296,10 @@ class BlockLayout:
     def block_grid_shape(self) -> list[int]:
         return list(self._grid)
 
-    def task_hash_fields(self):
+    def task_hash_fields(self) -> tuple[Any, Any, Any, str]:
         return self.total_roi_t, self.read_roi_t, self.write_roi_t, FIT_NAMES[self.fit_code]
 
-    def grid_of_write_offset(self, write_offset) -> np.ndarray | None:
+    def grid_of_write_offset(self, write_offset: Any) -> np.ndarray | None:
         """Grid position of a block given its write ROI offset, or None if no block starts there."""
         import numpy as np
 

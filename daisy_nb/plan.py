@@ -87,10 +87,12 @@ class Plan:
 
     @property
     def blocks(self) -> int:
+        """Blocks of every task."""
         return sum(t.blocks for t in self.tasks)
 
     @property
     def to_run(self) -> int:
+        """Blocks the run would process (not done by tracking, not masked)."""
         return sum(t.to_run for t in self.tasks)
 
     @property
@@ -99,12 +101,14 @@ class Plan:
         return self.scheduler_bytes + self.tracking_bytes
 
     def task(self, task_id: str) -> TaskPlan:
+        """The plan of one task; ``KeyError`` if the pipeline has no such task."""
         for t in self.tasks:
             if t.task_id == task_id:
                 return t
         raise KeyError(task_id)
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan as plain JSON-able values (``dataclasses.asdict`` plus the totals)."""
         d = asdict(self)
         d.update(blocks=self.blocks, to_run=self.to_run, expected_bytes=self.expected_bytes)
         return d
@@ -282,7 +286,7 @@ def make_plan(
         if note.startswith("the run would raise") or note.endswith("is not a directory"):
             problems.append(f"task {tid!r}: block tracking: {note}")
         arity = task.arity
-        kind = {1: "block function", 0: "worker function (Client loop)"}.get(arity, "none")
+        kind = "none" if arity is None else {1: "block function", 0: "worker function (Client loop)"}.get(arity, "none")
         requires = dict(task.requires)
         if executor is None and n and (task.process_function is None or (not multiprocessing and arity != 1)):
             problems.append(

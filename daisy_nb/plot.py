@@ -23,6 +23,8 @@ the global backend) unless you pass your own ``ax``.
 from __future__ import annotations
 
 import math
+import os
+from typing import Any
 
 import numpy as np
 
@@ -411,7 +413,12 @@ def _handles(g: BlockStateGrid, Patch):
 
 
 def plot_block_states(
-    task_or_path, file=None, ax=None, *, title: str | None = None, chunk_cells: int = CHUNK_CELLS
+    task_or_path: Any,
+    file: str | os.PathLike[str] | None = None,
+    ax: Any = None,
+    *,
+    title: str | None = None,
+    chunk_cells: int = CHUNK_CELLS,
 ) -> BlockStatePlot:
     """Draw the block states of one task: done, failed (not done), never finished.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -23,6 +23,11 @@ from .kernels import tables as kt
 from .layout import pack_layouts
 from .task import Pipeline, Task, as_pipeline
 from .tracking import TrackingStore
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from .task import Tasks
 
 __all__ = ["BlockBatch", "DependencyGraph", "Scheduler", "TaskState", "WorkerCounters"]
 
@@ -47,6 +52,7 @@ class BlockBatch(NamedTuple):
         return len(self.index)
 
     def blocks(self) -> list[Block]:
+        """The batch as :class:`Block` objects (each with its ``index``)."""
         make = Block._make
         tid = self.task_id
         return [
@@ -75,9 +81,45 @@ class WorkerCounters:
 
 
 class TaskState:
-    """A snapshot of one task's counters (daisy's ``TaskState``)."""
+    """A snapshot of one task's counters (daisy's ``TaskState``); made by :attr:`Scheduler.task_states`.
 
-    def __init__(self, task_id, total, cnt_row, counters: WorkerCounters, abandoned, abandon_reason, timeout_secs):
+    Parameters
+    ----------
+    task_id : str
+        The task.
+    total : int
+        Its number of blocks (``total_block_count``).
+    cnt_row : numpy.ndarray
+        The scheduler's counter row of the task.
+    counters : WorkerCounters
+        The runtime's worker counters of the task.
+    abandoned : bool
+        Whether the task was abandoned.
+    abandon_reason : str or None
+        Why.
+    timeout_secs : float
+        The task's block timeout.
+
+    Attributes
+    ----------
+    total_block_count, ready_count, processing_count, completed_count, skipped_count, failed_count, orphaned_count : int
+        Block counts (skipped blocks count as completed too).
+    started, abandoned : bool
+        Whether a block was handed out; whether the task was abandoned.
+    worker_failure_count, worker_restart_count, worker_start_count, timeout_reclaim_count : int
+        Worker counts of the runtimes.
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        total: int,
+        cnt_row: np.ndarray,
+        counters: WorkerCounters,
+        abandoned: bool,
+        abandon_reason: str | None,
+        timeout_secs: float,
+    ) -> None:
         self.task_id = task_id
         self.total_block_count = int(total)
         self.ready_count = int(cnt_row[kt.C_READY])
@@ -101,12 +143,14 @@ class TaskState:
 
     @property
     def pending_count(self) -> int:
+        """Blocks not ready yet (waiting for upstream blocks), neither done nor running."""
         return (
             self.total_block_count - self.ready_count - self.processing_count - self.completed_count
             - self.failed_count - self.orphaned_count
         )
 
     def is_done(self) -> bool:
+        """Whether every block is completed, failed or orphaned."""
         return self.completed_count + self.failed_count + self.orphaned_count == self.total_block_count
 
     def __repr__(self):
@@ -157,9 +201,26 @@ class Scheduler:
     Order and counters are daisy 2.0.0's (roots first, then FIFO; retries to the back;
     ``max_retries + 1`` attempts; skipped blocks count as completed), with daisy's
     defects fixed (CORE.md section 10; see the README).
+
+    Parameters
+    ----------
+    tasks : Pipeline or Task or list of Task
+        What to schedule.
+    count_all_orphans : bool, default True
+        daisy's flag; orphans are always counted in full here (accepted for compatibility).
+    block_tracking : bool, default True
+        Open each task's block tracking: blocks recorded as done are skipped, and
+        released blocks are recorded.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad tasks (duplicate ids, cycles, connected tasks of different dimensions).
+    RuntimeError
+        A tracking store written for a different task layout.
     """
 
-    def __init__(self, tasks, count_all_orphans: bool = True, block_tracking: bool = True):
+    def __init__(self, tasks: Tasks, count_all_orphans: bool = True, block_tracking: bool = True) -> None:
         pipeline: Pipeline = as_pipeline(tasks)
         self.pipeline = pipeline
         order = pipeline.validate()
@@ -395,6 +456,7 @@ class Scheduler:
 
     def _check(self, t: int, block: Block) -> bool:
         fn = self.tasks[self.task_ids[t]].check_function
+        assert fn is not None  # called for tasks with a check_function only
         try:
             return bool(fn(block))
         except Exception:
@@ -405,7 +467,7 @@ class Scheduler:
             return False
 
     # -- daisy's per-block API --------------------------------------------------------
-    def acquire_block(self, task_id) -> Block | None:
+    def acquire_block(self, task_id: str) -> Block | None:
         """The next ready block of ``task_id`` (status CREATED), or None."""
         t = self._tindex.get(task_id)
         if t is None:
@@ -464,7 +526,7 @@ class Scheduler:
         return int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, g))
 
     # -- batch API (runtimes) ---------------------------------------------------------
-    def acquire_blocks(self, task_id, max_n: int) -> BlockBatch:
+    def acquire_blocks(self, task_id: str, max_n: int) -> BlockBatch:
         """Up to ``max_n`` ready blocks of ``task_id`` as arrays (same order and prechecks)."""
         t = self._t(task_id)
         if t is None or max_n <= 0:
@@ -500,7 +562,7 @@ class Scheduler:
         ids, ro, rs, wo, ws = self._describe(t, rows)
         return BlockBatch(task_id, rows, ids, ro, rs, wo, ws)
 
-    def release_blocks(self, task_id, index, status) -> None:
+    def release_blocks(self, task_id: str, index: npt.ArrayLike, status: npt.ArrayLike) -> None:
         """Release many blocks: ``status`` per block is SUCCESS (2), FAILED (3), or
         CREATED (0: never started, given back to the front of the queue uncounted)."""
         t = self._t(task_id)
@@ -517,7 +579,7 @@ class Scheduler:
         self._track(t, rows, codes)
 
     # -- list API (the TCP path: a few blocks per call, frames built from plain ints) ------
-    def acquire_described(self, task_id, max_n: int) -> list[list[int]]:
+    def acquire_described(self, task_id: str, max_n: int) -> list[list[int]]:
         """Up to ``max_n`` ready blocks of ``task_id`` as flat lists ``[index, spatial id, *read offset,
         *read shape, *write offset, *write shape]`` (the batch API's order and prechecks); one block
         is one kernel call into a preallocated row, no arrays built (``runtime/clients.py``)."""
@@ -534,7 +596,7 @@ class Scheduler:
         cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)
         return [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
 
-    def release_indices(self, task_id, index: list[int], status: list[int]) -> None:
+    def release_indices(self, task_id: str, index: list[int], status: list[int]) -> None:
         """``release_blocks`` of lists a runtime built (statuses 0, 2, 3: not checked); one block is
         one kernel call, no arrays built."""
         if len(index) != 1:
@@ -543,40 +605,46 @@ class Scheduler:
             self._release_one(self._tindex[task_id], index[0], status[0])
 
     # -- state --------------------------------------------------------------------------
-    def ready_count(self, task_id) -> int:
+    def ready_count(self, task_id: str) -> int:
+        """Blocks of ``task_id`` ready to be handed out now."""
         return self.cnt.item(self._tindex[task_id], kt.C_READY)
 
-    def remaining_count(self, task_id) -> int:
+    def remaining_count(self, task_id: str) -> int:
+        """Blocks of ``task_id`` neither completed, failed nor orphaned."""
         # .item: plain ints, no numpy scalars (runtimes ask this several times per loop turn)
         t = self._tindex[task_id]
         item = self.cnt.item
         return self._nblocks[t] - item(t, kt.C_COMPLETED) - item(t, kt.C_FAILED) - item(t, kt.C_ORPHANED)
 
-    def processing_count(self, task_id) -> int:
+    def processing_count(self, task_id: str) -> int:
         """Blocks of ``task_id`` handed out and not yet released (0 once the task is abandoned)."""
         return self.cnt.item(self._tindex[task_id], kt.C_PROC)
 
-    def is_abandoned(self, task_id) -> bool:
+    def is_abandoned(self, task_id: str) -> bool:
         """Whether ``task_id`` was abandoned (its own failures, or an upstream task's)."""
         return bool(self.tcfg[self._tindex[task_id], kt.F_STATE] == kt.ABANDONED)
 
-    def abandon_reason(self, task_id) -> str | None:
+    def abandon_reason(self, task_id: str) -> str | None:
         """Why ``task_id`` was abandoned (the reason given to :meth:`abandon_task`), or None."""
         return self._abandon_reason.get(task_id)
 
-    def is_task_done(self, task_id) -> bool:
+    def is_task_done(self, task_id: str) -> bool:
+        """Whether no block of ``task_id`` remains (see :meth:`remaining_count`)."""
         return self.remaining_count(task_id) <= 0
 
     def is_done(self) -> bool:
+        """Whether every task is done."""
         return all(self.is_task_done(tid) for tid in self.task_ids)
 
-    def upstream_task_ids(self, task_id) -> list[str]:
+    def upstream_task_ids(self, task_id: str) -> list[str]:
+        """The tasks ``task_id`` depends on directly."""
         return [self.task_ids[u] for u in self._up_tasks[self._tindex[task_id]]]
 
-    def downstream_task_ids(self, task_id) -> list[str]:
+    def downstream_task_ids(self, task_id: str) -> list[str]:
+        """The tasks that depend on ``task_id`` directly."""
         return [self.task_ids[d] for d in self._down_tasks[self._tindex[task_id]]]
 
-    def abandon_task(self, task_id, reason: str) -> list[str]:
+    def abandon_task(self, task_id: str, reason: str) -> list[str]:
         """Abandon a task and every task downstream of it: remaining blocks become orphaned."""
         out = []
         stack = [(self._tindex[task_id], reason)]
@@ -601,6 +669,7 @@ class Scheduler:
 
     @property
     def task_states(self) -> dict[str, TaskState]:
+        """A snapshot of every task's counters, ``{task_id: TaskState}`` in task order."""
         return {
             tid: TaskState(tid, self._layouts[t].num_blocks, self.cnt[t], self.counters[tid],
                            self.tcfg[t, kt.F_STATE] == kt.ABANDONED, self._abandon_reason.get(tid),
@@ -610,11 +679,19 @@ class Scheduler:
 
     @property
     def dependency_graph(self) -> DependencyGraph:
+        """Block dependencies across the pipeline's tasks (made on first use)."""
         if self._dependency_graph is None:
             self._dependency_graph = DependencyGraph(self)
         return self._dependency_graph
 
     def flush_tracking(self) -> None:
+        """Write the block tracking marks made so far to disk (every store, even after one fails).
+
+        Raises
+        ------
+        OSError
+            The first store that could not be flushed (a full disk...).
+        """
         error = None
         for store in self.tracking.values():  # every store, even after one failed
             try:
@@ -625,6 +702,13 @@ class Scheduler:
             raise error
 
     def close(self) -> None:
+        """Flush and release the block tracking stores; the scheduler is not used afterwards.
+
+        Raises
+        ------
+        OSError
+            The first store that could not be closed.
+        """
         error = None
         for store in self.tracking.values():  # every store is released, even after one failed
             try:
@@ -647,10 +731,18 @@ class DependencyGraph:
     ``downstream`` is the exact inverse of ``upstream``; both are sorted by spatial ID.
     """
 
-    def __init__(self, scheduler: Scheduler):
+    def __init__(self, scheduler: Scheduler) -> None:
+        """Use :attr:`Scheduler.dependency_graph` rather than this.
+
+        Parameters
+        ----------
+        scheduler : Scheduler
+            The scheduler whose pipeline this describes.
+        """
         self._s = scheduler
 
-    def downstream(self, block) -> list[Block]:
+    def downstream(self, block: Block) -> list[Block]:
+        """Blocks (of any task) that wait for ``block``, sorted by spatial id."""
         s = self._s
         t = s._task_of(block)
         row = s._row_of(t, block)
@@ -669,7 +761,8 @@ class DependencyGraph:
             ids[sel] = s._describe(u, br[:n][sel])[0]
         return self._blocks(bt[:n], br[:n], ids)
 
-    def upstream(self, block) -> list[Block]:
+    def upstream(self, block: Block) -> list[Block]:
+        """Blocks (of any task) that ``block`` waits for, sorted by spatial id."""
         s = self._s
         t = s._task_of(block)
         row = s._row_of(t, block)

@@ -8,14 +8,23 @@ summary; errors in the pipeline or the arguments raise as in ``run_blockwise``.
 
 from __future__ import annotations
 
+import threading
 import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from .run import _execute, _plan
+
+if TYPE_CHECKING:
+    from .plan import Plan
+    from .run import DashboardArg, HangAlarmArg
+    from .scheduler import TaskState
+    from .task import Tasks
 
 __all__ = ["Server", "SerialServer"]
 
 
-def tracking_summary(states) -> dict:
+def tracking_summary(states: Mapping[str, TaskState]) -> dict[str, dict[str, dict[str, Any]]]:
     """The wheel's ``{"per_task": {task_id: {...}}}``: resource figures of tasks with ``resource_tracking``."""
     per_task = {}
     for tid, st in states.items():
@@ -40,34 +49,71 @@ def tracking_summary(states) -> dict:
 class Server:
     """Runs pipelines on worker processes; keeps the last run's task order and tracking summary.
 
-    ``stop_event`` is accepted and unused (as in daisy). ``host`` is the default for
-    :meth:`run_blockwise`'s ``host``. ``hostname`` and ``port`` stay ``None``.
+    Parameters
+    ----------
+    stop_event : threading.Event, optional
+        Accepted and unused (as in daisy).
+    host : str, optional
+        The default of :meth:`run_blockwise`'s ``host``.
+
+    Attributes
+    ----------
+    hostname, port : None
+        daisy's attributes; they stay None (each run listens on its own port).
+    last_task_order : list of str or None
+        The task ids of the last run, in display order.
+    last_tracking_summary : dict or None
+        ``{"per_task": {task_id: {...}}}``: resource figures of the last run's tasks
+        with ``resource_tracking=True`` (the daisy 2.0 wheel's).
     """
 
-    def __init__(self, stop_event=None, host=None):
+    def __init__(self, stop_event: threading.Event | None = None, host: str | None = None) -> None:
         self._stop_event = stop_event
         self.host = host
-        self.hostname = None
-        self.port = None
-        self.last_task_order = None
-        self.last_tracking_summary = None
+        self.hostname: str | None = None
+        self.port: int | None = None
+        self.last_task_order: list[str] | None = None
+        self.last_tracking_summary: dict[str, dict[str, dict[str, Any]]] | None = None
 
     def run_blockwise(
         self,
-        pipeline,
-        resources=None,
-        progress=True,
-        block_tracking=True,
-        host=None,
-        summary=True,
-        dashboard=None,
-        dry_run=False,
-        hang_alarm=None,
-    ):
-        """Run ``pipeline`` (a Pipeline, a Task or a list of tasks); returns ``{task_id: TaskState}``.
+        pipeline: Tasks,
+        resources: Mapping[str, int] | None = None,
+        progress: Any = True,
+        block_tracking: bool = True,
+        host: str | None = None,
+        summary: bool = True,
+        dashboard: DashboardArg = None,
+        dry_run: bool = False,
+        hang_alarm: HangAlarmArg = None,
+    ) -> dict[str, TaskState] | Plan:
+        """Run ``pipeline`` on worker processes and return every task's state.
 
-        ``dashboard``, ``dry_run`` and ``hang_alarm`` (daisy_nb's): as in :func:`daisy_nb.run_blockwise`
-        (``dry_run=True`` returns a :class:`daisy_nb.plan.Plan` and runs nothing).
+        Unlike :func:`daisy_nb.run_blockwise`, an abandoned task does not raise: look at
+        ``states[task_id].abandoned``.
+
+        Parameters
+        ----------
+        pipeline : Pipeline or Task or list of Task
+            What to run.
+        resources, progress, block_tracking, summary, dashboard, hang_alarm
+            As in :func:`daisy_nb.run_blockwise`.
+        host : str, optional
+            As in :func:`daisy_nb.run_blockwise`; default: the ``host`` given to the Server.
+        dry_run : bool, default False
+            Run nothing and return a :class:`daisy_nb.Plan`.
+
+        Returns
+        -------
+        dict of str to TaskState
+            ``{task_id: TaskState}``; a :class:`daisy_nb.Plan` with ``dry_run=True``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad arguments or tasks, before anything starts (as :func:`daisy_nb.run_blockwise`).
+        KeyboardInterrupt
+            Ctrl-C, after the partial summary (:attr:`last_task_order` is set).
         """
         if dry_run:
             return _plan(pipeline, True, resources, block_tracking, None)
@@ -87,8 +133,9 @@ class Server:
                 hang_alarm=hang_alarm,
             )
         except KeyboardInterrupt as e:
-            if getattr(e, "daisy_task_order", None) is not None:
-                self.last_task_order = list(e.daisy_task_order)
+            order_at_interrupt = getattr(e, "daisy_task_order", None)
+            if order_at_interrupt is not None:
+                self.last_task_order = list(order_at_interrupt)
             raise
         self.last_task_order = order
         self.last_tracking_summary = tracking_summary(states)
@@ -96,19 +143,42 @@ class Server:
 
 
 class SerialServer:
-    """daisy 1.x's in-process server (deprecated): ``run_blockwise(..., multiprocessing=False)``."""
+    """daisy 1.x's in-process server (deprecated): ``run_blockwise(..., multiprocessing=False)``.
 
-    def __init__(self):
+    Warns
+    -----
+    DeprecationWarning
+        When made.
+    """
+
+    def __init__(self) -> None:
         warnings.warn(
             "SerialServer is deprecated (daisy 1.x); use run_blockwise(tasks, multiprocessing=False)",
             DeprecationWarning,
             stacklevel=2,
         )
 
-    def run_blockwise(self, tasks, block_tracking=True):
+    def run_blockwise(self, tasks: Tasks, block_tracking: bool = True) -> dict[str, TaskState]:
         """Run ``tasks`` block by block in this process; the first block exception propagates.
 
-        Returns ``{task_id: TaskState}`` and prints the execution summary.
+        Parameters
+        ----------
+        tasks : Pipeline or Task or list of Task
+            What to run.
+        block_tracking : bool, default True
+            Record done blocks and skip them next time.
+
+        Returns
+        -------
+        dict of str to TaskState
+            ``{task_id: TaskState}``; the execution summary is printed.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Bad tasks, before anything starts.
+        Exception
+            The first exception of a block function.
         """
         states, _ = _execute(
             tasks,

@@ -7,27 +7,47 @@ validated (duplicate task ids, cycles) when they are scheduled or run.
 
 from __future__ import annotations
 
+import contextlib
 import copy as _copy
 import datetime
 import heapq
 import inspect
 import math
 import numbers
+import os
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 from .layout import BlockLayout
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    from funlib.geometry import Roi
+
+    from .block import Block
 
 # No numpy here, nor in ``layout`` until a task's arrays are used: building Tasks and
 # Pipelines stays cheap, and ``run_blockwise`` starts its worker template before the
 # scheduler loads numpy (issue 13, small runs).
 
-__all__ = ["DEFAULT_BLOCK_TIMEOUT_SECS", "Pipeline", "Task", "as_pipeline", "check_task_id", "function_arity"]
+__all__ = [
+    "DEFAULT_BLOCK_TIMEOUT_SECS",
+    "Pipeline",
+    "Task",
+    "Tasks",
+    "as_pipeline",
+    "check_task_id",
+    "function_arity",
+    "task_errors",
+]
 
 DEFAULT_BLOCK_TIMEOUT_SECS = 600.0
 
 
-def function_arity(fn, name: str = "process_function") -> int:
+def function_arity(fn: object, name: str = "process_function") -> int:
     """Number of required positional arguments of ``fn`` (``self`` excluded): 0 or 1.
 
     Raises TypeError for anything that cannot be called as ``fn()`` or ``fn(block)``.
@@ -56,7 +76,7 @@ def function_arity(fn, name: str = "process_function") -> int:
     return 0
 
 
-def _timeout_secs(timeout) -> float:
+def _timeout_secs(timeout: object) -> float:
     if timeout is None:
         return DEFAULT_BLOCK_TIMEOUT_SECS
     if isinstance(timeout, datetime.timedelta):
@@ -70,7 +90,7 @@ def _timeout_secs(timeout) -> float:
     return secs
 
 
-def _int_param(value, name: str, lo: int, hi: int | None = None) -> int:
+def _int_param(value: object, name: str, lo: int, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     v = int(value)
@@ -80,52 +100,185 @@ def _int_param(value, name: str, lo: int, hi: int | None = None) -> int:
     return v
 
 
+Tasks = Union["Task", "Pipeline", Sequence["Task"]]
+"""What ``run_blockwise``, ``Scheduler`` and ``Server.run_blockwise`` take: a Pipeline, a
+Task, or a list of tasks (daisy 1.x form, upstream tasks followed)."""
+
+
+@contextlib.contextmanager
+def task_errors(task_id: object) -> Iterator[None]:
+    """Prefix the ``ValueError``/``TypeError`` raised inside with ``Task '<task_id>': ``.
+
+    The one prefix of configuration errors: in a pipeline of many tasks built by a helper,
+    ``write_roi ... must lie inside read_roi`` alone does not say which task is wrong.
+    A message that already names the task this way is re-raised as is.
+    """
+    prefix = f"Task {task_id!r}: "
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        if msg.startswith(prefix):
+            raise
+        cls = TypeError if isinstance(e, TypeError) else ValueError
+        raise cls(prefix + msg).with_traceback(e.__traceback__) from None
+
+
 class Task:
     """A blockwise task: tile ``total_roi`` into blocks and run a function on each.
 
     Signature and defaults of daisy 2.0.0's ``Task``; ``num_workers=`` and
-    ``upstream_tasks=`` (daisy 1.x) are accepted with a DeprecationWarning, as is
-    ``done_marker_path=`` (the old name of ``tracking_path``).
+    ``upstream_tasks=`` (daisy 1.x) are accepted with a ``DeprecationWarning``, as is
+    ``done_marker_path=`` (the old name of ``tracking_path``). Everything is validated
+    here, before any run: errors start with ``Task '<task_id>': `` and name the parameter.
+
+    Parameters
+    ----------
+    task_id : str
+        The task's name, unique in a pipeline. A ``/`` nests its log and tracking
+        directories; ids that leave them (``..``, absolute) are refused.
+    total_roi : funlib.geometry.Roi
+        The total *read* ROI: every block's read ROI lies inside it.
+    read_roi : funlib.geometry.Roi
+        The read ROI of one block (a template: only its shape and its placement
+        relative to ``write_roi`` matter).
+    write_roi : funlib.geometry.Roi
+        The write ROI of one block; it must lie inside ``read_roi`` (the difference is
+        the context) and its shape is the block grid's step.
+    process_function : callable, optional
+        ``f(block)``, called once per block, or ``f()``, a worker function that runs its
+        own :class:`daisy_nb.Client` loop. None is refused by a run on worker processes;
+        serial and dask runs accept it for a task with no block; dry runs always.
+    check_function : callable, optional
+        ``check(block) -> bool``: True means the block is already done and is skipped
+        (daisy 1.x); block tracking usually makes it unnecessary.
+    read_write_conflict : bool, default True
+        Whether blocks whose read ROI overlaps another's write ROI must not run at the
+        same time (they are then scheduled in levels).
+    fit : {"valid", "overhang", "shrink"}, default "valid"
+        What to do with blocks that cross the border of ``total_roi``: drop them, keep
+        them whole, or shrink them to fit.
+    max_workers : int, optional
+        Worker processes for this task (default 1).
+    max_retries : int, default 2
+        How often a failed block is tried again (0 to 255).
+    timeout : float or datetime.timedelta, optional
+        Seconds a block may run before the runtime takes it back and counts a failed
+        attempt (default 600).
+    tracking_path : str or pathlib.Path or False, optional
+        Where block tracking (the record of done blocks, for resuming) lives: None for
+        ``<tracking basedir>/<task_id>``, False for no tracking.
+    requires : dict of str to int, optional
+        Resources one worker of this task uses (e.g. ``{"gpu": 1}``), counted against
+        ``run_blockwise``'s ``resources``.
+    max_worker_restarts : int, default 10
+        How many times the task's workers may be restarted after dying before the task
+        is abandoned.
+    skip_mask : array_like, optional
+        One cell per block (shape :attr:`block_grid_shape`); a nonzero cell skips the
+        block in this run (reported as skipped, not recorded as done).
+    num_workers : int, optional
+        Deprecated (daisy 1.x) name of ``max_workers``.
+    upstream_tasks : Task or sequence of Task, optional
+        Deprecated (daisy 1.x): tasks this one depends on; compose a Pipeline instead.
+    done_marker_path : str or pathlib.Path or False, optional
+        Deprecated name of ``tracking_path``.
+    resource_tracking : bool, default False
+        Measure each block's wall time, CPU, peak RSS and IO in the worker and report
+        them per task.
+    init_fn : callable, optional
+        ``init_fn()``, run once per worker process before its first block; its result
+        is :func:`daisy_nb.worker_state` there.
+
+    Raises
+    ------
+    TypeError
+        A parameter of the wrong type (a ROI that is not a Roi, a function that does
+        not take one argument or none, ``max_workers="4"``, ...).
+    ValueError
+        A value out of range: geometry that does not fit (``write_roi`` outside
+        ``read_roi``, a non-positive write shape, dimensions that differ), an unknown
+        ``fit``, a negative count, a ``skip_mask`` of the wrong shape.
+
+    Examples
+    --------
+    >>> from funlib.geometry import Roi
+    >>> t = Task("smooth", Roi((0, 0), (100, 100)), Roi((0, 0), (30, 30)), Roi((10, 10), (10, 10)),
+    ...          process_function=lambda block: None)
+    >>> t.block_grid_shape
+    [8, 8]
     """
 
     def __init__(
         self,
-        task_id,
-        total_roi,
-        read_roi,
-        write_roi,
-        process_function=None,
-        check_function=None,
-        read_write_conflict=True,
-        fit="valid",
-        max_workers=None,
-        max_retries=2,
-        timeout=None,
-        tracking_path=None,
-        requires=None,
-        max_worker_restarts=10,
-        skip_mask=None,
+        task_id: str,
+        total_roi: Roi,
+        read_roi: Roi,
+        write_roi: Roi,
+        process_function: Callable[..., object] | None = None,
+        check_function: Callable[[Block], bool] | None = None,
+        read_write_conflict: bool = True,
+        fit: str = "valid",
+        max_workers: int | None = None,
+        max_retries: int = 2,
+        timeout: float | datetime.timedelta | None = None,
+        tracking_path: str | os.PathLike[str] | Literal[False] | None = None,
+        requires: dict[str, int] | None = None,
+        max_worker_restarts: int = 10,
+        skip_mask: npt.ArrayLike | None = None,
         *,
-        num_workers=None,
-        upstream_tasks=None,
-        done_marker_path=None,
-        resource_tracking=False,
-        init_fn=None,
-    ):
-        check_task_id(task_id)
+        num_workers: int | None = None,
+        upstream_tasks: Task | Sequence[Task] | None = None,
+        done_marker_path: str | os.PathLike[str] | Literal[False] | None = None,
+        resource_tracking: bool = False,
+        init_fn: Callable[[], object] | None = None,
+    ) -> None:
+        with task_errors(task_id):
+            check_task_id(task_id)
         self._task_id = task_id
+        with task_errors(task_id):
+            self._configure(
+                total_roi, read_roi, write_roi, process_function, check_function, read_write_conflict, fit,
+                max_workers, max_retries, timeout, tracking_path, requires, max_worker_restarts, skip_mask,
+                num_workers, upstream_tasks, done_marker_path, resource_tracking, init_fn,
+            )  # fmt: skip
+
+    def _configure(
+        self,
+        total_roi: Any,
+        read_roi: Any,
+        write_roi: Any,
+        process_function: Any,
+        check_function: Any,
+        read_write_conflict: Any,
+        fit: Any,
+        max_workers: Any,
+        max_retries: Any,
+        timeout: Any,
+        tracking_path: Any,
+        requires: Any,
+        max_worker_restarts: Any,
+        skip_mask: Any,
+        num_workers: Any,
+        upstream_tasks: Any,
+        done_marker_path: Any,
+        resource_tracking: Any,
+        init_fn: Any,
+    ) -> None:
+        """``__init__``'s checks and fields (errors are prefixed with the task there)."""
         self.layout = BlockLayout(total_roi, read_roi, write_roi, read_write_conflict, fit)
         self._total_roi, self._read_roi, self._write_roi = total_roi, read_roi, write_roi
 
-        self._process_function = None
-        self._arity = None
+        self._process_function: Callable[..., object] | None = None
+        self._arity: int | None = None
         self.process_function = process_function
         self.check_function = check_function
 
+        # stacklevel=3: warnings point at the Task(...) call (through __init__)
         if num_workers is not None:
             if max_workers is not None:
                 raise TypeError("pass either max_workers or num_workers (deprecated), not both")
-            warnings.warn("num_workers is deprecated; use max_workers", DeprecationWarning, stacklevel=2)
+            warnings.warn("num_workers is deprecated; use max_workers", DeprecationWarning, stacklevel=3)
             max_workers = num_workers
         if max_workers is None:  # the default (daisy 1.x compatible Task)
             max_workers = 1
@@ -148,7 +301,7 @@ class Task:
         if done_marker_path is not None:
             if tracking_path is not None:
                 raise TypeError("pass either tracking_path or done_marker_path (deprecated), not both")
-            warnings.warn("done_marker_path is deprecated; use tracking_path", DeprecationWarning, stacklevel=2)
+            warnings.warn("done_marker_path is deprecated; use tracking_path", DeprecationWarning, stacklevel=3)
             tracking_path = done_marker_path
         if tracking_path is True:
             raise TypeError(
@@ -158,7 +311,7 @@ class Task:
             raise TypeError(f"tracking_path must be a str, a Path, None or False, got {type(tracking_path).__name__}")
         self._tracking_path = str(tracking_path) if isinstance(tracking_path, Path) else tracking_path
 
-        self._skip_mask = None
+        self._skip_mask: np.ndarray | None = None
         if skip_mask is not None:
             import numpy as np
 
@@ -175,10 +328,10 @@ class Task:
         # per-block wall/CPU/RSS/IO measured by the runtimes (daisy_nb.profiling), summed per task
         self.resource_tracking = bool(resource_tracking)
 
-        self._v1_upstream_tasks = []
+        self._v1_upstream_tasks: list[Task] = []
         if upstream_tasks is not None:
             warnings.warn(
-                "upstream_tasks is deprecated; compose tasks into a Pipeline (a + b)", DeprecationWarning, stacklevel=2
+                "upstream_tasks is deprecated; compose tasks into a Pipeline (a + b)", DeprecationWarning, stacklevel=3
             )
             ups = list(upstream_tasks) if isinstance(upstream_tasks, (list, tuple)) else [upstream_tasks]
             for u in ups:
@@ -186,24 +339,91 @@ class Task:
                     raise TypeError(f"upstream_tasks must contain Tasks, got {type(u).__name__}")
             self._v1_upstream_tasks = ups
 
-    # -- properties ---------------------------------------------------------------
-    task_id = property(lambda self: self._task_id)
-    total_roi = property(lambda self: self._total_roi)
-    read_roi = property(lambda self: self._read_roi)
-    write_roi = property(lambda self: self._write_roi)
-    fit = property(lambda self: self.layout.fit)
-    read_write_conflict = property(lambda self: self.layout.read_write_conflict)
-    max_workers = property(lambda self: self._max_workers)
-    num_workers = property(lambda self: self._max_workers)
-    max_retries = property(lambda self: self._max_retries)
-    max_worker_restarts = property(lambda self: self._max_worker_restarts)
-    timeout_secs = property(lambda self: self._timeout_secs)
-    timeout = property(lambda self: self._timeout)
-    requires = property(lambda self: dict(self._requires))
-    tracking_path = property(lambda self: self._tracking_path)
-    done_marker_path = property(lambda self: self._tracking_path)
-    skip_mask = property(lambda self: self._skip_mask)
-    upstream_tasks = property(lambda self: list(self._v1_upstream_tasks))
+    # -- properties (read-only views of the validated parameters) ----------------------
+    @property
+    def task_id(self) -> str:
+        """The task's name (``task_id=``)."""
+        return self._task_id
+
+    @property
+    def total_roi(self) -> Roi:
+        """The total read ROI (``total_roi=``), as given."""
+        return self._total_roi
+
+    @property
+    def read_roi(self) -> Roi:
+        """One block's read ROI template (``read_roi=``), as given."""
+        return self._read_roi
+
+    @property
+    def write_roi(self) -> Roi:
+        """One block's write ROI template (``write_roi=``), as given."""
+        return self._write_roi
+
+    @property
+    def fit(self) -> str:
+        """``"valid"``, ``"overhang"`` or ``"shrink"`` (``fit=``)."""
+        return self.layout.fit
+
+    @property
+    def read_write_conflict(self) -> bool:
+        """Whether overlapping blocks are kept from running at the same time (``read_write_conflict=``)."""
+        return self.layout.read_write_conflict
+
+    @property
+    def max_workers(self) -> int:
+        """Worker processes for this task (``max_workers=``, default 1)."""
+        return self._max_workers
+
+    @property
+    def num_workers(self) -> int:
+        """daisy 1.x name of :attr:`max_workers`."""
+        return self._max_workers
+
+    @property
+    def max_retries(self) -> int:
+        """How often a failed block is tried again (``max_retries=``)."""
+        return self._max_retries
+
+    @property
+    def max_worker_restarts(self) -> int:
+        """Worker restarts allowed before the task is abandoned (``max_worker_restarts=``)."""
+        return self._max_worker_restarts
+
+    @property
+    def timeout_secs(self) -> float:
+        """The block timeout in seconds (``timeout=`` converted; 600 when it was None)."""
+        return self._timeout_secs
+
+    @property
+    def timeout(self) -> float | datetime.timedelta | None:
+        """``timeout=`` as given (None: the default of :attr:`timeout_secs`)."""
+        return self._timeout
+
+    @property
+    def requires(self) -> dict[str, int]:
+        """Resources one worker uses (``requires=``); a copy."""
+        return dict(self._requires)
+
+    @property
+    def tracking_path(self) -> str | Literal[False] | None:
+        """``tracking_path=`` (a Path given becomes a str); see :meth:`resolved_tracking_path`."""
+        return self._tracking_path
+
+    @property
+    def done_marker_path(self) -> str | Literal[False] | None:
+        """Deprecated name of :attr:`tracking_path`."""
+        return self._tracking_path
+
+    @property
+    def skip_mask(self) -> np.ndarray | None:
+        """``skip_mask=`` as a contiguous uint8 array of shape :attr:`block_grid_shape`, or None."""
+        return self._skip_mask
+
+    @property
+    def upstream_tasks(self) -> list[Task]:
+        """The tasks given with the deprecated ``upstream_tasks=``; a copy."""
+        return list(self._v1_upstream_tasks)
 
     @property
     def block_grid_shape(self) -> list[int]:
@@ -211,42 +431,65 @@ class Task:
         return self.layout.block_grid_shape
 
     @property
-    def process_function(self):
+    def process_function(self) -> Callable[..., object] | None:
+        """The function run per block (one argument) or per worker (none); settable, checked when set."""
         return self._process_function
 
     @process_function.setter
-    def process_function(self, fn):
-        self._arity = None if fn is None else function_arity(fn, "process_function")
+    def process_function(self, fn: Callable[..., object] | None) -> None:
+        with task_errors(self._task_id):
+            self._arity = None if fn is None else function_arity(fn, "process_function")
         self._process_function = fn
 
     @property
-    def arity(self):
+    def arity(self) -> int | None:
         """0 (worker function running its own Client loop), 1 (block function) or None."""
         return self._arity
 
     @property
-    def check_function(self):
+    def check_function(self) -> Callable[[Block], bool] | None:
+        """``check(block) -> bool`` (True: already done, skip); settable, checked when set."""
         return self._check_function
 
     @check_function.setter
-    def check_function(self, fn):
-        if fn is not None:
-            if function_arity(fn, "check_function") != 1:
+    def check_function(self, fn: Callable[[Block], bool] | None) -> None:
+        with task_errors(self._task_id):
+            if fn is not None and function_arity(fn, "check_function") != 1:
                 raise TypeError(f"check_function must take one argument (a block), got {fn!r}")
         self._check_function = fn
 
-    def requires_v1(self):
-        """daisy 1.x ``Task.requires()``: the upstream tasks given with ``upstream_tasks=``."""
+    def requires_v1(self) -> list[Task]:
+        """daisy 1.x ``Task.requires()``: the upstream tasks given with ``upstream_tasks=``.
+
+        Returns
+        -------
+        list of Task
+            A copy of the list (empty without ``upstream_tasks=``).
+        """
         return list(self._v1_upstream_tasks)
 
     # -- tracking -----------------------------------------------------------------
     def resolved_tracking_path(self) -> Path | None:
+        """Where this task's block tracking lives.
+
+        Returns
+        -------
+        pathlib.Path or None
+            :attr:`tracking_path`, or ``<tracking basedir>/<task_id>`` when it is None;
+            None when tracking is off (``tracking_path=False``).
+        """
         from .tracking import resolve_tracking_path
 
         return resolve_tracking_path(self._task_id, self._tracking_path)
 
-    def reset(self):
-        """Delete this task's block tracking; return its path, or None if there was none."""
+    def reset(self) -> str | None:
+        """Delete this task's block tracking, so that the next run does every block again.
+
+        Returns
+        -------
+        str or None
+            The path deleted, or None if the task has no tracking (off or never written).
+        """
         p = self.resolved_tracking_path()
         if p is None:
             return None
@@ -254,8 +497,14 @@ class Task:
 
         return reset(p)
 
-    def failed_blocks(self):
-        """Blocks recorded as failed and not done in this task's tracking store."""
+    def failed_blocks(self) -> list[Block]:
+        """Blocks recorded as failed and not done in this task's tracking store.
+
+        Returns
+        -------
+        list of Block
+            Empty when the task has no tracking store.
+        """
         import numpy as np
 
         from .tracking import read_tracking
@@ -298,31 +547,33 @@ class Task:
         return out
 
     # -- composition --------------------------------------------------------------
-    def __add__(self, other):
+    def __add__(self, other: Task | Pipeline) -> Pipeline:
+        """``a + b``: a pipeline where ``other``'s sources depend on this task."""
         return Pipeline.from_task(self) + other
 
-    def __radd__(self, other):
+    def __radd__(self, other: Task | Pipeline) -> Pipeline:
         return _coerce(other, "+") + Pipeline.from_task(self)
 
-    def __or__(self, other):
+    def __or__(self, other: Task | Pipeline) -> Pipeline:
+        """``a | b``: a pipeline of both, with no dependency between them."""
         return Pipeline.from_task(self) | other
 
-    def __ror__(self, other):
+    def __ror__(self, other: Task | Pipeline) -> Pipeline:
         return _coerce(other, "|") | Pipeline.from_task(self)
 
-    def __copy__(self):
+    def __copy__(self) -> Task:
         new = object.__new__(Task)
         new.__dict__.update(self.__dict__)
         return new
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: dict[int, object]) -> Task:
         return self.__copy__()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Task({self._task_id!r}, blocks={self.layout.num_blocks}, fit={self.fit!r}, conflict={self.read_write_conflict})"
 
 
-def _coerce(x, op: str) -> Pipeline:
+def _coerce(x: object, op: str) -> Pipeline:
     if isinstance(x, Pipeline):
         return x
     if isinstance(x, Task):
@@ -332,9 +583,29 @@ def _coerce(x, op: str) -> Pipeline:
 
 class Pipeline:
     """A DAG of tasks. ``a + b`` chains (every output of a feeds every source of b),
-    ``a | b`` unions. Tasks are deduplicated by identity; composition never mutates."""
+    ``a | b`` unions. Tasks are deduplicated by identity; composition never mutates.
 
-    def __init__(self, tasks=None, edges=None):
+    Usually made by composing tasks (``extract + (smooth | mask) + merge``) rather than
+    called. Duplicate task ids and cycles are checked by :meth:`validate`, when the
+    pipeline is scheduled or run.
+
+    Parameters
+    ----------
+    tasks : sequence of Task, optional
+        The tasks (the same object twice counts once).
+    edges : sequence of (Task, Task), optional
+        ``(upstream, downstream)`` pairs: each block of ``downstream`` waits for the
+        blocks of ``upstream`` that its read ROI overlaps.
+
+    Raises
+    ------
+    TypeError
+        A task that is not a Task, an edge that is not a pair.
+    ValueError
+        An edge naming a task that is not in ``tasks``.
+    """
+
+    def __init__(self, tasks: Sequence[Task] | None = None, edges: Sequence[tuple[Task, Task]] | None = None) -> None:
         self._tasks: list[Task] = []
         seen = set()
         for t in tasks or []:
@@ -362,71 +633,107 @@ class Pipeline:
 
     @classmethod
     def from_task(cls, task: Task) -> Pipeline:
+        """A pipeline of one task (``Pipeline([task])``)."""
         return cls([task], [])
 
     @property
     def tasks(self) -> list[Task]:
+        """The tasks, in the order given; a copy."""
         return list(self._tasks)
 
     @property
     def edges(self) -> list[tuple[Task, Task]]:
+        """The ``(upstream, downstream)`` pairs; a copy."""
         return list(self._edges)
 
     @property
     def sources(self) -> list[Task]:
+        """Tasks that depend on no other task of the pipeline."""
         down = {id(d) for _, d in self._edges}
         return [t for t in self._tasks if id(t) not in down]
 
     @property
     def outputs(self) -> list[Task]:
+        """Tasks that no other task of the pipeline depends on."""
         up = {id(u) for u, _ in self._edges}
         return [t for t in self._tasks if id(t) not in up]
 
-    def __add__(self, other):
+    def __add__(self, other: Task | Pipeline) -> Pipeline:
+        """``a + b``: every output of this pipeline feeds every source of ``other``."""
         other = _coerce(other, "+")
         new_edges = [(o, s) for o in self.outputs for s in other.sources]
         return Pipeline(self._tasks + other._tasks, self._edges + other._edges + new_edges)
 
-    def __radd__(self, other):
+    def __radd__(self, other: Task | Pipeline) -> Pipeline:
         return _coerce(other, "+") + self
 
-    def __or__(self, other):
+    def __or__(self, other: Task | Pipeline) -> Pipeline:
+        """``a | b``: both pipelines side by side, no edge added."""
         other = _coerce(other, "|")
         return Pipeline(self._tasks + other._tasks, self._edges + other._edges)
 
-    def __ror__(self, other):
+    def __ror__(self, other: Task | Pipeline) -> Pipeline:
         return _coerce(other, "|") | self
 
-    def reset(self):
+    def reset(self) -> list[str | None]:
+        """:meth:`Task.reset` on every task.
+
+        Returns
+        -------
+        list of (str or None)
+            Each task's deleted tracking path (None where there was none), in task order.
+        """
         return [t.reset() for t in self._tasks]
 
-    def run_blockwise(self, **kwargs):
-        """``daisy_nb.run_blockwise(self, **kwargs)`` (through the package: the runner sits above this module)."""
+    def run_blockwise(self, **kwargs: Any) -> Any:
+        """``daisy_nb.run_blockwise(self, **kwargs)`` (through the package: the runner sits above this module).
+
+        Parameters
+        ----------
+        **kwargs
+            :func:`daisy_nb.run_blockwise`'s keyword arguments.
+
+        Returns
+        -------
+        bool or dict or daisy_nb.Plan
+            What :func:`daisy_nb.run_blockwise` returns for these arguments.
+        """
         import daisy_nb
 
         return daisy_nb.run_blockwise(self, **kwargs)
 
     def validate(self) -> list[str]:
-        """Raise ValueError on duplicate task ids or cycles; return the display order."""
+        """Check the pipeline and return its task ids in display order.
+
+        Returns
+        -------
+        list of str
+            Task ids in topological order, ties broken by id.
+
+        Raises
+        ------
+        ValueError
+            Two tasks with one id, or a cycle.
+        """
         ids = {}
         for t in self._tasks:
             if t.task_id in ids:
-                raise ValueError(f"duplicate task_id in pipeline: {t.task_id}")
+                raise ValueError(f"Task {t.task_id!r}: duplicate task_id in pipeline (two tasks have this id)")
             ids[t.task_id] = t
         return topo_order([t.task_id for t in self._tasks], [(u.task_id, d.task_id) for u, d in self._edges])
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         q = lambda ts: "[" + ", ".join(f'"{t.task_id}"' for t in ts) + "]"  # noqa: E731
         edges = ", ".join(f'("{u.task_id}", "{d.task_id}")' for u, d in self._edges)
         return (
             f"Pipeline(tasks={q(self._tasks)}, sources={q(self.sources)}, outputs={q(self.outputs)}, edges=[{edges}])"
         )
 
-    def __copy__(self):
+    def __copy__(self) -> Pipeline:
         return Pipeline(self._tasks, self._edges)
 
 
-def check_task_id(task_id) -> None:
+def check_task_id(task_id: object) -> None:
     """The ids daisy 2.0.0 accepts, except those that name a path outside their directory.
 
     A task's worker logs go to ``<log basedir>/<task_id>/`` and its default block
@@ -478,7 +785,7 @@ def topo_order(task_ids: list[str], edges: list[tuple[str, str]]) -> list[str]:
     return order
 
 
-def as_pipeline(x) -> Pipeline:
+def as_pipeline(x: Tasks) -> Pipeline:
     """A Pipeline from a Pipeline, a Task, or a list/tuple of tasks (daisy 1.x form)."""
     if isinstance(x, Pipeline):
         return x

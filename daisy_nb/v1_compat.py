@@ -6,6 +6,9 @@ the code relies on the 1.x shims (``Task(num_workers=...)``, ``upstream_tasks=``
 from :mod:`daisy_nb`, so they are the very same objects.
 """
 
+from collections.abc import Callable, Collection
+from typing import Any
+
 import daisy_nb as _top
 
 _NAMES = (
@@ -35,18 +38,22 @@ _NAMES = (
 __all__ = list(_NAMES)  # loaded lazily by __getattr__
 
 
-def _lazy_surface(module_globals: dict, names, special=None):
+def _lazy_surface(
+    module_globals: dict[str, Any],
+    names: Collection[str],
+    special: dict[str, Callable[[], Any]] | None = None,
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` of a module whose ``names`` load lazily from :mod:`daisy_nb`.
 
     ``special`` maps a name to a factory of its own value (v2's ``Task``); each value is
     cached in the module on first access.
     """
     module = module_globals["__name__"]
-    special = special or {}
+    factories = special or {}
 
-    def __getattr__(name):
-        if name in special:
-            value = special[name]()
+    def __getattr__(name: str) -> Any:
+        if name in factories:
+            value = factories[name]()
         elif name in names:
             value = getattr(_top, name)
         else:
@@ -54,7 +61,7 @@ def _lazy_surface(module_globals: dict, names, special=None):
         module_globals[name] = value
         return value
 
-    def __dir__():
+    def __dir__() -> list[str]:
         return sorted(set(module_globals) | set(names))
 
     return __getattr__, __dir__

@@ -6,6 +6,8 @@
 ``run_blockwise(..., multiprocessing=False)``), and ``BlockStats`` is exported.
 """
 
+from typing import Any
+
 from daisy_nb.v1_compat import _NAMES as _V1_NAMES
 from daisy_nb.v1_compat import _lazy_surface
 
@@ -19,21 +21,21 @@ _MAX_WORKERS_ARG = (
 )
 
 
-def _make_task_class():
+def _make_task_class() -> type:
     from daisy_nb.task import Task as _Task
 
     class _NativeTaskType(type):
         # every daisy_nb Task is a daisy.v2 Task, as v1_compat.Task subclasses v2.Task in daisy
-        def __instancecheck__(cls, obj):
+        def __instancecheck__(cls, obj: object) -> bool:
             return isinstance(obj, _Task)
 
-        def __subclasscheck__(cls, sub):
+        def __subclasscheck__(cls, sub: type) -> bool:
             return issubclass(sub, _Task)
 
     class Task(_Task, metaclass=_NativeTaskType):
         __doc__ = _Task.__doc__
 
-        def __new__(cls, *args, **kwargs):
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
             for name in _V1_ONLY:
                 if name in kwargs:
                     hint = "max_workers=" if name == "num_workers" else "Pipeline composition (upstream + downstream)"

@@ -371,7 +371,7 @@ def test_duplicate_task_ids_raise_before_any_work(tmp_path):
     a2 = counting_task("a", calls)
     p = a1 + a2  # a Pipeline itself accepts it
     assert len(p.tasks) == 2
-    with pytest.raises(ValueError, match="duplicate task_id in pipeline: a"):
+    with pytest.raises(ValueError, match="Task 'a': duplicate task_id in pipeline"):
         daisy.Scheduler(p)
     with pytest.raises(ValueError, match="duplicate"):
         daisy.Scheduler([a1, a2])

@@ -656,5 +656,7 @@ def step(b, u8, n_met, op, t, x, y, rows, codes):
         one[0] = x
         code = u8[U8_CODE1 * N : U8_CODE1 * N + 1]
         code[0] = y
-        return _release(T, S, W, t, one, code, 0)
+        # np.int64(0), not 0: a literal 0 types as Literal[int](0) on Python >= 3.12 and compiles
+        # _release a second time (the call below passes an int64)
+        return _release(T, S, W, t, one, code, np.int64(0))
     return _release(T, S, W, t, rows, codes, x)
