@@ -74,18 +74,21 @@ import warnings
 from collections import deque
 
 from daisy_nb.progress import Heartbeat, notify
+from daisy_nb.runtime.common.batching import grow_batch
+from daisy_nb.runtime.common.failures import (
+    JOB_END,
+    AbandonReason,
+    abandon,
+    is_job_end,
+    raise_if_abandoned,
+    record_error,
+    worker_failure,
+)
+from daisy_nb.runtime.common.run_block import cap_traceback, format_exception
+from daisy_nb.runtime.common.run_end import end_run
+from daisy_nb.runtime.common.taskrun import TaskRun
 from daisy_nb.runtime.dask_events import RunTopic, WorkerCalls
 from daisy_nb.runtime.dask_worker import _cancel_batches, _forget_run_async, _run_batch, _running_batches
-from daisy_nb.runtime.policy import (
-    JOB_END,
-    TaskRun,
-    count_worker_failure,
-    end_run,
-    grow_batch,
-    is_job_end,
-    record_error,
-)
-from daisy_nb.runtime.state import cap_traceback, format_exception
 
 __all__ = ["run_dask"]
 
@@ -275,18 +278,12 @@ class _DaskRun:
         """A batch lost to its worker (death, timeout, init_fn): the pool's dirty exit; a ``job_end``
         (lost after finishing blocks, :func:`.policy.is_job_end`) is not counted toward the cap."""
         c = self.s.counters[tid]
-        count_worker_failure(c, job_end)
-        record_error(c, text)
-        logger.warning("task %r: %s", tid, text.splitlines()[0])
+        worker_failure(c, tid, text, job_end=job_end)
         tr = self.trs[tid]
-        if tr.abandoned or job_end:
+        if self.s.is_abandoned(tid) or job_end:
             return
         if tr.restarts_exhausted(c):
-            for a in self.s.abandon_task(tid, "worker restart cap exhausted"):
-                atr = self.trs.get(a)
-                if atr is None:
-                    continue
-                atr.abandoned = True
+            for a in abandon(self.s, tid, AbandonReason.RESTARTS):
                 gone = [b for b in self.inflight.values() if b.tid == a]
                 for b in gone:
                     self._drop(b, cancel=False)  # the scheduler counted them orphaned already
@@ -301,7 +298,6 @@ class _DaskRun:
     def _drop(self, b: _Batch, cancel: bool) -> None:
         self.inflight.pop(b.bid, None)
         self.by_key.pop(b.future.key, None)
-        self.trs[b.tid].inflight -= b.n
         if cancel:
             try:
                 b.future.cancel()
@@ -319,7 +315,7 @@ class _DaskRun:
         st = np.asarray(status, dtype=np.uint8)
         if st.ndim == 0:
             st = np.full(b.n, int(st), np.uint8)
-        if not self.trs[b.tid].abandoned:
+        if not self.s.is_abandoned(b.tid):
             self.s.release_blocks(b.tid, b.index, st)
 
     # ------------------------------------------------------------------ submit
@@ -344,7 +340,7 @@ class _DaskRun:
                     break
                 tid = self.order[(self.rr + j) % T]
                 tr = self.trs.get(tid)
-                if tr is None or tr.abandoned:
+                if tr is None or self.s.is_abandoned(tid):
                     continue
                 ready = self.s.ready_count(tid)
                 if ready <= 0:
@@ -386,7 +382,6 @@ class _DaskRun:
                 b = _Batch(bid, tid, fut, np.array(batch.index, dtype=np.int64))
                 self.inflight[bid] = b
                 self.by_key[fut.key] = bid
-                tr.inflight += n
                 if tr.t_first is None:
                     tr.t_first = time.monotonic()
                 self.ac.add(fut)
@@ -685,7 +680,7 @@ def run_dask(
         import distributed  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("run_blockwise(executor=...) needs dask.distributed: pip install 'daisy_nb[dask]'") from e
-    from daisy_nb.progress import raise_if_abandoned, resolve_observer
+    from daisy_nb.progress import resolve_observer
 
     client, owned = _as_client(client)
     run = _DaskRun(
