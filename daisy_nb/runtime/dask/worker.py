@@ -1,4 +1,4 @@
-"""The dask worker side of :mod:`daisy_nb.runtime.dask`: what runs inside dask worker processes.
+"""The dask worker side of :mod:`daisy_nb.runtime.dask.driver`: what runs inside dask worker processes.
 
 :func:`_run_batch` is the function of every future: it rebuilds the batch's
 :class:`~daisy_nb.Block` objects from one int64 array, runs the task's block
@@ -17,7 +17,8 @@ import threading
 import time
 from collections import OrderedDict
 
-from daisy_nb.runtime.state import bind, cap_traceback, format_exception, unbind
+from daisy_nb.runtime.common.run_block import cap_traceback, format_exception
+from daisy_nb.runtime.common.worker_state import bind, unbind
 
 __all__: list[str] = []
 

@@ -6,7 +6,7 @@
 
 
 Every batch announces its start and end (worker address, pid) on the run's own
-dask event topic (``log_event`` in :mod:`.dask_worker`); a small scheduler plugin
+dask event topic (``log_event`` in :mod:`.worker`); a small scheduler plugin
 forwards the cluster's ``add-worker``/``remove-worker`` events to the same topic, so
 that the run never needs the ``"all"`` topic (whose one handler per client may be
 the user's). Public ``distributed`` APIs only: ``subscribe_topic``/

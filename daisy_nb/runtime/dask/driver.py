@@ -22,7 +22,7 @@ The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
   summary. Futures are submitted with ``retries=0`` and ``pure=False``.
 * **Lost workers.** Every batch announces its start (worker address, pid) through
   the run's own dask event topic. A small scheduler plugin forwards the
-  scheduler's worker events to that topic (:mod:`.dask_events`); when a worker is removed unexpectedly
+  scheduler's worker events to that topic (:mod:`.events`); when a worker is removed unexpectedly
   (``remove-worker``, not ``expected``), the batches that *started* there are
   cancelled (so dask does not silently rerun them) and their blocks fail once and
   are retried; batches that were merely queued there are left to dask, which runs
@@ -31,8 +31,8 @@ The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
   counts as a worker failure of the task (``worker_failure_count``); after
   ``max_worker_restarts`` of them the task is abandoned, as with the local pool; one
   lost after finishing blocks of the task is a job end, not counted toward the cap
-  (:func:`.policy.is_job_end`). Nothing waits on a lost worker: every ``client.run``
-  goes through :class:`.dask_events.WorkerCalls` (off the loop, never to a removed worker).
+  (:func:`daisy_nb.runtime.common.failures.is_job_end`). Nothing waits on a lost worker: every ``client.run``
+  goes through :class:`.events.WorkerCalls` (off the loop, never to a removed worker).
 * **Timeouts.** A batch that has been running longer than ``timeout × its size``
   is cancelled and its blocks fail (``timeout_reclaim_count``, and a worker
   failure, as when the pool kills a worker). dask cannot stop a running Python
@@ -47,7 +47,7 @@ The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
   worker process per run (the first time a batch of the task runs there); the
   block function gets its return value with :func:`daisy_nb.worker_state`.
 
-The worker side (what runs in dask workers) is :mod:`daisy_nb.runtime.dask_worker`.
+The worker side (what runs in dask workers) is :mod:`daisy_nb.runtime.dask.worker`.
 * **Tracking, progress, Ctrl-C.** Successes are recorded in block tracking as they
   are released (flushed about once a second and at the end). On Ctrl-C the
   finished results are recorded, the other futures are cancelled and their blocks
@@ -87,8 +87,8 @@ from daisy_nb.runtime.common.failures import (
 from daisy_nb.runtime.common.run_block import cap_traceback, format_exception
 from daisy_nb.runtime.common.run_end import end_run
 from daisy_nb.runtime.common.taskrun import TaskRun
-from daisy_nb.runtime.dask_events import RunTopic, WorkerCalls
-from daisy_nb.runtime.dask_worker import _cancel_batches, _forget_run_async, _run_batch, _running_batches
+from daisy_nb.runtime.dask.events import RunTopic, WorkerCalls
+from daisy_nb.runtime.dask.worker import _cancel_batches, _forget_run_async, _run_batch, _running_batches
 
 __all__ = ["run_dask"]
 
@@ -156,7 +156,7 @@ class _DaskRun:
         self.pass_failures: dict = {}  # task id -> error text of futures that erred in this pass
         self.workers_changed = True
         self.interrupted = False
-        self.watch = RunTopic(client, self.topic, self._on_event)  # dask_events.py
+        self.watch = RunTopic(client, self.topic, self._on_event)  # events.py
         self.timeline = None  # set by the dashboard's observer (attach_runtime): one bar per batch result
         self.calls = WorkerCalls(client)  # client.run off the loop, never to a removed worker
         self.asking = False  # a _running_batches call is under way
@@ -276,7 +276,7 @@ class _DaskRun:
 
     def _worker_failure(self, tid: str, text: str, job_end: bool = False) -> None:
         """A batch lost to its worker (death, timeout, init_fn): the pool's dirty exit; a ``job_end``
-        (lost after finishing blocks, :func:`.policy.is_job_end`) is not counted toward the cap."""
+        (lost after finishing blocks, :func:`.failures.is_job_end`) is not counted toward the cap."""
         c = self.s.counters[tid]
         worker_failure(c, tid, text, job_end=job_end)
         tr = self.trs[tid]
