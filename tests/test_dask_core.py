@@ -306,3 +306,43 @@ def test_a_batch_with_the_wrong_number_of_statuses_raises():
     assert len(sub.packed) == 1
     with pytest.raises(RuntimeError, match="returned 2 statuses"):
         core.finished(sub.bid, {"status": b"\x02\x02", "elapsed_ns": 1, "worker": ""})
+
+
+class _Unreachable:
+    """A dask client whose cluster is gone: every call to the scheduler fails."""
+
+    status = "running"
+
+    def scatter(self, *a, **k):
+        raise OSError("Timed out trying to connect to tcp://scheduler:8786")
+
+
+class _LostFuture:
+    status = "lost"
+
+
+def test_a_failed_rescatter_is_logged_once_with_its_traceback(caplog):
+    """The scattered function lost with its workers is scattered again; when that fails the
+    run says so (WARNING with the traceback once, DEBUG afterwards) instead of nothing."""
+    import logging
+
+    from daisy_nb.runtime.dask.driver import _log_once, _rescatter
+
+    s = daisy_nb.Scheduler(pipeline(False, 1, 1, None, 0, downstream=False), block_tracking=False)
+    client, logged = _Unreachable(), set()
+
+    def log_once(what):
+        _log_once(logged, what)
+
+    tr = DaskTaskRun(s.tasks["a"])
+    tr.serialize()
+    tr.payload_arg = _LostFuture()
+    caplog.set_level(logging.DEBUG, logger="daisy")
+    _rescatter(client, tr, log_once)
+    _rescatter(client, tr, log_once)
+    recs = [r for r in caplog.records if "scatter the process_function of task 'a' again" in r.getMessage()]
+    assert [r.levelname for r in recs] == ["WARNING", "DEBUG"]
+    assert recs[0].exc_info and "Timed out trying to connect" in caplog.text
+    tr.payload_arg = tr.payload  # inline payloads are never scattered
+    _rescatter(client, tr, log_once)
+    assert len([r for r in caplog.records if "scatter" in r.getMessage()]) == 2

@@ -27,10 +27,10 @@ from daisy_nb.runtime.common.failures import (
     record_error,
 )
 from daisy_nb.runtime.common.taskrun import TaskRun, elapsed_of, nothing_left
-from daisy_nb.runtime.dask import driver as dask_rt
+from daisy_nb.runtime.dask.core import DaskTaskRun
 from daisy_nb.scheduler import WorkerCounters
 
-RECORDS = [TaskRun, pool_rt.PoolTaskRun, dask_rt._TaskRun]
+RECORDS = [TaskRun, pool_rt.PoolTaskRun, DaskTaskRun]
 
 
 def block_fn(block):
@@ -86,10 +86,10 @@ def test_every_runtime_reads_the_task_options_alike(cls):
 
 def test_what_each_runtime_adds_is_derived_from_the_shared_fields():
     t = task(timeout=2.5, requires={"gpu": 1, "mem": 0}, resource_tracking=True)
-    p, d = pool_rt.PoolTaskRun(t), dask_rt._TaskRun(t)
+    p, d = pool_rt.PoolTaskRun(t), DaskTaskRun(t)
     assert p.timeout_ns == 2_500_000_000
     assert d.resources == {"gpu": 1}  # dask resource restrictions: zero amounts are no restriction
-    assert dask_rt._TaskRun(task()).resources is None
+    assert DaskTaskRun(task()).resources is None
     # the pool (and the serial runner) measure per-block stats; dask does not
     assert p.res is not None and p.res.task_id == "t"
     assert TaskRun(t).res is not None

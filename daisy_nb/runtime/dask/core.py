@@ -369,12 +369,12 @@ class Submission:
         return out
 
     def shutdown(self) -> list:
-        """The run ends: every batch left is cancelled and its blocks given back."""
-        out: list = []
-        for b in list(self.batches.values()):
-            self._drop(b, out)
+        """The run ends: every batch left is cancelled (one :class:`Cancel`) and its blocks given back."""
+        left = list(self.batches.values())
+        self.batches.clear()
+        for b in left:
             self._release(b, 0)
-        return out
+        return [Cancel(tuple(b.bid for b in left))] if left else []
 
     def running_blocks(self) -> list:
         """Batches a dask worker has started (which of its blocks runs is not known here), for the hang alarm."""

@@ -1,4 +1,11 @@
-"""Run a pipeline on a ``dask.distributed`` cluster (the driver side): ``run_blockwise(pipeline, executor=client)``.
+"""Run a pipeline on a ``dask.distributed`` cluster (the driver shell): ``run_blockwise(pipeline, executor=client)``.
+
+The decisions (which blocks go into which batch, what a result, a lost worker, a
+timeout or an abandonment does) are :class:`.core.Submission`'s, without I/O; this
+module is the shell that feeds it the cluster's events and executes its actions
+(``client.submit``, cancellations, ``client.run``), with ``as_completed``, the run's
+event topic (:mod:`.events`) and Ctrl-C. The worker side (what runs in dask
+workers) is :mod:`.worker`.
 
 The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
 "driver") and owns all dependency state; dask only ever sees independent
@@ -74,19 +81,10 @@ import warnings
 from collections import deque
 
 from daisy_nb.progress import Heartbeat, notify
-from daisy_nb.runtime.common.batching import grow_batch
-from daisy_nb.runtime.common.failures import (
-    JOB_END,
-    AbandonReason,
-    abandon,
-    is_job_end,
-    raise_if_abandoned,
-    record_error,
-    worker_failure,
-)
+from daisy_nb.runtime.common.failures import raise_if_abandoned
 from daisy_nb.runtime.common.run_block import cap_traceback, format_exception
 from daisy_nb.runtime.common.run_end import end_run
-from daisy_nb.runtime.common.taskrun import TaskRun
+from daisy_nb.runtime.dask.core import AskQueued, AskRunning, Cancel, DaskTaskRun, Stop, Submission, Submit
 from daisy_nb.runtime.dask.events import RunTopic, WorkerCalls
 from daisy_nb.runtime.dask.worker import _cancel_batches, _forget_run_async, _run_batch, _running_batches
 
@@ -98,36 +96,12 @@ MAX_BATCH = 4096  # blocks per future
 POLL_SECS = 0.05
 INLINE_PAYLOAD_BYTES = 1 << 20  # larger functions are scattered to the workers once
 FORGET_WAIT_SECS = 2.0  # at the end of a run, for the calls to the workers still under way
-
-
-class _Batch:
-    __slots__ = ("bid", "tid", "future", "index", "n", "t_start", "worker", "pid")
-
-    def __init__(self, bid, tid, future, index):
-        self.bid = bid
-        self.tid = tid
-        self.future = future
-        self.index = index
-        self.n = len(index)
-        self.t_start = None
-        self.worker = None
-        self.pid = None
-
-
-class _TaskRun(TaskRun):
-    """dask's run record of a task: the shared one, plus the function as the workers get it."""
-
-    measures_resources = False  # dask workers report no per-block stats
-
-    def __init__(self, task):
-        super().__init__(task)
-        self.payload_arg = None  # the payload bytes, or a scattered future for large functions
-        self.resources = {k: v for k, v in self.requires.items() if v} or None  # dask resource restrictions
-        self.workers_seen: set = set()
-        self.finished_on: dict = {}  # dask worker address -> blocks of this task it finished (job ends)
+STALL_SECS = 1.0  # nothing in flight, nothing ready, tasks not done: the run cannot go on
 
 
 class _DaskRun:
+    """The driver shell of one run: the cluster's events into :attr:`core`, its actions out."""
+
     def __init__(self, scheduler, client, observer, batch_target_secs, futures_per_thread, max_batch):
         from distributed import as_completed
 
@@ -135,76 +109,51 @@ class _DaskRun:
         self.client = client
         self.observer = observer
         self.target = float(batch_target_secs)
-        self.per_thread = max(1, int(futures_per_thread))
+        self.per_thread = futures_per_thread
         self.max_batch = max(1, int(max_batch))
         self.order = list(scheduler.task_ids)
         self.token = uuid.uuid4().hex
         self.topic = f"daisy_nb-{self.token}"
-        self.trs: dict[str, _TaskRun] = {}
-        self.inflight: dict[int, _Batch] = {}
+        self.trs: dict[str, DaskTaskRun] = {}
+        self.core = Submission(scheduler, {}, target_secs=self.target, per_thread=1, max_batch=self.max_batch)
+        self.futures: dict = {}  # bid -> future, exactly the core's batches
         self.by_key: dict = {}  # future key -> bid
-        self.next_bid = 0
-        self.rr = 0  # round-robin start over tasks
         self.events: deque = deque()
         self.ac = as_completed(with_results=True, raise_errors=False)
         self.cond = self.ac.thread_condition
-        self.nthreads = 0
         self.hang = None  # run_blockwise's hang_alarm= (see daisy_nb.hang)
-        self.worker_threads: dict = {}  # address -> threads
-        self.zombies: dict = {}  # address -> {bid: key} of cancelled batches still running there
-        self.last_pullback = 0.0
-        self.pass_failures: dict = {}  # task id -> error text of futures that erred in this pass
         self.workers_changed = True
         self.interrupted = False
         self.watch = RunTopic(client, self.topic, self._on_event)  # events.py
         self.timeline = None  # set by the dashboard's observer (attach_runtime): one bar per batch result
         self.calls = WorkerCalls(client)  # client.run off the loop, never to a removed worker
-        self.asking = False  # a _running_batches call is under way
+        self.logged: set = set()  # what went wrong once already (logged with its traceback then)
 
     # ------------------------------------------------------------------ setup
     def prepare(self, records: dict) -> None:
-        """Check and serialize the tasks (``records``: a ``_TaskRun`` per task) that have blocks."""
-        for tid in self.order:
-            tr = records[tid]
-            if tr.task.layout.num_blocks == 0:
-                continue
-            if tr.fn is None:
-                raise RuntimeError(
-                    f'invalid configuration: task "{tid}" has no process_function; distributed runs need one'
-                )
-            if tr.arity != 1:
-                raise ValueError(
-                    f"invalid configuration: task {tid!r} has a 0-argument worker function (a daisy_nb.Client "
-                    "loop). run_blockwise(executor=dask_client) runs 1-argument block functions only: write "
-                    "process_function(block) (use Task(init_fn=...) and daisy_nb.dask.worker_state() for "
-                    "per-worker setup), or run this task with the local pool (no executor)."
-                )
-            tr.payload_arg = tr.serialize()
-            self.trs[tid] = tr
-        for tr in self.trs.values():
-            if len(tr.payload) > INLINE_PAYLOAD_BYTES:
-                logger.warning(
-                    "task %r: the pickled process_function is %.1f MB; it is scattered to every dask worker. "
-                    "Load large objects in Task(init_fn=...) instead.",
-                    tr.tid,
-                    len(tr.payload) / 1e6,
-                )
-                tr.payload_arg = self.client.scatter(tr.payload, broadcast=True, hash=False)
+        """Check and serialize the tasks (``records``: a ``DaskTaskRun`` per task) that have blocks."""
+        self.trs = _prepared(self.client, records, self.order)
+        self.core = Submission(
+            self.s, self.trs, target_secs=self.target, per_thread=self.per_thread, max_batch=self.max_batch
+        )
         self._refresh_nthreads()
         needed = {k for tr in self.trs.values() for k in (tr.resources or {})}
         if needed:
             try:
                 info = self.client.scheduler_info(n_workers=-1)
                 have = {k for w in info.get("workers", {}).values() for k in (w.get("resources") or {})}
-            except Exception:
+            except Exception:  # a failed check only loses the warning below
+                self._log_once("read the dask workers' resources")
                 have = needed
-            missing = needed - have
-            if missing:
+            if needed - have:
                 logger.warning(
                     "tasks require dask worker resources %s that no current worker has: their blocks wait "
                     "until workers started with --resources join the cluster",
-                    sorted(missing),
+                    sorted(needed - have),
                 )
+
+    def _log_once(self, what: str) -> None:
+        _log_once(self.logged, what)
 
     # -------------------------------------------------- event loop thread callbacks
     def _wake(self) -> None:
@@ -229,316 +178,129 @@ class _DaskRun:
             return
         self._wake()
 
-    # ---------------------------------------------------------------- helpers
+    # ------------------------------------------------------------ the core's actions
+    def _execute(self, actions) -> None:
+        for a in actions:
+            if isinstance(a, Submit):
+                self._submit(a)
+            elif isinstance(a, Cancel):
+                futs = [self.futures.pop(bid) for bid in a.bids]
+                for f in futs:
+                    self.by_key.pop(f.key, None)
+                try:
+                    self.client.cancel(futs)
+                except Exception:  # a closing client: the run is ending anyway
+                    self._log_once("cancel dask futures")
+            elif isinstance(a, Stop):  # it runs: tell its worker, it stops at the next block (off the loop)
+                self.calls.run(_cancel_batches, self.token, list(a.bids), workers=[a.worker] if a.worker else None)
+            elif isinstance(a, AskRunning):
+                asked = list(a.workers)
+                if not self.calls.run(
+                    _running_batches,
+                    self.token,
+                    workers=asked,
+                    done=lambda r, asked=asked: self._post(("running", 0.0, (asked, r))),
+                ):
+                    self.core.running(asked, None)  # every one of them was removed meanwhile
+            elif isinstance(a, AskQueued):
+                try:
+                    proc = self.client.processing(workers=list(a.workers))
+                except Exception:
+                    self._log_once("ask the dask scheduler which futures are queued")
+                    continue
+                bids = [self.by_key[k] for keys in proc.values() for k in keys if k in self.by_key]
+                self._execute(self.core.queued(bids))
+            else:
+                raise TypeError(f"daisy_nb: unknown action of the dask core: {a!r}")
+
+    def _submit(self, a: Submit) -> None:
+        tr = self.trs[a.tid]
+        placement = {"workers": a.workers, "allow_other_workers": True} if a.workers else {}
+        fut = self.client.submit(
+            _run_batch,
+            self.token,
+            self.topic,
+            a.bid,
+            a.tid,
+            tr.payload_arg,
+            a.packed,
+            tr.ndim,
+            key=f"daisy_nb-{a.tid}-{self.token[:8]}-{a.bid}",
+            pure=False,
+            retries=0,
+            resources=tr.resources,
+            **placement,
+        )
+        self.futures[a.bid] = fut
+        self.by_key[fut.key] = a.bid
+        self.ac.add(fut)
+
     def _refresh_nthreads(self) -> None:
         self.workers_changed = False
         try:
-            self.worker_threads = {k: int(v) for k, v in self.client.nthreads().items()}
-            self.nthreads = sum(self.worker_threads.values())
-        except Exception:
-            pass
-
-    def _slots(self) -> int:
-        busy = sum(min(len(z), self.worker_threads.get(a, 0)) for a, z in self.zombies.items())
-        return max(1, self.nthreads - busy) * self.per_thread
-
-    def _tainted(self) -> list:
-        """Workers whose every thread still runs a batch we cancelled (a hung block)."""
-        return [a for a, z in self.zombies.items() if z and len(z) >= self.worker_threads.get(a, 1)]
-
-    def _pull_back(self, now: float) -> None:
-        """Batches queued on a worker whose threads are all stuck: take them back."""
-        if not self.zombies or now - self.last_pullback < 0.5:
-            return
-        self.last_pullback = now
-        if not self.asking:  # which cancelled batches still run (one may have ended just before its cancel)
-            asked = list(self.zombies)
-            self.asking = self.calls.run(
-                _running_batches, self.token, workers=asked, done=lambda r: self._post(("running", now, (asked, r)))
-            )
-        tainted = self._tainted()
-        if not tainted:
-            return
-        try:
-            proc = self.client.processing(workers=tainted)
-        except Exception:
-            return
-        for keys in proc.values():
-            for key in keys:
-                bid = self.by_key.get(key)
-                b = self.inflight.get(bid) if bid is not None else None
-                if b is not None and b.t_start is None:
-                    self._drop(b, cancel=True)
-                    self._release(b, 0)  # never started: given back uncounted
-
-    def _notify(self, what: str) -> None:
-        notify(self.observer, what, self.s)
-
-    def _worker_failure(self, tid: str, text: str, job_end: bool = False) -> None:
-        """A batch lost to its worker (death, timeout, init_fn): the pool's dirty exit; a ``job_end``
-        (lost after finishing blocks, :func:`.failures.is_job_end`) is not counted toward the cap."""
-        c = self.s.counters[tid]
-        worker_failure(c, tid, text, job_end=job_end)
-        tr = self.trs[tid]
-        if self.s.is_abandoned(tid) or job_end:
-            return
-        if tr.restarts_exhausted(c):
-            for a in abandon(self.s, tid, AbandonReason.RESTARTS):
-                gone = [b for b in self.inflight.values() if b.tid == a]
-                for b in gone:
-                    self._drop(b, cancel=False)  # the scheduler counted them orphaned already
-                if gone:
-                    try:
-                        self.client.cancel([b.future for b in gone])
-                    except Exception:
-                        pass
-        else:
-            c.worker_restart_count += 1
-
-    def _drop(self, b: _Batch, cancel: bool) -> None:
-        self.inflight.pop(b.bid, None)
-        self.by_key.pop(b.future.key, None)
-        if cancel:
-            try:
-                b.future.cancel()
-            except Exception:
-                pass
-            if b.t_start is not None:  # it runs: tell its worker, it stops at the next block
-                self._cancel_running([b.bid], [b.worker] if b.worker else None)
-
-    def _cancel_running(self, bids, workers) -> None:
-        self.calls.run(_cancel_batches, self.token, list(bids), workers=workers)  # off the loop
-
-    def _release(self, b: _Batch, status) -> None:
-        import numpy as np
-
-        st = np.asarray(status, dtype=np.uint8)
-        if st.ndim == 0:
-            st = np.full(b.n, int(st), np.uint8)
-        if not self.s.is_abandoned(b.tid):
-            self.s.release_blocks(b.tid, b.index, st)
-
-    # ------------------------------------------------------------------ submit
-    def _submit_pass(self) -> None:
-        import numpy as np
-
-        free = self._slots() - len(self.inflight)
-        if free <= 0:
-            return
-        slots = self._slots()
-        T = len(self.order)
-        tainted = self._tainted()
-        healthy = None
-        if tainted:  # prefer workers with a free thread (loose: any worker if they go away)
-            healthy = [a for a in self.worker_threads if a not in tainted] or None
-        placement = {"workers": healthy, "allow_other_workers": True} if healthy else {}
-        progressed = True
-        while free > 0 and progressed:
-            progressed = False
-            for j in range(T):
-                if free <= 0:
-                    break
-                tid = self.order[(self.rr + j) % T]
-                tr = self.trs.get(tid)
-                if tr is None or self.s.is_abandoned(tid):
-                    continue
-                ready = self.s.ready_count(tid)
-                if ready <= 0:
-                    continue
-                k = max(1, min(tr.batch_k, -(-ready // slots), self.max_batch))
-                batch = self.s.acquire_blocks(tid, k)
-                n = len(batch.index)
-                if n == 0:
-                    progressed = True  # check_function may have skipped them all: look again
-                    continue
-                packed = np.concatenate(
-                    [
-                        batch.index[:, None],
-                        batch.spatial_id[:, None],
-                        batch.read_offset,
-                        batch.read_shape,
-                        batch.write_offset,
-                        batch.write_shape,
-                    ],
-                    axis=1,
-                ).astype(np.int64, copy=False)
-                bid = self.next_bid
-                self.next_bid += 1
-                fut = self.client.submit(
-                    _run_batch,
-                    self.token,
-                    self.topic,
-                    bid,
-                    tid,
-                    tr.payload_arg,
-                    packed,
-                    tr.ndim,
-                    key=f"daisy_nb-{tid}-{self.token[:8]}-{bid}",
-                    pure=False,
-                    retries=0,
-                    resources=tr.resources,
-                    **placement,
-                )
-                b = _Batch(bid, tid, fut, np.array(batch.index, dtype=np.int64))
-                self.inflight[bid] = b
-                self.by_key[fut.key] = bid
-                if tr.t_first is None:
-                    tr.t_first = time.monotonic()
-                self.ac.add(fut)
-                free -= 1
-                progressed = True
-            self.rr = (self.rr + 1) % max(1, T)
+            self.core.set_workers(self.client.nthreads())
+        except Exception:  # keep the last known workers; the next change asks again
+            self._log_once("read the dask workers' threads")
 
     # ----------------------------------------------------------------- results
     def _on_result(self, fut, result) -> None:
-        bid = self.by_key.get(fut.key)
+        bid = self.by_key.pop(fut.key, None)
         if bid is None:
             return  # already accounted for (timeout, lost worker, abandonment)
-        b = self.inflight[bid]
-        tr = self.trs[b.tid]
-        self._drop(b, cancel=False)
+        del self.futures[bid]
+        b = self.core.batches[bid]
         if fut.status == "finished" and isinstance(result, dict):
-            import numpy as np
-
-            addr = result.get("worker")
-            if addr:
-                tr.workers_seen.add(addr)
-                self.s.counters[b.tid].worker_start_count = len(tr.workers_seen)
-            if result.get("init_error"):
-                self._release(b, 0)  # never started: given back uncounted
-                self._worker_failure(b.tid, result["init_error"])
-                return
-            st = np.frombuffer(result["status"], dtype=np.uint8).copy()
-            if len(st) != b.n:  # cannot happen; be safe
-                st = np.resize(st, b.n)
-            st[(st != 2) & (st != 3)] = 0
-            if addr:
-                tr.finished_on[addr] = tr.finished_on.get(addr, 0) + int(np.count_nonzero(st == 2))
-            self._release(b, st)
-            if result.get("first_error"):
-                record_error(self.s.counters[b.tid], result["last_error"], first=result["first_error"])
-            ran = int(np.count_nonzero(st))
-            if self.timeline is not None and result.get("worker"):
-                t1 = time.monotonic()
-                key = ("d", result["worker"])
-                if key not in self.timeline.rows:
-                    self.timeline.worker(key, b.tid, "dask", f"dask {result['worker']}", b.pid, None, b.t_start)
-                t0 = t1 - result.get("elapsed_ns", 0) / 1e9
-                self.timeline.bar(key, b.tid, t0, t1, ran, int(np.count_nonzero(st == 3)))
-            if ran:
-                tr.batch_k = grow_batch(tr.batch_k, result["elapsed_ns"], ran, self.target, self.max_batch)
-                tr.block_secs.append(result["elapsed_ns"] / ran / 1e9)
+            self._execute(self.core.finished(bid, result))
+            if self.timeline is not None and result.get("worker") and not result.get("init_error"):
+                status = result["status"]
+                self._timeline_bar(b, result, status.count(2) + status.count(3), status.count(3))
             return
         # the future erred or was cancelled behind our back: its blocks fail once
-        where = f" on dask worker {b.worker} (pid {b.pid})" if b.worker else ""
-        exc = result
-        if isinstance(result, tuple) and len(result) == 3:
-            exc = result[1]
+        exc = result[1] if isinstance(result, tuple) and len(result) == 3 else result
         name = type(exc).__name__ if isinstance(exc, BaseException) else str(fut.status)
         if isinstance(exc, BaseException):
             detail = cap_traceback(format_exception(exc)) if exc.__traceback__ is not None else f"{name}: {exc}"
         else:
             detail = repr(exc)
-        text = f"dask future of a batch of {b.n} block(s) of task {b.tid!r} failed{where} ({name}):\n{detail}"
-        self._release(b, 3)
-        if tr.payload_arg is not tr.payload and getattr(tr.payload_arg, "status", "finished") != "finished":
-            try:  # the scattered function was lost with its workers: scatter it again
-                tr.payload_arg = self.client.scatter(tr.payload, broadcast=True, hash=False)
-            except Exception:
-                pass
-        # one cluster event (a worker or the scheduler going away) errs many futures at
-        # once: count one worker failure per task per pass of the loop
-        self.pass_failures.setdefault(b.tid, text)
+        self.core.erred(bid, name, detail)
+        _rescatter(self.client, self.trs[b.tid], self._log_once)
+
+    def _timeline_bar(self, b, result, ran: int, failed: int) -> None:
+        t1 = time.monotonic()
+        key = ("d", result["worker"])
+        if key not in self.timeline.rows:
+            self.timeline.worker(key, b.tid, "dask", f"dask {result['worker']}", b.pid, None, b.t_start)
+        self.timeline.bar(key, b.tid, t1 - result.get("elapsed_ns", 0) / 1e9, t1, ran, failed)
 
     # ------------------------------------------------------------------ events
     def _drain_events(self) -> None:
+        core = self.core
         while self.events:
             kind, t, msg = self.events.popleft()
             if kind == "start":
-                if not isinstance(msg, dict):
-                    continue
                 if msg.get("end"):
-                    z = self.zombies.get(msg.get("worker"))
-                    if z is not None:
-                        z.pop(msg.get("bid"), None)
-                        if not z:
-                            del self.zombies[msg.get("worker")]
-                    continue
-                b = self.inflight.get(msg.get("bid"))
-                if b is not None:
-                    b.t_start = t  # a dask-side rerun restarts the clock
-                    b.worker = msg.get("worker")
-                    b.pid = msg.get("pid")
-            elif kind == "running":  # the answer of _pull_back's _running_batches call
-                self.asking = False
-                asked, running = msg
-                for addr in asked if running is not None else ():
-                    if addr in running and addr in self.zombies:  # else: not reached, or gone meanwhile
-                        bids = set(running[addr])
-                        z = {bid: key for bid, key in self.zombies[addr].items() if bid in bids}
-                        if z:
-                            self.zombies[addr] = z
-                        else:
-                            del self.zombies[addr]
+                    core.batch_ended(msg.get("bid"), msg.get("worker"))
+                else:
+                    core.started(msg.get("bid"), msg.get("worker"), msg.get("pid"), t)
+            elif kind == "running":  # the answer to an AskRunning
+                core.running(*msg)
             elif kind == "add-worker":
                 self.workers_changed = True
                 self.calls.added(msg.get("worker"))
-                for tr in self.trs.values():  # an address reused by a new worker: it finished nothing yet
-                    tr.finished_on.pop(msg.get("worker"), None)
+                core.worker_added(msg.get("worker"))
             elif kind == "remove-worker":
                 self.workers_changed = True
                 self.calls.removed(msg.get("worker"))  # nothing is ever sent to it again
-                self.zombies.pop(msg.get("worker"), None)
                 if self.timeline is not None:
                     self.timeline.ended(("d", msg.get("worker")), lost=not msg.get("expected"))
-                if msg.get("expected"):
-                    continue  # retired on purpose: dask reruns its tasks, nothing counted
-                addr = msg.get("worker")
-                lost = [b for b in self.inflight.values() if b.worker == addr and b.t_start is not None]
-                by_task: dict[str, list[_Batch]] = {}
-                for b in lost:
-                    by_task.setdefault(b.tid, []).append(b)
-                for tid, bs in by_task.items():
-                    pid = bs[0].pid
-                    nblk = sum(b.n for b in bs)
-                    for b in bs:
-                        self._drop(b, cancel=True)  # no silent rerun by dask
-                        self._release(b, 3)
-                    finished = self.trs[tid].finished_on.get(addr, 0)
-                    job_end = is_job_end(finished)
-                    text = f"dask worker {addr} (pid {pid}) was lost while running {nblk} block(s) of task {tid!r}"
-                    if job_end:
-                        text += f" after it had finished {finished} of them: {JOB_END}"
-                    self._worker_failure(tid, text, job_end)
-                for tr in self.trs.values():
-                    tr.finished_on.pop(addr, None)
-
-    def _check_timeouts(self, now: float) -> None:
-        late = []
-        for b in self.inflight.values():
-            tr = self.trs[b.tid]
-            if tr.timeout is not None and b.t_start is not None and now - b.t_start > tr.timeout * b.n:
-                late.append(b)
-        for b in late:
-            if b.bid not in self.inflight:
-                continue  # dropped by an abandonment meanwhile
-            tr = self.trs[b.tid]
-            self._drop(b, cancel=True)
-            self._release(b, 3)
-            if b.worker:
-                self.zombies.setdefault(b.worker, {})[b.bid] = b.future.key
-                self.last_pullback = 0.0  # look for batches queued behind it at once
-            self.s.counters[b.tid].timeout_reclaim_count += 1
-            self._worker_failure(
-                b.tid,
-                f"a batch of {b.n} block(s) of task {b.tid!r} exceeded timeout={tr.timeout:g}s per block on dask "
-                f"worker {b.worker} (pid {b.pid}) and was cancelled",
-            )
+                self._execute(core.worker_removed(msg.get("worker"), expected=bool(msg.get("expected"))))
+            else:
+                raise ValueError(f"daisy_nb: unknown dask driver event {kind!r}")
 
     # -------------------------------------------------------------------- loop
     def run(self) -> None:
         s = self.s
-        self._notify("on_start")
+        notify(self.observer, "on_start", s)
         from daisy_nb.hang import make_alarm, resolve_hang_alarm
 
         alarm = make_alarm(resolve_hang_alarm(self.hang), s, self.observer, self.running_blocks, self.trs)
@@ -554,81 +316,107 @@ class _DaskRun:
             if self.workers_changed:
                 self._refresh_nthreads()
             now = time.monotonic()
-            self._check_timeouts(now)
-            self._pull_back(now)
-            done = s.is_done()
-            for tid, tr in self.trs.items():
-                if tr.t_done is None and s.is_task_done(tid):
-                    tr.t_done = now
-            if done:
+            self._execute(self.core.tick(now))
+            if s.is_done():
                 break
-            self._submit_pass()
-            if not self.inflight:
-                if not any(s.ready_count(t) for t in self.trs):
-                    idle_since = idle_since or now
-                    if now - idle_since > 1.0:
-                        raise RuntimeError(
-                            "daisy_nb: the run stalled (nothing in flight, no ready blocks, tasks not done)"
-                        )
-            else:
+            self._execute(self.core.submit(now))
+            if self.core.batches or any(s.ready_count(t) for t in self.trs):
                 idle_since = None
+            else:
+                idle_since = idle_since or now
+                if now - idle_since > STALL_SECS:
+                    raise RuntimeError("daisy_nb: the run stalled (nothing in flight, no ready blocks, tasks not done)")
             heartbeat(now)
             with self.cond:
                 if self.ac.queue.empty() and not self.events and not self.interrupted:
                     self.cond.wait(POLL_SECS)
-        self._notify("on_progress")
+        notify(self.observer, "on_progress", s)
         if alarm is not None:
             alarm.close()
 
     def running_blocks(self) -> list:
-        """Batches a dask worker has started (which of its blocks runs is not known here), for the hang alarm."""
-        return [
-            (b.tid, b.index[:5], f"dask worker {b.worker} (a batch of {b.n})", b.pid, b.t_start)
-            for b in self.inflight.values()
-            if b.t_start is not None
-        ]
+        """Batches a dask worker has started, for the hang alarm (from its thread)."""
+        return self.core.running_blocks()
 
     def _consume(self) -> None:
         for fut, result in self.ac.next_batch(block=False):
             self._on_result(fut, result)
-        failures, self.pass_failures = self.pass_failures, {}
-        for tid, text in failures.items():
-            self._worker_failure(tid, text)
+        self._execute(self.core.end_pass())
 
     def shutdown(self, aborting: bool) -> None:
         """Record finished results, cancel the rest (blocks given back), clean up."""
         if aborting:
             try:
                 self._consume()
-            except Exception:
-                pass
-        left = list(self.inflight.values())
-        if left:
-            try:
-                self.client.cancel([b.future for b in left])
-            except Exception:
-                pass
-            for b in left:
-                self._drop(b, cancel=False)
-                try:
-                    self._release(b, 0)
-                except Exception:
-                    pass
+            except Exception:  # Ctrl-C or an error ends the run: what cannot be read is given back below
+                self._log_once("read the last results")
+        self._execute(self.core.shutdown())
         self.watch.unsubscribe()
-        if self.next_bid:
+        if self.core.next_bid:
             self.calls.run(_forget_run_async, self.token, wait=False)
         self.calls.wait(FORGET_WAIT_SECS)  # a worker lost just now must not hold up the end of the run
         for tr in self.trs.values():
             if tr.payload_arg is not tr.payload:
                 try:
                     tr.payload_arg.release()
-                except Exception:
-                    pass
+                except Exception:  # the client is closing: the scheduler drops it with the client
+                    self._log_once("release a scattered process_function")
 
     def _on_sigint(self, signum, frame):
         if self.interrupted:  # a second Ctrl-C: the driver may be stuck talking to the cluster
             raise KeyboardInterrupt("run aborted by SIGINT")
         self.interrupted = True
+
+
+def _log_once(logged: set, what: str) -> None:
+    """An unexpected error of a call to the cluster (the run goes on): WARNING with its
+    traceback the first time for ``what`` (``logged``: what was), DEBUG afterwards. Call from an ``except``."""
+    first = what not in logged
+    logged.add(what)
+    logger.log(logging.WARNING if first else logging.DEBUG, "daisy_nb could not %s", what, exc_info=True)
+
+
+def _rescatter(client, tr: DaskTaskRun, log_once) -> None:
+    """A scattered function lost with its workers is scattered again; ``log_once(what)`` if that fails."""
+    if tr.payload_arg is tr.payload or getattr(tr.payload_arg, "status", "finished") == "finished":
+        return
+    try:
+        tr.payload_arg = client.scatter(tr.payload, broadcast=True, hash=False)
+    except Exception:  # its batches keep failing until a scatter works: say why once
+        log_once(f"scatter the process_function of task {tr.tid!r} again")
+
+
+def _prepared(client, records: dict, order) -> dict:
+    """The run records of the tasks that have blocks, checked, their functions serialized
+    (large ones scattered to every worker once)."""
+    trs = {}
+    for tid in order:
+        tr = records[tid]
+        if tr.task.layout.num_blocks == 0:
+            continue
+        if tr.fn is None:
+            raise RuntimeError(
+                f'invalid configuration: task "{tid}" has no process_function; distributed runs need one'
+            )
+        if tr.arity != 1:
+            raise ValueError(
+                f"invalid configuration: task {tid!r} has a 0-argument worker function (a daisy_nb.Client "
+                "loop). run_blockwise(executor=dask_client) runs 1-argument block functions only: write "
+                "process_function(block) (use Task(init_fn=...) and daisy_nb.dask.worker_state() for "
+                "per-worker setup), or run this task with the local pool (no executor)."
+            )
+        tr.payload_arg = tr.serialize()
+        trs[tid] = tr
+    for tr in trs.values():
+        if len(tr.payload) > INLINE_PAYLOAD_BYTES:
+            logger.warning(
+                "task %r: the pickled process_function is %.1f MB; it is scattered to every dask worker. "
+                "Load large objects in Task(init_fn=...) instead.",
+                tr.tid,
+                len(tr.payload) / 1e6,
+            )
+            tr.payload_arg = client.scatter(tr.payload, broadcast=True, hash=False)
+    return trs
 
 
 def _as_client(executor):
@@ -664,9 +452,9 @@ def run_dask(
     On SIGINT the futures are cancelled, tracking is flushed, the partial summary
     printed and ``KeyboardInterrupt`` raised with ``daisy_states``/``daisy_task_order``
     attached. A task abandoned after ``max_worker_restarts`` lost workers raises
-    ``RuntimeError``, like the local pool.
+    :class:`~daisy_nb.runtime.common.failures.TaskAbandonedError` (a ``RuntimeError``), like the local pool.
     """
-    records = {tid: _TaskRun(scheduler.tasks[tid]) for tid in scheduler.task_ids}
+    records = {tid: DaskTaskRun(scheduler.tasks[tid]) for tid in scheduler.task_ids}
     tracked = [tid for tid, tr in records.items() if tr.track]
     if tracked:
         warnings.warn(
@@ -716,7 +504,7 @@ def run_dask(
             finally:
                 scheduler.flush_tracking()
         states = end_run(scheduler, run.observer, run.trs, run.order, summary=summary, interrupted=interrupted)
-        run_dask.last_timing = {"futures": run.next_bid}
+        run_dask.last_timing = {"futures": run.core.next_bid}
         raise_if_abandoned(states, run.order, "dask workers")
         return states
     finally:
