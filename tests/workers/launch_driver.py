@@ -22,7 +22,7 @@ Other switches (environment):
 Prints ``RUNNING`` once the run started; at its end ``DRIVER_STATES <json>`` (per task:
 abandoned, abandon_reason, completed, failed, orphaned, worker_failures, worker_restarts;
 also when the run raises with the states attached, as an abandoned task does) and
-``DRIVER_DONE <completed>`` after a run that returned, ``DRIVER_RAISED <type>: <message>``
+``DRIVER_DONE <completed>`` after a run that returned, ``DRIVER_RAISED <built-in type>: <message>``
 after one that raised (then re-raised).
 """
 
@@ -141,7 +141,8 @@ try:
 except BaseException as e:
     if getattr(e, "daisy_states", None) is not None:
         print_states(e.daisy_states)
-    print(f"DRIVER_RAISED {type(e).__name__}: {e}", flush=True)
+    kind = next(c for c in type(e).__mro__ if c.__module__ == "builtins")  # TaskAbandonedError: RuntimeError
+    print(f"DRIVER_RAISED {kind.__name__}: {e}", flush=True)
     raise
 print_states(states)
 print("DRIVER_DONE", states["launch"].completed_count, flush=True)
