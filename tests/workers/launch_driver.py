@@ -22,8 +22,8 @@ Other switches (environment):
 Prints ``RUNNING`` once the run started; at its end ``DRIVER_STATES <json>`` (per task:
 abandoned, abandon_reason, completed, failed, orphaned, worker_failures, worker_restarts;
 also when the run raises with the states attached, as an abandoned task does) and
-``DRIVER_DONE <completed>`` after a run that returned, ``DRIVER_RAISED <built-in type>: <message>``
-after one that raised (then re-raised).
+``DRIVER_DONE <completed>`` after a run that returned, ``DRIVER_RAISED <type>: <message>``
+after one that raised (then re-raised; daisy_nb's exceptions by the built-in type they are).
 """
 
 import functools
@@ -141,7 +141,9 @@ try:
 except BaseException as e:
     if getattr(e, "daisy_states", None) is not None:
         print_states(e.daisy_states)
-    kind = next(c for c in type(e).__mro__ if c.__module__ == "builtins")  # TaskAbandonedError: RuntimeError
+    kind = type(e)
+    if kind.__module__.startswith("daisy_nb."):  # daisy_nb's own (TaskAbandonedError): the built-in it is
+        kind = next(c for c in kind.__mro__ if c.__module__ == "builtins")
     print(f"DRIVER_RAISED {kind.__name__}: {e}", flush=True)
     raise
 print_states(states)
