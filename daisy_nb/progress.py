@@ -12,6 +12,9 @@ import json
 import sys
 import time
 
+# one abandonment policy for every runtime; re-exported where it was
+from daisy_nb.runtime.common.failures import ABANDON_NOT_WAITING, ABANDON_RESTARTS, raise_if_abandoned  # noqa: F401
+
 __all__ = ["JsonProgressObserver", "TqdmObserver", "print_error_groups", "print_resource_utilization", "print_summary"]
 
 
@@ -409,36 +412,6 @@ def finish_run(states, task_order, elapsed, *, summary: bool, interrupted: bool,
         e.daisy_states = states
         e.daisy_task_order = list(task_order)
         raise e
-
-
-ABANDON_RESTARTS = "worker restart cap exhausted"
-# a Client connected for a worker function that had returned (daisy 2.0.0 stops the run with a RuntimeError)
-ABANDON_NOT_WAITING = "worker function did not wait for its worker"
-
-
-def raise_if_abandoned(states, task_order, workers: str = "workers") -> None:
-    """daisy 2.0 wheel: a run with a task abandoned after its worker restart cap raises
-    ``RuntimeError`` with the states attached (daisy_nb: also one abandoned because its
-    worker function did not wait for its worker, which daisy 2.0.0 stops the run for)."""
-    for tid in task_order:
-        st = states[tid]
-        reason = getattr(st, "abandon_reason", "")
-        if getattr(st, "abandoned", False) and reason in (ABANDON_RESTARTS, ABANDON_NOT_WAITING):
-            ends = getattr(st, "worker_job_end_count", 0)
-            msg = (
-                f"task '{tid}' was abandoned ({reason}): {workers} failed "
-                f"{st.worker_failure_count} times"
-                + (f" ({ends} of them job ends after finished blocks, not counted toward the cap)" if ends else "")
-                + f", {st.worker_restart_count} restarts performed; "
-                f"{st.orphaned_count} of {st.total_block_count} blocks were orphaned."
-            )
-            if getattr(st, "last_worker_error", None):
-                msg += f" Last worker error: {st.last_worker_error}"
-            err = RuntimeError(msg)
-            err.daisy_states = states
-            err.daisy_task_order = list(task_order)
-            err.daisy_run_stats = None
-            raise err
 
 
 def resolve_observer(progress, task_order):

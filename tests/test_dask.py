@@ -509,8 +509,8 @@ def test_run_leaves_the_users_event_handlers_and_no_plugin(both_workers, tmp_pat
 
 def test_cancelled_running_batch_stops_at_a_block_boundary(both_workers, tmp_path):
     """The driver's cancel (``client.run(_cancel_batches)``) reaches a batch that already runs."""
-    from daisy_nb.runtime import dask_worker as ddask
-    from daisy_nb.runtime.policy import serialize_function
+    from daisy_nb.runtime.common.payload import serialize_function
+    from daisy_nb.runtime.dask import worker as ddask
 
     client = both_workers
     _new(os.path.join(tmp_path, "k.cnt"), 200)
@@ -540,9 +540,9 @@ def test_cancelled_running_batch_stops_at_a_block_boundary(both_workers, tmp_pat
 def test_dask_executor_uses_no_private_distributed_state():
     import inspect
 
-    from daisy_nb.runtime import dask, dask_events, dask_worker
+    from daisy_nb.runtime.dask import core, driver, events, worker
 
-    src = inspect.getsource(dask) + inspect.getsource(dask_worker) + inspect.getsource(dask_events)
+    src = "".join(inspect.getsource(m) for m in (core, driver, events, worker))
     for private in ("_event_handlers", ".state.tasks", ".state.executing", "get_current_task"):
         assert private not in src
 

@@ -1,4 +1,4 @@
-"""The run policy the runtimes share (``daisy_nb/runtime/policy.py``).
+"""The run policy the runtimes share (``daisy_nb/runtime/common/``).
 
 A ``Task`` option is read in one place, the per-task run record, so the serial
 runner, the pool and dask cannot interpret it differently: each runtime's record
@@ -13,20 +13,24 @@ import pytest
 
 import daisy_nb
 from daisy_nb import Roi
-from daisy_nb.runtime import dask as dask_rt
 from daisy_nb.runtime import pool_parts as pool_rt
-from daisy_nb.runtime.policy import (
-    MAX_GROWTH,
-    TaskRun,
+from daisy_nb.runtime.common.batching import MAX_GROWTH, grow_batch
+from daisy_nb.runtime.common.failures import (
+    ABANDON_NOT_WAITING,
+    ABANDON_RESTARTS,
+    AbandonReason,
+    TaskAbandonedError,
+    abandon,
     count_worker_failure,
-    elapsed_of,
-    grow_batch,
     is_job_end,
+    raise_if_abandoned,
     record_error,
 )
+from daisy_nb.runtime.common.taskrun import TaskRun, elapsed_of, nothing_left
+from daisy_nb.runtime.dask.core import DaskTaskRun
 from daisy_nb.scheduler import WorkerCounters
 
-RECORDS = [TaskRun, pool_rt.PoolTaskRun, dask_rt._TaskRun]
+RECORDS = [TaskRun, pool_rt.PoolTaskRun, DaskTaskRun]
 
 
 def block_fn(block):
@@ -74,7 +78,7 @@ def test_every_runtime_reads_the_task_options_alike(cls):
     assert tr.requires == {"gpu": 1, "mem": 0}
     assert tr.track is True
     # the run-time counts start the same everywhere
-    assert (tr.batch_k, tr.inflight, tr.abandoned, tr.t_first, tr.t_done, tr.payload) == (1, 0, False, None, None, None)
+    assert (tr.batch_k, tr.t_first, tr.t_done, tr.payload) == (1, None, None, None)
     # serialized once, with init_fn, the same bytes for every runtime
     assert pickle.loads(tr.serialize()) == (block_fn, opened)
     assert tr.payload == TaskRun(t).serialize()
@@ -82,10 +86,10 @@ def test_every_runtime_reads_the_task_options_alike(cls):
 
 def test_what_each_runtime_adds_is_derived_from_the_shared_fields():
     t = task(timeout=2.5, requires={"gpu": 1, "mem": 0}, resource_tracking=True)
-    p, d = pool_rt.PoolTaskRun(t), dask_rt._TaskRun(t)
+    p, d = pool_rt.PoolTaskRun(t), DaskTaskRun(t)
     assert p.timeout_ns == 2_500_000_000
     assert d.resources == {"gpu": 1}  # dask resource restrictions: zero amounts are no restriction
-    assert dask_rt._TaskRun(task()).resources is None
+    assert DaskTaskRun(task()).resources is None
     # the pool (and the serial runner) measure per-block stats; dask does not
     assert p.res is not None and p.res.task_id == "t"
     assert TaskRun(t).res is not None
@@ -165,3 +169,55 @@ def test_errors_and_elapsed():
     tr = TaskRun(task())
     tr.t_first, tr.t_done = 10.0, 12.5
     assert elapsed_of({"t": tr}, ["t", "never"]) == {"t": 2.5, "never": 0.0}
+
+
+def test_block_counts_have_one_owner_the_scheduler():
+    """The shared record keeps no copy of the blocks in flight or of abandonment: they are derived."""
+    tr = TaskRun(task())
+    assert not hasattr(tr, "inflight") and not hasattr(tr, "abandoned")
+    s = daisy_nb.Scheduler([task()], block_tracking=False)
+    assert not nothing_left(s, "t")
+    batch = s.acquire_blocks("t", 100)  # every ready block (the 16 blocks have no dependencies)
+    assert len(batch.index) == 16 == s.processing_count("t")
+    assert nothing_left(s, "t")  # all handed out
+    s.release_blocks("t", batch.index[:3], [3, 3, 3])  # failed: retried, so ready again
+    assert not nothing_left(s, "t")
+
+
+def test_abandonment_is_one_routine_with_named_reasons():
+    up = task()
+    down = daisy_nb.Task(
+        "d",
+        total_roi=Roi((0, 0), (40, 40)),
+        read_roi=Roi((0, 0), (10, 10)),
+        write_roi=Roi((0, 0), (10, 10)),
+        process_function=block_fn,
+    )
+    s = daisy_nb.Scheduler(up + down, block_tracking=False)
+    s.acquire_blocks("t", 4)
+    assert abandon(s, "t", AbandonReason.RESTARTS) == ["t", "d"]
+    assert s.is_abandoned("t") and s.is_abandoned("d") and s.processing_count("t") == 0
+    assert AbandonReason.of(s.abandon_reason("t")) is AbandonReason.RESTARTS
+    assert AbandonReason.of(s.abandon_reason("d")) is AbandonReason.UPSTREAM
+    assert abandon(s, "t", ABANDON_RESTARTS) == []  # once
+    assert nothing_left(s, "t") and nothing_left(s, "d")
+    with pytest.raises(ValueError):
+        abandon(s, "d", AbandonReason.UPSTREAM)  # the scheduler's own reason
+    with pytest.raises(ValueError):
+        abandon(s, "t", "worker restart cap")  # a reason not in the enum
+    assert (ABANDON_RESTARTS, ABANDON_NOT_WAITING) == ("worker restart cap exhausted", ABANDON_NOT_WAITING)
+    assert f"({AbandonReason.NOT_WAITING})" == f"({ABANDON_NOT_WAITING})"
+    # the run raises for the task whose workers failed, a RuntimeError carrying the states
+    states = s.task_states
+    states["t"].last_worker_error = "boom"
+    with pytest.raises(RuntimeError) as e:
+        raise_if_abandoned(states, ["t", "d"], "dask workers")
+    err = e.value
+    assert isinstance(err, TaskAbandonedError) and err.daisy_states is states and err.daisy_task_order == ["t", "d"]
+    assert (err.task_id, err.reason, err.daisy_run_stats) == ("t", AbandonReason.RESTARTS, None)
+    assert str(err).startswith("task 't' was abandoned (worker restart cap exhausted): dask workers failed 0 times")
+    assert "16 blocks were orphaned. Last worker error: boom" in str(err)
+    copy = pickle.loads(pickle.dumps(TaskAbandonedError("m", task_id="t", reason=ABANDON_RESTARTS)))
+    assert (str(copy), copy.task_id, copy.reason) == ("m", "t", AbandonReason.RESTARTS)
+    # downstream tasks alone raise nothing: their root's error says it
+    raise_if_abandoned({"d": states["d"]}, ["d"])

@@ -64,6 +64,7 @@ from daisy_nb import logging as dlog
 from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_abandoned
 from daisy_nb.runtime import _net
 from daisy_nb.runtime.clients import Clients
+from daisy_nb.runtime.common.failures import abandon
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.policy import end_run
 from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables
@@ -269,7 +270,7 @@ class _Pool:
 
     def _abandon(self, tid: str, reason: str) -> None:
         """Abandon ``tid`` and its downstream tasks: their workers and clients are ended."""
-        for a in self.s.abandon_task(tid, reason):
+        for a in abandon(self.s, tid, reason):
             atr = self.trs[a]
             atr.abandoned = True
             self.procs.end_task(atr)

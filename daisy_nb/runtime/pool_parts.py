@@ -24,7 +24,8 @@ from __future__ import annotations
 import selectors
 from typing import Any
 
-from daisy_nb.runtime.policy import TaskRun
+from daisy_nb.runtime.common.taskrun import TaskRun
+from daisy_nb.runtime.common.taskrun import nothing_left as _nothing_left
 
 __all__ = ["PoolTaskRun", "Waitables", "nothing_left"]
 
@@ -38,11 +39,15 @@ class PoolTaskRun(TaskRun):
         self.per_block: float | None = None  # seconds, from the last finished batch (None: not measured yet)
         self.next_slot = 0  # the next worker's slot number (its log file names)
         self.t_spawned: float | None = None  # monotonic time its first worker started
+        # the pool's own copies of the Scheduler's counts (processing_count, is_abandoned), kept
+        # until its parts read them from the Scheduler; the shared TaskRun has neither
+        self.inflight = 0
+        self.abandoned = False
 
 
 def nothing_left(scheduler, tr: TaskRun) -> bool:
     """``tr`` is abandoned, or every block it has left is handed out already."""
-    return tr.abandoned or scheduler.remaining_count(tr.tid) - tr.inflight <= 0
+    return _nothing_left(scheduler, tr.tid)
 
 
 class Waitables:

@@ -22,8 +22,9 @@ import time
 
 from daisy_nb.block import BlockStatus
 from daisy_nb.progress import Heartbeat, notify, resolve_observer
-from daisy_nb.runtime.policy import TaskRun, end_run
-from daisy_nb.runtime.state import bind, unbind
+from daisy_nb.runtime.common.run_end import end_run
+from daisy_nb.runtime.common.taskrun import TaskRun
+from daisy_nb.runtime.common.worker_state import bind, unbind
 
 __all__ = ["run_serial"]
 

@@ -23,7 +23,7 @@ Prints ``RUNNING`` once the run started; at its end ``DRIVER_STATES <json>`` (pe
 abandoned, abandon_reason, completed, failed, orphaned, worker_failures, worker_restarts;
 also when the run raises with the states attached, as an abandoned task does) and
 ``DRIVER_DONE <completed>`` after a run that returned, ``DRIVER_RAISED <type>: <message>``
-after one that raised (then re-raised).
+after one that raised (then re-raised; daisy_nb's exceptions by the built-in type they are).
 """
 
 import functools
@@ -141,7 +141,10 @@ try:
 except BaseException as e:
     if getattr(e, "daisy_states", None) is not None:
         print_states(e.daisy_states)
-    print(f"DRIVER_RAISED {type(e).__name__}: {e}", flush=True)
+    kind = type(e)
+    if kind.__module__.startswith("daisy_nb."):  # daisy_nb's own (TaskAbandonedError): the built-in it is
+        kind = next(c for c in kind.__mro__ if c.__module__ == "builtins")
+    print(f"DRIVER_RAISED {kind.__name__}: {e}", flush=True)
     raise
 print_states(states)
 print("DRIVER_DONE", states["launch"].completed_count, flush=True)

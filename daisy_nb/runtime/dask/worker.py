@@ -1,4 +1,4 @@
-"""The dask worker side of :mod:`daisy_nb.runtime.dask`: what runs inside dask worker processes.
+"""The dask worker side of :mod:`daisy_nb.runtime.dask.driver`: what runs inside dask worker processes.
 
 :func:`_run_batch` is the function of every future: it rebuilds the batch's
 :class:`~daisy_nb.Block` objects from one int64 array, runs the task's block
@@ -12,12 +12,14 @@ over). Standard library, numpy (to unpack the batch) and daisy_nb.block only.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections import OrderedDict
 
-from daisy_nb.runtime.state import bind, cap_traceback, format_exception, unbind
+from daisy_nb.runtime.common.run_block import call_block, cap_traceback, format_exception
+from daisy_nb.runtime.common.worker_state import bind, unbind
 
 __all__: list[str] = []
 
@@ -99,20 +101,19 @@ def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, 
     """Run one batch of blocks on a dask worker; a status per block and error texts back."""
     from daisy_nb.block import Block
 
-    worker = None
     try:
         from distributed import get_worker
 
         worker = get_worker()
-    except Exception:  # not on a dask worker (direct call): no start event
+    except (ImportError, ValueError):  # not on a dask worker (direct call): no start event
         worker = None
     addr = worker.address if worker is not None else ""
     pid = os.getpid()
     if worker is not None:
         try:
             worker.log_event(topic, {"bid": bid, "worker": addr, "pid": pid})
-        except Exception:
-            pass
+        except Exception:  # the batch runs all the same; the driver sees no start (no timeout for it)
+            logging.getLogger("daisy").warning("daisy_nb: batch %d could not announce its start", bid, exc_info=True)
     out = {
         "status": b"",
         "elapsed_ns": 0,
@@ -145,13 +146,8 @@ def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, 
             if bid in gone:
                 break  # the driver gave up on this batch (timeout, lost worker, Ctrl-C)
             blk = make(task_id, r[1], (tuple(r[2:a]), tuple(r[a:b])), (tuple(r[b:c]), tuple(r[c:])), r[0])
-            blk._status = 1
-            try:
-                fn(blk)
-                s = 3 if blk._status == 3 else 2
-            except Exception as e:
-                s = 3
-                tb = format_exception(e)
+            s, tb = call_block(fn, blk)
+            if tb is not None:
                 import sys
 
                 sys.stderr.write(f"block {blk.block_id} failed:\n{tb}")
@@ -167,8 +163,8 @@ def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, 
             gone.discard(bid)
             try:
                 worker.log_event(topic, {"bid": bid, "worker": addr, "pid": pid, "end": 1})
-            except Exception:
-                pass
+            except Exception:  # the driver asks the worker which batches still run every 0.5 s
+                logging.getLogger("daisy").warning("daisy_nb: batch %d could not announce its end", bid, exc_info=True)
     out["elapsed_ns"] = time.monotonic_ns() - t0
     out["status"] = bytes(status)
     return out

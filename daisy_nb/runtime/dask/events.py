@@ -6,7 +6,7 @@
 
 
 Every batch announces its start and end (worker address, pid) on the run's own
-dask event topic (``log_event`` in :mod:`.dask_worker`); a small scheduler plugin
+dask event topic (``log_event`` in :mod:`.worker`); a small scheduler plugin
 forwards the cluster's ``add-worker``/``remove-worker`` events to the same topic, so
 that the run never needs the ``"all"`` topic (whose one handler per client may be
 the user's). Public ``distributed`` APIs only: ``subscribe_topic``/
@@ -85,7 +85,7 @@ class RunTopic:
             self.client.register_plugin(plugin, name=plugin.name)
             self.plugin_name = plugin.name
         except Exception as e:  # an old or locked-down scheduler: batches still run
-            logger.warning("daisy_nb could not watch the dask cluster for lost workers: %r", e)
+            logger.warning("daisy_nb could not watch the dask cluster for lost workers: %r", e, exc_info=True)
 
     def unsubscribe(self) -> None:
         if not self.subscribed:
@@ -94,13 +94,13 @@ class RunTopic:
         self.cell[0] = None
         try:
             self.client.unsubscribe_topic(self.topic)
-        except Exception:
-            pass
+        except Exception:  # a client closing with the run: nothing is delivered any more anyway
+            logger.debug("daisy_nb could not unsubscribe from %s", self.topic, exc_info=True)
         if self.plugin_name is not None:
             try:
                 self.client.unregister_scheduler_plugin(self.plugin_name)
-            except Exception:
-                pass
+            except Exception:  # the plugin only forwards events to a topic nobody reads now
+                logger.debug("daisy_nb could not unregister %s", self.plugin_name, exc_info=True)
             self.plugin_name = None
 
 
@@ -159,13 +159,11 @@ class WorkerCalls:
     def _call(self, fn, args, workers, kwargs, done) -> None:
         try:
             result = self.client.run(fn, *args, workers=workers, on_error="ignore", **kwargs)
-        except Exception:
+        except Exception:  # a worker or the scheduler going away: the caller gets None
+            logger.debug("daisy_nb: client.run(%s) failed", getattr(fn, "__name__", fn), exc_info=True)
             result = None
         if done is not None:
-            try:
-                done(result)
-            except Exception:  # pragma: no cover - the driver's callbacks only queue an event
-                pass
+            done(result)  # the driver's callbacks only queue an event
 
     def wait(self, timeout: float) -> None:
         """Let the calls still running finish, for at most ``timeout`` seconds in all."""

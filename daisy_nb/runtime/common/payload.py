@@ -1,0 +1,52 @@
+"""The task's functions as the workers get them, and the options read with them.
+
+* :func:`serialize_function`: ``(process_function, init_fn)`` pickled once per run
+  (cloudpickle, else pickle), with one clear error when that is impossible, before
+  any worker starts;
+* :func:`timeout_of`: the task's block timeout in seconds, or None for none;
+* :func:`wants_context`: whether a 0-argument worker function asks for its
+  ``Context`` as the keyword-only ``context`` (daisy 2.0 wheel).
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+
+__all__ = ["serialize_function", "timeout_of", "wants_context"]
+
+
+def serialize_function(fn, init_fn, task_id: str) -> bytes:
+    """``(fn, init_fn)`` pickled once; a ``RuntimeError`` that says how to fix it if impossible."""
+    try:
+        import cloudpickle
+
+        dumps, how = cloudpickle.dumps, "cloudpickle"
+    except ImportError:  # pragma: no cover - cloudpickle is a dependency
+        dumps, how = pickle.dumps, "pickle (cloudpickle is not installed: module-level functions only)"
+    try:
+        return dumps((fn, init_fn))
+    except Exception as e:  # any error of the user's objects' __reduce__: re-raised with the fix
+        raise RuntimeError(
+            f"daisy_nb could not serialize the process_function/init_fn of task '{task_id}' with {how}: every "
+            "worker is a separate process (with dask, often on another machine), so the function travels there "
+            "together with what it captures. Define it at module level, create locks/file handles/connections "
+            "inside it (or in init_fn) rather than capturing them, or run in-process with "
+            f"run_blockwise(..., multiprocessing=False). Underlying error: {e!r}"
+        ) from e
+
+
+def timeout_of(task) -> float | None:
+    """The task's per-block timeout in seconds; None when it has none (unset, <= 0 or infinite)."""
+    t = getattr(task, "timeout_secs", None)
+    if t is None or t <= 0 or t == float("inf"):
+        return None
+    return float(t)
+
+
+def wants_context(fn) -> bool:
+    """A 0-argument worker function that takes its ``Context`` as keyword-only ``context``."""
+    try:
+        return "context" in (inspect.getfullargspec(fn).kwonlyargs or [])
+    except TypeError:
+        return False

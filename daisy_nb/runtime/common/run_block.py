@@ -1,0 +1,50 @@
+"""Running one block: calling the block function, classifying its status, capping its traceback.
+
+* :func:`call_block`: ``fn(block)`` with the status it ends in (done, or failed: it
+  set ``block.status = FAILED`` or raised) and the formatted traceback of what it raised;
+* :func:`cap_traceback`: the last 50 lines / 8 KiB of a traceback, the size that
+  travels to the scheduler and into the summary (the wheel's cap);
+* :func:`format_exception`: an exception formatted as :mod:`daisy_nb.logging`
+  formats worker tracebacks (leading daisy_nb frames dropped).
+
+Standard library only: worker processes import this, never numpy or numba.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DONE", "FAILED", "TB_CAP_BYTES", "TB_CAP_LINES", "call_block", "cap_traceback", "format_exception"]
+
+TB_CAP_LINES = 50
+TB_CAP_BYTES = 8192
+
+# block statuses as the Scheduler's release takes them (daisy_nb.block.BlockStatus, without importing it)
+PROCESSING = 1
+DONE = 2
+FAILED = 3
+
+
+def cap_traceback(tb: str) -> str:
+    """The last ``TB_CAP_LINES`` lines of ``tb``, at most ``TB_CAP_BYTES`` characters."""
+    return "\n".join(tb.splitlines()[-TB_CAP_LINES:])[-TB_CAP_BYTES:]
+
+
+def format_exception(e: BaseException) -> str:
+    """``e`` formatted as :mod:`daisy_nb.logging` formats worker tracebacks."""
+    from daisy_nb import logging as dlog
+
+    return dlog.format_traceback(type(e), e, e.__traceback__)
+
+
+def call_block(fn, block) -> tuple[int, str | None]:
+    """Run ``fn(block)``: ``(DONE, None)``, ``(FAILED, None)`` when it set ``block.status =
+    FAILED``, or ``(FAILED, traceback)`` when it raised an ``Exception`` (formatted, not capped).
+
+    ``block`` is marked processing first, as daisy does before calling the function.
+    ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``) propagates.
+    """
+    block._status = PROCESSING
+    try:
+        fn(block)
+    except Exception as e:  # the user's block failed: its traceback is the result
+        return FAILED, format_exception(e)
+    return (FAILED if block._status == FAILED else DONE), None
