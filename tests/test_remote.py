@@ -357,24 +357,38 @@ def test_vanished_scheduler_ends_its_worker_within_the_deadline(out, fast, tmp_p
 # ------------------------------------------------------------------ blocks sent ahead
 @pytest.fixture
 def frames(monkeypatch):
-    """Count what the scheduler receives (by kind) and the blocks it sends ahead."""
+    """What the scheduler receives (by kind) and the blocks it sends ahead: the run's hand-out
+    core counts them (``HandOut.counts``)."""
     from daisy_nb.runtime import clients
+    from daisy_nb.runtime.net.handout import HandOut
 
-    seen = {"ahead": 0}
-    on_msg, send = clients.Clients._on_client_msg, clients.Clients._send_block
+    cores: list = []
 
-    def on_client_msg(self, cc, msg):
-        k = msg[:1].decode()
-        seen[k] = seen.get(k, 0) + 1
-        return on_msg(self, cc, msg)
+    class Counted(HandOut):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            cores.append(self)
 
-    def send_block(self, cc, row, ahead):
-        seen["ahead"] += bool(ahead)
-        return send(self, cc, row, ahead)
+    monkeypatch.setattr(clients, "HandOut", Counted)
 
-    monkeypatch.setattr(clients.Clients, "_on_client_msg", on_client_msg)
-    monkeypatch.setattr(clients.Clients, "_send_block", send_block)
-    return seen
+    class Seen(dict):
+        def _merged(self):
+            out: dict = {}
+            for core in cores:
+                for k, v in core.counts.items():
+                    out[k] = out.get(k, 0) + v
+            return out
+
+        def __getitem__(self, k):
+            return self._merged()[k]
+
+        def get(self, k, default=None):
+            return self._merged().get(k, default)
+
+        def __repr__(self):
+            return repr(self._merged())
+
+    return Seen()
 
 
 def test_fast_blocks_are_sent_ahead_and_need_no_request(out, frames):

@@ -302,6 +302,7 @@ class _Pool:
         next_checks = 0.0
         while True:
             if self.interrupted:
+                tcp.drain()  # the releases already readable are recorded; nothing more is handed out
                 raise KeyboardInterrupt("run aborted by SIGINT")
             while not self.new_conns.empty():
                 tcp.add(self.new_conns.get())
@@ -334,7 +335,7 @@ class _Pool:
             else:
                 stalled = 0
             readable = []
-            for obj in self.waitables.wait(0 if self.more_spawns else POLL_SECS):
+            for obj in self.waitables.wait(tcp.wait_timeout(0 if self.more_spawns else POLL_SECS)):
                 if obj == self.wake_r:
                     try:
                         os.read(self.wake_r, 4096)
@@ -352,9 +353,7 @@ class _Pool:
                 else:
                     readable.append(x)
             if readable:  # every readable connection in one pass (one scheduler call per task)
-                tcp.on_readable(readable)
-                if tcp.quiet_secs > 0 and not procs.block_workers:  # no client waits: let frames gather
-                    time.sleep(tcp.quiet_secs)
+                tcp.on_readable(readable, quiet=not procs.block_workers)  # may leave them unread a while
             now = time.monotonic()
             if now >= next_checks:  # the scans over every worker and connection, a few times a second
                 next_checks = now + CHECK_SECS

@@ -159,6 +159,8 @@ class HandOut:
         self.aborting = False  # blocks cut short are given back, not failed
         self.stopped = False  # no more blocks handed out (Ctrl-C)
         self.timeline: Any = None  # a dashboard.timeline.Timeline, or None
+        # what happened, for tests and benchmarks: passes, messages by kind, blocks sent (and ahead)
+        self.counts: dict[str, int] = {"passes": 0, "sent": 0, "ahead": 0}
         self._next_beat_check = 0
         self._batch: _Pass | None = None
         self._out: list[Send | Close] = []
@@ -217,6 +219,8 @@ class HandOut:
     def on_frames(self, frames: list[tuple[Hashable, list]], now_ns: int) -> None:
         """One pass: the decoded messages of each readable connection (see the module docstring)."""
         batch = self._batch = _Pass()
+        counts = self.counts
+        counts["passes"] += 1
         try:
             for cid, msgs in frames:
                 cc = self.conns.get(cid)
@@ -226,6 +230,8 @@ class HandOut:
                 for msg in msgs:
                     if cc.cid not in self.conns:
                         break  # dropped by an earlier frame
+                    kind = wire.kind_name(msg)
+                    counts[kind] = counts.get(kind, 0) + 1
                     self._on_msg(cc, msg, batch, now_ns)
         finally:
             self._batch = None
@@ -465,6 +471,9 @@ class HandOut:
                     tr.t_first = now_ns / 1e9
                 for cc, row in zip(group, rows):
                     self._send_block(cc, row, now_ns)
+                self.counts["sent"] += k
+                if ahead:
+                    self.counts["ahead"] += k
             if ahead or k == len(group):
                 continue
             if self.stopped:  # Ctrl-C: they get nothing; the run's end closes them

@@ -68,6 +68,8 @@ __all__ = [
     "encode_no_more",
     "encode_ping",
     "encode_release",
+    "index_of_block",
+    "kind_name",
     "magic",
     "version_of",
 ]
@@ -182,6 +184,18 @@ class BlockRow(NamedTuple):
 
 ClientMessage = Hello | Release | Failure | GiveBack | _Bare
 ServerMessage = BlockRow | _Bare
+
+
+_NAMES = {Hello: "H", Release: "R", GiveBack: "G", BlockRow: "B"}
+
+
+def kind_name(msg: ClientMessage | ServerMessage) -> str:
+    """The kind letter of a typed message (``"R"``, ``"F"``, ``"E"``: a failure with stats, ...)."""
+    if isinstance(msg, _Bare):
+        return msg.kind.decode()
+    if isinstance(msg, Failure):
+        return "F" if msg.stats is None else "E"
+    return _NAMES[type(msg)]
 
 
 # ------------------------------------------------------------------ client -> scheduler
