@@ -81,6 +81,7 @@ from daisy_nb.runtime._frames import (
     session_keys,
     split_frames,
 )
+from daisy_nb.runtime.net import wire
 
 __all__ = [
     "HEADER",
@@ -107,7 +108,7 @@ __all__ = [
 
 logger = logging.getLogger("daisy")
 
-MAGIC = b"DAISYNB3"  # protocol version 3: a release asks for the next block (2: authenticated frames; 1: plain)
+MAGIC = wire.MAGIC  # "DAISYNB" + the protocol version (see runtime/net/wire.py)
 NONCE = 16
 MAC = 32
 _CLIENT_LABEL = b"daisy_nb client"
@@ -303,8 +304,6 @@ def connect(host: str, port: int, secret: bytes, timeouts: dict, source: str | N
     a listener under a handshake flood may have dropped ours. ``source``: the local address
     to connect from (a load generator standing in for many machines), else the system's choice.
     """
-    if not secret:
-        raise NotOurRun("the context has no authkey")
     try:
         return _connect_once(host, port, secret, timeouts, source)
     except _Dropped as e:
@@ -320,9 +319,13 @@ def _connect_once(host: str, port: int, secret: bytes, timeouts: dict, source: s
         try:
             hello = _recv_exact(sock, len(MAGIC) + NONCE)
             if hello[: len(MAGIC)] != MAGIC:
-                if hello[: len(MAGIC) - 1] == MAGIC[:-1]:
-                    raise NotOurRun("the scheduler speaks another version of daisy_nb's protocol (another release)")
-                raise NotOurRun("the listener is not a daisy_nb scheduler")
+                theirs = wire.version_of(hello)
+                if theirs is None:
+                    raise NotOurRun("the listener is not a daisy_nb scheduler")
+                # another daisy_nb release: never "the run has ended" (the job would exit 0 having done nothing)
+                raise wire.ProtocolVersionError(theirs, where=f"{host}:{port}")
+            if not secret:  # a context built by hand: the scheduler is there, but not this worker's
+                raise NotOurRun("the context has no authkey")
             ns = hello[len(MAGIC) :]
             nc = secrets.token_bytes(NONCE)
             sock.sendall(_mac(secret, _CLIENT_LABEL, ns) + nc)
@@ -463,8 +466,9 @@ class Listener:
     stranger (silent, slow, junk) costs at most ``auth`` seconds of its own socket.
     """
 
-    def __init__(self, bind_host: str, secret: bytes, on_conn, timeouts: dict):
+    def __init__(self, bind_host: str, secret: bytes, on_conn, timeouts: dict, *, version: int = wire.VERSION):
         self.secret = secret
+        self.magic = wire.magic(version)  # another version only in tests (a scheduler of another release)
         self.on_conn = on_conn
         self.timeouts = dict(timeouts)
         self.rejected = 0
@@ -524,7 +528,7 @@ class Listener:
             except OSError:
                 self._probe_ports.discard(port)  # nothing reached the listener
                 return False
-            return _recv_exact(s, len(MAGIC) + NONCE)[: len(MAGIC)] == MAGIC
+            return _recv_exact(s, len(MAGIC) + NONCE)[: len(MAGIC)] == self.magic
         except (OSError, EOFError):
             return False
         finally:
@@ -603,7 +607,7 @@ class Listener:
             sock.setblocking(False)
             hs = _Handshake(sock, peer, time.monotonic() + self.timeouts["auth"])
             try:
-                sock.send(MAGIC + hs.nonce)  # 24 bytes into an empty buffer
+                sock.send(self.magic + hs.nonce)  # 24 bytes into an empty buffer
             except OSError:
                 self._reject(hs, "closed at once")
                 continue

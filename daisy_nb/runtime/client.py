@@ -79,34 +79,39 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from daisy_nb.block import Block, BlockStatus
 from daisy_nb.runtime import _net
 from daisy_nb.runtime.context import Context
+from daisy_nb.runtime.net import wire
 from daisy_nb.runtime.state import cap_traceback, format_exception
 
 __all__ = ["Client"]
 
 logger = logging.getLogger("daisy")
 
-_BLOCK_HDR = struct.Struct("<qqq")  # index, spatial_id, ndim
-_RELEASE = struct.Struct("<qq")  # index, status
-_HELLO = struct.Struct("<q")  # worker id (the task id follows)
-_STATS = struct.Struct("<5d")  # wall s, cpu s, peak RSS, IO read, IO write (resource_tracking)
+_BLOCK_HDR = wire._BLOCK_HDR  # index, spatial_id, ndim (benchmarks read frames with it)
+_RELEASE = wire._RELEASE  # index, status
+_STATS = wire._STATS  # wall s, cpu s, peak RSS, IO read, IO write (resource_tracking)
 
 GIVE_BACK_SECS = 1.0  # a block sent ahead goes back if the worker has not asked for one for this long
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # connected clients (closed at exit)
 
 _ENDED = "assuming the run has ended — this worker will exit without processing blocks"
 EXIT_CODE = 130  # a program ended by its run's end (128 + SIGINT: "interrupted")
-EXIT_GRACE_SECS = 3.0  # after the run ended, before a program still alive ends itself
+EXIT_GRACE_SECS = 3.0
+_PING, _ACQUIRE, _GOODBYE = (
+    wire.encode_ping(),
+    wire.encode_acquire(),
+    wire.encode_goodbye(),
+)  # after the run ended, before a program still alive ends itself
 
 
 def _exit_settings(exit_with_run) -> tuple[bool, float]:
@@ -131,49 +136,87 @@ def _exit_settings(exit_with_run) -> tuple[bool, float]:
 
 
 def pack_block(index: int, spatial_id: int, ro, rs, wo, ws) -> bytes:
-    nd = len(ro)
-    return b"B" + _BLOCK_HDR.pack(index, spatial_id, nd) + struct.pack(f"<{4 * nd}q", *ro, *rs, *wo, *ws)
+    """A ``BLOCK`` frame (see :func:`daisy_nb.runtime.net.wire.encode_block`)."""
+    return wire.encode_block([index, spatial_id, *ro, *rs, *wo, *ws])
 
 
-def pack_row(row: list[int]) -> bytes:
-    """``pack_block`` of a flat ``[index, spatial id, *ro, *rs, *wo, *ws]`` (``Scheduler.acquire_described``)."""
-    nd = (len(row) - 2) // 4
-    return b"B" + struct.pack(f"<{3 + 4 * nd}q", row[0], row[1], nd, *row[2:])
+pack_row = wire.encode_block
 
 
 def pack_hello(task_id: str, worker_id: int) -> bytes:
-    """``H`` + worker id (``int64``) + the task id in UTF-8, the rest of the frame: any id works."""
-    return b"H" + _HELLO.pack(worker_id) + task_id.encode("utf-8", "surrogatepass")
+    """``HELLO`` + worker id (``int64``) + the task id in UTF-8, the rest of the frame: any id works."""
+    return wire.encode_hello(task_id, worker_id)
 
 
 def unpack_hello(msg: bytes) -> tuple[str, int]:
-    """``(task_id, worker_id)`` of an ``H`` frame (``struct.error``/``ValueError`` if malformed)."""
-    (wid,) = _HELLO.unpack_from(msg, 1)
-    return msg[1 + _HELLO.size :].decode("utf-8", "surrogatepass"), wid
+    """``(task_id, worker_id)`` of a ``HELLO`` frame (``ValueError`` if malformed)."""
+    m = wire.decode_client(msg)
+    if not isinstance(m, wire.Hello):
+        raise wire.WireError(f"not a hello: {msg[:1]!r}")
+    return m.task_id, m.worker_id
 
 
-def unpack_block(msg: bytes, task_id: str) -> Block:
-    index, spatial, nd = _BLOCK_HDR.unpack_from(msg, 1)
-    v = struct.unpack_from(f"<{4 * nd}q", msg, 1 + _BLOCK_HDR.size)
-    read = (tuple(v[0:nd]), tuple(v[nd : 2 * nd]))
-    write = (tuple(v[2 * nd : 3 * nd]), tuple(v[3 * nd :]))
-    b = Block._make(task_id, spatial, read, write, index)
+def block_of(row: wire.BlockRow, task_id: str) -> Block:
+    """The :class:`~daisy_nb.Block` of a decoded ``BLOCK`` message, being processed."""
+    b = Block._make(task_id, row.spatial_id, row.read, row.write, row.block)
     b._status = BlockStatus.PROCESSING
     return b
 
 
-class Client:
-    """Worker-side client; ``with client.acquire_block() as block:`` yields a ``Block`` or ``None``.
+def unpack_block(msg: bytes, task_id: str) -> Block:
+    """The :class:`~daisy_nb.Block` of a ``BLOCK`` frame (``ValueError`` if it is not one)."""
+    row = wire.decode_server(msg)
+    if not isinstance(row, wire.BlockRow):
+        raise wire.WireError(f"not a block: {msg[:1]!r}")
+    return block_of(row, task_id)
 
-    When the run ends while this program runs (Ctrl-C, abandonment, an exception or
-    the driver killed: the connection closes, or stays silent), a block running in
-    the main thread gets ``KeyboardInterrupt``, and a program still alive a few
-    seconds later exits with 130 (see the module docstring). ``exit_with_run=False``
-    (or ``DAISY_NB_EXIT_WITH_RUN=0``) opts out: ``acquire_block`` then just yields
-    ``None`` at the next call. A normal end (no more work) yields ``None`` as always.
+
+class Client:
+    """The worker side of a 0-argument worker function: blocks from the scheduler, over TCP.
+
+    Parameters
+    ----------
+    context : Context, optional
+        Where the scheduler is and who this worker is (``hostname``, ``port``,
+        ``task_id``, ``worker_id``, the run's ``authkey``...). Default: the
+        ``DAISY_CONTEXT`` environment variable that the scheduler gives every
+        worker function (inherited by the programs it starts).
+    exit_with_run : bool, optional
+        When the run ends while this program runs (Ctrl-C, abandonment, an
+        exception, the driver killed: the connection closes or stays silent), a
+        block running in the main thread gets ``KeyboardInterrupt`` and a program
+        still alive a few seconds later exits with 130 (see the module docstring).
+        ``False`` (or ``DAISY_NB_EXIT_WITH_RUN=0``) opts out: ``acquire_block`` then
+        just yields ``None`` at its next call. Default: the environment, else True.
+
+    Raises
+    ------
+    ValueError
+        A malformed ``DAISY_CONTEXT`` ("invalid context token") or setting.
+    KeyError
+        No context given and ``DAISY_CONTEXT`` unset.
+    daisy_nb.runtime.net.wire.ProtocolVersionError
+        The scheduler speaks another version of the protocol (another daisy_nb
+        release): install the driver's daisy_nb version where this worker runs.
+
+    Notes
+    -----
+    A scheduler that is not there (refused, unreachable, silent) or is another run
+    is not an error, as in daisy 2.0.0: a warning ("not reachable", "not this
+    worker's run"), :attr:`connected` is False and :meth:`acquire_block` yields
+    ``None``, so the canonical loop ends and the program exits 0.
+
+    Examples
+    --------
+    >>> client = daisy_nb.Client()  # doctest: +SKIP
+    >>> while True:  # doctest: +SKIP
+    ...     with client.acquire_block() as block:
+    ...         if block is None:
+    ...             break
+    ...         process(block)
     """
 
-    def __init__(self, context=None, *, exit_with_run: bool | None = None):
+    def __init__(self, context: Context | None = None, *, exit_with_run: bool | None = None) -> None:
         self._exit_with_run, self._exit_grace = _exit_settings(exit_with_run)
         self._main_user = False  # its blocks ran in the main thread: the run's end may end the program
         self._ended = False  # the program's end is under way (or a normal end: nothing to do)
@@ -210,6 +253,9 @@ class Client:
         try:
             self._sess = _net.connect(self.host, self.port, secret, timeouts)
             self._sock = self._sess.sock
+        except wire.ProtocolVersionError as e:  # another daisy_nb release: loud, never "the run has ended"
+            logger.error("%s", e)
+            raise
         except _net.NotOurRun as e:
             logger.warning("daisy server at %s:%s is not this worker's run (%s); " + _ENDED, self.host, self.port, e)
             return
@@ -225,6 +271,8 @@ class Client:
 
     @property
     def connected(self) -> bool:
+        """Whether this client is connected to its scheduler (False if it was not reachable, or
+        after the last block, or once the run ended)."""
         return self._sock is not None
 
     # ------------------------------------------------------------- transport
@@ -262,7 +310,7 @@ class Client:
         with self._lock:
             if self._sess is not None:
                 try:
-                    self._sess.send(b"P")
+                    self._sess.send(_PING)
                     self._last_send = time.monotonic()
                 except OSError:
                     pass  # the main thread finds out on its next send or receive
@@ -316,7 +364,11 @@ class Client:
             raise EOFError("the scheduler closed the connection")
         self._last_recv = time.monotonic()
         # a frame that fails its check raises FrameError (a ConnectionError): a lost connection
-        self._inbox.extend(m for m in sess.feed(data) if m[:1] != b"P")
+        try:
+            msgs = [wire.decode_server(m) for m in sess.feed(data)]
+        except wire.WireError as e:  # authentic but not ours: as a lost connection
+            raise ConnectionError(f"unexpected frame from the scheduler ({e})") from None
+        self._inbox.extend(m for m in msgs if m is not wire.PING)
 
     def _request(self):
         with self._io:
@@ -324,21 +376,20 @@ class Client:
                 return None
             try:
                 self._read(False)  # a block sent ahead is used without asking
-                if not self._owed and not any(m[:1] == b"B" for m in self._inbox):
-                    if not self._send(b"A"):
+                if not self._owed and not any(isinstance(m, wire.BlockRow) for m in self._inbox):
+                    if not self._send(_ACQUIRE):
                         return None
                     self._owed = True
                 while True:
                     while self._inbox:
                         msg = self._inbox.popleft()
-                        kind = msg[:1]
-                        if kind == b"B":  # the answer, or a block sent ahead (then it answers the request)
+                        if isinstance(msg, wire.BlockRow):  # the answer, or a block sent ahead (it answers)
                             self._owed = False
-                            return unpack_block(msg, self.task_id)
-                        if kind == b"N":
+                            return block_of(msg, self.task_id)
+                        if msg is wire.NO_MORE:
                             self._owed = False
                             return None
-                        raise ConnectionError(f"unexpected message {kind!r}")
+                        raise ConnectionError(f"unexpected message {msg!r}")
                     self._read(True)
             except TimeoutError:
                 self._lost(f"no word from it for {self._peer:g} s")
@@ -355,13 +406,37 @@ class Client:
                 self._read(False)
             except (EOFError, OSError):
                 return
-            for msg in [m for m in self._inbox if m[:1] == b"B"]:
+            for msg in [m for m in self._inbox if isinstance(m, wire.BlockRow)]:
                 self._inbox.remove(msg)
-                self._owed = False  # that block answered the request: asking again takes an A
-                self._send(b"G" + msg[1:9])  # the block's index
+                self._owed = False  # that block answered the request: asking again takes an ACQUIRE
+                self._send(wire.encode_give_back(msg.block))
 
     @contextmanager
-    def acquire_block(self):
+    def acquire_block(self) -> Iterator[Block | None]:
+        """The next block to process, as a context manager; ``None`` when there is no more work.
+
+        Yields
+        ------
+        Block or None
+            A block of this worker's task (status ``PROCESSING``), or ``None``: no block
+            is left, or the scheduler is gone (the run ended, or was never reachable).
+
+        Notes
+        -----
+        Leaving the ``with`` body normally releases the block as done (unless the body
+        set ``block.status = BlockStatus.FAILED``); an exception in the body marks it
+        failed, sends the traceback to the scheduler and propagates. The release also
+        asks for the next block, and while its task has blocks to spare the scheduler
+        sends the next one ahead, so a loop costs one message each way per block.
+        With ``Task(resource_tracking=True)`` the body is measured and the stats ride
+        on the release.
+
+        Examples
+        --------
+        >>> with client.acquire_block() as block:  # doctest: +SKIP
+        ...     if block is not None:
+        ...         process(block)
+        """
         if self._sock is None:
             yield None
             return
@@ -391,10 +466,8 @@ class Client:
                 sys.stderr.write(f"block {block.block_id} failed:\n{tb}")
                 sys.stderr.flush()
                 text = f"block {block.block_id} failed:\n" + cap_traceback(tb)
-                head = b"F" + struct.pack("<q", block.index)
-                if prof is not None:
-                    head = b"E" + struct.pack("<q", block.index) + self._stats_bytes(prof, block)
-                self._send(head + text.encode("utf-8", "replace"))
+                stats = None if prof is None else self._stats(prof, block)
+                self._send(wire.encode_failure(block.index, text, stats))
                 reported = True
                 self._give_back()  # the exception most likely ends this worker's loop
             except Exception:
@@ -404,17 +477,17 @@ class Client:
             if block.status != BlockStatus.SUCCESS:
                 block.status = BlockStatus.FAILED
             if not reported:  # a release asks for the next block too: the loop goes on
-                tail = b"" if prof is None else self._stats_bytes(prof, block)
-                if self._send(b"R" + _RELEASE.pack(block.index, block.status) + tail):
+                stats = None if prof is None else self._stats(prof, block)
+                if self._send(wire.encode_release(block.index, block.status, stats)):
                     self._owed = True
             self._t_idle = time.monotonic()
             self._in_block = False
 
     @staticmethod
-    def _stats_bytes(prof, block) -> bytes:
+    def _stats(prof, block) -> tuple[float, ...]:
         from daisy_nb.profiling import measured_stats
 
-        return _STATS.pack(*(float(v) for v in measured_stats(prof, block)[:5]))
+        return tuple(float(v) for v in measured_stats(prof, block)[:5])
 
     def _disconnect(self, give_back: bool = True):
         stop = getattr(self, "_stop", None)
@@ -425,7 +498,7 @@ class Client:
             self._ended = True
         with self._io:
             # goodbye: the scheduler gives back what it sent ahead (never started) and closes
-            bye = give_back and self._send(b"Q")
+            bye = give_back and self._send(_GOODBYE)
             with self._lock:
                 sock, self._sock, self._sess = self._sock, None, None
         if sock is None:
@@ -441,7 +514,7 @@ class Client:
         finally:
             sock.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self._disconnect()
         except Exception:

@@ -97,7 +97,8 @@ class Context:
                 if not item:  # "a=1::b=2": an empty token carries nothing (as in daisy)
                     continue
                 if "=" not in item:
-                    raise ValueError(f"malformed {Context.ENV_VARIABLE} token: {item!r}")
+                    # daisy 2.0.0's words (its tests match them); the variable named for the reader
+                    raise ValueError(f"invalid context token: {item} (in {Context.ENV_VARIABLE}: key=value:key=value)")
                 k, v = item.split("=", 1)
                 c._d[_dec(k)] = _dec(v)
         return c
