@@ -23,8 +23,9 @@ import textwrap
 
 import pytest
 
-from daisy_nb.runtime import _net
 from daisy_nb.runtime.context import Context
+from daisy_nb.runtime.net import liveness as net_liveness
+from daisy_nb.runtime.net import transport as net_transport
 from daisy_nb.runtime.net import wire
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,7 +67,9 @@ def hand_built(port: int, **extra) -> str:
 def test_a_scheduler_of_another_protocol_version_is_a_loud_error_in_the_job():
     secret = os.urandom(32)
     other = wire.VERSION - 1
-    listener = _net.Listener("127.0.0.1", secret, lambda conn: conn.close(), _net.liveness(), version=other)
+    listener = net_transport.Listener(
+        "127.0.0.1", secret, lambda conn: conn.close(), net_liveness.liveness(), version=other
+    )
     try:
         ctx = hand_built(listener.port, authkey=secret.hex())
         p = run_program({"DAISY_CONTEXT": ctx})
@@ -113,7 +116,7 @@ def test_a_hand_built_context_for_a_scheduler_that_is_gone_is_the_end_of_the_run
 
 
 def test_a_hand_built_context_without_authkey_meeting_a_live_scheduler_is_not_its_run():
-    listener = _net.Listener("127.0.0.1", os.urandom(32), lambda conn: conn.close(), _net.liveness())
+    listener = net_transport.Listener("127.0.0.1", os.urandom(32), lambda conn: conn.close(), net_liveness.liveness())
     try:
         p = run_program({"DAISY_CONTEXT": hand_built(listener.port)})
     finally:

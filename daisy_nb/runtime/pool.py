@@ -33,7 +33,7 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   most every ``CHECK_SECS``, so a turn of the loop costs the same with 2,000
   connections as with 2.
 * **0-argument worker functions** run their own ``daisy_nb.Client`` loop over TCP
-  (:mod:`._net`: a listener on ``host``, by default on every interface with an
+  (:mod:`daisy_nb.runtime.net.transport`: a listener on ``host``, by default on every interface with an
   address detected as daisy 2.0.0 does, started only when such a task exists;
   every connection authenticated with a per-run secret before any of its bytes
   are read, in the listener's thread). The address, the secret and
@@ -62,9 +62,9 @@ import time
 
 from daisy_nb import logging as dlog
 from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_abandoned
-from daisy_nb.runtime import _net
-from daisy_nb.runtime.clients import Clients
 from daisy_nb.runtime.context import Context
+from daisy_nb.runtime.net import address, liveness, transport
+from daisy_nb.runtime.net.server import Clients
 from daisy_nb.runtime.policy import end_run
 from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.processes import Processes
@@ -96,11 +96,11 @@ class _Pool:
         self.new_conns: queue.SimpleQueue = queue.SimpleQueue()
         self.authkey = secrets.token_bytes(32)
         self.port = 0
-        self.bind_host, advertise = _net.resolve_host(host)
+        self.bind_host, advertise = address.resolve_host(host)
         self.advertise: str = advertise or ""  # detected when the listener starts (None: detect)
         self.where = ""  # where Client connections go, for messages (see _start_listener)
         self.host_given = host not in (None, "")
-        self.net = _net.liveness()  # auth / heartbeat / peer_timeout seconds (DAISY_NB_* env)
+        self.net = liveness.liveness()  # auth / heartbeat / peer_timeout seconds (DAISY_NB_* env)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
@@ -178,18 +178,18 @@ class _Pool:
         if any(tr.arity == 0 for tr in self.trs.values()):
             self._start_listener()
         elif self.host_given:  # no Client will connect, but a host this machine does not have is an error
-            _net.Listener.check_bindable(self.bind_host)
+            transport.Listener.check_bindable(self.bind_host)
 
     def _start_listener(self):
         def on_conn(conn):  # listener thread: an authenticated connection
             self.new_conns.put(conn)
             self._wake()
 
-        self.listener = _net.Listener(self.bind_host, self.authkey, on_conn, self.net)
+        self.listener = transport.Listener(self.bind_host, self.authkey, on_conn, self.net)
         self.port = self.listener.port
-        if not self.advertise:  # no host=, or the wildcard: as daisy 2.0.0 (see _net.detect_address)
-            self.advertise = _net.detect_address(self.listener)
-        self.where = _net.describe(self.bind_host, self.port, self.advertise)
+        if not self.advertise:  # no host=, or the wildcard: as daisy 2.0.0 (see address.detect_address)
+            self.advertise = address.detect_address(self.listener)
+        self.where = address.describe(self.bind_host, self.port, self.advertise)
         self.tcp.listening(self.where)
         logger.info("daisy_nb scheduler %s", self.where)
 
@@ -406,7 +406,7 @@ def run_pool(
     workers are ended, tracking is flushed, the partial summary printed and
     ``KeyboardInterrupt`` raised with ``daisy_states``/``daisy_task_order``
     attached. Abandoned tasks do not raise here (see :func:`raise_if_abandoned`).
-    ``host``: where ``Client`` connections are accepted (see ``_net.resolve_host``).
+    ``host``: where ``Client`` connections are accepted (see ``address.resolve_host``).
     ``template``: a worker template already started (``_zygote.start_early``); the
     pool forks its workers from it and closes it at the end. ``hang_alarm``: see
     :func:`daisy_nb.hang.resolve_hang_alarm`.

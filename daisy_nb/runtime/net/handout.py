@@ -3,7 +3,7 @@
 :class:`HandOut` is the scheduler's side of every connection (requests, releases,
 failures, give-backs, blocks sent ahead, parking, quiet time, heartbeats and block
 timeouts) as a plain object: events in, actions out. No socket, clock or process
-inside: the shell (:mod:`daisy_nb.runtime.clients`) owns the sockets, reads the
+inside: the shell (:mod:`daisy_nb.runtime.net.server`) owns the sockets, reads the
 frames, decodes them (:mod:`.wire`), passes the clock in, and executes what
 :meth:`HandOut.take` returns (:class:`Send` a frame, :class:`Close` a connection).
 
@@ -130,65 +130,27 @@ class _Pass:
         rel[1].append(status)
 
 
-class HandOut:
-    """Requests, releases, blocks sent ahead, parking, quiet time, heartbeats (module docstring)."""
+class _Connections:
+    """The connection table (part of :class:`HandOut`): opened, lost, dropped, and what they held."""
 
-    def __init__(
-        self,
-        scheduler,
-        tasks: Mapping[str, Any],
-        jobs: Jobs,
-        abandon: Callable[[str, str], None],
-        *,
-        net: Mapping[str, float],
-        connected_too_late: Callable[[Conn], str | None] | None = None,
-    ):
-        self.s = scheduler
-        self.trs = tasks  # the run records by task id (a hello names its task)
-        self.jobs = jobs
-        self._abandon = abandon
-        self.net = net
-        # the worker-function diagnoses: the error if a connection's worker function had returned already
-        self._too_late = connected_too_late
-        self.conns: dict[Hashable, Conn] = {}
-        self.n_clients: dict[str, int] = {}  # task id -> connected clients
-        self.client_block_secs: dict[str, float] = {}  # task id -> mean block time of its clients
-        self.connected_tids: set[str] = set()  # tasks a Client has said hello for
-        self.parked: dict[Any, dict[Conn, None]] = {}  # task run -> connections waiting, oldest first
-        self.quiet_secs = 0.0  # how long the connections may go unread after the last pass
-        self.aborting = False  # blocks cut short are given back, not failed
-        self.stopped = False  # no more blocks handed out (Ctrl-C)
-        self.timeline: Any = None  # a dashboard.timeline.Timeline, or None
-        # what happened, for tests and benchmarks: passes, messages by kind, blocks sent (and ahead)
-        self.counts: dict[str, int] = {"passes": 0, "sent": 0, "ahead": 0}
-        self._next_beat_check = 0
-        self._batch: _Pass | None = None
-        self._out: list[Send | Close] = []
+    conns: dict[Hashable, Conn]
+    trs: Mapping[str, Any]
+    jobs: Jobs
+    s: Any
+    n_clients: dict[str, int]
+    timeline: Any
+    aborting: bool
+    _batch: _Pass | None
+    _out: list[Send | Close]
 
-    # ------------------------------------------------------------------ actions
-    def take(self) -> list[Send | Close]:
-        """The actions decided since the last call, in order (the shell executes them)."""
-        out, self._out = self._out, []
-        return out
+    def _park(self, cc: Conn, on: bool) -> None:
+        raise NotImplementedError  # HandOut's
 
-    # ------------------------------------------------------------------ events
     def opened(self, cid: Hashable, peer: Any, now_ns: int) -> None:
         """A new authenticated connection."""
         if cid in self.conns:
             raise ValueError(f"connection {cid!r} is open already")
         self.conns[cid] = Conn(cid, peer, now_ns)
-
-    def abort(self) -> None:
-        """The run is being aborted (Ctrl-C, an error): blocks cut short are given back, not failed."""
-        self.aborting = True
-
-    def stop(self) -> None:
-        """No more blocks are handed out (Ctrl-C): releases are still taken; requests get nothing."""
-        self.stopped = True
-        for ccs in self.parked.values():
-            for cc in ccs:
-                cc.parked = False
-        self.parked.clear()
 
     def holding(self) -> bool:
         """Some client holds a block."""
@@ -216,38 +178,6 @@ class HandOut:
         )
         self._drop(cc)
 
-    def on_frames(self, frames: list[tuple[Hashable, list]], now_ns: int) -> None:
-        """One pass: the decoded messages of each readable connection (see the module docstring)."""
-        batch = self._batch = _Pass()
-        counts = self.counts
-        counts["passes"] += 1
-        try:
-            for cid, msgs in frames:
-                cc = self.conns.get(cid)
-                if cc is None:
-                    continue
-                cc.last_seen = now_ns
-                for msg in msgs:
-                    if cc.cid not in self.conns:
-                        break  # dropped by an earlier frame
-                    kind = wire.kind_name(msg)
-                    counts[kind] = counts.get(kind, 0) + 1
-                    self._on_msg(cc, msg, batch, now_ns)
-        finally:
-            self._batch = None
-        self._serve(batch, now_ns)
-
-    def serve_parked(self, now_ns: int) -> None:
-        """Answer the clients waiting for a block (a block, or ``NO_MORE`` when none is left)."""
-        if not self.parked:
-            return
-        batch = _Pass()
-        for tr, ccs in self.parked.items():
-            if ccs and (self.s.ready_count(tr.tid) > 0 or self._nothing_left(tr)):
-                batch.want.update(ccs)
-        if batch.want:
-            self._serve(batch, now_ns)
-
     def drop_task(self, tid: str) -> None:
         """``tid`` was abandoned: its connections are closed (what they held goes back)."""
         for cc in list(self.conns.values()):
@@ -258,6 +188,43 @@ class HandOut:
         """The run's end: every connection closed at once."""
         for cc in list(self.conns.values()):
             self._drop(cc)
+
+    # ------------------------------------------------------------------ drops
+    def _release_held(self, cc: Conn, fail_running: bool = True) -> None:
+        """The block ``cc`` runs fails (an attempt); blocks behind it were never started: given back.
+
+        Given back too on Ctrl-C (``abort``), and when the connection's worker died with the
+        worker template (not the block's fault). ``fail_running=False`` (a goodbye, sent between
+        blocks): every block it holds is given back."""
+        idx = list(cc.held)
+        st = [0] * len(idx)
+        if fail_running and not (self.aborting or self.jobs.died_with_template(cc.wid)):
+            st[0] = 3
+        cc.held.clear()
+        self.s.release_indices(cc.tr.tid, idx, st)
+
+    def _drop(self, cc: Conn) -> None:
+        if cc.parked:
+            self._park(cc, False)
+        if self.conns.pop(cc.cid, None) is None:
+            return
+        if cc.tr is not None:
+            self.n_clients[cc.tr.tid] -= 1
+            if self.timeline is not None and cc.tl_key is not None and cc.tl_key[0] == "c":
+                self.timeline.ended(cc.tl_key)
+        self._out.append(Close(cc.cid))
+        if self._batch is not None:  # its releases in this pass are dropped from want/ahead
+            self._batch.want.pop(cc, None)
+            self._batch.ahead.pop(cc, None)
+        if cc.held and cc.tr is not None:
+            self._release_held(cc)
+
+
+class _Timers(_Connections):
+    """What the clock decides (part of :class:`HandOut`): heartbeats, silent peers, block timeouts."""
+
+    net: Mapping[str, float]
+    _next_beat_check: int
 
     def heartbeats(self, now_ns: int) -> None:
         """Ping every client (also while it runs a block, so that it can tell a live scheduler from a
@@ -309,6 +276,93 @@ class HandOut:
                 label = f"Client of worker {cc.wid} at {cc.peer}"
                 out.append((cc.tr.tid, [index], label, self.jobs.job_pid(cc.wid), max(sent, cc.t_free_ns) / 1e9))
         return out
+
+
+class HandOut(_Timers):
+    """Requests, releases, blocks sent ahead, parking, quiet time, heartbeats (module docstring)."""
+
+    def __init__(
+        self,
+        scheduler,
+        tasks: Mapping[str, Any],
+        jobs: Jobs,
+        abandon: Callable[[str, str], None],
+        *,
+        net: Mapping[str, float],
+        connected_too_late: Callable[[Conn], str | None] | None = None,
+    ):
+        self.s = scheduler
+        self.trs = tasks  # the run records by task id (a hello names its task)
+        self.jobs = jobs
+        self._abandon = abandon
+        self.net = net
+        # the worker-function diagnoses: the error if a connection's worker function had returned already
+        self._too_late = connected_too_late
+        self.conns: dict[Hashable, Conn] = {}
+        self.n_clients: dict[str, int] = {}  # task id -> connected clients
+        self.client_block_secs: dict[str, float] = {}  # task id -> mean block time of its clients
+        self.connected_tids: set[str] = set()  # tasks a Client has said hello for
+        self.parked: dict[Any, dict[Conn, None]] = {}  # task run -> connections waiting, oldest first
+        self.quiet_secs = 0.0  # how long the connections may go unread after the last pass
+        self.aborting = False  # blocks cut short are given back, not failed
+        self.stopped = False  # no more blocks handed out (Ctrl-C)
+        self.timeline: Any = None  # a dashboard.timeline.Timeline, or None
+        # what happened, for tests and benchmarks: passes, messages by kind, blocks sent (and ahead)
+        self.counts: dict[str, int] = {"passes": 0, "sent": 0, "ahead": 0}
+        self._next_beat_check = 0
+        self._batch: _Pass | None = None
+        self._out: list[Send | Close] = []
+
+    # ------------------------------------------------------------------ actions
+    def take(self) -> list[Send | Close]:
+        """The actions decided since the last call, in order (the shell executes them)."""
+        out, self._out = self._out, []
+        return out
+
+    # ------------------------------------------------------------------ events
+    def abort(self) -> None:
+        """The run is being aborted (Ctrl-C, an error): blocks cut short are given back, not failed."""
+        self.aborting = True
+
+    def stop(self) -> None:
+        """No more blocks are handed out (Ctrl-C): releases are still taken; requests get nothing."""
+        self.stopped = True
+        for ccs in self.parked.values():
+            for cc in ccs:
+                cc.parked = False
+        self.parked.clear()
+
+    def on_frames(self, frames: list[tuple[Hashable, list]], now_ns: int) -> None:
+        """One pass: the decoded messages of each readable connection (see the module docstring)."""
+        batch = self._batch = _Pass()
+        counts = self.counts
+        counts["passes"] += 1
+        try:
+            for cid, msgs in frames:
+                cc = self.conns.get(cid)
+                if cc is None:
+                    continue
+                cc.last_seen = now_ns
+                for msg in msgs:
+                    if cc.cid not in self.conns:
+                        break  # dropped by an earlier frame
+                    kind = wire.kind_name(msg)
+                    counts[kind] = counts.get(kind, 0) + 1
+                    self._on_msg(cc, msg, batch, now_ns)
+        finally:
+            self._batch = None
+        self._serve(batch, now_ns)
+
+    def serve_parked(self, now_ns: int) -> None:
+        """Answer the clients waiting for a block (a block, or ``NO_MORE`` when none is left)."""
+        if not self.parked:
+            return
+        batch = _Pass()
+        for tr, ccs in self.parked.items():
+            if ccs and (self.s.ready_count(tr.tid) > 0 or self._nothing_left(tr)):
+                batch.want.update(ccs)
+        if batch.want:
+            self._serve(batch, now_ns)
 
     # ------------------------------------------------------------------ messages
     def _on_msg(self, cc: Conn, msg, batch: _Pass, now_ns: int) -> None:
@@ -505,66 +559,41 @@ class HandOut:
             if not ccs:
                 del self.parked[cc.tr]
 
-    # ------------------------------------------------------------------ drops
-    def _release_held(self, cc: Conn, fail_running: bool = True) -> None:
-        """The block ``cc`` runs fails (an attempt); blocks behind it were never started: given back.
-
-        Given back too on Ctrl-C (``abort``), and when the connection's worker died with the
-        worker template (not the block's fault). ``fail_running=False`` (a goodbye, sent between
-        blocks): every block it holds is given back."""
-        idx = list(cc.held)
-        st = [0] * len(idx)
-        if fail_running and not (self.aborting or self.jobs.died_with_template(cc.wid)):
-            st[0] = 3
-        cc.held.clear()
-        self.s.release_indices(cc.tr.tid, idx, st)
-
-    def _drop(self, cc: Conn) -> None:
-        if cc.parked:
-            self._park(cc, False)
-        if self.conns.pop(cc.cid, None) is None:
-            return
-        if cc.tr is not None:
-            self.n_clients[cc.tr.tid] -= 1
-            if self.timeline is not None and cc.tl_key is not None and cc.tl_key[0] == "c":
-                self.timeline.ended(cc.tl_key)
-        self._out.append(Close(cc.cid))
-        if self._batch is not None:  # its releases in this pass are dropped from want/ahead
-            self._batch.want.pop(cc, None)
-            self._batch.ahead.pop(cc, None)
-        if cc.held and cc.tr is not None:
-            self._release_held(cc)
-
     # ------------------------------------------------------------------ invariants
     def validate(self) -> None:
         """Raise ``AssertionError`` if an invariant does not hold (see the module docstring)."""
-        s = self.s
-        held_by_task: dict[str, set[int]] = {}
-        counts: dict[str, int] = {}
-        for cid, cc in self.conns.items():
-            assert cc.cid == cid, (cid, cc.cid)
-            assert len(cc.held) <= 2, f"connection {cid!r} holds {len(cc.held)} blocks"
-            if cc.tr is None:
-                assert not cc.held and not cc.parked, f"connection {cid!r} holds or waits before its hello"
-                continue
-            tid = cc.tr.tid
-            counts[tid] = counts.get(tid, 0) + 1
-            mine = held_by_task.setdefault(tid, set())
-            both = mine.intersection(cc.held)
-            assert not both, f"blocks {sorted(both)} of task {tid!r} held by two connections"
-            mine.update(cc.held)
-            if cc.parked:
-                assert not cc.held, f"connection {cid!r} is parked and holds {list(cc.held)}"
-                assert cc in self.parked.get(cc.tr, {}), f"connection {cid!r} parked but not registered"
-        for tr, ccs in self.parked.items():
-            for cc in ccs:
-                assert cc.parked and self.conns.get(cc.cid) is cc, f"stale parked connection {cc.cid!r}"
-                assert cc.tr is tr
-        assert not (self.stopped and self.parked), "parked connections after stop"
-        for tid in self.trs:
-            n = self.n_clients.get(tid, 0)
-            assert n == counts.get(tid, 0), f"task {tid!r}: {n} clients counted, {counts.get(tid, 0)} connected"
-            held = len(held_by_task.get(tid, ()))
-            assert held == s.processing_count(tid), (
-                f"task {tid!r}: connections hold {held} blocks, the scheduler has {s.processing_count(tid)} in flight"
-            )
+        check_invariants(self)
+
+
+def check_invariants(core: HandOut) -> None:
+    """:meth:`HandOut.validate`: every block in one place, held equal to in flight, parking consistent."""
+    s = core.s
+    held_by_task: dict[str, set[int]] = {}
+    counts: dict[str, int] = {}
+    for cid, cc in core.conns.items():
+        assert cc.cid == cid, (cid, cc.cid)
+        assert len(cc.held) <= 2, f"connection {cid!r} holds {len(cc.held)} blocks"
+        if cc.tr is None:
+            assert not cc.held and not cc.parked, f"connection {cid!r} holds or waits before its hello"
+            continue
+        tid = cc.tr.tid
+        counts[tid] = counts.get(tid, 0) + 1
+        mine = held_by_task.setdefault(tid, set())
+        both = mine.intersection(cc.held)
+        assert not both, f"blocks {sorted(both)} of task {tid!r} held by two connections"
+        mine.update(cc.held)
+        if cc.parked:
+            assert not cc.held, f"connection {cid!r} is parked and holds {list(cc.held)}"
+            assert cc in core.parked.get(cc.tr, {}), f"connection {cid!r} parked but not registered"
+    for tr, ccs in core.parked.items():
+        for cc in ccs:
+            assert cc.parked and core.conns.get(cc.cid) is cc, f"stale parked connection {cc.cid!r}"
+            assert cc.tr is tr
+    assert not (core.stopped and core.parked), "parked connections after stop"
+    for tid in core.trs:
+        n = core.n_clients.get(tid, 0)
+        assert n == counts.get(tid, 0), f"task {tid!r}: {n} clients counted, {counts.get(tid, 0)} connected"
+        held = len(held_by_task.get(tid, ()))
+        assert held == s.processing_count(tid), (
+            f"task {tid!r}: connections hold {held} blocks, the scheduler has {s.processing_count(tid)} in flight"
+        )

@@ -1,16 +1,16 @@
 """The scheduler's side of ``daisy_nb.Client`` connections (0-argument worker functions): the shell.
 
-A part of the pool (:mod:`.pool`): every method runs in the pool's main loop. The
+A part of the pool (:mod:`daisy_nb.runtime.pool`): every method runs in the pool's main loop. The
 decisions (requests, releases, blocks sent ahead, parking, quiet time, heartbeats,
 block timeouts) are :class:`daisy_nb.runtime.net.handout.HandOut`'s, a core without
 I/O; :class:`Clients` owns the sockets, reads and decodes the frames
 (:mod:`daisy_nb.runtime.net.wire`), passes the clock in and executes the core's
 actions (send a frame, close a connection). Connections arrive authenticated from
-:class:`daisy_nb.runtime._net.Listener` (the pool's; the pool hands each over with
+:class:`daisy_nb.runtime.net.transport.Listener` (the pool's; the pool hands each over with
 :meth:`Clients.add`).
 
 **Waiting.** The connections are registered in a selector of their own, whose
-descriptor the pool's :class:`.pool_parts.Waitables` watches (one entry for every
+descriptor the pool's :class:`daisy_nb.runtime.pool_parts.Waitables` watches (one entry for every
 connection): a wake-up on it is one pass over every readable connection. **Quiet
 time** (the core's ``quiet_secs``: every connection that asked holds two blocks) takes
 that entry out of the pool's waitables until a deadline; :meth:`Clients.wait_timeout`
@@ -26,8 +26,8 @@ Called by the pool: ``add``, ``on_readable`` (its waitables), ``wait_timeout``,
 ``serve_parked``, ``holding``, ``check_heartbeats``, ``check_timeouts``,
 ``check_unconnected``, ``running_blocks``, ``drop_task`` (abandonment), ``drain``
 (Ctrl-C), ``close_all`` (the run's end), ``listening``, ``abort``,
-``attach_timeline``, and, for :class:`.processes.Processes` (through the pool's
-:class:`.processes.JobHooks`), ``function_returned`` and ``unconnected_note`` (the
+``attach_timeline``, and, for :class:`daisy_nb.runtime.processes.Processes` (through the
+pool's ``JobHooks``), ``function_returned`` and ``unconnected_note`` (the
 diagnoses of worker functions that do not wait for their workers). What it asks about
 a connection's worker function goes to :class:`Jobs` (the processes part); a task to
 abandon (a worker that connected too late) goes to the pool's ``abandon`` callback.
