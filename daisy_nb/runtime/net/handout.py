@@ -61,6 +61,7 @@ QUIET_FRACTION = 0.25  # of the mean block time, the longest the connections may
 QUIET_MAX_SECS = 0.02
 HEARTBEAT_CHECKS = 5  # scans of every connection per heartbeat interval (pings, silent peers)
 
+_new = tuple.__new__
 _PING = wire.encode_ping()
 _NO_MORE = wire.encode_no_more()
 
@@ -468,9 +469,15 @@ class HandOut(_Timers):
             self._hand_out(batch.want, False, now_ns)
         if batch.ahead and not self.stopped:
             ahead: dict[Conn, None] = {}
+            gone: dict[str, bool] = {}  # task id -> abandoned (asked once per task)
             for cc in batch.ahead:
                 tr = cc.tr
-                if len(cc.held) != 1 or cc.cid not in self.conns or self.s.is_abandoned(tr.tid):
+                if len(cc.held) != 1 or cc.cid not in self.conns:
+                    continue
+                a = gone.get(tr.tid)
+                if a is None:
+                    a = gone[tr.tid] = self.s.is_abandoned(tr.tid)
+                if a:
                     continue
                 if tr.tid in self.client_block_secs:  # after its first block
                     ahead[cc] = None
@@ -546,7 +553,7 @@ class HandOut(_Timers):
         if cc.parked:
             self._park(cc, False)
         self.jobs.job_acquired(cc.wid)
-        self._out.append(Send(cc.cid, wire.encode_block(row)))
+        self._out.append(_new(Send, (cc.cid, wire.encode_block(row))))  # Send(...) without its Python __new__
 
     def _park(self, cc: Conn, on: bool) -> None:
         cc.parked = on

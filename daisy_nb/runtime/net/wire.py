@@ -186,16 +186,19 @@ ClientMessage = Hello | Release | Failure | GiveBack | _Bare
 ServerMessage = BlockRow | _Bare
 
 
-_NAMES = {Hello: "H", Release: "R", GiveBack: "G", BlockRow: "B"}
+_NAMES: dict[type, str] = {Hello: "H", Release: "R", GiveBack: "G", BlockRow: "B"}
 
 
 def kind_name(msg: ClientMessage | ServerMessage) -> str:
     """The kind letter of a typed message (``"R"``, ``"F"``, ``"E"``: a failure with stats, ...)."""
+    name = _NAMES.get(type(msg))
+    if name is not None:
+        return name
     if isinstance(msg, _Bare):
         return msg.kind.decode()
     if isinstance(msg, Failure):
         return "F" if msg.stats is None else "E"
-    return _NAMES[type(msg)]
+    raise TypeError(f"not a message: {msg!r}")
 
 
 # ------------------------------------------------------------------ client -> scheduler
