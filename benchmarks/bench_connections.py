@@ -131,9 +131,9 @@ def generate(lib: str) -> None:
     sys.path.insert(0, HERE)
     import bench_cluster as bc
 
-    from daisy_nb.runtime.client import _BLOCK_HDR, _RELEASE, pack_hello
     from daisy_nb.runtime.context import Context
     from daisy_nb.runtime.net import liveness as net_liveness
+    from daisy_nb.runtime.net import wire
 
     folder = os.environ["BENCH_CONN_DIR"]
     procs = int(os.environ["BENCH_CONN_PROCS"])
@@ -144,7 +144,7 @@ def generate(lib: str) -> None:
     raise_nofile(k + 64)
     ctx = Context.from_env()
     timeouts = net_liveness.liveness(ctx)
-    hello = pack_hello(ctx["task_id"], int(ctx["worker_id"]))
+    hello = wire.encode_hello(ctx["task_id"], int(ctx["worker_id"]))
     out: dict = {"pid": os.getpid(), "k": k}
 
     # 1. storm: all at once
@@ -201,7 +201,7 @@ def generate(lib: str) -> None:
                 for w in wires:  # heartbeats, as the client's background thread sends them
                     if not w.done and now - w.last_send >= timeouts["heartbeat"]:
                         try:
-                            w.send(b"P")
+                            w.send(wire.encode_ping())
                         except OSError:
                             pass
             for key, _ in sel.select(0.1):
@@ -218,22 +218,22 @@ def generate(lib: str) -> None:
                 try:
                     for m in msgs:
                         kind = m[:1]
-                        if kind == b"B":  # a block that takes no time: released at once
-                            index = _BLOCK_HDR.unpack_from(m, 1)[0]
-                            w.send(b"R" + _RELEASE.pack(index, 2))  # a release asks for the next block too
+                        if kind == wire.Kind.BLOCK:  # a block that takes no time: released at once
+                            index = wire.index_of_block(m)
+                            w.send(wire.encode_release(index, 2))  # a release asks for the next block too
                             w.asked = True
                             w.released += 1
                             released.append(time.monotonic())
-                        elif kind == b"N":
+                        elif kind == wire.Kind.NO_MORE:
                             w.asked = False
                             if not w.done:
                                 w.done = True
                                 first_n.append(time.monotonic())
-                                w.send(b"Q")  # the scheduler closes: EOF above
-                        elif kind == b"P":
+                                w.send(wire.encode_goodbye())  # the scheduler closes: EOF above
+                        elif kind == wire.Kind.PING:
                             frames_in["P"] += 1
                     if work and not w.done and not w.asked:
-                        w.send(b"A")
+                        w.send(wire.encode_acquire())
                         w.asked = True
                 except OSError:
                     pass
@@ -257,7 +257,7 @@ def generate(lib: str) -> None:
     out["blocks_start"] = time.monotonic()
     for w in wires:
         try:
-            w.send(b"A")
+            w.send(wire.encode_acquire())
             w.asked = True
         except OSError:
             pass
