@@ -352,7 +352,7 @@ class _Pool:
                     procs.on_exit(x)
                 else:
                     readable.append(x)
-            if readable:  # every readable connection in one pass (one scheduler call per task)
+            if readable or tcp.quiet_over():  # every readable connection in one pass (one scheduler call per task)
                 tcp.on_readable(readable, quiet=not procs.block_workers)  # may leave them unread a while
             now = time.monotonic()
             if now >= next_checks:  # the scans over every worker and connection, a few times a second

@@ -167,6 +167,18 @@ class Clients:
             self._unwatch()
             self.quiet_until = time.monotonic() + self.core.quiet_secs
 
+    def quiet_over(self) -> bool:
+        """The quiet time has just ended: the connections are watched again, and the caller takes
+        what arrived meanwhile now (``on_readable``), in the same turn of its loop."""
+        until = self.quiet_until
+        if until is None or time.monotonic() < until:
+            return False
+        self.quiet_until = None
+        if not self.core.conns:
+            return False
+        self._watch()
+        return True
+
     def wait_timeout(self, limit: float) -> float:
         """How long the pool may wait (at most ``limit``): the quiet time's deadline; once it has
         passed, the connections are watched again."""

@@ -130,6 +130,7 @@ class Kind:
     NO_MORE = b"N"
 
 
+_new = tuple.__new__
 _I64 = struct.Struct("<q")
 _RELEASE = struct.Struct("<qq")  # index, status
 _STATS = struct.Struct("<5d")  # wall s, cpu s, peak RSS, IO read, IO write (resource_tracking)
@@ -243,7 +244,8 @@ def decode_client(msg: bytes) -> ClientMessage:
             stats = None
             if len(msg) >= 1 + _RELEASE.size + _STATS.size:  # a tracked release carries its stats
                 stats = _STATS.unpack_from(msg, 1 + _RELEASE.size)
-            return Release(index, 2 if status == 2 else 3, stats)  # anything but done is a failure
+            # anything but done is a failure; tuple.__new__: a NamedTuple's own __new__ is Python code (per block)
+            return _new(Release, (index, 2 if status == 2 else 3, stats))
         if kind == Kind.PING:
             return PING
         if kind == Kind.ACQUIRE:
