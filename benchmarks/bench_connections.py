@@ -6,11 +6,11 @@
 A task whose 0-argument worker function (``bench_cluster.submit``) starts a job
 program, as a cluster job; here each job is a *load generator* process that opens
 ``connections / procs`` TCP connections to the scheduler from one process: its
-handshakes in a thread pool (``_net.connect`` is blocking), then every socket
+handshakes in a thread pool (``net_transport.connect`` is blocking), then every socket
 non-blocking under one selector (no thread per connection). Each connection speaks
 the worker protocol of ``daisy_nb.Client`` (hello with the job's worker id, ``A``
 acquire, ``R`` release and acquire, ``Q`` goodbye, ``P`` heartbeats) with the frame and message
-helpers of ``daisy_nb.runtime._net`` and ``daisy_nb.runtime.client``, through
+helpers of ``daisy_nb.runtime.net`` (transport, liveness) and ``daisy_nb.runtime.client``, through
 :class:`Wire`, the one place that knows the wire format (the hardening issue's
 per-frame MAC and sequence numbers change only it). Three phases, each started by
 a barrier across the generator processes (files in a shared folder):
@@ -79,9 +79,9 @@ class Wire:
     """One generator connection: handshake, frames out, frames in.
 
     The only place that knows how daisy_nb's worker protocol is put on the wire: the
-    handshake is ``_net.connect`` (the real client's: it returns a ``Session``, the socket
+    handshake is ``net_transport.connect`` (the real client's: it returns a ``Session``, the socket
     and its frame codec with the client's keys and sequence numbers), frames are sealed,
-    verified and split by ``_net.ServerConn`` over that codec (its ``send_bytes``/
+    verified and split by ``net_transport.ServerConn`` over that codec (its ``send_bytes``/
     ``recv_frames`` work for either end, on a non-blocking socket) and the messages are
     ``client.py``'s.
     """
@@ -89,10 +89,10 @@ class Wire:
     __slots__ = ("asked", "conn", "done", "last_send", "released")
 
     def __init__(self, session):
-        from daisy_nb.runtime import _net
+        from daisy_nb.runtime.net import transport as net_transport
 
         sock = session.sock
-        self.conn = _net.ServerConn(sock, sock.getpeername(), session.codec)  # sets it non-blocking
+        self.conn = net_transport.ServerConn(sock, sock.getpeername(), session.codec)  # sets it non-blocking
         self.asked = False  # an A is on its way, unanswered
         self.done = False  # N received: the goodbye was sent
         self.released = 0
@@ -100,9 +100,11 @@ class Wire:
 
     @classmethod
     def connect(cls, ctx, timeouts, source: str | None = None) -> Wire:
-        from daisy_nb.runtime import _net
+        from daisy_nb.runtime.net import transport as net_transport
 
-        return cls(_net.connect(ctx["hostname"], int(ctx["port"]), bytes.fromhex(ctx["authkey"]), timeouts, source))
+        return cls(
+            net_transport.connect(ctx["hostname"], int(ctx["port"]), bytes.fromhex(ctx["authkey"]), timeouts, source)
+        )
 
     def fileno(self) -> int:
         return self.conn.fileno()
@@ -129,9 +131,9 @@ def generate(lib: str) -> None:
     sys.path.insert(0, HERE)
     import bench_cluster as bc
 
-    from daisy_nb.runtime import _net
-    from daisy_nb.runtime.client import _BLOCK_HDR, _RELEASE, pack_hello
     from daisy_nb.runtime.context import Context
+    from daisy_nb.runtime.net import liveness as net_liveness
+    from daisy_nb.runtime.net import wire
 
     folder = os.environ["BENCH_CONN_DIR"]
     procs = int(os.environ["BENCH_CONN_PROCS"])
@@ -141,8 +143,8 @@ def generate(lib: str) -> None:
     reconnect = os.environ.get("BENCH_CONN_RECONNECT") == "1"
     raise_nofile(k + 64)
     ctx = Context.from_env()
-    timeouts = _net.liveness(ctx)
-    hello = pack_hello(ctx["task_id"], int(ctx["worker_id"]))
+    timeouts = net_liveness.liveness(ctx)
+    hello = wire.encode_hello(ctx["task_id"], int(ctx["worker_id"]))
     out: dict = {"pid": os.getpid(), "k": k}
 
     # 1. storm: all at once
@@ -199,7 +201,7 @@ def generate(lib: str) -> None:
                 for w in wires:  # heartbeats, as the client's background thread sends them
                     if not w.done and now - w.last_send >= timeouts["heartbeat"]:
                         try:
-                            w.send(b"P")
+                            w.send(wire.encode_ping())
                         except OSError:
                             pass
             for key, _ in sel.select(0.1):
@@ -216,22 +218,22 @@ def generate(lib: str) -> None:
                 try:
                     for m in msgs:
                         kind = m[:1]
-                        if kind == b"B":  # a block that takes no time: released at once
-                            index = _BLOCK_HDR.unpack_from(m, 1)[0]
-                            w.send(b"R" + _RELEASE.pack(index, 2))  # a release asks for the next block too
+                        if kind == wire.Kind.BLOCK:  # a block that takes no time: released at once
+                            index = wire.index_of_block(m)
+                            w.send(wire.encode_release(index, 2))  # a release asks for the next block too
                             w.asked = True
                             w.released += 1
                             released.append(time.monotonic())
-                        elif kind == b"N":
+                        elif kind == wire.Kind.NO_MORE:
                             w.asked = False
                             if not w.done:
                                 w.done = True
                                 first_n.append(time.monotonic())
-                                w.send(b"Q")  # the scheduler closes: EOF above
-                        elif kind == b"P":
+                                w.send(wire.encode_goodbye())  # the scheduler closes: EOF above
+                        elif kind == wire.Kind.PING:
                             frames_in["P"] += 1
                     if work and not w.done and not w.asked:
-                        w.send(b"A")
+                        w.send(wire.encode_acquire())
                         w.asked = True
                 except OSError:
                     pass
@@ -255,7 +257,7 @@ def generate(lib: str) -> None:
     out["blocks_start"] = time.monotonic()
     for w in wires:
         try:
-            w.send(b"A")
+            w.send(wire.encode_acquire())
             w.asked = True
         except OSError:
             pass

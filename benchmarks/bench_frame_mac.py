@@ -6,7 +6,7 @@ Times, with :mod:`timeit` (best of ``--repeat``), one frame sealed by one end an
 (verified) by the other, for the frames a run sends (``A``/``P`` 1 byte, ``R`` 17, a 3-D
 ``B`` 121, an ``F`` with an 8 KiB traceback):
 
-* ``daisy_nb`` — :class:`daisy_nb.runtime._net.FrameCodec` as shipped: keyed BLAKE2b,
+* ``daisy_nb`` — :class:`daisy_nb.runtime.net.frames.FrameCodec` as shipped: keyed BLAKE2b,
   an 8-byte tag over (sequence, length) and a 16-byte tag over (sequence, length, payload),
   keyed states copied per frame;
 * ``plain`` — the protocol before issue 19 (``u32`` length + payload, no MAC), the floor;
@@ -14,7 +14,7 @@ Times, with :mod:`timeit` (best of ``--repeat``), one frame sealed by one end an
   one-shot path), the other standard-library candidate;
 * ``blake2b-keyed`` — BLAKE2b keyed anew for every tag (no state copy).
 
-The choice in ``_net`` is the cheapest of the MACs here. Standard library only.
+The choice in ``daisy_nb.runtime.net.frames`` is the cheapest of the MACs here. Standard library only.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import timeit
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from daisy_nb.runtime import _net  # noqa: E402
+from daisy_nb.runtime.net import frames as net_frames  # noqa: E402
 
 PAYLOADS = {
     "A/P (1 B)": b"A",
@@ -99,7 +99,7 @@ def _blake2b_keyed(key, msg, size):
 def codecs():
     key, ns, nc = os.urandom(32), os.urandom(16), os.urandom(16)
     return {
-        "daisy_nb": lambda: (_net.FrameCodec.client(key, ns, nc), _net.FrameCodec.server(key, ns, nc)),
+        "daisy_nb": lambda: (net_frames.FrameCodec.client(key, ns, nc), net_frames.FrameCodec.server(key, ns, nc)),
         "plain": lambda: (Plain(), Plain()),
         "hmac-sha256": lambda: (TwoTags(key, _hmac_sha256), TwoTags(key, _hmac_sha256)),
         "blake2b-keyed": lambda: (TwoTags(key, _blake2b_keyed), TwoTags(key, _blake2b_keyed)),

@@ -220,7 +220,7 @@ def test_worker_programs_of_a_spawn_function_get_daisy_nb(tree):
     for rec in recs:
         assert rec["name"] == "daisy_nb" and not rec["fake"], rec
     for rec in clients:
-        assert rec["numba"] is False and rec["client_module"] == "daisy_nb.runtime.client"
+        assert rec["numba"] is False and rec["client_module"] == "daisy_nb.runtime.net.client"
 
 
 INSTALL_SCRIPT = textwrap.dedent(

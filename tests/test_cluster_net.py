@@ -2,7 +2,7 @@
 that does not wait (or a job that cannot connect) is told, and task ids with '/' in them.
 
 Real processes, real TCP, only to this machine's own addresses: loopback, or the address the
-scheduler detects for itself (``_net.candidate_addresses``). "Another machine" is a job
+scheduler detects for itself (``net_address.candidate_addresses``). "Another machine" is a job
 (``workers/netprog.py``) that refuses a loopback address and connects only to the advertised one.
 """
 
@@ -28,13 +28,15 @@ from funlib.geometry import Roi  # noqa: E402
 import daisy_nb  # noqa: E402
 from daisy_nb.dashboard import Dashboard  # noqa: E402
 from daisy_nb.progress import ABANDON_NOT_WAITING  # noqa: E402
-from daisy_nb.runtime import _net  # noqa: E402
 from daisy_nb.runtime.client import pack_hello, unpack_hello  # noqa: E402
+from daisy_nb.runtime.net import address as net_address  # noqa: E402
+from daisy_nb.runtime.net import liveness as net_liveness
+from daisy_nb.runtime.net import transport as net_transport
 
 pytestmark = [pytest.mark.mp, pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
 
 FAST = {"DAISY_NB_HEARTBEAT_SECS": "0.5", "DAISY_NB_PEER_TIMEOUT_SECS": "3", "DAISY_NB_AUTH_TIMEOUT_SECS": "1"}
-CANDIDATES = [ip for ip, _ in _net.candidate_addresses()]
+CANDIDATES = [ip for ip, _ in net_address.candidate_addresses()]
 needs_address = pytest.mark.skipif(not CANDIDATES, reason="this machine has no non-loopback address")
 
 
@@ -163,11 +165,11 @@ def test_an_address_that_fails_its_check_is_not_advertised(monkeypatch, caplog):
     """The connectivity check is a real connection to our own listener: here to one of this machine's
     addresses where the listener (on 127.0.0.1) is not, so it fails and 127.0.0.1 is advertised."""
     own = CANDIDATES[0] if CANDIDATES else "127.0.0.2"
-    lst = _net.Listener("127.0.0.1", os.urandom(32), lambda conn: conn.close(), _net.liveness())
+    lst = net_transport.Listener("127.0.0.1", os.urandom(32), lambda conn: conn.close(), net_liveness.liveness())
     try:
-        monkeypatch.setattr(_net, "candidate_addresses", lambda: [(own, "default route")])
+        monkeypatch.setattr(net_address, "candidate_addresses", lambda: [(own, "default route")])
         with caplog.at_level(logging.INFO, logger="daisy"):
-            assert _net.detect_address(lst) == "127.0.0.1"
+            assert net_address.detect_address(lst) == "127.0.0.1"
         assert f"address {own} (from the default route) failed its connectivity check" in caplog.text
         assert "no reachable non-loopback address found; advertising 127.0.0.1" in caplog.text
         assert lst.reaches("127.0.0.1") and lst.rejected == 0  # our own checks are not strangers

@@ -30,15 +30,17 @@ from funlib.geometry import Roi  # noqa: E402
 
 import daisy_nb  # noqa: E402
 import daisy_nb.runtime.pool as pool_mod  # noqa: E402
-from daisy_nb.runtime import _net  # noqa: E402
+from daisy_nb.runtime.net import frames as net_frames  # noqa: E402
+from daisy_nb.runtime.net import liveness as net_liveness
+from daisy_nb.runtime.net import transport as net_transport
 from daisy_nb.tracking import read_tracking  # noqa: E402
 
 pytestmark = [pytest.mark.mp, pytest.mark.timeout(120)]
 
 FAST = {"DAISY_NB_HEARTBEAT_SECS": "0.3", "DAISY_NB_PEER_TIMEOUT_SECS": "3", "DAISY_NB_AUTH_TIMEOUT_SECS": "2"}
 N_BLOCKS = 12
-C2S_HANDSHAKE = _net.MAC + _net.NONCE  # bytes the client sends before its first frame
-S2C_HANDSHAKE = len(_net.MAGIC) + _net.NONCE + _net.MAC
+C2S_HANDSHAKE = net_transport.MAC + net_transport.NONCE  # bytes the client sends before its first frame
+S2C_HANDSHAKE = len(net_transport.MAGIC) + net_transport.NONCE + net_transport.MAC
 
 
 def make_task(tid, n, fn, **kw):
@@ -144,7 +146,7 @@ class FlipProxy:
         """The bit to flip in this frame (an index into its bits), or None."""
         if d != self.direction or self.flipped_at is not None:
             return None
-        payload = bytes(frame[_net.HEADER : len(frame) - _net.TAG])
+        payload = bytes(frame[net_frames.HEADER : len(frame) - net_frames.TAG])
         if _kind(payload) != self.kind:
             return None
         if self.where == "len":
@@ -154,7 +156,7 @@ class FlipProxy:
         if self.where == "tag":
             return 8 * (len(frame) - 1) + 7
         off, bit = self.PAYLOAD_BIT.get(self.kind, (0, 0))  # else the kind byte: P <-> Q, F -> G, A -> @, ...
-        return 8 * (_net.HEADER + off) + bit
+        return 8 * (net_frames.HEADER + off) + bit
 
     def _pump(self, src, dst, d, skip, conn):
         buf = bytearray()
@@ -170,9 +172,9 @@ class FlipProxy:
                     out += buf[:take]
                     del buf[:take]
                     skip -= take
-                while not skip and len(buf) >= _net.HEADER:
+                while not skip and len(buf) >= net_frames.HEADER:
                     n = int.from_bytes(buf[:4], "little")
-                    size = _net.HEADER + n + _net.TAG
+                    size = net_frames.HEADER + n + net_frames.TAG
                     if len(buf) < size:
                         break
                     frame = buf[:size]
@@ -282,45 +284,45 @@ def test_a_flipped_bit_is_never_believed(out, fast, tmp_path, monkeypatch, caplo
 # ------------------------------------------------------------------ the codec itself
 def test_frames_are_bound_to_their_direction_order_and_connection():
     secret, ns, nc = os.urandom(32), os.urandom(16), os.urandom(16)
-    client, server = _net.FrameCodec.client(secret, ns, nc), _net.FrameCodec.server(secret, ns, nc)
+    client, server = net_frames.FrameCodec.client(secret, ns, nc), net_frames.FrameCodec.server(secret, ns, nc)
     frames = [client.seal(p) for p in (b"A", b"R" + bytes(16), b"P")]
     buf = bytearray(b"".join(frames))
     assert server.open(buf) == [b"A", b"R" + bytes(16), b"P"] and not buf
     back = bytearray(server.seal(b"N"))
     assert client.open(back) == [b"N"]
-    with pytest.raises(_net.FrameError, match="integrity"):
+    with pytest.raises(net_frames.FrameError, match="integrity"):
         server.open(bytearray(frames[0]))  # a replay
     for bad in (
         frames[1],  # out of order (sequence number 1 first)
-        _net.FrameCodec.server(secret, ns, nc).seal(b"A"),  # the other direction's key
-        _net.FrameCodec.client(secret, ns, os.urandom(16)).seal(b"A"),  # another connection's
-        _net.FrameCodec.client(os.urandom(32), ns, nc).seal(b"A"),  # another run's
+        net_frames.FrameCodec.server(secret, ns, nc).seal(b"A"),  # the other direction's key
+        net_frames.FrameCodec.client(secret, ns, os.urandom(16)).seal(b"A"),  # another connection's
+        net_frames.FrameCodec.client(os.urandom(32), ns, nc).seal(b"A"),  # another run's
     ):
-        with pytest.raises(_net.FrameError, match="integrity"):
-            _net.FrameCodec.server(secret, ns, nc).open(bytearray(bad))
+        with pytest.raises(net_frames.FrameError, match="integrity"):
+            net_frames.FrameCodec.server(secret, ns, nc).open(bytearray(bad))
     # a frame cut in two arrives in two reads; a changed length is refused before its body is in
     whole = client.seal(b"B" + bytes(100))
     buf = bytearray(whole[:7])
     assert server.open(buf) == [] and len(buf) == 7
     buf += whole[7:]
     assert server.open(buf) == [b"B" + bytes(100)]
-    head = bytearray(client.seal(b"F" + bytes(50))[: _net.HEADER])
+    head = bytearray(client.seal(b"F" + bytes(50))[: net_frames.HEADER])
     head[2] ^= 1  # 65 KiB more: never waited for
-    with pytest.raises(_net.FrameError, match=r"integrity check \(header\)"):
+    with pytest.raises(net_frames.FrameError, match=r"integrity check \(header\)"):
         server.open(head)
     # the frames verified before a bad one are kept (they are authentic)
-    c2, s2 = _net.FrameCodec.client(secret, ns, nc), _net.FrameCodec.server(secret, ns, nc)
+    c2, s2 = net_frames.FrameCodec.client(secret, ns, nc), net_frames.FrameCodec.server(secret, ns, nc)
     good, bad = c2.seal(b"R" + bytes(16)), bytearray(c2.seal(b"P"))
     bad[-1] ^= 0x80
-    with pytest.raises(_net.FrameError) as e:
+    with pytest.raises(net_frames.FrameError) as e:
         s2.open(bytearray(good + bad))
     assert e.value.frames == [b"R" + bytes(16)]
 
 
 # ------------------------------------------------------------------ handshake slots
 def _answer(secret, greeting):
-    ns = greeting[len(_net.MAGIC) :]
-    nc = secrets.token_bytes(_net.NONCE)
+    ns = greeting[len(net_transport.MAGIC) :]
+    nc = secrets.token_bytes(net_transport.NONCE)
     return ns, nc, hmac.new(secret, b"daisy_nb client" + ns, hashlib.sha256).digest() + nc
 
 
@@ -330,26 +332,29 @@ def test_a_flood_from_one_address_does_not_evict_another_addresses_handshake():
     secret = os.urandom(32)
     got = []
     tmo = {"auth": 20.0, "heartbeat": 1.0, "peer_timeout": 3.0}
-    lst = _net.Listener("127.0.0.1", secret, got.append, tmo)
+    lst = net_transport.Listener("127.0.0.1", secret, got.append, tmo)
     flood = []
     try:
         real = socket.create_connection(("127.0.0.1", lst.port), timeout=10)
-        greeting = recv_exact(real, len(_net.MAGIC) + _net.NONCE)
-        for _ in range(3 * _net.MAX_PENDING_PER_PEER):
+        greeting = recv_exact(real, len(net_transport.MAGIC) + net_transport.NONCE)
+        for _ in range(3 * net_transport.MAX_PENDING_PER_PEER):
             s = socket.socket()
             s.bind(("127.0.0.2", 0))
             s.settimeout(10)
             s.connect(("127.0.0.1", lst.port))
             flood.append(s)
         for s in flood:  # every flood connection was accepted and greeted
-            assert recv_exact(s, len(_net.MAGIC) + _net.NONCE)[: len(_net.MAGIC)] == _net.MAGIC
+            assert (
+                recv_exact(s, len(net_transport.MAGIC) + net_transport.NONCE)[: len(net_transport.MAGIC)]
+                == net_transport.MAGIC
+            )
         ns, nc, answer = _answer(secret, greeting)
         real.sendall(answer)
-        proof = recv_exact(real, _net.MAC)
+        proof = recv_exact(real, net_transport.MAC)
         assert proof == hmac.new(secret, b"daisy_nb server" + ns + nc, hashlib.sha256).digest()
         wait_for(lambda: got, 5, "the authenticated connection")
-        sess = _net.Session(real, _net.FrameCodec.client(secret, ns, nc))
-        _net.send_frame(sess, b"Hhello")
+        sess = net_frames.Session(real, net_frames.FrameCodec.client(secret, ns, nc))
+        net_frames.send_frame(sess, b"Hhello")
         wait_for(lambda: got[0].recv_frames() == [b"Hhello"], 5, "a frame")
 
         def evicted(s):
@@ -359,7 +364,9 @@ def test_a_flood_from_one_address_does_not_evict_another_addresses_handshake():
             except TimeoutError:
                 return False
 
-        wait_for(lambda: sum(map(evicted, flood)) >= len(flood) - _net.MAX_PENDING_PER_PEER, 10, "the flood evicted")
+        wait_for(
+            lambda: sum(map(evicted, flood)) >= len(flood) - net_transport.MAX_PENDING_PER_PEER, 10, "the flood evicted"
+        )
         got[0].close()
     finally:
         for s in flood:
@@ -423,9 +430,9 @@ def test_a_worker_gets_in_during_a_handshake_flood_from_another_address(out, fas
     def patched(self):
         orig(self)
         listeners.append(self.listener)
-        f = Flooder(self.port, 3 * _net.MAX_PENDING_PER_PEER)
+        f = Flooder(self.port, 3 * net_transport.MAX_PENDING_PER_PEER)
         flooders.append(f)
-        wait_for(lambda: f.opened >= 2 * _net.MAX_PENDING_PER_PEER, 20, "the flood")
+        wait_for(lambda: f.opened >= 2 * net_transport.MAX_PENDING_PER_PEER, 20, "the flood")
 
     monkeypatch.setattr(pool_mod._Pool, "_start_listener", patched)
     monkeypatch.setenv("DAISY_NB_AUTH_TIMEOUT_SECS", "20")  # the flood's handshakes never time out on their own
@@ -451,14 +458,16 @@ def test_a_dropped_handshake_is_tried_once_more():
         for attempt in range(2):
             c, _ = srv.accept()
             with c:
-                ns = os.urandom(_net.NONCE)
-                c.sendall(_net.MAGIC + ns)
+                ns = os.urandom(net_transport.NONCE)
+                c.sendall(net_transport.MAGIC + ns)
                 seen.append(attempt)
                 if attempt == 0:
                     continue  # dropped
-                data = recv_exact(c, _net.MAC + _net.NONCE)
-                c.sendall(hmac.new(secret, b"daisy_nb server" + ns + data[_net.MAC :], hashlib.sha256).digest())
-                codec = _net.FrameCodec.server(secret, ns, data[_net.MAC :])
+                data = recv_exact(c, net_transport.MAC + net_transport.NONCE)
+                c.sendall(
+                    hmac.new(secret, b"daisy_nb server" + ns + data[net_transport.MAC :], hashlib.sha256).digest()
+                )
+                codec = net_frames.FrameCodec.server(secret, ns, data[net_transport.MAC :])
                 buf = bytearray()
                 while not (frames := codec.open(buf)):
                     buf += c.recv(100)
@@ -467,9 +476,9 @@ def test_a_dropped_handshake_is_tried_once_more():
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     try:
-        sess = _net.connect("127.0.0.1", srv.getsockname()[1], secret, _net.liveness())
-        _net.send_frame(sess, b"PA")
-        assert _net.recv_frame(sess) == b"AP"
+        sess = net_transport.connect("127.0.0.1", srv.getsockname()[1], secret, net_liveness.liveness())
+        net_frames.send_frame(sess, b"PA")
+        assert net_frames.recv_frame(sess) == b"AP"
         sess.close()
     finally:
         t.join(10)

@@ -27,8 +27,11 @@ import psutil  # noqa: E402
 from funlib.geometry import Roi  # noqa: E402
 
 import daisy_nb  # noqa: E402
-from daisy_nb.runtime import _net  # noqa: E402
 from daisy_nb.runtime import pool as pool_mod  # noqa: E402
+from daisy_nb.runtime.net import address as net_address  # noqa: E402
+from daisy_nb.runtime.net import frames as net_frames
+from daisy_nb.runtime.net import liveness as net_liveness
+from daisy_nb.runtime.net import transport as net_transport
 
 pytestmark = [pytest.mark.mp, pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaks")]
 
@@ -134,7 +137,7 @@ def test_default_host_is_detected_as_daisy_does(out, monkeypatch):
     monkeypatch.delenv("DAISY_HOST", raising=False)
     assert run(make_task("d", 4, blockfns.client_loop_with_context))["d"].completed_count == 4
     (ctx,) = [daisy_nb.Context.from_env(p.read_text()) for p in out.glob("context_*")]
-    candidates = [ip for ip, _ in _net.candidate_addresses()]
+    candidates = [ip for ip, _ in net_address.candidate_addresses()]
     assert ctx["hostname"] == (candidates[0] if candidates else "127.0.0.1")
     assert len(bytes.fromhex(ctx["authkey"])) == 32
     assert float(ctx["heartbeat"]) < float(ctx["peer_timeout"]) < 60
@@ -145,15 +148,15 @@ def test_resolve_host_binds_every_interface_unless_given_an_address():
     a loopback host is bound as given (this machine only); any other host is advertised as given
     while every interface listens, as daisy 2.0.0 does (a name only the compute nodes resolve, a
     container's external address)."""
-    assert _net.resolve_host(None) == ("0.0.0.0", None)
-    assert _net.resolve_host("") == ("0.0.0.0", None)
-    assert _net.resolve_host("0.0.0.0") == ("0.0.0.0", None)
-    assert _net.resolve_host("::") == ("::", None)
-    assert _net.resolve_host("127.0.0.9") == ("127.0.0.9", "127.0.0.9")
-    assert _net.resolve_host("localhost") == ("localhost", "localhost")
-    assert _net.resolve_host("::1") == ("::1", "::1")
-    assert _net.resolve_host("203.0.113.77") == ("0.0.0.0", "203.0.113.77")  # TEST-NET-3: not ours
-    assert _net.resolve_host("login1.cluster") == ("0.0.0.0", "login1.cluster")
+    assert net_address.resolve_host(None) == ("0.0.0.0", None)
+    assert net_address.resolve_host("") == ("0.0.0.0", None)
+    assert net_address.resolve_host("0.0.0.0") == ("0.0.0.0", None)
+    assert net_address.resolve_host("::") == ("::", None)
+    assert net_address.resolve_host("127.0.0.9") == ("127.0.0.9", "127.0.0.9")
+    assert net_address.resolve_host("localhost") == ("localhost", "localhost")
+    assert net_address.resolve_host("::1") == ("::1", "::1")
+    assert net_address.resolve_host("203.0.113.77") == ("0.0.0.0", "203.0.113.77")  # TEST-NET-3: not ours
+    assert net_address.resolve_host("login1.cluster") == ("0.0.0.0", "login1.cluster")
 
 
 def test_bad_host_is_refused_before_any_work(out):
@@ -225,8 +228,8 @@ def test_junk_and_silent_connections_are_closed_and_the_run_goes_on(out, fast, m
     assert set(log) == {"silent", "http", "wrong_mac", "frames", "short"}
     for name, (data, _, _) in log.items():
         # the scheduler's greeting (or part of it, if reset) and nothing more: no proof, no block
-        assert _net.MAGIC.startswith(data[:8]) and len(data) <= 8 + _net.NONCE, (name, data)
-    assert log["wrong_mac"][1] == "eof" and len(log["wrong_mac"][0]) == 8 + _net.NONCE
+        assert net_transport.MAGIC.startswith(data[:8]) and len(data) <= 8 + net_transport.NONCE, (name, data)
+    assert log["wrong_mac"][1] == "eof" and len(log["wrong_mac"][0]) == 8 + net_transport.NONCE
     # the silent and the incomplete ones are closed at their deadline, not before
     assert all(0.3 * 0.9 <= log[k][2] < 5 for k in ("silent", "http", "short")), log
 
@@ -235,20 +238,20 @@ def test_a_silent_handshake_does_not_hold_up_others():
     got = []
     secret = os.urandom(32)
     tmo = {"auth": 5.0, "heartbeat": 1.0, "peer_timeout": 3.0}
-    lst = _net.Listener("127.0.0.1", secret, got.append, tmo)
+    lst = net_transport.Listener("127.0.0.1", secret, got.append, tmo)
     try:
         silent = [socket.create_connection(("127.0.0.1", lst.port)) for _ in range(3)]
         t0 = time.monotonic()
-        sock = _net.connect("127.0.0.1", lst.port, secret, tmo)
+        sock = net_transport.connect("127.0.0.1", lst.port, secret, tmo)
         waited = time.monotonic() - t0
         wait_for(lambda: got, 5, "the authenticated connection")
         assert waited < tmo["auth"] / 2  # not queued behind the silent ones
-        _net.send_frame(sock, b"Hhello")
+        net_frames.send_frame(sock, b"Hhello")
         wait_for(lambda: got[0].recv_frames() == [b"Hhello"], 5, "a frame")
         got[0].send_bytes(b"N")
-        assert _net.recv_frame(sock) == b"N"
-        with pytest.raises(_net.NotOurRun):  # a client with another secret is refused both ways
-            _net.connect("127.0.0.1", lst.port, os.urandom(32), tmo)
+        assert net_frames.recv_frame(sock) == b"N"
+        with pytest.raises(net_transport.NotOurRun):  # a client with another secret is refused both ways
+            net_transport.connect("127.0.0.1", lst.port, os.urandom(32), tmo)
         sock.close()
         for s in silent:
             s.close()
@@ -281,7 +284,7 @@ def test_straggler_after_the_run_exits_zero_at_once(out):
     end.unlink()
     # a new run on that port (another secret) turns it away, and it too exits 0
     got = []
-    lst = _net.Listener("127.0.0.1", os.urandom(32), got.append, _net.liveness())
+    lst = net_transport.Listener("127.0.0.1", os.urandom(32), got.append, net_liveness.liveness())
     try:
         ctx["port"] = lst.port
         r, secs = _straggle(out, ctx)
@@ -357,24 +360,38 @@ def test_vanished_scheduler_ends_its_worker_within_the_deadline(out, fast, tmp_p
 # ------------------------------------------------------------------ blocks sent ahead
 @pytest.fixture
 def frames(monkeypatch):
-    """Count what the scheduler receives (by kind) and the blocks it sends ahead."""
-    from daisy_nb.runtime import clients
+    """What the scheduler receives (by kind) and the blocks it sends ahead: the run's hand-out
+    core counts them (``HandOut.counts``)."""
+    from daisy_nb.runtime.net import server as clients
+    from daisy_nb.runtime.net.handout import HandOut
 
-    seen = {"ahead": 0}
-    on_msg, send = clients.Clients._on_client_msg, clients.Clients._send_block
+    cores: list = []
 
-    def on_client_msg(self, cc, msg):
-        k = msg[:1].decode()
-        seen[k] = seen.get(k, 0) + 1
-        return on_msg(self, cc, msg)
+    class Counted(HandOut):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            cores.append(self)
 
-    def send_block(self, cc, row, ahead):
-        seen["ahead"] += bool(ahead)
-        return send(self, cc, row, ahead)
+    monkeypatch.setattr(clients, "HandOut", Counted)
 
-    monkeypatch.setattr(clients.Clients, "_on_client_msg", on_client_msg)
-    monkeypatch.setattr(clients.Clients, "_send_block", send_block)
-    return seen
+    class Seen(dict):
+        def _merged(self):
+            out: dict = {}
+            for core in cores:
+                for k, v in core.counts.items():
+                    out[k] = out.get(k, 0) + v
+            return out
+
+        def __getitem__(self, k):
+            return self._merged()[k]
+
+        def get(self, k, default=None):
+            return self._merged().get(k, default)
+
+        def __repr__(self):
+            return repr(self._merged())
+
+    return Seen()
 
 
 def test_fast_blocks_are_sent_ahead_and_need_no_request(out, frames):

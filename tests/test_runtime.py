@@ -153,7 +153,8 @@ def test_bad_authkey_is_rejected(out):
     proves anything (the client sees NotOurRun), while the same handshake with the run's secret gets
     in; the run goes on. The intruder connects from the pool's thread once the listener is up (the
     listener authenticates in its own thread), so both tries happen while the run is live."""
-    from daisy_nb.runtime import _net
+    from daisy_nb.runtime.net import liveness as net_liveness
+    from daisy_nb.runtime.net import transport as net_transport
 
     results = {}
     import daisy_nb.runtime.pool as pool_mod
@@ -162,12 +163,12 @@ def test_bad_authkey_is_rejected(out):
 
     def patched(self):
         orig(self)
-        timeouts = _net.liveness()
+        timeouts = net_liveness.liveness()
         for name, secret in (("wrong", bytes(32)), ("right", self.authkey)):
             try:
-                _net.connect("127.0.0.1", self.port, secret, timeouts).close()
+                net_transport.connect("127.0.0.1", self.port, secret, timeouts).close()
                 results[name] = "accepted"
-            except _net.NotOurRun as e:
+            except net_transport.NotOurRun as e:
                 results[name] = f"refused: {e}"
 
     pool_mod._Pool._start_listener = patched

@@ -3,8 +3,9 @@ connection taken in one pass with one scheduler call per task, blocks sent ahead
 their time, quiet time between passes, and the list API behind it.
 
 Real worker programs (0-argument worker functions running ``daisy_nb.Client`` loops over
-TCP on 127.0.0.1) and real tracking stores; the frames a run exchanges are counted by
-wrapping the scheduler side's own methods.
+TCP on 127.0.0.1) and real tracking stores; the frames a run exchanges are the counts of its
+hand-out core (``HandOut.counts``), the scheduler calls counted by wrapping the Scheduler's
+public list API. The decisions themselves are tested without processes in test_net_handout.py.
 """
 
 import os
@@ -23,7 +24,7 @@ sys.path.insert(0, str(HERE / "workers"))
 import blockfns  # noqa: E402
 
 import daisy_nb  # noqa: E402
-from daisy_nb.runtime import clients as clients_mod  # noqa: E402
+from daisy_nb.runtime.net import server as clients_mod  # noqa: E402
 from daisy_nb.runtime.pool_parts import Waitables  # noqa: E402
 from daisy_nb.scheduler import Scheduler  # noqa: E402
 from daisy_nb.tracking import read_tracking  # noqa: E402
@@ -47,43 +48,59 @@ def done_ids(out, tid):
     return sorted(int(p.name.rsplit("_", 1)[1]) for p in out.glob(f"done_{tid}_*"))
 
 
+class _Seen(dict):
+    """The counts of the run's hand-out core (``HandOut.counts``: passes, messages by kind, blocks
+    sent and sent ahead) merged with the scheduler calls counted here."""
+
+    def __init__(self, cores, calls):
+        super().__init__()
+        self.cores, self.calls = cores, calls
+
+    def _merged(self):
+        out = dict(self.calls)
+        for core in self.cores:
+            for k, v in core.counts.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def __getitem__(self, k):
+        return self._merged()[k]
+
+    def get(self, k, default=None):
+        return self._merged().get(k, default)
+
+    def __repr__(self):
+        return repr(self._merged())
+
+
 @pytest.fixture
 def counted(monkeypatch):
-    """Frames received by kind, blocks sent (and how many ahead), passes and scheduler calls."""
-    seen = {"sent": 0, "ahead": 0, "passes": 0, "release_calls": 0, "acquire_calls": 0, "released": 0}
-    C = clients_mod.Clients
-    on_msg, send, on_readable = C._on_client_msg, C._send_block, C.on_readable
+    """Frames received by kind, blocks sent (and how many ahead), passes (the core's own counts) and
+    scheduler calls (wrapping the Scheduler's public list API)."""
+    from daisy_nb.runtime.net.handout import HandOut
+
+    cores: list = []
+    calls = {"release_calls": 0, "acquire_calls": 0, "released": 0}
     release, acquire = Scheduler.release_indices, Scheduler.acquire_described
 
-    def on_client_msg(self, cc, msg):
-        k = msg[:1].decode()
-        seen[k] = seen.get(k, 0) + 1
-        return on_msg(self, cc, msg)
-
-    def send_block(self, cc, row, ahead):
-        seen["sent"] += 1
-        seen["ahead"] += bool(ahead)
-        return send(self, cc, row, ahead)
-
-    def readable(self, ccs):
-        seen["passes"] += 1
-        return on_readable(self, ccs)
+    class Counted(HandOut):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            cores.append(self)
 
     def release_indices(self, task_id, index, status):
-        seen["release_calls"] += 1
-        seen["released"] += len(index)
+        calls["release_calls"] += 1
+        calls["released"] += len(index)
         return release(self, task_id, index, status)
 
     def acquire_described(self, task_id, max_n):
-        seen["acquire_calls"] += 1
+        calls["acquire_calls"] += 1
         return acquire(self, task_id, max_n)
 
-    monkeypatch.setattr(C, "_on_client_msg", on_client_msg)
-    monkeypatch.setattr(C, "_send_block", send_block)
-    monkeypatch.setattr(C, "on_readable", readable)
+    monkeypatch.setattr(clients_mod, "HandOut", Counted)
     monkeypatch.setattr(Scheduler, "release_indices", release_indices)
     monkeypatch.setattr(Scheduler, "acquire_described", acquire_described)
-    return seen
+    return _Seen(cores, calls)
 
 
 @pytest.mark.mp

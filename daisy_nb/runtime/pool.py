@@ -33,7 +33,7 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   most every ``CHECK_SECS``, so a turn of the loop costs the same with 2,000
   connections as with 2.
 * **0-argument worker functions** run their own ``daisy_nb.Client`` loop over TCP
-  (:mod:`._net`: a listener on ``host``, by default on every interface with an
+  (:mod:`daisy_nb.runtime.net.transport`: a listener on ``host``, by default on every interface with an
   address detected as daisy 2.0.0 does, started only when such a task exists;
   every connection authenticated with a per-run secret before any of its bytes
   are read, in the listener's thread). The address, the secret and
@@ -62,10 +62,10 @@ import time
 
 from daisy_nb import logging as dlog
 from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_abandoned
-from daisy_nb.runtime import _net
-from daisy_nb.runtime.clients import Clients
 from daisy_nb.runtime.common.failures import abandon
 from daisy_nb.runtime.context import Context
+from daisy_nb.runtime.net import address, liveness, transport
+from daisy_nb.runtime.net.server import Clients
 from daisy_nb.runtime.policy import end_run
 from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.processes import Processes
@@ -97,11 +97,11 @@ class _Pool:
         self.new_conns: queue.SimpleQueue = queue.SimpleQueue()
         self.authkey = secrets.token_bytes(32)
         self.port = 0
-        self.bind_host, advertise = _net.resolve_host(host)
+        self.bind_host, advertise = address.resolve_host(host)
         self.advertise: str = advertise or ""  # detected when the listener starts (None: detect)
         self.where = ""  # where Client connections go, for messages (see _start_listener)
         self.host_given = host not in (None, "")
-        self.net = _net.liveness()  # auth / heartbeat / peer_timeout seconds (DAISY_NB_* env)
+        self.net = liveness.liveness()  # auth / heartbeat / peer_timeout seconds (DAISY_NB_* env)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
@@ -179,18 +179,18 @@ class _Pool:
         if any(tr.arity == 0 for tr in self.trs.values()):
             self._start_listener()
         elif self.host_given:  # no Client will connect, but a host this machine does not have is an error
-            _net.Listener.check_bindable(self.bind_host)
+            transport.Listener.check_bindable(self.bind_host)
 
     def _start_listener(self):
         def on_conn(conn):  # listener thread: an authenticated connection
             self.new_conns.put(conn)
             self._wake()
 
-        self.listener = _net.Listener(self.bind_host, self.authkey, on_conn, self.net)
+        self.listener = transport.Listener(self.bind_host, self.authkey, on_conn, self.net)
         self.port = self.listener.port
-        if not self.advertise:  # no host=, or the wildcard: as daisy 2.0.0 (see _net.detect_address)
-            self.advertise = _net.detect_address(self.listener)
-        self.where = _net.describe(self.bind_host, self.port, self.advertise)
+        if not self.advertise:  # no host=, or the wildcard: as daisy 2.0.0 (see address.detect_address)
+            self.advertise = address.detect_address(self.listener)
+        self.where = address.describe(self.bind_host, self.port, self.advertise)
         self.tcp.listening(self.where)
         logger.info("daisy_nb scheduler %s", self.where)
 
@@ -303,6 +303,7 @@ class _Pool:
         next_checks = 0.0
         while True:
             if self.interrupted:
+                tcp.drain()  # the releases already readable are recorded; nothing more is handed out
                 raise KeyboardInterrupt("run aborted by SIGINT")
             while not self.new_conns.empty():
                 tcp.add(self.new_conns.get())
@@ -335,7 +336,7 @@ class _Pool:
             else:
                 stalled = 0
             readable = []
-            for obj in self.waitables.wait(0 if self.more_spawns else POLL_SECS):
+            for obj in self.waitables.wait(tcp.wait_timeout(0 if self.more_spawns else POLL_SECS)):
                 if obj == self.wake_r:
                     try:
                         os.read(self.wake_r, 4096)
@@ -352,10 +353,8 @@ class _Pool:
                     procs.on_exit(x)
                 else:
                     readable.append(x)
-            if readable:  # every readable connection in one pass (one scheduler call per task)
-                tcp.on_readable(readable)
-                if tcp.quiet_secs > 0 and not procs.block_workers:  # no client waits: let frames gather
-                    time.sleep(tcp.quiet_secs)
+            if readable or tcp.quiet_over():  # every readable connection in one pass (one scheduler call per task)
+                tcp.on_readable(readable, quiet=not procs.block_workers)  # may leave them unread a while
             now = time.monotonic()
             if now >= next_checks:  # the scans over every worker and connection, a few times a second
                 next_checks = now + CHECK_SECS
@@ -408,7 +407,7 @@ def run_pool(
     workers are ended, tracking is flushed, the partial summary printed and
     ``KeyboardInterrupt`` raised with ``daisy_states``/``daisy_task_order``
     attached. Abandoned tasks do not raise here (see :func:`raise_if_abandoned`).
-    ``host``: where ``Client`` connections are accepted (see ``_net.resolve_host``).
+    ``host``: where ``Client`` connections are accepted (see ``address.resolve_host``).
     ``template``: a worker template already started (``_zygote.start_early``); the
     pool forks its workers from it and closes it at the end. ``hang_alarm``: see
     :func:`daisy_nb.hang.resolve_hang_alarm`.

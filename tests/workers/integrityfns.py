@@ -65,12 +65,13 @@ def double_hello():
     """Speaks the protocol itself: hello, acquire, a block, a second hello (the scheduler must drop
     the connection and hand the block out again); then a normal Client loop finishes the task."""
     import daisy_nb
-    from daisy_nb.runtime import _net
     from daisy_nb.runtime.client import pack_hello, unpack_block
+    from daisy_nb.runtime.net import liveness as net_liveness
+    from daisy_nb.runtime.net import transport as net_transport
 
     ctx = daisy_nb.Context.from_env()
-    timeouts = _net.liveness(ctx)
-    sess = _net.connect(ctx["hostname"], int(ctx["port"]), bytes.fromhex(ctx["authkey"]), timeouts)
+    timeouts = net_liveness.liveness(ctx)
+    sess = net_transport.connect(ctx["hostname"], int(ctx["port"]), bytes.fromhex(ctx["authkey"]), timeouts)
     sess.send(pack_hello(ctx["task_id"], int(ctx["worker_id"])))
     sess.send(b"A")
     msg = sess.recv()

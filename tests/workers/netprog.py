@@ -22,11 +22,13 @@ import time
 import urllib.parse
 
 out, mode = sys.argv[1], sys.argv[2]
+# the daisy_nb of this checkout, as a job's environment would have the driver's release (it has no PYTHONPATH)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import psutil  # noqa: E402
 
 import daisy_nb  # noqa: E402
-from daisy_nb.runtime import _net  # noqa: E402
+from daisy_nb.runtime.net import address as net_address  # noqa: E402
 
 
 def is_loopback(host):
@@ -63,7 +65,7 @@ if mode == "remote" and is_loopback(host):
         json.dump(seen, f)
     sys.exit(3)
 if mode == "local_only":
-    seen["answers"] = {ip: answers(ip, port) for ip, _ in _net.candidate_addresses()}
+    seen["answers"] = {ip: answers(ip, port) for ip, _ in net_address.candidate_addresses()}
 if mode in ("unreachable", "unreachable_fails"):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""TCP transport of ``daisy_nb.Client`` connections: host, authentication, frames, liveness.
+"""TCP transport of ``daisy_nb.Client`` connections: the handshake, the listener, both ends' sockets.
 
 Used by 0-argument worker functions and the programs they start (cluster jobs), never
 by block-function workers (those use shared memory, see ``_shm``). Standard library
@@ -23,7 +23,7 @@ Protocol (version 3) on one TCP connection, all integers little-endian:
    The client checks it, so a worker never talks to another run that reuses the port
    (or to any other program): it treats that as "the run has ended".
 4. Frames, both ways, each with a MAC and an implicit sequence number under a key per
-   direction derived from the secret and both nonces (:mod:`._frames`: layout, keys,
+   direction derived from the secret and both nonces (:mod:`.frames`: layout, keys,
    why BLAKE2b). A frame that fails is never interpreted: the connection is closed at
    once (the scheduler hands out the blocks it held again, as for a lost client; the
    client treats it as a lost connection). The payload's first byte is its kind (see
@@ -68,46 +68,32 @@ import socket
 import threading
 import time
 
-from daisy_nb.runtime._frames import (
-    HEADER,
-    HTAG,
-    MAX_FRAME,
-    TAG,
-    FrameCodec,
-    FrameError,
-    Session,
-    recv_frame,
-    send_frame,
-    session_keys,
-    split_frames,
-)
+from daisy_nb.runtime.net import wire
+from daisy_nb.runtime.net.frames import HEADER, HTAG, MAX_FRAME, TAG, FrameCodec, FrameError, Session
 
 __all__ = [
+    "BACKLOG",
     "HEADER",
     "HTAG",
+    "MAC",
+    "MAGIC",
     "MAX_FRAME",
+    "MAX_PENDING",
+    "MAX_PENDING_PER_PEER",
+    "NONCE",
     "TAG",
-    "FrameCodec",
     "FrameError",
     "Listener",
     "NotOurRun",
     "ServerConn",
-    "Session",
-    "candidate_addresses",
     "connect",
-    "describe",
-    "detect_address",
-    "liveness",
-    "recv_frame",
-    "resolve_host",
-    "send_frame",
-    "session_keys",
-    "split_frames",
+    "keepalive",
+    "peer_key",
 ]
 
 logger = logging.getLogger("daisy")
 
-MAGIC = b"DAISYNB3"  # protocol version 3: a release asks for the next block (2: authenticated frames; 1: plain)
+MAGIC = wire.MAGIC  # "DAISYNB" + the protocol version (see runtime/net/wire.py)
 NONCE = 16
 MAC = 32
 _CLIENT_LABEL = b"daisy_nb client"
@@ -118,13 +104,6 @@ MAX_PENDING_PER_PEER = 128  # per peer address (an IPv6 /64); that address's old
 # short queue loses SYNs, and each retransmission costs 1 s, 2 s, 4 s (2,000 jobs at once: 6.5 s with 128)
 BACKLOG = 4096
 
-DEFAULTS = {"auth": 5.0, "heartbeat": 5.0, "peer_timeout": 30.0}
-_ENV = {
-    "auth": "DAISY_NB_AUTH_TIMEOUT_SECS",
-    "heartbeat": "DAISY_NB_HEARTBEAT_SECS",
-    "peer_timeout": "DAISY_NB_PEER_TIMEOUT_SECS",
-}
-
 
 class NotOurRun(ConnectionError):
     """The listener at the address is not this worker's run (another run, another program)."""
@@ -132,136 +111,6 @@ class NotOurRun(ConnectionError):
 
 class _Dropped(NotOurRun):
     """The handshake was closed or timed out: another run, or ours dropped it (a flood); retried once."""
-
-
-# ------------------------------------------------------------------------ settings
-def liveness(context=None) -> dict[str, float]:
-    """``{"auth", "heartbeat", "peer_timeout"}`` in seconds: context keys, else env, else defaults."""
-    out = {}
-    for key, default in DEFAULTS.items():
-        raw = None if context is None else context.get(key)
-        name = f"DAISY_CONTEXT key {key!r}"
-        if raw in (None, ""):
-            raw, name = os.environ.get(_ENV[key], ""), _ENV[key]
-        if raw in (None, ""):
-            out[key] = default
-            continue
-        try:
-            v = float(raw)
-        except ValueError:
-            raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-        if not v > 0 or v == float("inf"):
-            raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
-        out[key] = v
-    if out["heartbeat"] >= out["peer_timeout"]:
-        raise ValueError(
-            f"{_ENV['heartbeat']} ({out['heartbeat']:g}) must be smaller than {_ENV['peer_timeout']} "
-            f"({out['peer_timeout']:g}): a peer is declared gone after that much silence"
-        )
-    return out
-
-
-def resolve_host(host) -> tuple[str, str | None]:
-    """``(address to bind, address to advertise to workers)`` for ``run_blockwise(host=...)``.
-
-    As daisy 2.0.0: ``None``/``""`` binds every interface (``0.0.0.0``) and the address
-    to advertise is detected once the listener is up (``None`` here; see
-    :func:`detect_address`). ``"0.0.0.0"``/``"::"`` bind every interface and advertise a
-    detected address too (daisy 2.0.0 advertises the wildcard itself, which no other
-    machine can use). A loopback host (``"127.0.0.1"``, any ``127.x``, ``"::1"``,
-    ``"localhost"``) binds only that address: this machine only. Anything else (an
-    address or a name, possibly one only the compute nodes resolve, or a container's
-    external address) binds every interface and is advertised as given, as daisy does.
-    """
-    if host is None or host == "":
-        return "0.0.0.0", None
-    if not isinstance(host, str):
-        raise TypeError(f"host must be a string (an address or host name of this machine), got {type(host).__name__}")
-    if host in ("0.0.0.0", "::"):
-        return host, None
-    if _is_loopback(host):
-        return host, host
-    return "0.0.0.0", host
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
-ROUTE_PROBE = ("192.0.2.1", 9)  # TEST-NET-1: a UDP connect() to it picks the default route; nothing is sent
-
-
-def _routable(ip: str) -> bool:
-    try:
-        a = ipaddress.ip_address(ip.split("%")[0])
-    except ValueError:
-        return False
-    return not (a.is_loopback or a.is_unspecified or a.is_multicast)
-
-
-def candidate_addresses() -> list[tuple[str, str]]:
-    """``[(IPv4 address, where it came from)]``, in daisy 2.0.0's order: this host's
-    resolved name (``gethostname`` -> ``getaddrinfo``, first non-loopback), then the
-    interface of the default route (a UDP socket "connected" to a TEST-NET address;
-    no packet is sent). Loopback answers are skipped."""
-    out: list[tuple[str, str]] = []
-    try:
-        name = socket.gethostname()
-        for info in socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM):
-            ip = str(info[4][0])
-            if _routable(ip):
-                out.append((ip, f"host name {name!r}"))
-                break
-    except OSError:
-        pass
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(ROUTE_PROBE)
-            ip = str(s.getsockname()[0])
-        if _routable(ip) and all(ip != c[0] for c in out):
-            out.append((ip, "default route"))
-    except OSError:
-        pass
-    return out
-
-
-def detect_address(listener: Listener) -> str:
-    """The address to advertise for a listener on every interface (daisy 2.0.0's rule).
-
-    The first of :func:`candidate_addresses` that passes a connectivity check (a TCP
-    connection from this machine to the listener at that address, greeted by its
-    handshake); else ``127.0.0.1`` with a warning that other machines cannot connect.
-    """
-    for ip, source in candidate_addresses():
-        if listener.reaches(ip):
-            logger.info("advertising auto-detected address %s (from the %s)", ip, source)
-            return ip
-        logger.warning(
-            "address %s (from the %s) failed its connectivity check and will not be advertised "
-            "(a firewall may be blocking non-loopback interfaces)",
-            ip,
-            source,
-        )
-    fallback = "127.0.0.1" if listener.family == socket.AF_INET or listener.reaches("127.0.0.1") else "::1"
-    logger.warning(
-        "no reachable non-loopback address found; advertising %s. Workers on other machines cannot connect "
-        "(pass run_blockwise(host=...) or DAISY_HOST: an address of this machine they can reach)",
-        fallback,
-    )
-    return fallback
-
-
-def describe(bind_host: str, port: int, advertised: str) -> str:
-    """``"listens on 0.0.0.0:PORT (every interface), advertised to workers as 192.0.2.2:PORT"``."""
-    where = f"[{bind_host}]" if ":" in bind_host else bind_host
-    every = " (every interface)" if bind_host in ("0.0.0.0", "::") else ""
-    adv = f"[{advertised}]" if ":" in advertised else advertised
-    return f"listens on {where}:{port}{every}, advertised to workers as {adv}:{port}"
 
 
 def keepalive(sock: socket.socket, peer_timeout: float) -> None:
@@ -303,8 +152,6 @@ def connect(host: str, port: int, secret: bytes, timeouts: dict, source: str | N
     a listener under a handshake flood may have dropped ours. ``source``: the local address
     to connect from (a load generator standing in for many machines), else the system's choice.
     """
-    if not secret:
-        raise NotOurRun("the context has no authkey")
     try:
         return _connect_once(host, port, secret, timeouts, source)
     except _Dropped as e:
@@ -320,9 +167,13 @@ def _connect_once(host: str, port: int, secret: bytes, timeouts: dict, source: s
         try:
             hello = _recv_exact(sock, len(MAGIC) + NONCE)
             if hello[: len(MAGIC)] != MAGIC:
-                if hello[: len(MAGIC) - 1] == MAGIC[:-1]:
-                    raise NotOurRun("the scheduler speaks another version of daisy_nb's protocol (another release)")
-                raise NotOurRun("the listener is not a daisy_nb scheduler")
+                theirs = wire.version_of(hello)
+                if theirs is None:
+                    raise NotOurRun("the listener is not a daisy_nb scheduler")
+                # another daisy_nb release: never "the run has ended" (the job would exit 0 having done nothing)
+                raise wire.ProtocolVersionError(theirs, where=f"{host}:{port}")
+            if not secret:  # a context built by hand: the scheduler is there, but not this worker's
+                raise NotOurRun("the context has no authkey")
             ns = hello[len(MAGIC) :]
             nc = secrets.token_bytes(NONCE)
             sock.sendall(_mac(secret, _CLIENT_LABEL, ns) + nc)
@@ -463,8 +314,9 @@ class Listener:
     stranger (silent, slow, junk) costs at most ``auth`` seconds of its own socket.
     """
 
-    def __init__(self, bind_host: str, secret: bytes, on_conn, timeouts: dict):
+    def __init__(self, bind_host: str, secret: bytes, on_conn, timeouts: dict, *, version: int = wire.VERSION):
         self.secret = secret
+        self.magic = wire.magic(version)  # another version only in tests (a scheduler of another release)
         self.on_conn = on_conn
         self.timeouts = dict(timeouts)
         self.rejected = 0
@@ -524,7 +376,7 @@ class Listener:
             except OSError:
                 self._probe_ports.discard(port)  # nothing reached the listener
                 return False
-            return _recv_exact(s, len(MAGIC) + NONCE)[: len(MAGIC)] == MAGIC
+            return _recv_exact(s, len(MAGIC) + NONCE)[: len(MAGIC)] == self.magic
         except (OSError, EOFError):
             return False
         finally:
@@ -603,7 +455,7 @@ class Listener:
             sock.setblocking(False)
             hs = _Handshake(sock, peer, time.monotonic() + self.timeouts["auth"])
             try:
-                sock.send(MAGIC + hs.nonce)  # 24 bytes into an empty buffer
+                sock.send(self.magic + hs.nonce)  # 24 bytes into an empty buffer
             except OSError:
                 self._reject(hs, "closed at once")
                 continue

@@ -1,4 +1,4 @@
-"""Authenticated frames of ``daisy_nb.Client`` connections (after :mod:`._net`'s handshake).
+"""Authenticated frames of ``daisy_nb.Client`` connections (after :mod:`.transport`'s handshake).
 
 One key per direction, derived from the run's secret and both handshake nonces
 (:func:`session_keys`: an HMAC-based KDF; the secret is already 32 random bytes), and an
@@ -17,7 +17,7 @@ HMAC-SHA256: the cheaper of the two in the standard library, ~2x here per frame
 
 Use: :class:`FrameCodec` (``seal`` a payload, ``open`` a receive buffer: every complete
 frame in one pass, verified); :class:`Session` (a client's blocking socket and its codec,
-what ``_net.connect`` returns), with ``send_frame(session, payload)`` and
+what ``transport.connect`` returns), with ``send_frame(session, payload)`` and
 ``recv_frame(session)``.
 """
 

@@ -1,0 +1,606 @@
+"""The hand-out of blocks to ``daisy_nb.Client`` connections, as decisions without I/O.
+
+:class:`HandOut` is the scheduler's side of every connection (requests, releases,
+failures, give-backs, blocks sent ahead, parking, quiet time, heartbeats and block
+timeouts) as a plain object: events in, actions out. No socket, clock or process
+inside: the shell (:mod:`daisy_nb.runtime.net.server`) owns the sockets, reads the
+frames, decodes them (:mod:`.wire`), passes the clock in, and executes what
+:meth:`HandOut.take` returns (:class:`Send` a frame, :class:`Close` a connection).
+
+Events: :meth:`HandOut.opened` (an authenticated connection), :meth:`HandOut.on_frames`
+(the decoded messages of every readable connection, one pass), :meth:`HandOut.lost`
+(end of stream, a send that failed, a malformed frame), :meth:`HandOut.broken` (a frame
+failed its integrity check), :meth:`HandOut.serve_parked`, :meth:`HandOut.heartbeats`
+and :meth:`HandOut.check_timeouts` (the clock moved), :meth:`HandOut.drop_task`
+(abandonment), :meth:`HandOut.stop` (Ctrl-C: no more blocks handed out),
+:meth:`HandOut.close_all` (the run's end). The scheduler is the real one, called through
+its list API (``acquire_described``, ``release_indices``) once per task and pass. What
+the core asks or tells about a connection's worker function goes to the pool's
+:class:`Jobs` (its worker-function part); a task to abandon to the ``abandon`` callback.
+
+**One pass per wake-up, batched.** The frames of every readable connection are taken in
+order, but what they ask of the scheduler is collected: the pass ends with one
+``release_indices`` per task for every block released, failed or given back, then one
+``acquire_described`` per task for every connection that waits for a block. A release is
+also a request ("done, and the next one"), so a worker's loop costs one frame each way
+per block; ``ACQUIRE`` asks only where no release did.
+
+**Blocks sent ahead.** After a connection's first block, the next block goes ahead (one
+at most: a client holds at most the block it runs and one behind it) while the ready
+blocks of its task cover two per connected client. A request that crosses a block
+already on its way is answered by that block. A block waiting behind is given back
+uncounted (``GIVE_BACK``, ``GOODBYE``); when a connection drops, the block it was running
+fails (an attempt) and the one behind it goes back (status 0).
+
+**Quiet time.** After a pass in which every connection that asked ends up holding two
+blocks and none is parked, the connections may stay unread for a quarter of the task's
+(shortest) mean block time, at most ``QUIET_MAX_SECS`` (:attr:`HandOut.quiet_secs`): the
+frames that arrive meanwhile are taken in one pass (the shell waits on that deadline).
+
+Invariants (:meth:`HandOut.validate`): every block handed out is held by exactly one
+connection (or released); per task, the blocks held equal the scheduler's processing
+count; a parked connection holds nothing and is registered as parked exactly once; at
+most two blocks per connection; the client counts match the connections.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, NamedTuple, Protocol
+
+from daisy_nb.runtime.net import wire
+from daisy_nb.runtime.policy import record_error
+
+__all__ = ["AHEAD_EMA", "QUIET_FRACTION", "QUIET_MAX_SECS", "Close", "Conn", "HandOut", "Jobs", "Send"]
+
+logger = logging.getLogger("daisy")
+
+AHEAD_EMA = 0.2  # weight of the newest block in the per-task mean block time
+QUIET_FRACTION = 0.25  # of the mean block time, the longest the connections may go unread (quiet time)
+QUIET_MAX_SECS = 0.02
+HEARTBEAT_CHECKS = 5  # scans of every connection per heartbeat interval (pings, silent peers)
+
+_new = tuple.__new__
+_PING = wire.encode_ping()
+_NO_MORE = wire.encode_no_more()
+
+
+class Send(NamedTuple):
+    """Send ``payload`` (one frame) on connection ``cid``; if that fails, the shell reports :meth:`HandOut.lost`."""
+
+    cid: Hashable
+    payload: bytes
+
+
+class Close(NamedTuple):
+    """Close connection ``cid`` (the core has forgotten it already)."""
+
+    cid: Hashable
+
+
+class Jobs(Protocol):
+    """What the Client side asks and tells about the worker function whose job a connection is
+    (the pool's processes part): a client's hello carries its worker id."""
+
+    def is_worker(self, wid: int) -> bool: ...
+    def job_connected(self, wid: int, tr: Any) -> bool: ...
+    def job_acquired(self, wid: int) -> None: ...
+    def job_result(self, wid: int, tr: Any, *, raised: bool, finished: bool) -> None: ...
+    def job_log(self, wid: int) -> str | None: ...
+    def job_label(self, wid: int) -> str | None: ...
+    def job_pid(self, wid: int) -> int | None: ...
+    def job_lost(self, wid: int, tr: Any) -> None: ...
+    def job_timed_out(self, wid: int, tr: Any) -> bool: ...
+    def died_with_template(self, wid: int) -> bool: ...
+    def has_workers(self, tr: Any) -> bool: ...
+
+
+class Conn:
+    """One connection as the core sees it (the dashboard reads ``wid`` and ``held``)."""
+
+    __slots__ = ("cid", "held", "last_seen", "last_sent", "parked", "peer", "t_free_ns", "tl_key", "tr", "wid")
+
+    def __init__(self, cid: Hashable, peer: Any, now_ns: int):
+        self.cid = cid
+        self.peer = peer
+        self.tr: Any = None  # the task's run record, once the client said hello
+        self.wid = -1
+        self.held: dict[int, int] = {}  # block index -> when sent (ns), in the order sent
+        self.parked = False
+        self.last_seen = self.last_sent = now_ns  # heartbeats
+        self.t_free_ns = now_ns  # when its previous block ended (block time estimates)
+        self.tl_key: Any = None  # its row in the dashboard's timeline
+
+
+class _Pass:
+    """What one pass over the readable connections asks of the scheduler."""
+
+    __slots__ = ("ahead", "releases", "want")
+
+    def __init__(self):
+        self.releases: dict[Any, tuple[list[int], list[int]]] = {}  # task run -> (indices, statuses)
+        self.want: dict[Conn, None] = {}  # connections waiting for a block, in arrival order
+        self.ahead: dict[Conn, None] = {}  # connections that may get the next block ahead
+
+    def release(self, tr, index: int, status: int) -> None:
+        rel = self.releases.get(tr)
+        if rel is None:
+            rel = self.releases[tr] = ([], [])
+        rel[0].append(index)
+        rel[1].append(status)
+
+
+class _Connections:
+    """The connection table (part of :class:`HandOut`): opened, lost, dropped, and what they held."""
+
+    conns: dict[Hashable, Conn]
+    trs: Mapping[str, Any]
+    jobs: Jobs
+    s: Any
+    n_clients: dict[str, int]
+    timeline: Any
+    aborting: bool
+    _batch: _Pass | None
+    _out: list[Send | Close]
+
+    def _park(self, cc: Conn, on: bool) -> None:
+        raise NotImplementedError  # HandOut's
+
+    def opened(self, cid: Hashable, peer: Any, now_ns: int) -> None:
+        """A new authenticated connection."""
+        if cid in self.conns:
+            raise ValueError(f"connection {cid!r} is open already")
+        self.conns[cid] = Conn(cid, peer, now_ns)
+
+    def holding(self) -> bool:
+        """Some client holds a block."""
+        return any(cc.held for cc in self.conns.values())
+
+    def lost(self, cid: Hashable) -> None:
+        """The connection ended (end of stream, a failed send, a malformed frame): dropped."""
+        cc = self.conns.get(cid)
+        if cc is not None:
+            self._drop(cc)
+
+    def broken(self, cid: Hashable, why: str) -> None:
+        """A frame failed its integrity check: never interpreted, the connection dropped at once."""
+        cc = self.conns.get(cid)
+        if cc is None:
+            return
+        logger.warning(
+            "task %r: a frame from worker %s at %s failed its integrity check (%s); connection dropped, "
+            "%d block(s) it held are handed out again",
+            "?" if cc.tr is None else cc.tr.tid,
+            cc.wid,
+            cc.peer,
+            why,
+            len(cc.held),
+        )
+        self._drop(cc)
+
+    def drop_task(self, tid: str) -> None:
+        """``tid`` was abandoned: its connections are closed (what they held goes back)."""
+        for cc in list(self.conns.values()):
+            if cc.tr is not None and cc.tr.tid == tid:
+                self._drop(cc)
+
+    def close_all(self) -> None:
+        """The run's end: every connection closed at once."""
+        for cc in list(self.conns.values()):
+            self._drop(cc)
+
+    # ------------------------------------------------------------------ drops
+    def _release_held(self, cc: Conn, fail_running: bool = True) -> None:
+        """The block ``cc`` runs fails (an attempt); blocks behind it were never started: given back.
+
+        Given back too on Ctrl-C (``abort``), and when the connection's worker died with the
+        worker template (not the block's fault). ``fail_running=False`` (a goodbye, sent between
+        blocks): every block it holds is given back."""
+        idx = list(cc.held)
+        st = [0] * len(idx)
+        if fail_running and not (self.aborting or self.jobs.died_with_template(cc.wid)):
+            st[0] = 3
+        cc.held.clear()
+        self.s.release_indices(cc.tr.tid, idx, st)
+
+    def _drop(self, cc: Conn) -> None:
+        if cc.parked:
+            self._park(cc, False)
+        if self.conns.pop(cc.cid, None) is None:
+            return
+        if cc.tr is not None:
+            self.n_clients[cc.tr.tid] -= 1
+            if self.timeline is not None and cc.tl_key is not None and cc.tl_key[0] == "c":
+                self.timeline.ended(cc.tl_key)
+        self._out.append(Close(cc.cid))
+        if self._batch is not None:  # its releases in this pass are dropped from want/ahead
+            self._batch.want.pop(cc, None)
+            self._batch.ahead.pop(cc, None)
+        if cc.held and cc.tr is not None:
+            self._release_held(cc)
+
+
+class _Timers(_Connections):
+    """What the clock decides (part of :class:`HandOut`): heartbeats, silent peers, block timeouts."""
+
+    net: Mapping[str, float]
+    _next_beat_check: int
+
+    def heartbeats(self, now_ns: int) -> None:
+        """Ping every client (also while it runs a block, so that it can tell a live scheduler from a
+        vanished one); drop the ones silent for ``peer_timeout``. A scan a few times per heartbeat."""
+        if not self.conns or now_ns < self._next_beat_check:
+            return
+        beat, dead = int(self.net["heartbeat"] * 1e9), int(self.net["peer_timeout"] * 1e9)
+        self._next_beat_check = now_ns + beat // HEARTBEAT_CHECKS
+        for cc in list(self.conns.values()):
+            if now_ns - cc.last_seen > dead:
+                logger.warning(
+                    "task %r: worker %s at %s sent nothing for %.0f s; dropped, %d block(s) it held are handed "
+                    "out again",
+                    "?" if cc.tr is None else cc.tr.tid,
+                    cc.wid,
+                    cc.peer,
+                    (now_ns - cc.last_seen) / 1e9,
+                    len(cc.held),
+                )
+                self._drop(cc)
+                if cc.tr is not None:  # the worker function waiting for it is ended (and replaced)
+                    self.jobs.job_lost(cc.wid, cc.tr)
+            elif now_ns - cc.last_sent > beat:
+                cc.last_sent = now_ns
+                self._out.append(Send(cc.cid, _PING))
+
+    def check_timeouts(self, now_ns: int) -> None:
+        """A client's running block (the first it holds) past the task's timeout fails; one behind goes back."""
+        if not self.conns or all(tr.timeout_ns is None for tr in self.trs.values()):
+            return
+        for cc in list(self.conns.values()):
+            tr = cc.tr
+            if tr is None or tr.timeout_ns is None or not cc.held or cc.cid not in self.conns:
+                continue
+            sent = next(iter(cc.held.values()))
+            if now_ns - max(sent, cc.t_free_ns) <= tr.timeout_ns:  # it started when the previous one ended
+                continue
+            self.s.counters[tr.tid].timeout_reclaim_count += 1
+            self._release_held(cc)
+            if not self.jobs.job_timed_out(cc.wid, tr):  # its worker function is ended, else it is dropped
+                self._drop(cc)
+
+    def running_blocks(self) -> list[tuple]:
+        """``(task id, [index], label, pid, since)`` of the block each client runs (the hang alarm)."""
+        out: list[tuple] = []
+        for cc in list(self.conns.values()):
+            if cc.held and cc.tr is not None:
+                index, sent = next(iter(cc.held.items()))
+                label = f"Client of worker {cc.wid} at {cc.peer}"
+                out.append((cc.tr.tid, [index], label, self.jobs.job_pid(cc.wid), max(sent, cc.t_free_ns) / 1e9))
+        return out
+
+
+class HandOut(_Timers):
+    """Requests, releases, blocks sent ahead, parking, quiet time, heartbeats (module docstring)."""
+
+    def __init__(
+        self,
+        scheduler,
+        tasks: Mapping[str, Any],
+        jobs: Jobs,
+        abandon: Callable[[str, str], None],
+        *,
+        net: Mapping[str, float],
+        connected_too_late: Callable[[Conn], str | None] | None = None,
+    ):
+        self.s = scheduler
+        self.trs = tasks  # the run records by task id (a hello names its task)
+        self.jobs = jobs
+        self._abandon = abandon
+        self.net = net
+        # the worker-function diagnoses: the error if a connection's worker function had returned already
+        self._too_late = connected_too_late
+        self.conns: dict[Hashable, Conn] = {}
+        self.n_clients: dict[str, int] = {}  # task id -> connected clients
+        self.client_block_secs: dict[str, float] = {}  # task id -> mean block time of its clients
+        self.connected_tids: set[str] = set()  # tasks a Client has said hello for
+        self.parked: dict[Any, dict[Conn, None]] = {}  # task run -> connections waiting, oldest first
+        self.quiet_secs = 0.0  # how long the connections may go unread after the last pass
+        self.aborting = False  # blocks cut short are given back, not failed
+        self.stopped = False  # no more blocks handed out (Ctrl-C)
+        self.timeline: Any = None  # a dashboard.timeline.Timeline, or None
+        # what happened, for tests and benchmarks: passes, messages by kind, blocks sent (and ahead)
+        self.counts: dict[str, int] = {"passes": 0, "sent": 0, "ahead": 0}
+        self._next_beat_check = 0
+        self._batch: _Pass | None = None
+        self._out: list[Send | Close] = []
+
+    # ------------------------------------------------------------------ actions
+    def take(self) -> list[Send | Close]:
+        """The actions decided since the last call, in order (the shell executes them)."""
+        out, self._out = self._out, []
+        return out
+
+    # ------------------------------------------------------------------ events
+    def abort(self) -> None:
+        """The run is being aborted (Ctrl-C, an error): blocks cut short are given back, not failed."""
+        self.aborting = True
+
+    def stop(self) -> None:
+        """No more blocks are handed out (Ctrl-C): releases are still taken; requests get nothing."""
+        self.stopped = True
+        for ccs in self.parked.values():
+            for cc in ccs:
+                cc.parked = False
+        self.parked.clear()
+
+    def on_frames(self, frames: list[tuple[Hashable, list]], now_ns: int) -> None:
+        """One pass: the decoded messages of each readable connection (see the module docstring)."""
+        batch = self._batch = _Pass()
+        counts = self.counts
+        counts["passes"] += 1
+        try:
+            for cid, msgs in frames:
+                cc = self.conns.get(cid)
+                if cc is None:
+                    continue
+                cc.last_seen = now_ns
+                for msg in msgs:
+                    if cc.cid not in self.conns:
+                        break  # dropped by an earlier frame
+                    kind = wire.kind_name(msg)
+                    counts[kind] = counts.get(kind, 0) + 1
+                    self._on_msg(cc, msg, batch, now_ns)
+        finally:
+            self._batch = None
+        self._serve(batch, now_ns)
+
+    def serve_parked(self, now_ns: int) -> None:
+        """Answer the clients waiting for a block (a block, or ``NO_MORE`` when none is left)."""
+        if not self.parked:
+            return
+        batch = _Pass()
+        for tr, ccs in self.parked.items():
+            if ccs and (self.s.ready_count(tr.tid) > 0 or self._nothing_left(tr)):
+                batch.want.update(ccs)
+        if batch.want:
+            self._serve(batch, now_ns)
+
+    # ------------------------------------------------------------------ messages
+    def _on_msg(self, cc: Conn, msg, batch: _Pass, now_ns: int) -> None:
+        if msg is wire.PING:  # heartbeat (last_seen is updated on every read)
+            return
+        if isinstance(msg, wire.Hello):
+            self._hello(cc, msg, now_ns)
+            return
+        tr = cc.tr
+        if tr is None:  # anything before the hello
+            self._drop(cc)
+            return
+        if msg is wire.ACQUIRE:
+            self._request(cc, batch)
+        elif isinstance(msg, wire.Release):
+            self._finished(cc, tr, msg.block, msg.status, msg.stats, batch, now_ns)
+            self._request(cc, batch, ahead=msg.status == 2)  # "done, and the next one"
+        elif isinstance(msg, wire.Failure):
+            record_error(self.s.counters[tr.tid], msg.text, log=self.jobs.job_log(cc.wid))
+            self._finished(cc, tr, msg.block, 3, msg.stats, batch, now_ns, raised=True)
+        elif isinstance(msg, wire.GiveBack):  # a block sent ahead, never started: back to the front
+            if cc.held.pop(msg.block, None) is not None:
+                batch.release(tr, msg.block, 0)
+        elif msg is wire.GOODBYE:  # a client leaves between blocks: what it holds was never started
+            if cc.held:
+                self._release_held(cc, fail_running=False)
+            self._drop(cc)  # it reads until we close
+        else:
+            raise TypeError(f"not a client message: {msg!r}")
+
+    def _hello(self, cc: Conn, msg: wire.Hello, now_ns: int) -> None:
+        if cc.tr is not None:  # one hello per connection
+            self._drop(cc)
+            return
+        tr = self.trs.get(msg.task_id)
+        if tr is None:
+            self._drop(cc)
+            return
+        cc.tr, cc.wid = tr, msg.worker_id
+        tid = tr.tid
+        self.n_clients[tid] = self.n_clients.get(tid, 0) + 1
+        self.connected_tids.add(tid)
+        if not self.jobs.job_connected(cc.wid, tr):  # not the job of a running worker function
+            late = None if self._too_late is None else self._too_late(cc)
+            if late is not None and not (self.s.is_abandoned(tid) or self.s.is_task_done(tid)):
+                self._connected_too_late(cc, late)
+        tl = self.timeline
+        if tl is not None:  # the row of its worker function (its job), or its own if that has one
+            taken = any(c.tl_key == ("w", cc.wid) for c in self.conns.values() if c is not cc)
+            if self.jobs.is_worker(cc.wid) and not taken:
+                cc.tl_key = ("w", cc.wid)
+            else:
+                cc.tl_key = ("c", cc.wid, now_ns)  # unique (an id() could be reused)
+                tl.worker(cc.tl_key, tid, "client", f"client of worker {cc.wid}", None, self.jobs.job_label(cc.wid))
+
+    def _connected_too_late(self, cc: Conn, msg: str) -> None:
+        """A Client said hello for a worker function that had returned (``msg``: the diagnosis):
+        daisy 2.0.0 stops the run here (a RuntimeError); daisy_nb abandons the task, which
+        ``run_blockwise`` raises."""
+        tr = cc.tr
+        logger.error("task %r: %s", tr.tid, msg)
+        record_error(self.s.counters[tr.tid], msg)
+        if self._batch is not None:  # blocks released earlier in this pass were done before it ended
+            self._release_pass(self._batch)
+        from daisy_nb.progress import ABANDON_NOT_WAITING
+
+        self._abandon(tr.tid, ABANDON_NOT_WAITING)
+
+    def _finished(self, cc: Conn, tr, index: int, status: int, stats, batch: _Pass, now_ns: int, raised=False):
+        sent = cc.held.pop(index, None)
+        # what its worker function's jobs finished (policy.is_job_end)
+        self.jobs.job_result(cc.wid, tr, raised=raised, finished=sent is not None and status == 2)
+        if sent is None:  # reclaimed after a timeout, or never ours
+            return
+        if stats is not None and tr.res is not None:
+            tr.res.add_one(stats, status != 2)
+        batch.release(tr, index, status)
+        secs = (now_ns - max(sent, cc.t_free_ns)) / 1e9
+        cc.t_free_ns = now_ns
+        tr.block_secs.append(secs)
+        old = self.client_block_secs.get(tr.tid)
+        self.client_block_secs[tr.tid] = secs if old is None else old + AHEAD_EMA * (secs - old)
+        if self.timeline is not None and cc.tl_key is not None:
+            self.timeline.bar(cc.tl_key, tr.tid, now_ns / 1e9 - secs, now_ns / 1e9, 1, int(status != 2))
+
+    def _request(self, cc: Conn, batch: _Pass, ahead: bool = True) -> None:
+        """``cc`` asks for a block: one it holds already (sent ahead, on its way) answers it; else it
+        waits for the pass's acquisition. Fast blocks: maybe one more ahead (see ``_serve``)."""
+        if cc.held:
+            self._park(cc, False)
+        else:
+            batch.want[cc] = None
+        if ahead:
+            batch.ahead[cc] = None
+
+    # ------------------------------------------------------------------ the pass's end
+    def _serve(self, batch: _Pass, now_ns: int) -> None:
+        """End a pass: its releases (one scheduler call per task), then a block for every connection
+        that waits for one (one acquisition per task), ``NO_MORE`` where none is left, parked where
+        blocks are still to come; then the blocks sent ahead."""
+        self._release_pass(batch)
+        if batch.want:
+            self._hand_out(batch.want, False, now_ns)
+        if batch.ahead and not self.stopped:
+            ahead: dict[Conn, None] = {}
+            gone: dict[str, bool] = {}  # task id -> abandoned (asked once per task)
+            for cc in batch.ahead:
+                tr = cc.tr
+                if len(cc.held) != 1 or cc.cid not in self.conns:
+                    continue
+                a = gone.get(tr.tid)
+                if a is None:
+                    a = gone[tr.tid] = self.s.is_abandoned(tr.tid)
+                if a:
+                    continue
+                if tr.tid in self.client_block_secs:  # after its first block
+                    ahead[cc] = None
+            if ahead:
+                self._hand_out(ahead, True, now_ns)
+        self.quiet_secs = self._quiet(batch)
+
+    def _release_pass(self, batch: _Pass) -> None:
+        for tr, (idx, st) in batch.releases.items():
+            self.s.release_indices(tr.tid, idx, st)
+        batch.releases.clear()
+
+    def _quiet(self, batch: _Pass) -> float:
+        """0 unless every connection that asked holds two blocks and nobody is parked."""
+        if self.parked or self.stopped or not (batch.want or batch.ahead):
+            return 0.0
+        secs = QUIET_MAX_SECS / QUIET_FRACTION
+        for group in (batch.want, batch.ahead):
+            for cc in group:
+                if cc.cid not in self.conns:
+                    continue
+                if len(cc.held) < 2:
+                    return 0.0
+                secs = min(secs, self.client_block_secs.get(cc.tr.tid, 0.0))
+        return secs * QUIET_FRACTION
+
+    def _nothing_left(self, tr) -> bool:
+        """Every block ``tr`` has left is handed out already (or it was abandoned)."""
+        s, tid = self.s, tr.tid
+        return s.is_abandoned(tid) or s.remaining_count(tid) - s.processing_count(tid) <= 0
+
+    def _hand_out(self, ccs: dict[Conn, None], ahead: bool, now_ns: int) -> None:
+        """One acquisition per task for ``ccs`` (each gets one block, in order); the rest get
+        ``NO_MORE`` if their task has nothing left, else wait (parked). ``ahead``: only while the
+        ready blocks cover two per connected client of the task."""
+        by_task: dict[Any, list[Conn]] = {}
+        for cc in ccs:
+            if cc.cid in self.conns and cc.tr is not None:
+                by_task.setdefault(cc.tr, []).append(cc)
+        s = self.s
+        for tr, group in by_task.items():
+            k = 0
+            if not (self.stopped or s.is_abandoned(tr.tid)):
+                ready = s.ready_count(tr.tid)
+                if ahead:  # each one ahead while the ready blocks still cover two per client
+                    ready = max(0, ready - 2 * self.n_clients.get(tr.tid, 1) + 1)
+                k = min(len(group), ready)
+            if k > 0:
+                rows = s.acquire_described(tr.tid, k)
+                k = len(rows)
+                if k and tr.t_first is None:
+                    tr.t_first = now_ns / 1e9
+                for cc, row in zip(group, rows):
+                    self._send_block(cc, row, now_ns)
+                self.counts["sent"] += k
+                if ahead:
+                    self.counts["ahead"] += k
+            if ahead or k == len(group):
+                continue
+            if self.stopped:  # Ctrl-C: they get nothing; the run's end closes them
+                continue
+            done = self._nothing_left(tr)
+            for cc in group[k:]:
+                if done:
+                    self._park(cc, False)
+                    self._out.append(Send(cc.cid, _NO_MORE))
+                else:
+                    self._park(cc, True)
+
+    def _send_block(self, cc: Conn, row: list[int], now_ns: int) -> None:
+        cc.held[row[0]] = now_ns
+        cc.last_sent = now_ns
+        if cc.parked:
+            self._park(cc, False)
+        self.jobs.job_acquired(cc.wid)
+        self._out.append(_new(Send, (cc.cid, wire.encode_block(row))))  # Send(...) without its Python __new__
+
+    def _park(self, cc: Conn, on: bool) -> None:
+        cc.parked = on
+        if on:
+            self.parked.setdefault(cc.tr, {})[cc] = None
+            return
+        ccs = self.parked.get(cc.tr)
+        if ccs is not None:
+            ccs.pop(cc, None)
+            if not ccs:
+                del self.parked[cc.tr]
+
+    # ------------------------------------------------------------------ invariants
+    def validate(self) -> None:
+        """Raise ``AssertionError`` if an invariant does not hold (see the module docstring)."""
+        check_invariants(self)
+
+
+def check_invariants(core: HandOut) -> None:
+    """:meth:`HandOut.validate`: every block in one place, held equal to in flight, parking consistent."""
+    s = core.s
+    held_by_task: dict[str, set[int]] = {}
+    counts: dict[str, int] = {}
+    for cid, cc in core.conns.items():
+        assert cc.cid == cid, (cid, cc.cid)
+        assert len(cc.held) <= 2, f"connection {cid!r} holds {len(cc.held)} blocks"
+        if cc.tr is None:
+            assert not cc.held and not cc.parked, f"connection {cid!r} holds or waits before its hello"
+            continue
+        tid = cc.tr.tid
+        counts[tid] = counts.get(tid, 0) + 1
+        mine = held_by_task.setdefault(tid, set())
+        both = mine.intersection(cc.held)
+        assert not both, f"blocks {sorted(both)} of task {tid!r} held by two connections"
+        mine.update(cc.held)
+        if cc.parked:
+            assert not cc.held, f"connection {cid!r} is parked and holds {list(cc.held)}"
+            assert cc in core.parked.get(cc.tr, {}), f"connection {cid!r} parked but not registered"
+    for tr, ccs in core.parked.items():
+        for cc in ccs:
+            assert cc.parked and core.conns.get(cc.cid) is cc, f"stale parked connection {cc.cid!r}"
+            assert cc.tr is tr
+    assert not (core.stopped and core.parked), "parked connections after stop"
+    for tid in core.trs:
+        n = core.n_clients.get(tid, 0)
+        assert n == counts.get(tid, 0), f"task {tid!r}: {n} clients counted, {counts.get(tid, 0)} connected"
+        held = len(held_by_task.get(tid, ()))
+        assert held == s.processing_count(tid), (
+            f"task {tid!r}: connections hold {held} blocks, the scheduler has {s.processing_count(tid)} in flight"
+        )

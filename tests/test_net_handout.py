@@ -1,0 +1,430 @@
+"""The TCP hand-out core (``daisy_nb.runtime.net.handout``) without sockets or processes.
+
+A hypothesis ``RuleBasedStateMachine`` drives :class:`HandOut` against the real
+``daisy_nb.Scheduler`` with random event sequences: connections opening, saying hello
+(or not, or twice), asking, releasing, failing, giving back, saying goodbye, frames of
+several connections in one pass and in any order (releases of blocks never held,
+duplicates), connections dying at any point (lost, a broken frame, a send that fails),
+the clock moving (heartbeats, silent peers, block timeouts), abandonment and Ctrl-C.
+Every frame crosses the real encoder and decoder (:mod:`daisy_nb.runtime.net.wire`).
+After every step: ``HandOut.validate()`` (every block handed out held by exactly one
+connection; held equals the scheduler's processing count; parked connections hold
+nothing), plus what the clients saw: nothing is sent after a close, no block is held by
+two clients, a block sent is one the scheduler handed out.
+
+Also the decisions the end-to-end tests used to observe by wrapping private methods
+(``Clients._on_client_msg``, ``_send_block``): a release is a request, a failure is not,
+blocks go ahead after the first, a request crossing a block on its way is answered by
+it, quiet time only when everybody holds two blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from funlib.geometry import Roi
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import daisy_nb
+from daisy_nb.runtime.net import wire
+from daisy_nb.runtime.net.handout import QUIET_MAX_SECS, Close, HandOut, Send
+from daisy_nb.scheduler import Scheduler
+
+MS = 1_000_000  # ns
+
+
+def _noop(*a, **k):
+    return None
+
+
+class TaskRun:
+    """The fields of a task's run record the core reads and writes."""
+
+    def __init__(self, tid: str, timeout_ns: int | None = None):
+        self.tid = tid
+        self.timeout_ns = timeout_ns
+        self.res = None
+        self.block_secs: deque = deque(maxlen=64)
+        self.t_first = None
+
+
+class FakeJobs:
+    """The pool's worker-function part, as the core sees it: answers, and a log of what it was told."""
+
+    def __init__(self, timed_out_keeps: bool = False):
+        self.timed_out_keeps = timed_out_keeps
+        self.results: list[tuple] = []
+        self.lost: list[int] = []
+        self.acquired = 0
+
+    def is_worker(self, wid):
+        return True
+
+    def job_connected(self, wid, tr):
+        return wid >= 0
+
+    def job_acquired(self, wid):
+        self.acquired += 1
+
+    def job_result(self, wid, tr, *, raised, finished):
+        self.results.append((wid, tr.tid, raised, finished))
+
+    def job_log(self, wid):
+        return None
+
+    job_label = job_pid = job_log
+
+    def job_lost(self, wid, tr):
+        self.lost.append(wid)
+
+    def job_timed_out(self, wid, tr):
+        return self.timed_out_keeps
+
+    def died_with_template(self, wid):
+        return False
+
+    def has_workers(self, tr):
+        return True
+
+
+def make_tasks(n_a: int, n_b: int, retries: int):
+    """``a`` (n_a blocks) and ``b`` downstream of it (its blocks wait: parking)."""
+    a = daisy_nb.Task(
+        "a", Roi((0,), (10 * n_a,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=_noop,
+        read_write_conflict=False, max_retries=retries, tracking_path=False,
+    )  # fmt: skip
+    b = daisy_nb.Task(
+        "b", Roi((0,), (10 * n_b,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=_noop,
+        read_write_conflict=False, max_retries=retries, tracking_path=False,
+    )  # fmt: skip
+    return a + b
+
+
+NET = {"heartbeat": 1.0, "peer_timeout": 5.0, "auth": 1.0}
+
+
+class Harness:
+    """A core, its scheduler, and the clients' view of what was sent (the shell's part, without sockets)."""
+
+    def __init__(self, n_a=6, n_b=4, retries=1, timeout_ns=None, timed_out_keeps=False, fail_sends=()):
+        self.s = Scheduler(make_tasks(n_a, n_b, retries))
+        self.trs = {"a": TaskRun("a", timeout_ns), "b": TaskRun("b")}
+        self.jobs = FakeJobs(timed_out_keeps)
+        self.core = HandOut(self.s, self.trs, self.jobs, self.abandon, net=NET, connected_too_late=self.too_late)
+        self.now = 10**12
+        self.inbox: dict[int, list] = {}  # connection -> blocks and NO_MOREs received, in order
+        self.closed: set[int] = set()
+        self.fail_sends = set(fail_sends)  # connections whose sends fail (a peer that stopped reading)
+        self.returned: set[int] = set()  # worker ids whose worker function returned (too-late hellos)
+        self.abandoned: list[str] = []
+
+    def too_late(self, cc):
+        return "connected too late" if cc.wid in self.returned else None
+
+    def abandon(self, tid, reason):
+        for t in self.s.abandon_task(tid, reason):
+            self.abandoned.append(t)
+            self.core.drop_task(t)
+
+    def run(self) -> list:
+        """Execute the core's actions as the shell does; returns them."""
+        done = []
+        while acts := self.core.take():
+            for a in acts:
+                done.append(a)
+                if isinstance(a, Close):
+                    assert a.cid not in self.closed, f"closed {a.cid} twice"
+                    self.closed.add(a.cid)
+                    continue
+                assert isinstance(a, Send)
+                assert a.cid not in self.closed, f"sent to {a.cid} after closing it"
+                if a.cid in self.fail_sends:
+                    self.core.lost(a.cid)
+                    continue
+                self.inbox.setdefault(a.cid, []).append(wire.decode_server(a.payload))
+        return done
+
+    def open(self, cid: int) -> None:
+        self.core.opened(cid, ("127.0.0.1", 40000 + cid), self.now)
+
+    def frames(self, *pairs) -> list:
+        """One pass: ``(cid, [payload, ...])`` pairs, decoded as the shell does."""
+        self.core.on_frames([(cid, [wire.decode_client(p) for p in ps]) for cid, ps in pairs], self.now)
+        out = self.run()
+        self.core.validate()
+        return out
+
+    def blocks(self, cid: int) -> list[int]:
+        return [m.block for m in self.inbox.get(cid, []) if isinstance(m, wire.BlockRow)]
+
+
+HELLO_A = wire.encode_hello("a", 0)
+REQ = wire.encode_acquire()
+
+
+def rel(i, status=2):
+    return wire.encode_release(i, status)
+
+
+# ------------------------------------------------------------------ decisions, one by one
+def test_a_release_is_a_request_and_a_failure_is_not():
+    h = Harness(n_a=6, n_b=1)
+    h.open(1)
+    h.frames((1, [HELLO_A, REQ]))
+    (first,) = h.blocks(1)
+    h.frames((1, [rel(first)]))  # done, and the next one: answered without an ACQUIRE
+    assert len(h.blocks(1)) >= 2
+    second = h.blocks(1)[1]
+    n = len(h.blocks(1))
+    h.frames((1, [wire.encode_failure(second, "boom")]))  # a failure asks for nothing
+    held = set(h.core.conns[1].held)
+    assert second not in held and len(h.blocks(1)) == n
+    assert h.s.counters["a"].last_worker_error == "boom"
+    assert h.jobs.results[-1] == (0, "a", True, False)
+
+
+def test_blocks_go_ahead_after_the_first_and_a_crossing_request_is_answered_by_it():
+    h = Harness(n_a=20, n_b=1)
+    h.open(1)
+    h.frames((1, [HELLO_A, REQ]))
+    assert len(h.blocks(1)) == 1  # the first block: nothing ahead (no block time known)
+    h.frames((1, [rel(h.blocks(1)[0])]))
+    got = h.blocks(1)
+    assert len(got) == 3 and len(h.core.conns[1].held) == 2  # the next one, and one ahead
+    # the release of the second crosses the block sent ahead: that block answers it, one more goes ahead
+    h.frames((1, [rel(got[1])]))
+    assert len(h.blocks(1)) == 4 and list(h.core.conns[1].held) == [got[2], h.blocks(1)[3]]
+
+
+def test_no_block_goes_ahead_when_the_ready_blocks_do_not_cover_two_per_client():
+    h = Harness(n_a=4, n_b=1)
+    for c in (1, 2):
+        h.open(c)
+        h.frames((c, [wire.encode_hello("a", c), REQ]))
+    h.frames((1, [rel(h.blocks(1)[0])]))  # 2 clients, 2 ready blocks left: none ahead
+    assert len(h.core.conns[1].held) == 1
+
+
+def test_a_client_that_waits_is_parked_then_served_and_told_when_nothing_is_left():
+    h = Harness(n_a=1, n_b=1)
+    h.open(1)
+    h.open(2)
+    h.frames((1, [HELLO_A, REQ]), (2, [wire.encode_hello("b", 1), REQ]))
+    assert h.core.conns[2].parked and h.blocks(2) == []  # b's block waits for a's
+    (a0,) = h.blocks(1)
+    h.frames((1, [rel(a0)]))  # a is done: 1 gets NO_MORE
+    assert h.inbox[1][-1] is wire.NO_MORE
+    h.core.serve_parked(h.now)
+    h.run()
+    h.core.validate()
+    assert len(h.blocks(2)) == 1 and not h.core.conns[2].parked
+
+
+def test_give_back_and_goodbye_are_uncounted_and_a_drop_fails_the_running_block_only():
+    h = Harness(n_a=20, n_b=1, retries=0)
+    h.open(1)
+    h.frames((1, [HELLO_A, REQ]))
+    h.frames((1, [rel(h.blocks(1)[0])]))
+    running, ahead = list(h.core.conns[1].held)
+    h.frames((1, [wire.encode_give_back(ahead)]))  # back to the queue, uncounted
+    assert list(h.core.conns[1].held) == [running]
+    h.core.lost(1)  # the connection drops while its block runs
+    h.run()
+    h.core.validate()
+    assert 1 in h.closed
+    st_ = h.s.task_states["a"]
+    assert st_.failed_count == 1 and st_.completed_count == 1  # the running block failed, the given back did not
+
+
+def test_quiet_time_only_when_everybody_that_asked_holds_two():
+    h = Harness(n_a=40, n_b=1)
+    h.open(1)
+    h.frames((1, [HELLO_A, REQ]))
+    assert h.core.quiet_secs == 0  # holds one block
+    h.now += 8 * MS
+    h.frames((1, [rel(h.blocks(1)[0])]))
+    assert len(h.core.conns[1].held) == 2
+    assert 0 < h.core.quiet_secs <= QUIET_MAX_SECS
+    assert h.core.quiet_secs == pytest.approx(0.25 * 0.008)
+
+
+def test_stop_hands_out_nothing_more_but_takes_releases():
+    h = Harness(n_a=20, n_b=1)
+    h.open(1)
+    h.frames((1, [HELLO_A, REQ]))
+    h.frames((1, [rel(h.blocks(1)[0])]))
+    sent = len(h.blocks(1))
+    h.core.stop()
+    held = list(h.core.conns[1].held)
+    h.frames((1, [rel(held[0]), rel(held[1])]))
+    assert len(h.blocks(1)) == sent and not h.core.conns[1].held
+    assert h.s.task_states["a"].completed_count == 3 and h.core.quiet_secs == 0
+
+
+def test_silent_peers_are_dropped_and_live_ones_pinged():
+    h = Harness()
+    h.open(1)
+    h.open(2)
+    h.frames((1, [HELLO_A, REQ]), (2, [wire.encode_hello("a", 2)]))
+    h.now += int(2e9)
+    h.frames((2, [wire.encode_ping()]))
+    h.core.heartbeats(h.now)
+    acts = h.run()
+    assert Send(1, wire.encode_ping()) in acts and 2 not in h.closed
+    h.now += int(4e9)  # 1 silent for 6 s > peer_timeout
+    h.core.heartbeats(h.now)
+    h.run()
+    h.core.validate()
+    assert 1 in h.closed and h.jobs.lost == [0] and 2 not in h.closed
+
+
+def test_a_block_past_its_timeout_fails_and_the_one_behind_goes_back():
+    h = Harness(n_a=20, n_b=1, retries=2, timeout_ns=50 * MS, timed_out_keeps=True)
+    h.open(1)
+    h.frames((1, [HELLO_A, REQ]))
+    h.frames((1, [rel(h.blocks(1)[0])]))
+    assert len(h.core.conns[1].held) == 2
+    h.now += 60 * MS
+    h.core.check_timeouts(h.now)
+    h.run()
+    h.core.validate()
+    assert not h.core.conns[1].held and 1 not in h.closed  # its worker function is ended by the pool
+    assert h.s.counters["a"].timeout_reclaim_count == 1
+
+
+def test_a_hello_for_a_returned_worker_function_abandons_the_task():
+    h = Harness()
+    h.returned.add(-7)
+    h.open(1)
+    h.frames((1, [wire.encode_hello("a", -7)]))
+    assert h.abandoned == ["a", "b"] and 1 in h.closed
+
+
+# ------------------------------------------------------------------ the state machine
+CIDS = st.integers(0, 5)
+
+
+class HandOutMachine(RuleBasedStateMachine):
+    """Random event sequences against the real Scheduler; the invariants after every step."""
+
+    @initialize(
+        n_a=st.integers(1, 12),
+        n_b=st.integers(0, 6),
+        retries=st.integers(0, 2),
+        timeout=st.sampled_from([None, 30 * MS]),
+        keeps=st.booleans(),
+        fail=st.sets(st.integers(0, 5), max_size=1),
+    )
+    def setup(self, n_a, n_b, retries, timeout, keeps, fail):
+        self.h = Harness(max(1, n_a), max(1, n_b), retries, timeout, keeps, fail)
+        self.opened: set[int] = set()
+        self.next_cid = 0
+        self.sent_to: dict[tuple[str, int], int] = {}  # (task, block) -> the connection that has it now
+
+    def _live(self):
+        return sorted(c for c in self.opened if c not in self.h.closed)
+
+    @rule()
+    def open(self):
+        c = self.next_cid
+        self.next_cid += 1
+        self.opened.add(c)
+        self.h.open(c)
+
+    def _payloads(self, data, c):
+        h = self.h
+        held = list(h.core.conns[c].held) if c in h.core.conns else []
+        got = h.blocks(c)
+        idx = st.sampled_from(held + got[-3:] + [999]) if held or got else st.just(999)
+        one = st.one_of(
+            st.builds(lambda t, w: wire.encode_hello(t, w), st.sampled_from(["a", "b", "zz"]), st.integers(-8, 3)),
+            st.just(REQ),
+            st.just(REQ),
+            st.builds(rel, idx, st.sampled_from([2, 2, 3])),
+            st.builds(lambda i: wire.encode_failure(i, "x"), idx),
+            st.builds(wire.encode_give_back, idx),
+            st.just(wire.encode_goodbye()),
+            st.just(wire.encode_ping()),
+        )
+        return data.draw(st.lists(one, min_size=1, max_size=3))
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data())
+    def a_pass(self, data):
+        live = self._live()
+        chosen = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True))
+        pairs = [(c, self._payloads(data, c)) for c in chosen]
+        if data.draw(st.booleans()):  # a hello first, as real clients do
+            for c, ps in pairs:
+                if self.h.core.conns[c].tr is None:
+                    ps.insert(0, wire.encode_hello(data.draw(st.sampled_from(["a", "b"])), c))
+        self.h.frames(*pairs)
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data())
+    def lost(self, data):
+        self.h.core.lost(data.draw(st.sampled_from(self._live())))
+        self.h.run()
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data())
+    def broken(self, data):
+        self.h.core.broken(data.draw(st.sampled_from(self._live())), "test")
+        self.h.run()
+
+    @rule(ms=st.integers(1, 7000))
+    def clock(self, ms):
+        h = self.h
+        h.now += ms * MS
+        h.core.heartbeats(h.now)
+        h.core.check_timeouts(h.now)
+        h.run()
+
+    @rule()
+    def serve_parked(self):
+        self.h.core.serve_parked(self.h.now)
+        self.h.run()
+
+    @rule(tid=st.sampled_from(["a", "b"]))
+    def abandon(self, tid):
+        if not self.h.s.is_abandoned(tid):
+            self.h.abandon(tid, "test")
+            self.h.run()
+
+    @rule()
+    def ctrl_c(self):
+        self.h.core.abort()
+        self.h.core.stop()
+        self.h.run()
+
+    @rule()
+    def close_all(self):
+        self.h.core.close_all()
+        self.h.run()
+
+    @invariant()
+    def consistent(self):
+        if not hasattr(self, "h"):
+            return
+        h = self.h
+        h.core.validate()
+        owner: dict[tuple[str, int], int] = {}
+        for cid, cc in h.core.conns.items():
+            assert cid not in h.closed
+            for i in cc.held:
+                assert (cc.tr.tid, i) not in owner
+                owner[(cc.tr.tid, i)] = cid
+                assert i in h.blocks(cid), "held a block that was never sent to it"
+        for cid in h.closed:
+            assert cid not in h.core.conns
+        total = sum(h.s.processing_count(t) for t in ("a", "b"))
+        assert total == len(owner)
+
+
+TestHandOutMachine = HandOutMachine.TestCase
+TestHandOutMachine.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
