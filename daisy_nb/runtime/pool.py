@@ -252,6 +252,8 @@ class _Pool:
                     continue
                 if tr.restarts_exhausted(self.s.counters[tid]):
                     continue
+                if tr.no_spawn_before and time.monotonic() < tr.no_spawn_before:
+                    continue
                 if not procs.can_allocate(tr):
                     procs.free_parked_for(tr)
                     continue

@@ -38,6 +38,7 @@ class PoolTaskRun(TaskRun):
         self.per_block: float | None = None  # seconds, from the last finished batch (None: not measured yet)
         self.next_slot = 0  # the next worker's slot number (its log file names)
         self.t_spawned: float | None = None  # monotonic time its first worker started
+        self.no_spawn_before = 0.0  # monotonic time: a worker function returned early, the next one waits
 
 
 def nothing_left(scheduler, tr: TaskRun) -> bool:

@@ -68,7 +68,8 @@ import numpy as np
 
 from daisy_nb.runtime import _shm, _zygote, starter
 from daisy_nb.runtime.context import Context
-from daisy_nb.runtime.policy import JOB_END, count_worker_failure, grow_batch, is_job_end, record_error
+from daisy_nb.runtime.local.exits import ExitFacts, ExitKind, classify_exit
+from daisy_nb.runtime.policy import JOB_END, count_worker_failure, grow_batch, record_error
 from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables, nothing_left
 from daisy_nb.runtime.starter import BUSY, CAPACITY, DEAD, IDLE, PARKED, QUITTING, STARTING, Starter, Worker, job_text
 from daisy_nb.runtime.state import TB_CAP_BYTES, cap_traceback
@@ -78,6 +79,7 @@ __all__ = ["BUSY", "DEAD", "IDLE", "PARKED", "QUITTING", "STARTING", "JobHooks",
 logger = logging.getLogger("daisy")
 
 PER_WORKER_BATCH_SECS = 0.002  # batch target floor per running worker (16 workers: 32 ms batches)
+RESPAWN_AFTER_RETURN_SECS = 1.0  # a worker function that returned without its worker: the next one waits
 TERM_GRACE_SECS = 3.0  # a worker function's SIGTERM -> SIGKILL (a launcher cancels its job meanwhile)
 
 _RUN = [b"R" + bytes((k,)) for k in range(_shm.SLOTS)]  # "run the batch in slot k"
@@ -423,16 +425,24 @@ class Processes:
             self._release_queue(w, 0 if self.aborting or orphan else 3)
         w.queue.clear()
         msg = None
-        if w.timed_out or w.lost:
-            dirty = True
-        elif w.expected_exit or self.aborting or orphan:
-            dirty = False  # we asked it to quit, or killed it (shutdown, abandonment)
-        elif tr.arity:
-            dirty = True  # block workers only exit when told to
-        elif rc != 0:
-            dirty = True
-        else:  # a worker function returned on its own: daisy 2.0.0's diagnoses (clients.py)
+        kind = classify_exit(
+            ExitFacts(
+                block_worker=bool(tr.arity),
+                returncode=rc,
+                finished=w.finished,
+                raised=w.raised or w.client_raised,
+                timed_out=w.timed_out,
+                lost=w.lost,
+                expected=w.expected_exit,
+                aborting=self.aborting,
+                orphaned=orphan,
+            )
+        )
+        dirty = kind.dirty
+        if kind is ExitKind.RETURNED:  # a worker function returned on its own: daisy 2.0.0's diagnoses
             dirty, msg = self.hooks.function_returned(w.wid, tr, w.acquired, w.connected)
+            if dirty:  # returned without its worker connecting: its next replacement waits (the wheel's pace)
+                tr.no_spawn_before = time.monotonic() + RESPAWN_AFTER_RETURN_SECS
         w.state = DEAD
         for obj in (w.conn, w.pidfd):
             if obj is not None:
@@ -456,10 +466,13 @@ class Processes:
         if self.timeline is not None:
             self.timeline.ended(("w", w.wid), lost=dirty, job=job_text(w.job))
         if dirty:
-            self._sigkill(w)  # helpers it launched go too
+            if kind is not ExitKind.RETURNED:
+                # helpers it launched go too; not those of a worker function that returned: as daisy 2.0.0,
+                # a fire-and-forget program lives on (its late connection stops the run, see clients.py),
+                # and the run's end kills every process group (Starter.close)
+                self._sigkill(w)
             c = self.s.counters[tr.tid]
-            crashed = w.raised or w.timed_out or w.client_raised
-            job_end = is_job_end(w.finished, crashed=crashed, returncode=rc)
+            job_end = kind is ExitKind.JOB_END
             count_worker_failure(c, job_end)
             if msg is None:
                 if w.timed_out:
