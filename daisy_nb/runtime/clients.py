@@ -4,19 +4,17 @@ A part of the pool (:mod:`.pool`): every method runs in the pool's main loop.
 Connections arrive authenticated from :class:`daisy_nb.runtime._net.Listener` (the
 pool's; the pool hands each over with :meth:`Clients.add`); frames are those of
 :mod:`daisy_nb.runtime.client`. :class:`Clients` owns every connection
-(:class:`ClientConn`: the blocks it holds, heartbeats, its timeline row), the
-per-task client counts and block times, and the diagnoses of worker functions
-that do not wait for their workers (which returned, which tasks were connected
-to, what was warned).
+(:class:`ClientConn`: the blocks it holds, heartbeats, its timeline row) and the
+per-task client counts and block times.
 
 Called by the pool: ``add``, ``on_readable`` (its waitables), ``serve_parked``,
-``holding``, ``check_heartbeats``, ``check_timeouts``, ``check_unconnected``,
-``running_blocks``, ``drop_task`` (abandonment), ``close_all`` (the run's end),
-``listening``, ``abort``, ``attach_timeline``, and, for
-:class:`.processes.Processes` (through the pool's :class:`.processes.JobHooks`),
-``function_returned`` and ``unconnected_note``. What it asks about a connection's
-worker function goes to :class:`Jobs` (the processes part); a task to abandon (a
-worker that connected too late) goes to the pool's ``abandon`` callback.
+``holding``, ``check_heartbeats``, ``check_timeouts``, ``running_blocks``,
+``drop_task`` (abandonment), ``close_all`` (the run's end), ``listening``, ``abort``,
+``attach_timeline``; by the worker functions' side (:mod:`daisy_nb.runtime.local.functions`,
+which owns daisy 2.0.0's diagnoses of worker functions that do not wait): ``has_client``.
+What it asks and tells about a connection's worker function goes to :class:`Jobs` (that
+side); a task to abandon (a worker that connected too late) goes to the pool's
+``abandon`` callback.
 
 **One pass per wake-up, batched.** The pool hands over every connection that is
 readable at once (:meth:`Clients.on_readable`); their frames are read and taken in
@@ -118,10 +116,11 @@ class ClientConn:
 
 class Jobs(Protocol):
     """What the Client side asks and tells about the worker function whose job a connection is
-    (:class:`.processes.Processes`): a client's hello carries its worker id."""
+    (:class:`daisy_nb.runtime.local.functions.Functions`): a client's hello carries its worker id."""
 
     def is_worker(self, wid: int) -> bool: ...
     def job_connected(self, wid: int, tr: PoolTaskRun) -> bool: ...
+    def returned(self, wid: int) -> bool: ...
     def job_acquired(self, wid: int) -> None: ...
     def job_result(self, wid: int, tr: PoolTaskRun, *, raised: bool, finished: bool) -> None: ...
     def job_log(self, wid: int) -> str | None: ...
@@ -156,9 +155,6 @@ class Clients:
         self.n_clients: dict[str, int] = {}  # task id -> connected clients
         self.client_block_secs: dict[str, float] = {}  # task id -> mean block time of its clients
         self.where = ""  # where the scheduler listens and what it advertises (see listening)
-        self.returned_wids: set[int] = set()  # worker functions that returned on their own
-        self.connected_tids: set[str] = set()  # tasks a Client has said hello for
-        self.warned: set[tuple[str, str]] = set()  # (task id, kind) of the diagnoses logged once
         self.aborting = False
         self.timeline: Any = None  # a dashboard.timeline.Timeline, or None
         self._next_beat_check = 0.0  # check_heartbeats scans every connection from then on
@@ -206,6 +202,10 @@ class Clients:
             if not ccs:
                 del self.parked[cc.tr]
 
+    def has_client(self, wid: int, tr: PoolTaskRun) -> bool:
+        """A connection of worker ``wid`` of ``tr`` is open (asked by the worker functions' diagnoses)."""
+        return any(cc.wid == wid and cc.tr is tr for cc in self.clients.values())
+
     def holding(self) -> bool:
         """Some client holds a block."""
         return any(cc.held for cc in self.clients.values())
@@ -235,9 +235,8 @@ class Clients:
                 self._drop_client(cc)
                 return
             self.n_clients[tid] = self.n_clients.get(tid, 0) + 1
-            self.connected_tids.add(tid)
             if not self.jobs.job_connected(cc.wid, cc.tr):  # not the job of a running worker function
-                if cc.wid in self.returned_wids and not (cc.tr.abandoned or self.s.is_task_done(tid)):
+                if self.jobs.returned(cc.wid) and not (cc.tr.abandoned or self.s.is_task_done(tid)):
                     self._connected_too_late(cc)
             tl = self.timeline
             if tl is not None:  # the row of its worker function (its job), or its own if that has one
@@ -318,48 +317,6 @@ class Clients:
             batch.ahead[cc] = None
 
     # ----------------------------------------------- worker functions that do not wait
-    def _unreachable_hint(self) -> str:
-        return (
-            f"the scheduler {self.where}; jobs on other machines need an address of this machine that "
-            "they can reach: run_blockwise(host=...) or DAISY_HOST"
-        )
-
-    def function_returned(self, wid: int, tr: PoolTaskRun, acquired: int, connected: bool) -> tuple[bool, str | None]:
-        """A worker function returned on its own (exit 0): ``(dirty, reason)`` (see ``Processes.on_exit``).
-
-        Its worker still connected: it goes on (daisy 2.0.0 too), with a warning. Returned
-        before any block while blocks are ready: a failure (else it would be respawned
-        without end); never connected: daisy 2.0.0's diagnosis, and where its job
-        should have connected (the job may not reach the address)."""
-        self.returned_wids.add(wid)
-        if any(cc.wid == wid and cc.tr is tr for cc in self.clients.values()):
-            if (tr.tid, "running") not in self.warned:
-                self.warned.add((tr.tid, "running"))
-                logger.warning(
-                    "task %r: the worker function of worker %d returned while its worker is still connected; %s",
-                    tr.tid,
-                    wid,
-                    _MUST_BLOCK,
-                )
-            return False, None
-        if acquired or self.s.ready_count(tr.tid) == 0:
-            return False, None
-        if connected:
-            return True, (
-                f"worker function of worker {wid} returned without acquiring any block while blocks were "
-                "ready (its worker connected and left without asking for one)"
-            )
-        return True, (
-            f"worker function of worker {wid} returned without its worker ever connecting, while the task "
-            f"still has work. {_MUST_BLOCK}. If it did wait, its worker could not connect: " + self._unreachable_hint()
-        )
-
-    def unconnected_note(self, tid: str, connected: bool) -> str:
-        """For a worker function that failed before any worker of its task connected: where to."""
-        if connected or tid in self.connected_tids:
-            return ""
-        return f" (no worker of this task has connected yet: {self._unreachable_hint()})"
-
     def _connected_too_late(self, cc: ClientConn) -> None:
         """A Client said hello for a worker function that had returned: daisy 2.0.0 stops the run
         here (a RuntimeError); daisy_nb abandons the task, which ``run_blockwise`` raises."""
@@ -375,30 +332,6 @@ class Clients:
         from daisy_nb.progress import ABANDON_NOT_WAITING
 
         self._abandon(tr.tid, ABANDON_NOT_WAITING)
-
-    def check_unconnected(self, now: float) -> None:
-        """Warn once per task when its worker functions run but no worker has connected for a while
-        (twice the peer timeout: 60 s by default). Jobs still queued are fine; jobs that cannot
-        reach the address are what this is about."""
-        limit = 2 * self.net["peer_timeout"]
-        for tid, tr in self.trs.items():
-            if (
-                tr.arity != 0
-                or tid in self.connected_tids
-                or not self.jobs.has_workers(tr)
-                or tr.t_spawned is None
-                or now - tr.t_spawned < limit
-                or (tid, "unconnected") in self.warned
-            ):
-                continue
-            self.warned.add((tid, "unconnected"))
-            logger.warning(
-                "task %r: no worker has connected in %.0f s since its first worker function started. If the jobs "
-                "are still queued, this is expected; if they run, they cannot reach the scheduler: %s",
-                tid,
-                now - tr.t_spawned,
-                self._unreachable_hint(),
-            )
 
     def _serve(self, batch: _Pass) -> None:
         """End a pass: its releases (one scheduler call per task), then a block for every connection

@@ -65,9 +65,10 @@ from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_aban
 from daisy_nb.runtime import _net
 from daisy_nb.runtime.clients import Clients
 from daisy_nb.runtime.context import Context
+from daisy_nb.runtime.local.functions import Functions
+from daisy_nb.runtime.local.processes import Processes
 from daisy_nb.runtime.policy import end_run
 from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables
-from daisy_nb.runtime.processes import Processes
 
 __all__ = ["raise_if_abandoned", "run_pool"]
 
@@ -107,14 +108,14 @@ class _Pool:
         self.aborting = False
         self.more_spawns = False  # _spawn_pass stopped at SPAWN_BURST with more workers to start
         self.waitables = Waitables(self.wake_r)
+        self.functions = Functions(scheduler, self.trs, self.net)  # worker functions' jobs and diagnoses
         self.procs = Processes(
             scheduler,
             self.trs,
             self.waitables,
-            self,
+            self.functions,
             budget=self.budget,
             batch_target_secs=batch_target_secs,
-            net=self.net,
             context=self._context,
             observer=observer,
             template=template,  # started early by run._execute, else by the first spawn
@@ -123,10 +124,11 @@ class _Pool:
             scheduler,
             self.trs,
             self.waitables,
-            self.procs,
+            self.functions,
             self._abandon,
             net=self.net,
         )
+        self.functions.attach(self.procs, self.tcp)
         self._timeline = None
 
     # ------------------------------------------------ what the dashboard reads (dashboard/live.py)
@@ -191,6 +193,7 @@ class _Pool:
             self.advertise = _net.detect_address(self.listener)
         self.where = _net.describe(self.bind_host, self.port, self.advertise)
         self.tcp.listening(self.where)
+        self.functions.listening(self.where)
         logger.info("daisy_nb scheduler %s", self.where)
 
     def _context(self, tr: PoolTaskRun, wid: int) -> Context:
@@ -222,13 +225,6 @@ class _Pool:
         except OSError:
             pass
 
-    # ------------------------------------------ processes.JobHooks: the Client side's diagnoses
-    def function_returned(self, wid: int, tr: PoolTaskRun, acquired: int, connected: bool) -> tuple[bool, str | None]:
-        return self.tcp.function_returned(wid, tr, acquired, connected)
-
-    def unconnected_note(self, tid: str, connected: bool) -> str:
-        return self.tcp.unconnected_note(tid, connected)
-
     # ------------------------------------------------------------------- loop
     def _spawn_pass(self) -> None:
         """Start the workers the ready blocks call for, at most ``SPAWN_BURST`` per loop turn: the
@@ -244,7 +240,7 @@ class _Pool:
                 return
             for tid in self.order:
                 tr = self.trs[tid]
-                if tr.abandoned or self.s.is_task_done(tid) or procs.alive(tr) >= tr.max_workers:
+                if self.s.is_abandoned(tid) or self.s.is_task_done(tid) or procs.alive(tr) >= tr.max_workers:
                     continue
                 ready = self.s.ready_count(tid)
                 # block workers: only if the ready blocks are more than the idle/starting ones can take
@@ -264,7 +260,7 @@ class _Pool:
     def _check_abandon(self) -> None:
         for tid in self.order:
             tr = self.trs[tid]
-            if tr.abandoned or self.s.is_task_done(tid) or self.procs.has_workers(tr):
+            if self.s.is_abandoned(tid) or self.s.is_task_done(tid) or self.procs.has_workers(tr):
                 continue
             if tr.restarts_exhausted(self.s.counters[tid]):
                 self._abandon(tid, ABANDON_RESTARTS)
@@ -282,7 +278,7 @@ class _Pool:
         self.procs.check_timeouts(now)  # block timeouts; worker functions past their SIGTERM grace
         self.tcp.check_timeouts(now)  # a Client's block timeout ends its worker function
         if self.listener is not None:
-            self.tcp.check_unconnected(now / 1e9)  # a task none of whose jobs connect
+            self.functions.check_unconnected(now / 1e9)  # a task none of whose jobs connect
 
     def _notify(self, what: str) -> None:
         notify(self.observer, what, self.s)

@@ -42,8 +42,10 @@ class PoolTaskRun(TaskRun):
 
 
 def nothing_left(scheduler, tr: TaskRun) -> bool:
-    """``tr`` is abandoned, or every block it has left is handed out already."""
-    return tr.abandoned or scheduler.remaining_count(tr.tid) - tr.inflight <= 0
+    """``tr`` is abandoned, or every block it has left is handed out already (derived from the
+    scheduler: its processing count is every block handed out, to any part)."""
+    tid = tr.tid
+    return scheduler.is_abandoned(tid) or scheduler.remaining_count(tid) - scheduler.processing_count(tid) <= 0
 
 
 class Waitables:

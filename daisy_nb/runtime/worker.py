@@ -6,17 +6,17 @@ scheduler process, which runs numba and zarr threads. ``fd`` is this worker's en
 socket pair to the parent, used only for small signals; blocks and their results
 travel through a shared-memory segment (layout in :mod:`._shm`).
 
-Protocol (parent -> worker): one pickled setup dict, then the function bytes
-(cloudpickle, loadable with plain pickle), then ``b"R" + slot`` = "run the batch
-that is in shared-memory slot ``slot``" or ``b"Q"`` = quit. Worker -> parent:
-``b"I"`` = ready, ``b"D" + slot`` = that batch is done (statuses are in shared
-memory), ``b"X" + slot + traceback`` = a block of that batch raised and the worker
-exits; a 0-argument worker function's process keeps its end only for
-``b"J" + json`` = a job its launcher submitted (:mod:`daisy_nb.launch`: scheduler,
-job id, state). The parent may send the next ``R`` while a batch runs (two slots): the
-worker finds it waiting in the socket and starts it at once. Frames
-are ``multiprocessing.connection``'s (4-byte big-endian length, then the bytes),
-written here with plain ``os.read``/``os.write``.
+Protocol: :mod:`daisy_nb.runtime.local.wire` (both ends, the version): one pickled
+setup dict, the function bytes (cloudpickle, loadable with plain pickle), then "run the
+batch in slot k" or "quit"; this worker answers "ready", "slot k done" (statuses in
+shared memory) or "a block of slot k raised" (and exits); a 0-argument worker
+function's process keeps its end only for its launcher's job reports
+(:mod:`daisy_nb.launch`). The parent may send the next batch while one runs (two
+slots): the worker finds it waiting in the socket and starts it at once. Frames are
+``multiprocessing.connection``'s (4-byte big-endian length, then the bytes), written
+here with plain ``os.read``/``os.write``. A setup of another wire version (another
+daisy_nb installed since the driver started) is a loud exit
+(:data:`~daisy_nb.runtime.local.wire.VERSION_MISMATCH_EXIT`).
 
 With ``resource_tracking`` in the setup, each call is wrapped in
 :func:`daisy_nb.profiling.profile_block` and the block's stats are written to the
@@ -181,8 +181,12 @@ def _tracked(fn, pos: list):
 
 
 def _run_block_loop(conn, fn, setup: dict) -> int:
-    from daisy_nb.block import Block
+    from daisy_nb.block import Block, BlockStatus
     from daisy_nb.runtime import _shm
+    from daisy_nb.runtime.local import wire
+
+    PROCESSING, SUCCESS, FAILED = BlockStatus.PROCESSING, BlockStatus.SUCCESS, BlockStatus.FAILED
+    RUN = wire.Kind.RUN
 
     shm = _shm.attach(setup.get("shm_name"), setup.get("shm_fd"))
     cap, nd = setup["capacity"], setup["ndim"]
@@ -206,13 +210,13 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
     o_ro, o_rs, o_wo, o_ws = o["read_offset"], o["read_shape"], o["write_offset"], o["write_shape"]
     H_CUR, H_START = _shm.H_CUR, _shm.H_START
     try:
-        conn.send_bytes(b"I")
+        conn.send_bytes(wire.ready())
         while True:
             try:
                 msg = conn.recv_bytes()
             except (EOFError, OSError):
                 return 0  # parent gone
-            if msg[:1] != b"R":
+            if msg[:1] != RUN:  # QUIT
                 return 0
             slot = msg[1] if len(msg) > 1 else 0
             q = slots[slot]
@@ -231,13 +235,13 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
             for i in range(n):
                 j, k = i * nd, (i + 1) * nd
                 b = make(task_id, sp[i], (tuple(ro[j:k]), tuple(rs[j:k])), (tuple(wo[j:k]), tuple(ws[j:k])), idx[i])
-                b._status = 1
-                q[o_st + i] = 1
+                b._status = PROCESSING
+                q[o_st + i] = PROCESSING
                 q[H_START] = mono()  # before cur: the parent reads cur, then its start
                 q[H_CUR] = i
                 try:
                     fn(b)
-                    s = 3 if b._status == 3 else 2
+                    s = FAILED if b._status == FAILED else SUCCESS
                 except Exception as e:
                     # daisy 2.0: an exception ends the worker (a dirty exit, counted toward
                     # max_worker_restarts); the blocks after it were never started
@@ -247,10 +251,10 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                     sys.stderr.write(f"block {b.block_id} failed:\n{tb}")
                     sys.stderr.flush()
                     err = f"block {b.block_id} failed:\n" + cap_traceback(tb)
-                    q[o_st + i] = 3
+                    q[o_st + i] = FAILED
                     break
                 except BaseException:
-                    q[o_st + i] = 3
+                    q[o_st + i] = FAILED
                     raise
                 q[o_st + i] = s
             q[H_CUR] = -1
@@ -259,10 +263,10 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 sys.stdout.flush()
             except Exception:
                 pass
-            if err is not None:  # "X": this batch ended with a raising block; the worker exits with 1
-                conn.send_bytes(b"X" + bytes((slot,)) + err.encode("utf-8", "replace"))
+            if err is not None:  # this batch ended with a raising block; the worker exits with 1
+                conn.send_bytes(wire.raised(slot, err))
                 return 1
-            conn.send_bytes(b"D" + bytes((slot,)))
+            conn.send_bytes(wire.done(slot))
     finally:
         if pos is not None:
             pos.clear()
@@ -290,6 +294,13 @@ def serve(fd: int, shm_fd: int | None = None) -> int:
         payload = conn.recv_bytes()
     except (EOFError, OSError):
         return 0
+    from daisy_nb.runtime.local import wire
+
+    problem = wire.version_error(setup.get("wire"))
+    if problem is not None:
+        sys.stderr.write(problem + "\n")
+        sys.stderr.flush()
+        return wire.VERSION_MISMATCH_EXIT
     fn, init_fn = pickle.loads(payload)  # cloudpickle output loads with pickle
     if setup["arity"] == 0:
         # A worker function ends by SIGTERM, a short grace, then SIGKILL (the pool's end of it, and

@@ -324,6 +324,17 @@ class BlockCore:
         self._parked.discard(w)
         return [Quit(wid)]
 
+    def stop(self, wid: int) -> list[Action]:
+        """We end ``wid`` (the run's end, a grace passed): its exit is not a failure; one that holds no
+        batch of a live task is asked to quit."""
+        w = self.workers.get(wid)
+        if w is None:
+            return []
+        w.expected_exit = True
+        if w.queue and not self._abandoned(w.tid):
+            return []  # it is killed holding its batches: they are accounted for at its exit
+        return self.quit(wid)
+
     def dispatch_parked(self) -> list[Action]:
         """Parked workers try again (blocks may have become ready)."""
         if not self._parked:
