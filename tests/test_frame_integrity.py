@@ -29,7 +29,7 @@ import integrityfns as fns  # noqa: E402
 from funlib.geometry import Roi  # noqa: E402
 
 import daisy_nb  # noqa: E402
-import daisy_nb.runtime.pool as pool_mod  # noqa: E402
+import daisy_nb.runtime.local.pool as pool_mod  # noqa: E402
 from daisy_nb.runtime import _net  # noqa: E402
 from daisy_nb.tracking import read_tracking  # noqa: E402
 

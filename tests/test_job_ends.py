@@ -2,8 +2,9 @@
 
 A worker function's job that finished blocks and then ends (a walltime kill, a
 preemption: here SIGKILL in the middle of a block, by the job itself, see
-``workers/walltime.py``) is replaced without a restart: ``worker_failure_count`` and
-``worker_job_end_count`` count it, ``worker_restart_count`` does not. A job that dies
+``workers/walltime.py``) is replaced without counting toward the cap:
+``worker_failure_count`` and ``worker_job_end_count`` count it, and its replacement is a
+restart as daisy 2.0.0 counts restarts (``worker_restart_count``). A job that dies
 before finishing any block, or whose block raised, is a crash and counts toward the cap
 as in daisy 2.0. A local block worker has no walltime: its death is a crash whatever it
 finished before (daisy 2.0.0 counts it so).
@@ -61,7 +62,8 @@ def done_ids(out, tid):
 
 def test_twenty_job_ends_after_finished_blocks_do_not_abandon(out):
     """20+ jobs end (SIGKILL mid-block) after 3 finished blocks each, with max_worker_restarts=2:
-    every one is replaced, nothing is abandoned, every block completes, the counters show the ends."""
+    every one is replaced, nothing is abandoned, every block completes, the counters show the ends
+    (and the replacements, as restarts: daisy 2.0.0 counts every one)."""
     log = out / "progress.jsonl"
     n = 90
     task = make_task("w", n, walltime.end_job, max_workers=2, max_worker_restarts=2)
@@ -73,11 +75,12 @@ def test_twenty_job_ends_after_finished_blocks_do_not_abandon(out):
     assert not st.abandoned
     assert st.completed_count == n and st.failed_count == 0 and st.orphaned_count == 0
     assert done_ids(out, "w") == set(range(n))
-    # every end is a failure and a job end; none is a restart, though 20 > max_worker_restarts
+    # every end is a failure and a job end, replaced (a restart as daisy 2.0.0 counts them: ends that
+    # come together may share one), though 20 > max_worker_restarts: job ends do not count toward the cap
     assert st.worker_failure_count == st.worker_job_end_count == len(ends)
-    assert st.worker_restart_count == 0
+    assert 0 < st.worker_restart_count <= len(ends)
     last = [json.loads(x) for x in log.read_text().splitlines() if '"task": "w"' in x][-1]  # the JSON observer too
-    assert last["job_ends"] == last["failures"] == len(ends) and last["restarts"] == 0
+    assert last["job_ends"] == last["failures"] == len(ends) and last["restarts"] == st.worker_restart_count
     assert st.worker_start_count > len(ends)
     # each ended job's running block failed once and was retried
     assert sum(attempts(out, "w", i) for i in range(n)) == n + len(ends)
@@ -111,7 +114,7 @@ def test_job_ends_do_not_hide_a_crash_loop_that_follows(out):
     assert st.abandoned
     assert st.worker_failure_count == walltime.ENDS + 3
     assert st.worker_job_end_count == walltime.ENDS
-    assert st.worker_restart_count == 2
+    assert st.worker_restart_count == walltime.ENDS + 2  # every replacement (as daisy 2.0.0); the cap: 2 crashes
     assert st.completed_count == walltime.ENDS * walltime.FINISH  # retries come after the fresh blocks
     with pytest.raises(RuntimeError, match=r"failed 8 times \(5 of them job ends after finished blocks, not counted"):
         raise_if_abandoned({"m": st}, ["m"])  # what run_blockwise raises

@@ -14,7 +14,7 @@ blocks, none of slow ones, what a death with two batches gives back).
 import numpy as np
 import pytest
 from funlib.geometry import Roi
-from hypothesis import event, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -344,3 +344,93 @@ def test_bad_statuses_from_a_worker_raise():
     core.add(1, "a")  # starting: holds no batch
     with pytest.raises(RuntimeError, match="holds none"):
         core.batch_done(1, np.zeros(0, np.uint8), 0)
+
+
+# ------------------------------------------------------------------ which workers start (budget.plan_spawns)
+@settings(max_examples=200, deadline=None)
+@given(
+    tasks=st.lists(
+        st.tuples(
+            st.integers(0, 20),  # ready
+            st.integers(0, 4),  # alive
+            st.integers(0, 4),  # waiting
+            st.integers(1, 6),  # max_workers
+            st.integers(0, 3),  # cpu required
+            st.booleans(),  # closed
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    cpus=st.integers(0, 8),
+    burst=st.integers(1, 6),
+)
+def test_spawn_plan_respects_every_limit(tasks, cpus, burst):
+    from daisy_nb.runtime.local.budget import Budget, TaskNeed, plan_spawns
+
+    budget = Budget({"cpu": cpus})
+    needs = [
+        TaskNeed(f"t{i}", r, a, min(w, a), m, {"cpu": c} if c else {}, closed=x)
+        for i, (r, a, w, m, c, x) in enumerate(tasks)
+    ]
+    before = {n.tid: (n.alive, n.waiting) for n in needs}
+    plan = plan_spawns(needs, budget, burst)
+    assert len(plan.start) <= burst
+    assert budget.used == {"cpu": 0}  # the plan does not take the budget
+    used = 0
+    for n, (r, a, w, m, c, x) in zip(needs, tasks):
+        k = plan.start.count(n.tid)
+        used += k * c
+        if x:
+            assert k == 0
+        assert before[n.tid][0] + k <= max(m, before[n.tid][0])  # max_workers
+        assert k <= max(0, r - before[n.tid][1])  # only for ready blocks no waiting worker can take
+    assert used <= cpus
+    if plan.more:
+        assert len(plan.start) == burst
+    for tid in plan.free_for:
+        (c,) = [t[4] for n, t in zip(needs, tasks) if n.tid == tid]
+        assert c > 0  # only a task that needs a resource asks for one to be freed
+
+
+# ------------------------------------------------------------------ restarts as daisy 2.0.0 counts them
+def test_restarts_count_every_replacement_and_the_cap_counts_crashes():
+    """Crashes and (worker-function) job ends interleaved: every replacement after a dirty exit is a
+    restart (``worker_restart_count``, the wheel's ``failures > restarts``); only crashes count toward
+    ``max_worker_restarts``."""
+    from daisy_nb.runtime.local.pool_parts import PoolTaskRun
+    from daisy_nb.runtime.policy import count_worker_failure
+    from daisy_nb.scheduler import WorkerCounters
+
+    tr = PoolTaskRun(make_task("a", 4, read_write_conflict=False, max_worker_restarts=2))
+    c = WorkerCounters()
+    tr.count_spawn(c)  # the first worker: not a restart
+    assert (c.worker_start_count, c.worker_restart_count) == (1, 0)
+    for job_end in (True, False, True, True, False, True):
+        count_worker_failure(c, job_end)
+        assert not tr.crash_cap_reached(c)
+        tr.count_spawn(c)  # its replacement
+    assert (c.worker_failure_count, c.worker_job_end_count, c.worker_restart_count) == (6, 4, 6)
+    assert tr.crash_restarts == 2
+    count_worker_failure(c, job_end=True)  # the cap is used up: a job end is still replaced
+    assert not tr.crash_cap_reached(c)
+    tr.count_spawn(c)
+    count_worker_failure(c, job_end=False)  # a third crash is not
+    assert tr.crash_cap_reached(c)
+    assert c.worker_restart_count == 7 and c.worker_start_count == 8
+
+
+@pytest.mark.parametrize("cap", [0, 1, 3])
+def test_a_crash_loop_stops_after_the_cap(cap):
+    from daisy_nb.runtime.local.pool_parts import PoolTaskRun
+    from daisy_nb.runtime.policy import count_worker_failure
+    from daisy_nb.scheduler import WorkerCounters
+
+    tr = PoolTaskRun(make_task("a", 4, read_write_conflict=False, max_worker_restarts=cap))
+    c = WorkerCounters()
+    tr.count_spawn(c)
+    for _ in range(cap + 5):
+        count_worker_failure(c, job_end=False)
+        if tr.crash_cap_reached(c):
+            break
+        tr.count_spawn(c)
+    assert c.worker_restart_count == cap and c.worker_failure_count == cap + 1

@@ -78,3 +78,21 @@ def test_fire_and_forget_worker_function_stops_the_run_as_the_wheel(out, caplog)
 
     pids = {int(p.name.split("_")[1]) for p in progs}
     assert not harness.alive_after(pids, wait=5.0)
+
+
+def test_a_worker_of_another_pipe_version_fails_loudly(out, monkeypatch):
+    """A worker whose pipe protocol differs from the pool's (another daisy_nb installed since the driver
+    started) exits non-zero saying what to do; the run does not read it as "done"."""
+    import blockfns
+
+    from daisy_nb.runtime.local import wire
+
+    monkeypatch.setattr(wire, "VERSION", wire.VERSION + 1000)  # the driver's side only: workers are processes
+    task = make_task("ver", 4, blockfns.mark, max_workers=1, max_worker_restarts=0)
+    with pytest.raises(RuntimeError, match="abandoned") as ei:
+        daisy_nb.run_blockwise([task], progress=False, summary=False)
+    st = ei.value.daisy_states["ver"]
+    assert st.abandoned and st.completed_count == 0
+    assert f"exited with code {wire.VERSION_MISMATCH_EXIT}" in st.last_worker_error
+    assert "install the same daisy_nb version as the driver" in st.last_worker_error
+    assert not list(out.glob("done_*"))

@@ -14,7 +14,7 @@ import pytest
 import daisy_nb
 from daisy_nb import Roi
 from daisy_nb.runtime import dask as dask_rt
-from daisy_nb.runtime import pool_parts as pool_rt
+from daisy_nb.runtime.local import pool_parts as pool_rt
 from daisy_nb.runtime.policy import (
     MAX_GROWTH,
     TaskRun,

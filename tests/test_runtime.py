@@ -18,7 +18,7 @@ sys.path.insert(0, str(HERE / "workers"))
 import blockfns  # noqa: E402
 import harness  # noqa: E402
 
-from daisy_nb.runtime.pool import raise_if_abandoned, run_pool  # noqa: E402
+from daisy_nb.runtime.local.pool import raise_if_abandoned, run_pool  # noqa: E402
 
 pytestmark = [pytest.mark.mp, pytest.mark.timeout(60), pytest.mark.usefixtures("no_leaks")]
 
@@ -156,7 +156,7 @@ def test_bad_authkey_is_rejected(out):
     from daisy_nb.runtime import _net
 
     results = {}
-    import daisy_nb.runtime.pool as pool_mod
+    import daisy_nb.runtime.local.pool as pool_mod
 
     orig = pool_mod._Pool._start_listener
 
@@ -534,7 +534,7 @@ def test_worker_pipe_frames_match_multiprocessing_connection():
     import socket
     from multiprocessing.connection import Connection
 
-    from daisy_nb.runtime.worker import _Pipe
+    from daisy_nb.runtime.local.worker import _Pipe
 
     a, b = socket.socketpair()
     parent, child = Connection(a.detach()), _Pipe(b.detach())

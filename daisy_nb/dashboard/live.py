@@ -356,7 +356,7 @@ class LiveSource:
         """Copy the pool's worker table (on the runtime's thread: no locking in the pool)."""
         pool = self.runtime
         try:
-            from daisy_nb.runtime import _shm
+            from daisy_nb.runtime.local import _shm
             from daisy_nb.runtime.local import records as wp
 
             state_names = {

@@ -60,8 +60,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from daisy_nb.runtime.client import _RELEASE, _STATS, pack_row, unpack_hello
+from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables, nothing_left
 from daisy_nb.runtime.policy import record_error
-from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables, nothing_left
 
 __all__ = ["ClientConn", "Clients", "Jobs"]
 

@@ -30,16 +30,19 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from typing import Protocol
 
-from daisy_nb.runtime.local.exits import ExitKind
+from daisy_nb.runtime.local.exits import ExitFacts, ExitKind, classify_exit
+from daisy_nb.runtime.local.pool_parts import PoolTaskRun
 from daisy_nb.runtime.local.records import FunctionWorker, job_text
-from daisy_nb.runtime.pool_parts import PoolTaskRun
 
 __all__ = ["MUST_BLOCK", "Functions", "job_report"]
 
 logger = logging.getLogger("daisy")
+
+RESPAWN_AFTER_RETURN_SECS = 1.0  # a worker function that returned without its worker: the next one waits
 
 MUST_BLOCK = (
     "0-argument worker functions must block until their worker exits (e.g. `sbatch --wait`, `srun`, `bsub -K`, "
@@ -231,6 +234,32 @@ class Functions:
             f"worker function of worker {wid} returned without its worker ever connecting, while the task "
             f"still has work. {MUST_BLOCK}. If it did wait, its worker could not connect: " + self._unreachable_hint()
         )
+
+    def exited(
+        self, w: FunctionWorker, rc: int, *, aborting: bool, orphaned: bool
+    ) -> tuple[ExitKind, bool, str | None]:
+        """Worker function ``w``'s process ended with ``rc``: ``(kind, dirty, reason or None)``. One
+        that returned on its own is judged by :meth:`function_returned`; one that returned without
+        its worker connecting makes the task's next spawn wait (``RESPAWN_AFTER_RETURN_SECS``)."""
+        kind = classify_exit(
+            ExitFacts(
+                block_worker=False,
+                returncode=rc,
+                finished=w.finished,
+                raised=w.client_raised,
+                timed_out=w.timed_out,
+                lost=w.lost,
+                expected=w.expected_exit,
+                aborting=aborting,
+                orphaned=orphaned,
+            )
+        )
+        if kind is not ExitKind.RETURNED:
+            return kind, kind.dirty, None
+        dirty, msg = self.function_returned(w.wid, w.tr, w.acquired, w.connected)
+        if dirty:  # the wheel's pace: about one spawn a second while its functions return at once
+            w.tr.no_spawn_before = time.monotonic() + RESPAWN_AFTER_RETURN_SECS
+        return kind, dirty, msg
 
     def exit_message(self, w: FunctionWorker, kind: ExitKind, rc: int) -> str:
         """What a worker function's dirty exit (not a timeout) is reported as."""

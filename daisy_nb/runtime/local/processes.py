@@ -1,6 +1,6 @@
 """The pool's worker processes, seen from the scheduler process: the shell around the decisions.
 
-A part of the pool (:mod:`daisy_nb.runtime.pool`): every method runs in the pool's main
+A part of the pool (:mod:`daisy_nb.runtime.local.pool`): every method runs in the pool's main
 loop. :class:`Processes` owns every worker process (a record of :mod:`.records` per
 kind: :class:`.records.BlockProcess`, :class:`.records.FunctionWorker`), the ``resources``
 budget in use, and through its :class:`.starter.Starter` the worker template and the
@@ -29,22 +29,21 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
 from daisy_nb.block import BlockStatus
-from daisy_nb.runtime import _shm, _zygote
 from daisy_nb.runtime.context import Context
-from daisy_nb.runtime.local import wire
+from daisy_nb.runtime.local import _shm, _zygote, wire
+from daisy_nb.runtime.local.batches import Batches
 from daisy_nb.runtime.local.blocks import BlockCore, Kill, Quit, SendBatch
-from daisy_nb.runtime.local.exits import ExitFacts, ExitKind, classify_exit
+from daisy_nb.runtime.local.budget import Budget
+from daisy_nb.runtime.local.exits import ExitKind
 from daisy_nb.runtime.local.functions import Functions, job_report
+from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.local.records import (
     BUSY,
     DEAD,
@@ -52,13 +51,14 @@ from daisy_nb.runtime.local.records import (
     PARKED,
     QUITTING,
     STARTING,
+    STATE_NAMES,
     BlockProcess,
     FunctionWorker,
+    WorkerView,
     job_text,
 )
 from daisy_nb.runtime.local.starter import CAPACITY, Starter
 from daisy_nb.runtime.policy import JOB_END, count_worker_failure, record_error
-from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.state import TB_CAP_BYTES, cap_traceback
 
 __all__ = ["BUSY", "DEAD", "IDLE", "PARKED", "QUITTING", "STARTING", "Processes", "job_text"]
@@ -68,7 +68,6 @@ logger = logging.getLogger("daisy")
 TERM_GRACE_SECS = 3.0  # a worker function's SIGTERM -> SIGKILL (a launcher cancels its job meanwhile)
 REAP_SECS = 5.0  # the run's end: every worker gone within this (worker functions: after their grace)
 EXIT_CODE_SECS = 5.0  # a worker whose pidfd said "exited": its code arrives within this
-RESPAWN_AFTER_RETURN_SECS = 1.0  # a worker function that returned without its worker: the next one waits
 
 _SUCCESS, _FAILED = BlockStatus.SUCCESS, BlockStatus.FAILED
 
@@ -94,8 +93,7 @@ class Processes:
         self.s = scheduler
         self.waitables = waitables
         self.functions = functions
-        self.budget = dict(budget)
-        self.used = dict.fromkeys(self.budget, 0)
+        self.budget = Budget(budget)  # the run's resources and what the live workers hold
         self._make_context = context
         self.observer = observer
         self.workers: dict[int, Worker] = {}
@@ -103,6 +101,7 @@ class Processes:
         self.core = BlockCore(
             scheduler, target_secs=batch_target_secs, capacity=CAPACITY, slots=_shm.SLOTS, workers_total=self.count
         )
+        self.batches = Batches(scheduler, self.core)  # the block workers' batches in shared memory
         self.block_workers = 0  # workers of block-function tasks not reaped yet
         self.starter = Starter(tasks, template)  # tasks: whether the template preloads the Client
         self.next_wid = 0
@@ -111,7 +110,7 @@ class Processes:
 
     # ------------------------------------------------------------- coordination
     def attach_timeline(self, timeline) -> None:
-        self.timeline = timeline
+        self.timeline = self.batches.timeline = timeline
 
     def abort(self) -> None:
         """The run is being aborted (Ctrl-C, an error): blocks cut short are given back, not failed."""
@@ -141,9 +140,6 @@ class Processes:
     def count(self) -> int:
         """Worker processes not reaped yet."""
         return len(self.workers)
-
-    def can_allocate(self, tr: PoolTaskRun) -> bool:
-        return all(self.used.get(k, 0) + v <= self.budget.get(k, 0) for k, v in tr.requires.items())
 
     def free_parked_for(self, tr: PoolTaskRun) -> None:
         """A parked worker of another task must not hold budget a task with ready work needs."""
@@ -177,28 +173,33 @@ class Processes:
             self._kill(w)
 
     def running_blocks(self) -> list:
-        """The block each block worker runs (from ``cur`` in its segment), for the hang alarm:
-        ``(task id, block rows, label, pid, started or None)``."""
-        out: list[tuple] = []
+        """The block each block worker runs, for the hang alarm: ``(task id, block rows, label, pid,
+        started or None)``."""
+        return self.batches.running_blocks(self.workers.values())
+
+    def snapshot(self) -> list[WorkerView]:
+        """Every worker process now, for the dashboard and the hang alarm (on the runtime's thread)."""
+        out = []
         for w in list(self.workers.values()):
-            if not isinstance(w, BlockProcess) or w.state != BUSY or not w.queue or w.bufs is None:
-                continue
-            k, idx = w.queue[0]
-            a = w.bufs[k]
-            c = int(a[_shm.H_CUR])
-            pid = w.proc.pid if w.proc is not None else None
-            if 0 <= c < len(idx):
-                out.append((w.tr.tid, idx[c : c + 1], f"worker {w.wid}", pid, int(a[_shm.H_START]) / 1e9))
-            else:  # sent, not started yet (a worker still importing, a stuck init_fn)
-                out.append((w.tr.tid, idx[:1], f"worker {w.wid} (batch not started)", pid, None))
+            row, since = self.batches.current_block(w) if isinstance(w, BlockProcess) else (None, None)
+            out.append(
+                WorkerView(
+                    wid=w.wid,
+                    task=w.tr.tid,
+                    kind="block" if w.block_worker else "function",
+                    pid=int(w.proc.pid) if w.proc is not None else None,
+                    state=STATE_NAMES.get(w.state, str(w.state)),
+                    row=row,
+                    since=since,
+                    t_spawn=w.t_spawn,
+                    job=job_text(w.job),
+                )
+            )
         return out
 
     # ------------------------------------------------------------------ start
     def spawn(self, tr: PoolTaskRun) -> None:
-        c = self.s.counters[tr.tid]
-        if tr.crash_unreplaced(c):  # replacing a crash: a restart (a job end's replacement is not)
-            c.worker_restart_count += 1
-        c.worker_start_count += 1
+        tr.count_spawn(self.s.counters[tr.tid])
         wid = self.next_wid
         self.next_wid += 1
         w: Worker
@@ -211,8 +212,7 @@ class Processes:
         tr.next_slot += 1
         if tr.t_spawned is None:
             tr.t_spawned = w.t_spawn
-        for k, v in tr.requires.items():
-            self.used[k] = self.used.get(k, 0) + v
+        self.budget.take(tr.requires)
         self.starter.start(w, self._make_context(tr, wid))
         if w.pidfd is not None:
             self.waitables.add(w.pidfd, "pidfd", w)
@@ -232,30 +232,15 @@ class Processes:
             if w is None:
                 raise RuntimeError(f"an action for worker {a.wid}, which is gone: {a!r}")
             if isinstance(a, SendBatch):
-                self._write_batch(w, a.slot, a.blocks)
+                assert isinstance(w, BlockProcess)
+                self.batches.write(w, a.slot, a.blocks)
+                self._send(w, wire.run(a.slot))
             elif isinstance(a, Quit):
                 self._send(w, wire.Kind.QUIT)
             elif isinstance(a, Kill):
                 self._kill(w)
             else:
                 raise TypeError(f"unknown action {a!r}")
-
-    def _write_batch(self, w, k: int, b) -> None:
-        """Write batch ``b`` into ``w``'s slot ``k`` and tell it to run it."""
-        n = len(b.index)
-        a, o, m = w.bufs[k], w.off, n * w.tr.ndim
-        a[o["index"] : o["index"] + n] = b.index
-        a[o["spatial"] : o["spatial"] + n] = b.spatial_id
-        a[o["status"] : o["status"] + n] = BlockStatus.CREATED
-        a[o["read_offset"] : o["read_offset"] + m] = b.read_offset.reshape(-1)
-        a[o["read_shape"] : o["read_shape"] + m] = b.read_shape.reshape(-1)
-        a[o["write_offset"] : o["write_offset"] + m] = b.write_offset.reshape(-1)
-        a[o["write_shape"] : o["write_shape"] + m] = b.write_shape.reshape(-1)
-        a[_shm.H_N] = n
-        a[_shm.H_CUR] = -1
-        if w.tr.t_first is None:
-            w.tr.t_first = time.monotonic()
-        self._send(w, wire.run(k))
 
     def _send(self, w, msg: bytes) -> None:
         if w.conn is None:
@@ -318,58 +303,11 @@ class Processes:
             if redispatch:
                 self._execute(self.core.ready(w.wid))
         elif m.kind == wire.Kind.DONE:
-            self._batch_done(w, redispatch)
+            self._execute(self.batches.done(w, redispatch))
         elif m.kind == wire.Kind.RAISED:
-            self._batch_raised(w, m.text)
+            self.batches.raised(w, m.text)
         else:
             raise RuntimeError(f"worker {w.wid} sent {m.kind!r}, a message for workers")
-
-    def _statuses(self, w: BlockProcess, k: int, n: int) -> np.ndarray:
-        o = w.off["status"]
-        return w.bufs[k][o : o + n].astype(np.uint8)
-
-    def _batch_done(self, w: BlockProcess, redispatch: bool) -> None:
-        tr = w.tr
-        k, index = w.queue[0]
-        a, n = w.bufs[k], len(index)
-        st = self._statuses(w, k, n)
-        elapsed = int(a[_shm.H_ELAPSED])
-        if tr.res is not None:
-            self._add_stats(w, k, n, st)
-        actions = self.core.batch_done(w.wid, st, elapsed, dispatch=redispatch)
-        t = self.core.tasks[tr.tid]
-        tr.per_block, tr.batch_k = t.per_block, t.batch_k
-        if self.timeline is not None:  # one bar per batch: its run time is in shared memory
-            t1 = time.monotonic()
-            self.timeline.bar(("w", w.wid), tr.tid, t1 - elapsed / 1e9, t1, n, int(np.count_nonzero(st == _FAILED)))
-        self._execute(actions)
-
-    def _batch_raised(self, w: BlockProcess, text: str) -> None:
-        """A block raised (status FAILED: none is left running): the worker exits (daisy 2.0's dirty
-        exit); blocks it ran count, the rest and a batch sent ahead were never started: given back."""
-        tr = w.tr
-        statuses = [self._statuses(w, k, len(index)) for k, index in w.queue]
-        if tr.res is not None:
-            for (k, index), st in zip(w.queue, statuses):
-                self._add_stats(w, k, len(index), st, st >= _SUCCESS)
-        k0, index0 = w.queue[0]
-        st0 = statuses[0]
-        ran = self.core.batch_raised(w.wid, statuses)
-        if self.timeline is not None:
-            t1 = time.monotonic()
-            elapsed = int(w.bufs[k0][_shm.H_ELAPSED]) / 1e9
-            self.timeline.bar(("w", w.wid), tr.tid, t1 - elapsed, t1, ran, int(np.count_nonzero(st0 == _FAILED)))
-        del index0
-        record_error(self.s.counters[tr.tid], text, log=w.err_path)
-
-    def _add_stats(self, w: BlockProcess, k: int, n: int, st, measured=None) -> None:
-        """Fold the per-block stats of slot ``k``'s first ``n`` blocks into the task's totals."""
-        o = w.off["stats"]
-        rows = w.fbufs[k][o : o + n * _shm.NSTATS].reshape(n, _shm.NSTATS)
-        failed = st == _FAILED
-        if measured is not None:
-            rows, failed = rows[measured], failed[measured]
-        w.tr.res.add(rows, failed)
 
     # --------------------------------------------------------------- the clock
     def poll_exits(self) -> None:
@@ -381,14 +319,7 @@ class Processes:
     def check_timeouts(self, now: int) -> None:
         """Block timeouts (from ``cur``/``cur_start_ns`` in shared memory: time queued does not
         count), and worker functions past their SIGTERM grace."""
-        started: dict[int, int] = {}
-        for w in self.workers.values():
-            if isinstance(w, BlockProcess) and w.tr.timeout_ns is not None and w.state == BUSY:
-                for k, _ in w.queue:  # only the batch being run has cur >= 0
-                    a = w.bufs[k]
-                    if int(a[_shm.H_CUR]) >= 0:
-                        started[w.wid] = int(a[_shm.H_START])
-                        break
+        started = self.batches.started(self.workers.values())
         if started:
             self._execute(self.core.tick(now, started))
         self._term_overdue(now / 1e9)
@@ -425,35 +356,11 @@ class Processes:
                 pass
         msg = None
         if isinstance(w, BlockProcess):
-            statuses = [self._statuses(w, k, len(index)) for k, index in w.queue]
-            if tr.res is not None:  # blocks it finished have their stats written
-                for (k, index), st in zip(w.queue, statuses):
-                    self._add_stats(w, k, len(index), st, st >= _SUCCESS)
-            if self.timeline is not None and w.state == BUSY and w.queue:
-                self._timeline_died(w, fails=not (self.aborting or orphan))
-            rep = self.core.exited(w.wid, statuses, rc, orphaned=orphan)
-            kind, was_busy, finished = rep.kind, rep.was_busy, rep.finished
-        else:
+            rep = self.batches.exited(w, rc, orphan)
+            kind, was_busy, finished, dirty = rep.kind, rep.was_busy, rep.finished, rep.kind.dirty
+        else:  # a worker function: daisy 2.0.0's diagnoses when it returned on its own
+            kind, dirty, msg = self.functions.exited(w, rc, aborting=self.aborting, orphaned=orphan)
             was_busy, finished = True, w.finished
-            kind = classify_exit(
-                ExitFacts(
-                    block_worker=False,
-                    returncode=rc,
-                    finished=w.finished,
-                    raised=w.client_raised,
-                    timed_out=w.timed_out,
-                    lost=w.lost,
-                    expected=w.expected_exit,
-                    aborting=self.aborting,
-                    orphaned=orphan,
-                )
-            )
-        dirty = kind.dirty
-        if kind is ExitKind.RETURNED:  # a worker function returned on its own: daisy 2.0.0's diagnoses
-            assert isinstance(w, FunctionWorker)
-            dirty, msg = self.functions.function_returned(w.wid, tr, w.acquired, w.connected)
-            if dirty:  # returned without its worker connecting: its next replacement waits (the wheel's pace)
-                tr.no_spawn_before = time.monotonic() + RESPAWN_AFTER_RETURN_SECS
         self._forget(w)
         if self.timeline is not None:
             self.timeline.ended(("w", w.wid), lost=dirty, job=job_text(w.job))
@@ -506,22 +413,7 @@ class Processes:
         self._workers_of(tr).discard(w)
         self.block_workers -= w.block_worker
         self.workers.pop(w.wid, None)
-        for k, v in tr.requires.items():
-            self.used[k] -= v
-
-    def _timeline_died(self, w: BlockProcess, fails: bool) -> None:
-        """The bar of the batch ``w`` died in: its finished blocks and the one it was running,
-        from an estimated start (blocks done x the task's time per block) to now."""
-        k, index = w.queue[0]
-        a = w.bufs[k]
-        st = a[w.off["status"] : w.off["status"] + len(index)]
-        done, running = int(np.count_nonzero(st >= _SUCCESS)), int(np.count_nonzero(st == BlockStatus.PROCESSING))
-        if done + running:
-            t1 = time.monotonic()
-            t_cur = int(a[_shm.H_START]) / 1e9 if int(a[_shm.H_CUR]) >= 0 else t1
-            t0 = min(t1, t_cur) - done * (w.tr.per_block or 0.0)
-            failed = int(np.count_nonzero(st == _FAILED)) + (running if fails else 0)
-            self.timeline.bar(("w", w.wid), w.tr.tid, t0, t1, done + running, failed)
+        self.budget.give(tr.requires)
 
     def _err_tail(self, w) -> str:
         if not w.err_path:
@@ -545,27 +437,21 @@ class Processes:
 
     def reap_all(self) -> None:
         """After :meth:`kill_all`: every worker reaped within one deadline (worker functions after
-        their SIGTERM grace), the template closed, the process groups killed, shared memory unlinked."""
-        now = time.monotonic()
-        last = now + REAP_SECS
-        for w in self.workers.values():
-            if w.t_term is not None:
-                last = max(last, w.t_term + TERM_GRACE_SECS + REAP_SECS)
-        while self.workers:
-            now = time.monotonic()
-            for w in list(self.workers.values()):
-                if w.t_term is not None and now - w.t_term > TERM_GRACE_SECS:
+        their SIGTERM grace), the template closed, the process groups killed, shared memory unlinked.
+        Every worker was signalled at once, so waiting for them in turn costs the slowest one."""
+        last = time.monotonic() + REAP_SECS
+        for w in list(self.workers.values()):
+            if w.t_term is not None:  # a worker function: SIGKILL once its grace is over
+                try:
+                    w.proc.wait(timeout=max(0.0, w.t_term + TERM_GRACE_SECS - time.monotonic()))
+                except subprocess.TimeoutExpired:
                     self._sigkill(w)
-                if w.proc.poll() is not None:
-                    self.on_exit(w)
-            if not self.workers or now >= last:
-                break
-            fds = [w.pidfd for w in self.workers.values() if w.pidfd is not None]
-            wait = min(0.05, max(0.0, last - now))
-            if fds and len(fds) == len(self.workers):
-                select.select(fds, [], [], wait)  # a pidfd is readable once its process ended
-            else:
-                time.sleep(wait)
+                last = max(last, w.t_term + TERM_GRACE_SECS + REAP_SECS)
+            try:
+                w.proc.wait(timeout=max(0.0, last - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                continue  # reported below
+            self.on_exit(w)
         if self.workers:
             left = sorted(self.workers)
             logger.warning("daisy_nb: %d worker(s) not reaped within %g s: %s", len(left), REAP_SECS, left)

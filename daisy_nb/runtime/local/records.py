@@ -15,13 +15,41 @@ Both carry what the dashboard's worker list shows (``wid``, ``tr``, ``proc``, ``
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from daisy_nb.runtime.local.blocks import BlockWorker, WorkerState
 
-__all__ = ["BUSY", "DEAD", "IDLE", "PARKED", "QUITTING", "STARTING", "BlockProcess", "FunctionWorker", "job_text"]
+__all__ = [
+    "BUSY",
+    "DEAD",
+    "IDLE",
+    "PARKED",
+    "QUITTING",
+    "STARTING",
+    "BlockProcess",
+    "FunctionWorker",
+    "WorkerView",
+    "job_text",
+]
 
 STARTING, IDLE, BUSY, PARKED, QUITTING, DEAD = (int(s) for s in WorkerState)
+
+
+class WorkerView(NamedTuple):
+    """One worker process as the dashboard and the hang alarm see it (:meth:`.processes.Processes.snapshot`)."""
+
+    wid: int
+    task: str  # its task's id
+    kind: str  # "block" (a block function's worker) or "function" (a 0-argument worker function)
+    pid: int | None
+    state: str  # "starting", "idle", "busy", "parked", "quitting"
+    row: int | None  # the block (its row in the task) it runs now, None: none or unknown
+    since: float | None  # monotonic seconds when that block started
+    t_spawn: float  # monotonic seconds when the process was started
+    job: str | None  # a worker function's launcher job ("slurm 123 running"), see job_text
+
+
+STATE_NAMES = {STARTING: "starting", IDLE: "idle", BUSY: "busy", PARKED: "parked", QUITTING: "quitting", DEAD: "dead"}
 
 
 def job_text(job) -> str | None:

@@ -1,13 +1,13 @@
 """Starting a worker process: its shared memory, socket pair, setup, the template fork or exec.
 
-A part of the pool (:mod:`daisy_nb.runtime.pool`), owned by :class:`.processes.Processes`, which
+A part of the pool (:mod:`daisy_nb.runtime.local.pool`), owned by :class:`.processes.Processes`, which
 decides when a worker starts and what becomes of it; this module only starts it.
 
 * **Processes, never a fork of the scheduler.** On Linux each worker is forked by the
   run's worker template (:mod:`._zygote`: exec'd once per run, imported only the
   worker side, single-threaded), which hands back a pidfd and later the exit code;
   elsewhere, after the template died, or with ``DAISY_NB_WORKER_START=exec``, it is
-  ``python -m daisy_nb.runtime.worker`` started with :class:`subprocess.Popen`. Either
+  ``python -m daisy_nb.runtime.local.worker`` started with :class:`subprocess.Popen`. Either
   way in its own session (process group), with ``.out``/``.err`` as fd 1/2. This is
   the ``spawn`` start method without ``multiprocessing``'s re-import of the user's
   ``__main__``: daisy 2.0 scripts often have no ``if __name__ == "__main__"`` guard.
@@ -37,16 +37,15 @@ from multiprocessing import connection as mpc
 import numpy as np
 
 from daisy_nb import logging as dlog
-from daisy_nb.runtime import _shm, _zygote
 from daisy_nb.runtime.context import Context
-from daisy_nb.runtime.local import wire
-from daisy_nb.runtime.pool_parts import PoolTaskRun
+from daisy_nb.runtime.local import _shm, _zygote, wire
+from daisy_nb.runtime.local.pool_parts import PoolTaskRun
 
 __all__ = ["CAPACITY", "Starter"]
 
 logger = logging.getLogger("daisy")
 
-_WORKER_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker.py")  # argv[0]
+_WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")  # a forked worker's argv[0]
 
 CAPACITY = 4096  # blocks per shared-memory batch
 
@@ -151,7 +150,7 @@ class Starter:
             except _zygote.TemplateDied:
                 self.template_gone()
         return subprocess.Popen(
-            [sys.executable, "-m", "daisy_nb.runtime.worker", str(fd), str(os.getpid())],
+            [sys.executable, "-m", "daisy_nb.runtime.local.worker", str(fd), str(os.getpid())],
             pass_fds=(fd, *keep_fds),
             stdin=subprocess.DEVNULL,
             stdout=logs[0] if logs else None,

@@ -39,6 +39,23 @@ class PoolTaskRun(TaskRun):
         self.next_slot = 0  # the next worker's slot number (its log file names)
         self.t_spawned: float | None = None  # monotonic time its first worker started
         self.no_spawn_before = 0.0  # monotonic time: a worker function returned early, the next one waits
+        self.crash_restarts = 0  # crashes replaced (the restart cap counts these; job ends are not crashes)
+
+    def count_spawn(self, counters) -> None:
+        """A worker of this task starts: ``worker_start_count``, and ``worker_restart_count`` as daisy
+        2.0.0 counts it (every replacement after a dirty exit, ``failures > restarts``); a replaced
+        crash also counts toward the cap (:meth:`crash_cap_reached`)."""
+        counters.worker_start_count += 1
+        if counters.worker_failure_count > counters.worker_restart_count:
+            counters.worker_restart_count += 1
+        if counters.worker_failure_count - counters.worker_job_end_count > self.crash_restarts:
+            self.crash_restarts += 1
+
+    def crash_cap_reached(self, counters) -> bool:
+        """A crash that may not be replaced: ``max_worker_restarts`` crashes were replaced already
+        (a worker function's job ends do not count toward the cap, their replacements are restarts)."""
+        crashes = counters.worker_failure_count - counters.worker_job_end_count
+        return crashes > self.crash_restarts and self.crash_restarts >= self.max_restarts
 
 
 def nothing_left(scheduler, tr: TaskRun) -> bool:
@@ -67,6 +84,10 @@ class Waitables:
         self._fd: dict[Any, int] = {}  # obj -> its descriptor when added
         self._sel = selectors.DefaultSelector()
         self._sel.register(wake_fd, selectors.EVENT_READ, wake_fd)
+        # everything but the client connections: what the loop still serves while it lets the
+        # connections' frames gather (the TCP side's quiet time), see wait_quiet
+        self._quiet = selectors.DefaultSelector()
+        self._quiet.register(wake_fd, selectors.EVENT_READ, wake_fd)
 
     def add(self, obj, kind: str, x) -> None:
         if obj in self._by_obj:
@@ -75,20 +96,26 @@ class Waitables:
         stale = self._sel.get_map().get(fd)
         if stale is not None:  # a closed object's number, reused: its registration is stale
             self._sel.unregister(fd)
+            if fd in self._quiet.get_map():
+                self._quiet.unregister(fd)
             self._by_obj.pop(stale.data, None)
             self._fd.pop(stale.data, None)
         self._sel.register(fd, selectors.EVENT_READ, obj)
+        if kind != "c":
+            self._quiet.register(fd, selectors.EVENT_READ, obj)
         self._by_obj[obj] = (kind, x)
         self._fd[obj] = fd
 
     def discard(self, obj) -> None:
-        if self._by_obj.pop(obj, None) is None:
+        entry = self._by_obj.pop(obj, None)
+        if entry is None:
             return
         fd = self._fd.pop(obj)
-        try:
-            self._sel.unregister(fd)
-        except (KeyError, ValueError, OSError):
-            pass
+        for sel in (self._sel, self._quiet) if entry[0] != "c" else (self._sel,):
+            try:
+                sel.unregister(fd)
+            except (KeyError, ValueError, OSError):  # closed meanwhile: its registration went with it
+                pass
 
     def get(self, obj) -> tuple[str, Any] | None:
         return self._by_obj.get(obj)
@@ -97,7 +124,12 @@ class Waitables:
         """The waitables (and the wake pipe) that are ready to read."""
         return [key.data for key, _ in self._sel.select(timeout)]
 
+    def wait_quiet(self, timeout: float) -> list:
+        """Like :meth:`wait`, leaving the client connections unread (their frames gather meanwhile)."""
+        return [key.data for key, _ in self._quiet.select(timeout)]
+
     def close(self) -> None:
         if self._sel is not None:
             self._sel.close()
+            self._quiet.close()
             self._sel = None  # type: ignore[assignment]

@@ -3,27 +3,26 @@
 Design (numbers in ``benchmarks/bench_runtime.py``):
 
 * **Parts, each the one owner of its state.** The worker processes (spawned from a
-  worker template or exec'd, fed batches through shared memory, a second batch
-  prefetched, exits and timeouts) are :class:`.processes.Processes` (started by its
-  :class:`.starter.Starter`); the ``daisy_nb.Client`` connections are
-  :class:`.clients.Clients`; what a task asks for (its run record, batch sizing,
-  function serialisation) is :mod:`.policy` and :mod:`.pool_parts`. Each part gets
-  its collaborators at construction (the scheduler, the run records, the main
-  loop's :class:`.pool_parts.Waitables`, and the other part through a narrow
-  interface: :class:`.processes.JobHooks`, which this pool implements by asking the
-  Client side, and :class:`.clients.Jobs`, which the processes part implements) and
-  is driven through the methods its module docstring lists; no part reads another's
-  attributes. This module owns the run records, the dispatch across tasks (which
-  task gets a worker, abandonment), the listener and what connecting workers are
-  told (address, secret, timeouts: ``DAISY_CONTEXT``), and the main loop, and
-  ``run_pool``. The dashboard reads the ``workers`` and ``clients`` tables (on the
-  runtime's thread) and sets ``timeline``.
+  worker template or exec'd, fed batches through shared memory, exits and timeouts) are
+  :class:`.processes.Processes`, a shell around the block workers' decision core
+  (:class:`.blocks.BlockCore`: batches, prefetch, parking, timeouts, exits, tested
+  without processes); 0-argument worker functions' jobs and daisy 2.0.0's diagnoses are
+  :class:`.functions.Functions`; the ``daisy_nb.Client`` connections are
+  :class:`daisy_nb.runtime.clients.Clients`, which asks and tells ``Functions`` about the
+  worker function a connection belongs to (its ``Jobs`` protocol) and is asked
+  ``has_client``. What a task asks for (its run record, batch sizing, function
+  serialisation) is :mod:`daisy_nb.runtime.policy` and :mod:`.pool_parts`. This module
+  owns the run records, the dispatch across tasks (which task gets a worker,
+  abandonment), the listener and what connecting workers are told (address, secret,
+  timeouts: ``DAISY_CONTEXT``), the main loop, and ``run_pool``. The dashboard and the
+  hang alarm read :meth:`_Pool.worker_snapshot` and :meth:`_Pool.running_blocks` (on the
+  runtime's thread) and set ``timeline``.
 * **Starting workers.** Up to ``max_workers`` per task, within the ``resources``
   budget, only while the task has more ready blocks than its idle workers can take;
   at most ``SPAWN_BURST`` start per loop turn, so the first ones get work while the
   rest are forked. A parked worker of another task gives its budget up to a task
   with ready work. After ``max_worker_restarts`` replaced crashes and no worker
-  left, the task is abandoned (job ends do not count: :func:`.policy.is_job_end`).
+  left, the task is abandoned (a worker function's job ends do not count: :mod:`.exits`).
 * **Failure detection.** The main loop waits (one ``epoll`` set for the run) on
   every worker's socket, a pidfd per worker process (its "sentinel": readable when
   it exits), every ``Client`` connection and a wake-up pipe (SIGINT, new client
@@ -65,10 +64,11 @@ from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_aban
 from daisy_nb.runtime import _net
 from daisy_nb.runtime.clients import Clients
 from daisy_nb.runtime.context import Context
+from daisy_nb.runtime.local.budget import TaskNeed, plan_spawns
 from daisy_nb.runtime.local.functions import Functions
+from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.local.processes import Processes
 from daisy_nb.runtime.policy import end_run
-from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables
 
 __all__ = ["raise_if_abandoned", "run_pool"]
 
@@ -136,6 +136,12 @@ class _Pool:
     def workers(self) -> dict:
         """The worker processes (read-only; on the runtime's thread)."""
         return self.procs.workers
+
+    def worker_snapshot(self) -> list:
+        """Every worker process now (a list of :class:`.records.WorkerView`: id, task, kind, pid,
+        state name, the block row it runs and since when, start time, launcher job); on the
+        runtime's thread. What the dashboard and the hang alarm read instead of ``workers``."""
+        return self.procs.snapshot()
 
     @property
     def clients(self) -> dict:
@@ -227,42 +233,39 @@ class _Pool:
 
     # ------------------------------------------------------------------- loop
     def _spawn_pass(self) -> None:
-        """Start the workers the ready blocks call for, at most ``SPAWN_BURST`` per loop turn: the
-        workers started first get their batches while the rest are forked (``more_spawns``)."""
-        progress = True
-        started = 0
-        self.more_spawns = False
-        procs = self.procs
-        while progress:
-            progress = False
-            if started >= SPAWN_BURST:
-                self.more_spawns = True
-                return
-            for tid in self.order:
-                tr = self.trs[tid]
-                if self.s.is_abandoned(tid) or self.s.is_task_done(tid) or procs.alive(tr) >= tr.max_workers:
-                    continue
-                ready = self.s.ready_count(tid)
-                # block workers: only if the ready blocks are more than the idle/starting ones can take
-                if ready <= procs.waiting(tr):
-                    continue
-                if tr.restarts_exhausted(self.s.counters[tid]):
-                    continue
-                if tr.no_spawn_before and time.monotonic() < tr.no_spawn_before:
-                    continue
-                if not procs.can_allocate(tr):
-                    procs.free_parked_for(tr)
-                    continue
-                procs.spawn(tr)
-                started += 1
-                progress = True
+        """Start the workers the ready blocks call for (:func:`.budget.plan_spawns`), at most
+        ``SPAWN_BURST`` per loop turn: the workers started first get their batches while the rest
+        are forked (``more_spawns``)."""
+        s, procs = self.s, self.procs
+        now = time.monotonic()
+        needs = []
+        for tid in self.order:
+            tr = self.trs[tid]
+            closed = (
+                s.is_abandoned(tid)
+                or s.is_task_done(tid)
+                or tr.crash_cap_reached(s.counters[tid])
+                or (tr.no_spawn_before > 0 and now < tr.no_spawn_before)
+            )
+            if closed:
+                needs.append(TaskNeed(tid, 0, 0, 0, 0, closed=True))
+                continue
+            needs.append(
+                TaskNeed(tid, s.ready_count(tid), procs.alive(tr), procs.waiting(tr), tr.max_workers, tr.requires)
+            )
+        plan = plan_spawns(needs, procs.budget, SPAWN_BURST)
+        for tid in plan.free_for:
+            procs.free_parked_for(self.trs[tid])
+        for tid in plan.start:
+            procs.spawn(self.trs[tid])
+        self.more_spawns = plan.more
 
     def _check_abandon(self) -> None:
         for tid in self.order:
             tr = self.trs[tid]
             if self.s.is_abandoned(tid) or self.s.is_task_done(tid) or self.procs.has_workers(tr):
                 continue
-            if tr.restarts_exhausted(self.s.counters[tid]):
+            if tr.crash_cap_reached(self.s.counters[tid]):
                 self._abandon(tid, ABANDON_RESTARTS)
 
     def _abandon(self, tid: str, reason: str) -> None:
@@ -298,6 +301,7 @@ class _Pool:
         stalled = 0
         draining_since = None
         next_checks = 0.0
+        quiet_until = 0.0  # the connections go unread until then (the TCP side's quiet time)
         while True:
             if self.interrupted:
                 raise KeyboardInterrupt("run aborted by SIGINT")
@@ -332,7 +336,14 @@ class _Pool:
             else:
                 stalled = 0
             readable = []
-            for obj in self.waitables.wait(0 if self.more_spawns else POLL_SECS):
+            if quiet_until:  # the TCP side's quiet time: serve everything but the connections meanwhile
+                left = quiet_until - time.monotonic()
+                ready = self.waitables.wait_quiet(max(0.0, left)) if left > 0 else []
+                if left <= 0 or not ready:
+                    quiet_until = 0.0
+            else:
+                ready = self.waitables.wait(0 if self.more_spawns else POLL_SECS)
+            for obj in ready:
                 if obj == self.wake_r:
                     try:
                         os.read(self.wake_r, 4096)
@@ -352,7 +363,7 @@ class _Pool:
             if readable:  # every readable connection in one pass (one scheduler call per task)
                 tcp.on_readable(readable)
                 if tcp.quiet_secs > 0 and not procs.block_workers:  # no client waits: let frames gather
-                    time.sleep(tcp.quiet_secs)
+                    quiet_until = time.monotonic() + tcp.quiet_secs
             now = time.monotonic()
             if now >= next_checks:  # the scans over every worker and connection, a few times a second
                 next_checks = now + CHECK_SECS
