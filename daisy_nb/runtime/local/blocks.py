@@ -5,7 +5,7 @@ sent ahead (prefetch), when a worker parks or quits, which worker a timeout kill
 what a worker's exit counts as; it acquires and releases blocks on the
 :class:`daisy_nb.Scheduler` it holds. Everything else (processes, their sockets and
 pidfds, the shared-memory segments the batches travel in, the clock) is the shell's
-(:class:`daisy_nb.runtime.processes.Processes`), which feeds the core events and
+(:class:`.processes.Processes`), which feeds the core events and
 executes the actions it returns:
 
 * events (method calls): :meth:`BlockCore.add` (a worker was started),

@@ -1,20 +1,21 @@
 """What the pool's parts share: the run record of a task and the main loop's waitables.
 
-The pool (:mod:`.pool`) is made of parts that each own their state: the block and
-worker-function processes (:class:`.processes.Processes`), the ``daisy_nb.Client``
-connections (:class:`.clients.Clients`), and the pool itself (the main loop, the
-dispatch policy across tasks, the listener, abandonment). They share only what is
-here, each part handed it at construction:
+The pool (:mod:`.pool`) is made of parts that each own their state: the worker
+processes (:class:`.processes.Processes`), worker functions' jobs
+(:class:`.functions.Functions`), the ``daisy_nb.Client`` connections
+(:class:`daisy_nb.runtime.clients.Clients`), and the pool itself (the main loop, the
+dispatch across tasks, the listener, abandonment). They share only what is here, each
+part handed it at construction:
 
 * :class:`PoolTaskRun`: the pool's run record of a task (the shared
-  :class:`.policy.TaskRun` plus what the pool's parts measure: the batch's time per
-  block, worker slots, when its first worker started). A record, not a part: the
-  pool builds one per task, the parts update its counts (``inflight``,
-  ``per_block``, ...) as the scheduler's block state changes;
+  :class:`daisy_nb.runtime.policy.TaskRun` plus what the pool measures: the time per
+  block, worker slots, when its first worker started, the crashes replaced). A
+  record, not a part; block counts are the scheduler's (processing, abandoned);
 * :class:`Waitables`: what the main loop waits on. Each part registers the
   objects it reads (a worker's socket and pidfd; a client connection) with
   :meth:`Waitables.add` and removes them with :meth:`Waitables.discard`; the pool
-  waits with :meth:`Waitables.wait` and hands each ready object back to its part;
+  waits with :meth:`Waitables.wait` (or :meth:`Waitables.wait_quiet`, leaving the
+  connections unread) and hands each ready object back to its part;
 * :func:`nothing_left`: whether a task has no block left to hand out (every part
   that hands out blocks asks it).
 """
