@@ -235,7 +235,7 @@ def run_blockwise(
         report=report,
     )
     if multiprocessing and executor is None:
-        from .runtime.pool import raise_if_abandoned
+        from .runtime.local.pool import raise_if_abandoned
 
         raise_if_abandoned(states, order)
     if return_states:
@@ -365,7 +365,7 @@ def _execute(
 
             states = run_dask(scheduler, executor, progress=progress, summary=summary, hang_alarm=hang_alarm)
         else:
-            from .runtime.pool import run_pool
+            from .runtime.local.pool import run_pool
 
             states = run_pool(
                 scheduler,
@@ -401,7 +401,7 @@ def _early_template(tasks: Tasks) -> Any:
     """The worker template for a pool run about to start, or None (see ``_zygote.start_early``)."""
     if os.environ.get("DAISY_NB_EARLY_TEMPLATE", "1") == "0":
         return None
-    from .runtime import _zygote
+    from .runtime.local import _zygote
     from .task import as_pipeline
 
     try:

@@ -29,7 +29,7 @@ import integrityfns as fns  # noqa: E402
 from funlib.geometry import Roi  # noqa: E402
 
 import daisy_nb  # noqa: E402
-import daisy_nb.runtime.pool as pool_mod  # noqa: E402
+import daisy_nb.runtime.local.pool as pool_mod  # noqa: E402
 from daisy_nb.runtime.net import frames as net_frames  # noqa: E402
 from daisy_nb.runtime.net import liveness as net_liveness
 from daisy_nb.runtime.net import transport as net_transport

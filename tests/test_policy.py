@@ -13,7 +13,7 @@ import pytest
 
 import daisy_nb
 from daisy_nb import Roi
-from daisy_nb.runtime import pool_parts as pool_rt
+from daisy_nb.runtime.local import pool_parts as pool_rt
 from daisy_nb.runtime.common.batching import MAX_GROWTH, grow_batch
 from daisy_nb.runtime.common.failures import (
     ABANDON_NOT_WAITING,

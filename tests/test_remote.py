@@ -27,7 +27,7 @@ import psutil  # noqa: E402
 from funlib.geometry import Roi  # noqa: E402
 
 import daisy_nb  # noqa: E402
-from daisy_nb.runtime import pool as pool_mod  # noqa: E402
+from daisy_nb.runtime.local import pool as pool_mod  # noqa: E402
 from daisy_nb.runtime.net import address as net_address  # noqa: E402
 from daisy_nb.runtime.net import frames as net_frames
 from daisy_nb.runtime.net import liveness as net_liveness
@@ -305,9 +305,9 @@ def test_vanished_worker_is_dropped_and_its_block_handed_out_again(out, fast):
     assert (out / "attempt_v_3").stat().st_size == 2  # the stopped job's block ran again elsewhere
     stopped = [int(j.name[4:]) for j in out.glob("job_*") if not (out / f"rc_{j.name[4:]}").exists()]
     assert len(stopped) == 1 and psutil.Process(stopped[0]).status() == psutil.STATUS_STOPPED
-    # its worker function (waiting for the job forever) was ended and replaced: one failure, a job
-    # end (not a restart) if its job had finished blocks before it vanished
-    assert st.worker_failure_count == 1 and st.worker_restart_count + st.worker_job_end_count == 1
+    # its worker function (waiting for the job forever) was ended and replaced: one failure and one
+    # restart (as daisy 2.0.0 counts them), a job end (not toward the cap) if its job had finished blocks
+    assert st.worker_failure_count == 1 and st.worker_restart_count == 1 and st.worker_job_end_count in (0, 1)
     assert f"sent nothing for {fast['DAISY_NB_PEER_TIMEOUT_SECS']:g}s" in st.last_worker_error
     assert time.monotonic() - t0 < 60
 

@@ -208,7 +208,7 @@ def test_sigkilled_run_takes_template_and_workers_with_it(out, tmp_path):
 def test_run_blockwise_starts_the_template_before_building_the_scheduler(out, monkeypatch):
     """The template's start-up overlaps the Scheduler's (numpy's import, the tables), and it forks the workers."""
     import daisy_nb.scheduler
-    from daisy_nb.runtime import _zygote
+    from daisy_nb.runtime.local import _zygote
 
     events = []
 

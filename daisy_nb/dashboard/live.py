@@ -35,7 +35,7 @@ import numpy as np
 
 from daisy_nb.kernels import tables as kt
 from daisy_nb.progress import _ran
-from daisy_nb.runtime.processes import job_text
+from daisy_nb.runtime.local.records import job_text
 
 from . import picture as pic
 from .timeline import Timeline
@@ -356,8 +356,8 @@ class LiveSource:
         """Copy the pool's worker table (on the runtime's thread: no locking in the pool)."""
         pool = self.runtime
         try:
-            from daisy_nb.runtime import _shm
-            from daisy_nb.runtime import processes as wp
+            from daisy_nb.runtime.local import _shm
+            from daisy_nb.runtime.local import records as wp
 
             state_names = {
                 wp.STARTING: "starting",

@@ -20,7 +20,7 @@ def __getattr__(name):
 
         return Context
     if name == "run_pool":
-        from daisy_nb.runtime.pool import run_pool
+        from daisy_nb.runtime.local.pool import run_pool
 
         return run_pool
     raise AttributeError(name)

@@ -11,7 +11,7 @@ except ImportError:  # pragma: no cover
 
 def shm_segments():
     """Named segments made by daisy_nb (only where it cannot use a memfd; tests force that path)."""
-    from daisy_nb.runtime._shm import NAME_PREFIX
+    from daisy_nb.runtime.local._shm import NAME_PREFIX
 
     try:
         return {n for n in os.listdir("/dev/shm") if n.startswith(NAME_PREFIX)}
@@ -21,7 +21,7 @@ def shm_segments():
 
 def memfd_mappings():
     """This process's mappings of worker segments (memfd), which the pool must unmap when a worker ends."""
-    from daisy_nb.runtime._shm import MEMFD_NAME
+    from daisy_nb.runtime.local._shm import MEMFD_NAME
 
     try:
         with open("/proc/self/maps") as f:

@@ -24,13 +24,12 @@ connection is readable, then the run ends as before.
 
 Called by the pool: ``add``, ``on_readable`` (its waitables), ``wait_timeout``,
 ``serve_parked``, ``holding``, ``check_heartbeats``, ``check_timeouts``,
-``check_unconnected``, ``running_blocks``, ``drop_task`` (abandonment), ``drain``
-(Ctrl-C), ``close_all`` (the run's end), ``listening``, ``abort``,
-``attach_timeline``, and, for :class:`daisy_nb.runtime.processes.Processes` (through the
-pool's ``JobHooks``), ``function_returned`` and ``unconnected_note`` (the
-diagnoses of worker functions that do not wait for their workers). What it asks about
-a connection's worker function goes to :class:`Jobs` (the processes part); a task to
-abandon (a worker that connected too late) goes to the pool's ``abandon`` callback.
+``running_blocks``, ``drop_task`` (abandonment), ``drain`` (Ctrl-C), ``close_all``
+(the run's end), ``listening``, ``abort``, ``attach_timeline``; by the worker
+functions' side (:mod:`daisy_nb.runtime.local.functions`, which owns daisy 2.0.0's
+diagnoses of worker functions that do not wait): ``has_client``. What it asks and
+tells about a connection's worker function goes to :class:`Jobs` (that side); a task
+to abandon (a worker that connected too late) goes to the pool's ``abandon`` callback.
 """
 
 from __future__ import annotations
@@ -41,23 +40,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from daisy_nb.runtime.local.functions import MUST_BLOCK
 from daisy_nb.runtime.net import wire
 from daisy_nb.runtime.net.handout import QUIET_FRACTION, QUIET_MAX_SECS, Close, Conn, HandOut, Jobs
-from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables
+from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
 
 __all__ = ["QUIET_FRACTION", "QUIET_MAX_SECS", "ClientConn", "Clients", "Jobs"]
 
 logger = logging.getLogger("daisy")
 
-# daisy 2.0.0's diagnoses of a worker function that does not wait for its worker (its wording, plus
-# the launchers); the fix is the same for all of them
-_MUST_BLOCK = (
-    "0-argument worker functions must block until their worker exits (e.g. `sbatch --wait`, `srun`, `bsub -K`, "
-    "`subprocess.run`, or a launcher of `daisy_nb.launch`): daisy tracks worker liveness by that call, so a "
-    "fire-and-forget submit (plain `sbatch`, `subprocess.Popen` without waiting) makes daisy respawn "
-    "workers it believes dead, burning the worker restarts, and can abandon the task while real workers "
-    "still run"
-)
 
 DRAIN_SECS = 0.5  # Ctrl-C: the longest the releases already readable are taken for
 
@@ -84,9 +75,6 @@ class Clients:
         self.net = net
         self.core = HandOut(scheduler, tasks, jobs, abandon, net=net, connected_too_late=self._too_late)
         self.where = ""  # where the scheduler listens and what it advertises (see listening)
-        self.returned_wids: set[int] = set()  # worker functions that returned on their own
-        self.connected_tids = self.core.connected_tids  # tasks a Client has said hello for
-        self.warned: set[tuple[str, str]] = set()  # (task id, kind) of the diagnoses logged once
         self._sel = selectors.DefaultSelector()  # every connection (see the module docstring)
         self._sel_fd = self._sel.fileno()
         self._watched = False  # the selector is in the pool's waitables
@@ -120,6 +108,10 @@ class Clients:
         if not self._watched and self.quiet_until is None:
             self.waitables.add(self._sel_fd, "c", self)
             self._watched = True
+
+    def has_client(self, wid: int, tr: PoolTaskRun) -> bool:
+        """A connection of worker ``wid`` of ``tr`` is open (asked by the worker functions' diagnoses)."""
+        return any(cc.wid == wid and cc.tr is tr for cc in self.core.conns.values())
 
     def holding(self) -> bool:
         """Some client holds a block."""
@@ -270,76 +262,10 @@ class Clients:
 
     def _too_late(self, cc: Conn) -> str | None:
         """The error if ``cc``'s worker function had returned before it said hello (see the core)."""
-        if cc.wid not in self.returned_wids:
+        if not self.jobs.returned(cc.wid):
             return None
         return (
             f'worker {cc.wid} for task "{cc.tr.tid}" connected after its worker function had already returned. '
-            + _MUST_BLOCK
+            + MUST_BLOCK
         )
 
-    # ----------------------------------------------- worker functions that do not wait
-    def _unreachable_hint(self) -> str:
-        return (
-            f"the scheduler {self.where}; jobs on other machines need an address of this machine that "
-            "they can reach: run_blockwise(host=...) or DAISY_HOST"
-        )
-
-    def function_returned(self, wid: int, tr: PoolTaskRun, acquired: int, connected: bool) -> tuple[bool, str | None]:
-        """A worker function returned on its own (exit 0): ``(dirty, reason)`` (see ``Processes.on_exit``).
-
-        Its worker still connected: it goes on (daisy 2.0.0 too), with a warning. Returned
-        before any block while blocks are ready: a failure (else it would be respawned
-        without end); never connected: daisy 2.0.0's diagnosis, and where its job
-        should have connected (the job may not reach the address)."""
-        self.returned_wids.add(wid)
-        if any(cc.wid == wid and cc.tr is tr for cc in self.clients.values()):
-            if (tr.tid, "running") not in self.warned:
-                self.warned.add((tr.tid, "running"))
-                logger.warning(
-                    "task %r: the worker function of worker %d returned while its worker is still connected; %s",
-                    tr.tid,
-                    wid,
-                    _MUST_BLOCK,
-                )
-            return False, None
-        if acquired or self.s.ready_count(tr.tid) == 0:
-            return False, None
-        if connected:
-            return True, (
-                f"worker function of worker {wid} returned without acquiring any block while blocks were "
-                "ready (its worker connected and left without asking for one)"
-            )
-        return True, (
-            f"worker function of worker {wid} returned without its worker ever connecting, while the task "
-            f"still has work. {_MUST_BLOCK}. If it did wait, its worker could not connect: " + self._unreachable_hint()
-        )
-
-    def unconnected_note(self, tid: str, connected: bool) -> str:
-        """For a worker function that failed before any worker of its task connected: where to."""
-        if connected or tid in self.connected_tids:
-            return ""
-        return f" (no worker of this task has connected yet: {self._unreachable_hint()})"
-
-    def check_unconnected(self, now: float) -> None:
-        """Warn once per task when its worker functions run but no worker has connected for a while
-        (twice the peer timeout: 60 s by default). Jobs still queued are fine; jobs that cannot
-        reach the address are what this is about."""
-        limit = 2 * self.net["peer_timeout"]
-        for tid, tr in self.trs.items():
-            if (
-                tr.arity != 0
-                or tid in self.connected_tids
-                or not self.jobs.has_workers(tr)
-                or tr.t_spawned is None
-                or now - tr.t_spawned < limit
-                or (tid, "unconnected") in self.warned
-            ):
-                continue
-            self.warned.add((tid, "unconnected"))
-            logger.warning(
-                "task %r: no worker has connected in %.0f s since its first worker function started. If the jobs "
-                "are still queued, this is expected; if they run, they cannot reach the scheduler: %s",
-                tid,
-                now - tr.t_spawned,
-                self._unreachable_hint(),
-            )

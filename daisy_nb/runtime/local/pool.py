@@ -3,27 +3,26 @@
 Design (numbers in ``benchmarks/bench_runtime.py``):
 
 * **Parts, each the one owner of its state.** The worker processes (spawned from a
-  worker template or exec'd, fed batches through shared memory, a second batch
-  prefetched, exits and timeouts) are :class:`.processes.Processes` (started by its
-  :class:`.starter.Starter`); the ``daisy_nb.Client`` connections are
-  :class:`.clients.Clients`; what a task asks for (its run record, batch sizing,
-  function serialisation) is :mod:`.policy` and :mod:`.pool_parts`. Each part gets
-  its collaborators at construction (the scheduler, the run records, the main
-  loop's :class:`.pool_parts.Waitables`, and the other part through a narrow
-  interface: :class:`.processes.JobHooks`, which this pool implements by asking the
-  Client side, and :class:`.clients.Jobs`, which the processes part implements) and
-  is driven through the methods its module docstring lists; no part reads another's
-  attributes. This module owns the run records, the dispatch across tasks (which
-  task gets a worker, abandonment), the listener and what connecting workers are
-  told (address, secret, timeouts: ``DAISY_CONTEXT``), and the main loop, and
-  ``run_pool``. The dashboard reads the ``workers`` and ``clients`` tables (on the
-  runtime's thread) and sets ``timeline``.
+  worker template or exec'd, fed batches through shared memory, exits and timeouts) are
+  :class:`.processes.Processes`, a shell around the block workers' decision core
+  (:class:`.blocks.BlockCore`: batches, prefetch, parking, timeouts, exits, tested
+  without processes); 0-argument worker functions' jobs and daisy 2.0.0's diagnoses are
+  :class:`.functions.Functions`; the ``daisy_nb.Client`` connections are
+  :class:`daisy_nb.runtime.clients.Clients`, which asks and tells ``Functions`` about the
+  worker function a connection belongs to (its ``Jobs`` protocol) and is asked
+  ``has_client``. What a task asks for (its run record, batch sizing, function
+  serialisation) is :mod:`daisy_nb.runtime.policy` and :mod:`.pool_parts`. This module
+  owns the run records, the dispatch across tasks (which task gets a worker,
+  abandonment), the listener and what connecting workers are told (address, secret,
+  timeouts: ``DAISY_CONTEXT``), the main loop, and ``run_pool``. The dashboard and the
+  hang alarm read :meth:`_Pool.worker_snapshot` and :meth:`_Pool.running_blocks` (on the
+  runtime's thread) and set ``timeline``.
 * **Starting workers.** Up to ``max_workers`` per task, within the ``resources``
   budget, only while the task has more ready blocks than its idle workers can take;
   at most ``SPAWN_BURST`` start per loop turn, so the first ones get work while the
   rest are forked. A parked worker of another task gives its budget up to a task
   with ready work. After ``max_worker_restarts`` replaced crashes and no worker
-  left, the task is abandoned (job ends do not count: :func:`.policy.is_job_end`).
+  left, the task is abandoned (a worker function's job ends do not count: :mod:`.exits`).
 * **Failure detection.** The main loop waits (one ``epoll`` set for the run) on
   every worker's socket, a pidfd per worker process (its "sentinel": readable when
   it exits), every ``Client`` connection and a wake-up pipe (SIGINT, new client
@@ -66,9 +65,11 @@ from daisy_nb.runtime.common.failures import abandon
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.net import address, liveness, transport
 from daisy_nb.runtime.net.server import Clients
+from daisy_nb.runtime.local.budget import TaskNeed, plan_spawns
+from daisy_nb.runtime.local.functions import Functions
+from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
+from daisy_nb.runtime.local.processes import Processes
 from daisy_nb.runtime.policy import end_run
-from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables
-from daisy_nb.runtime.processes import Processes
 
 __all__ = ["raise_if_abandoned", "run_pool"]
 
@@ -108,14 +109,14 @@ class _Pool:
         self.aborting = False
         self.more_spawns = False  # _spawn_pass stopped at SPAWN_BURST with more workers to start
         self.waitables = Waitables(self.wake_r)
+        self.functions = Functions(scheduler, self.trs, self.net)  # worker functions' jobs and diagnoses
         self.procs = Processes(
             scheduler,
             self.trs,
             self.waitables,
-            self,
+            self.functions,
             budget=self.budget,
             batch_target_secs=batch_target_secs,
-            net=self.net,
             context=self._context,
             observer=observer,
             template=template,  # started early by run._execute, else by the first spawn
@@ -124,10 +125,11 @@ class _Pool:
             scheduler,
             self.trs,
             self.waitables,
-            self.procs,
+            self.functions,
             self._abandon,
             net=self.net,
         )
+        self.functions.attach(self.procs, self.tcp)
         self._timeline = None
 
     # ------------------------------------------------ what the dashboard reads (dashboard/live.py)
@@ -135,6 +137,12 @@ class _Pool:
     def workers(self) -> dict:
         """The worker processes (read-only; on the runtime's thread)."""
         return self.procs.workers
+
+    def worker_snapshot(self) -> list:
+        """Every worker process now (a list of :class:`.records.WorkerView`: id, task, kind, pid,
+        state name, the block row it runs and since when, start time, launcher job); on the
+        runtime's thread. What the dashboard and the hang alarm read instead of ``workers``."""
+        return self.procs.snapshot()
 
     @property
     def clients(self) -> dict:
@@ -192,6 +200,7 @@ class _Pool:
             self.advertise = address.detect_address(self.listener)
         self.where = address.describe(self.bind_host, self.port, self.advertise)
         self.tcp.listening(self.where)
+        self.functions.listening(self.where)
         logger.info("daisy_nb scheduler %s", self.where)
 
     def _context(self, tr: PoolTaskRun, wid: int) -> Context:
@@ -223,56 +232,47 @@ class _Pool:
         except OSError:
             pass
 
-    # ------------------------------------------ processes.JobHooks: the Client side's diagnoses
-    def function_returned(self, wid: int, tr: PoolTaskRun, acquired: int, connected: bool) -> tuple[bool, str | None]:
-        return self.tcp.function_returned(wid, tr, acquired, connected)
-
-    def unconnected_note(self, tid: str, connected: bool) -> str:
-        return self.tcp.unconnected_note(tid, connected)
-
     # ------------------------------------------------------------------- loop
     def _spawn_pass(self) -> None:
-        """Start the workers the ready blocks call for, at most ``SPAWN_BURST`` per loop turn: the
-        workers started first get their batches while the rest are forked (``more_spawns``)."""
-        progress = True
-        started = 0
-        self.more_spawns = False
-        procs = self.procs
-        while progress:
-            progress = False
-            if started >= SPAWN_BURST:
-                self.more_spawns = True
-                return
-            for tid in self.order:
-                tr = self.trs[tid]
-                if tr.abandoned or self.s.is_task_done(tid) or procs.alive(tr) >= tr.max_workers:
-                    continue
-                ready = self.s.ready_count(tid)
-                # block workers: only if the ready blocks are more than the idle/starting ones can take
-                if ready <= procs.waiting(tr):
-                    continue
-                if tr.restarts_exhausted(self.s.counters[tid]):
-                    continue
-                if not procs.can_allocate(tr):
-                    procs.free_parked_for(tr)
-                    continue
-                procs.spawn(tr)
-                started += 1
-                progress = True
+        """Start the workers the ready blocks call for (:func:`.budget.plan_spawns`), at most
+        ``SPAWN_BURST`` per loop turn: the workers started first get their batches while the rest
+        are forked (``more_spawns``)."""
+        s, procs = self.s, self.procs
+        now = time.monotonic()
+        needs = []
+        for tid in self.order:
+            tr = self.trs[tid]
+            closed = (
+                s.is_abandoned(tid)
+                or s.is_task_done(tid)
+                or tr.crash_cap_reached(s.counters[tid])
+                or (tr.no_spawn_before > 0 and now < tr.no_spawn_before)
+            )
+            if closed:
+                needs.append(TaskNeed(tid, 0, 0, 0, 0, closed=True))
+                continue
+            needs.append(
+                TaskNeed(tid, s.ready_count(tid), procs.alive(tr), procs.waiting(tr), tr.max_workers, tr.requires)
+            )
+        plan = plan_spawns(needs, procs.budget, SPAWN_BURST)
+        for tid in plan.free_for:
+            procs.free_parked_for(self.trs[tid])
+        for tid in plan.start:
+            procs.spawn(self.trs[tid])
+        self.more_spawns = plan.more
 
     def _check_abandon(self) -> None:
         for tid in self.order:
             tr = self.trs[tid]
-            if tr.abandoned or self.s.is_task_done(tid) or self.procs.has_workers(tr):
+            if self.s.is_abandoned(tid) or self.s.is_task_done(tid) or self.procs.has_workers(tr):
                 continue
-            if tr.restarts_exhausted(self.s.counters[tid]):
+            if tr.crash_cap_reached(self.s.counters[tid]):
                 self._abandon(tid, ABANDON_RESTARTS)
 
     def _abandon(self, tid: str, reason: str) -> None:
         """Abandon ``tid`` and its downstream tasks: their workers and clients are ended."""
         for a in abandon(self.s, tid, reason):
             atr = self.trs[a]
-            atr.abandoned = True
             self.procs.end_task(atr)
             self.tcp.drop_task(atr)
 
@@ -281,7 +281,7 @@ class _Pool:
         self.procs.check_timeouts(now)  # block timeouts; worker functions past their SIGTERM grace
         self.tcp.check_timeouts(now)  # a Client's block timeout ends its worker function
         if self.listener is not None:
-            self.tcp.check_unconnected(now / 1e9)  # a task none of whose jobs connect
+            self.functions.check_unconnected(now / 1e9)  # a task none of whose jobs connect
 
     def _notify(self, what: str) -> None:
         notify(self.observer, what, self.s)

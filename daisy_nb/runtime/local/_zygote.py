@@ -3,7 +3,7 @@
 Starting a worker by exec is a whole interpreter start-up plus the imports of the
 worker side (cloudpickle alone is ~30 ms); with 16-32 workers on a 2-core machine
 that is most of the first half second of a run. The template is started once per
-run, exec'd like a worker (``python -m daisy_nb.runtime._zygote <fd> <pool_pid>``,
+run, exec'd like a worker (``python -m daisy_nb.runtime.local._zygote <fd> <pool_pid>``,
 never forked from the scheduler process, which runs numba and zarr threads), imports
 only the worker side (``worker``, ``block``, ``logging``, ``_shm``, cloudpickle, and
 ``client`` when a task has a 0-argument worker function; no numpy, numba or
@@ -24,7 +24,7 @@ The forked worker keeps the exec'd worker's semantics: its own session (``killpg
 reaches helpers it launches), ``PR_SET_PDEATHSIG`` to the template, whose own
 ``PR_SET_PDEATHSIG`` is the pool (so workers die with the run), fd 0 is
 ``/dev/null``, fd 1/2 are its log files, the environment is the one an exec'd worker
-would get (``DAISY_CONTEXT``), and the same :func:`daisy_nb.runtime.worker.serve`
+would get (``DAISY_CONTEXT``), and the same :func:`daisy_nb.runtime.local.worker.serve`
 runs. It leaves with ``os._exit`` after ``atexit`` handlers and a flush: no
 interpreter teardown.
 
@@ -65,7 +65,7 @@ def available() -> bool:
 
 
 # workers run ``python -m daisy_nb...``: make sure they import this very package
-PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def worker_env(environ=None) -> dict:
@@ -188,7 +188,7 @@ class Template:
                 [
                     sys.executable,
                     "-m",
-                    "daisy_nb.runtime._zygote",
+                    "daisy_nb.runtime.local._zygote",
                     str(theirs.fileno()),
                     str(os.getpid()),
                     "client" if preload_client else "blocks",
@@ -310,7 +310,7 @@ def _child(req: dict, fds: list[int], closing: list[int], template_pid: int) -> 
     """In the forked worker: become an exec'd worker's twin, run it, leave. Never returns."""
     code = 1
     try:
-        from daisy_nb.runtime import worker
+        from daisy_nb.runtime.local import worker
 
         os.setsid()
         signal.set_wakeup_fd(-1)
@@ -361,14 +361,14 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool ends the run
     ctrl_fd, pool_pid = int(argv[0]), int(argv[1])
-    from daisy_nb.runtime import worker
+    from daisy_nb.runtime.local import worker
 
     worker._die_with_parent(pool_pid)
     # the worker side, once for every worker this template forks
     import daisy_nb.block
     import daisy_nb.logging
-    import daisy_nb.runtime._shm
     import daisy_nb.runtime.context
+    import daisy_nb.runtime.local._shm
 
     try:
         import cloudpickle  # type: ignore[import-untyped]  # noqa: F401  (payloads load with pickle, which imports it)

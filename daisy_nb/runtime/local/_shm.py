@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 SLOTS = 2
 HDR = 8
@@ -74,9 +75,10 @@ class Segment:
 
     def __init__(self, nbytes: int):
         self.fd = -1
-        self.name = None
-        self._shm = None
-        self._mmap = None
+        self.name: str | None = None
+        self._shm: Any = None  # a multiprocessing.shared_memory.SharedMemory (not Linux)
+        self._mmap: Any = None  # an mmap.mmap of the memfd (Linux)
+        self.buf: Any = None  # the segment's bytes (None once closed)
         if hasattr(os, "memfd_create"):
             import mmap
 
@@ -159,6 +161,8 @@ def attach(shm_name: str | None = None, shm_fd: int | None = None):
     """
     if shm_fd is not None:
         return _Mapped(shm_fd)
+    if shm_name is None:
+        raise ValueError("attach: neither shm_fd nor shm_name given")
     if sys.platform.startswith("linux") and "/" not in shm_name and os.path.isdir("/dev/shm"):
         try:
             return _Mapped(os.open(os.path.join("/dev/shm", shm_name), os.O_RDWR))

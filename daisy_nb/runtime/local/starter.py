@@ -1,13 +1,13 @@
-"""Starting a worker process: the :class:`Worker` record, its setup, the template fork or exec.
+"""Starting a worker process: its shared memory, socket pair, setup, the template fork or exec.
 
-A part of the pool (:mod:`.pool`), owned by :class:`.processes.Processes`, which
+A part of the pool (:mod:`daisy_nb.runtime.local.pool`), owned by :class:`.processes.Processes`, which
 decides when a worker starts and what becomes of it; this module only starts it.
 
 * **Processes, never a fork of the scheduler.** On Linux each worker is forked by the
   run's worker template (:mod:`._zygote`: exec'd once per run, imported only the
   worker side, single-threaded), which hands back a pidfd and later the exit code;
   elsewhere, after the template died, or with ``DAISY_NB_WORKER_START=exec``, it is
-  ``python -m daisy_nb.runtime.worker`` started with :class:`subprocess.Popen`. Either
+  ``python -m daisy_nb.runtime.local.worker`` started with :class:`subprocess.Popen`. Either
   way in its own session (process group), with ``.out``/``.err`` as fd 1/2. This is
   the ``spawn`` start method without ``multiprocessing``'s re-import of the user's
   ``__main__``: daisy 2.0 scripts often have no ``if __name__ == "__main__"`` guard.
@@ -17,7 +17,7 @@ decides when a worker starts and what becomes of it; this module only starts it.
 :class:`Starter` owns the run's worker template (started on first use unless
 ``run._execute`` started it early), which workers it forked, and the process group
 of every worker started. Its methods, called by :class:`.processes.Processes`:
-:meth:`Starter.start` (a new :class:`Worker`'s process, shared memory, socket pair,
+:meth:`Starter.start` (a new worker's process (a :mod:`.records` record), shared memory, socket pair,
 setup and pidfd), :meth:`Starter.died_with_template`, :meth:`Starter.template_gone`
 and :meth:`Starter.close` (the run's end: the template closed, every process group
 killed).
@@ -31,112 +31,23 @@ import pickle
 import signal
 import subprocess
 import sys
-import time
-from collections import deque
 from collections.abc import Mapping
 from multiprocessing import connection as mpc
-from typing import Any
 
 import numpy as np
 
 from daisy_nb import logging as dlog
-from daisy_nb.runtime import _shm, _zygote
 from daisy_nb.runtime.context import Context
-from daisy_nb.runtime.pool_parts import PoolTaskRun
+from daisy_nb.runtime.local import _shm, _zygote, wire
+from daisy_nb.runtime.local.pool_parts import PoolTaskRun
 
-__all__ = [
-    "BUSY",
-    "CAPACITY",
-    "DEAD",
-    "IDLE",
-    "PARKED",
-    "QUITTING",
-    "STARTING",
-    "Starter",
-    "Worker",
-    "job_report",
-    "job_text",
-]
+__all__ = ["CAPACITY", "Starter"]
 
 logger = logging.getLogger("daisy")
 
 _WORKER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")  # a forked worker's argv[0]
 
 CAPACITY = 4096  # blocks per shared-memory batch
-
-# worker states
-STARTING, IDLE, BUSY, PARKED, QUITTING, DEAD = range(6)
-
-
-def job_text(job) -> str | None:
-    """A worker function's launcher job (``daisy_nb.launch``) as the worker list and timeline show it."""
-    if not job:
-        return None
-    return f"{job.get('scheduler', '')} {job.get('job', '')} {job.get('state', '')}".strip()
-
-
-def job_report(w: Worker, msg: bytes, observer) -> None:
-    """``J`` + JSON from a worker function's launcher: its job (scheduler, id, state), kept on the
-    worker, logged (a warning when it failed or could not be cancelled) and told to the observer."""
-    import json
-
-    try:
-        info = json.loads(msg[1:].decode())
-    except ValueError:
-        return
-    if not isinstance(info, dict):
-        return
-    w.job = {k: str(info.get(k, "")) for k in ("scheduler", "job", "state")}
-    bad = w.job["state"].startswith(("failed", "cancel failed"))
-    logger.log(
-        logging.WARNING if bad else logging.INFO,
-        "task %r: worker %d: %s job %s %s",
-        w.tr.tid,
-        w.wid,
-        w.job["scheduler"],
-        w.job["job"],
-        w.job["state"],
-    )
-    hook = getattr(observer, "on_worker_job", None)
-    if hook is not None:
-        try:
-            hook({"task": w.tr.tid, "worker": w.wid, **w.job})
-        except Exception:
-            pass
-
-
-class Worker:
-    def __init__(self, wid: int, tr: PoolTaskRun, slot: int):
-        self.wid = wid
-        self.tr = tr
-        self.slot = slot
-        self.state = STARTING
-        # set by Starter.start: its process (subprocess.Popen, or _zygote.ForkedProcess), socket pair
-        # (multiprocessing.connection.Connection), pidfd; a block function's _shm.Segment, one int64
-        # array per batch slot of it (bufs), the same slots as float64 (fbufs, stats region, when
-        # tracking) and the offsets of the slots' regions (off)
-        self.proc: Any = None
-        self.conn: Any = None
-        self.pidfd: int | None = None
-        self.shm: Any = None
-        self.bufs: Any = None
-        self.fbufs: Any = None
-        self.off: Any = None
-        self.queue: deque = deque()  # (batch slot, block indices) sent to the worker, in run order
-        self.next_buf = 0
-        self.expected_exit = False
-        self.raised = False  # a block raised: the worker is exiting (dirty), not yet reaped
-        self.timed_out = False
-        self.lost = False  # a client of its job went silent (heartbeat): killed, counts as a failure
-        self.connected = False  # a Client of its job said hello (0-argument worker functions)
-        self.acquired = 0
-        self.finished = 0  # blocks it (or its worker function's clients) finished successfully
-        self.client_raised = False  # a worker function's last block raised (its exit is a crash)
-        self.err_path = None
-        self.err_offset = 0
-        self.t_spawn = time.monotonic()
-        self.t_term: float | None = None  # a worker function: when it was sent SIGTERM
-        self.job: dict | None = None  # a worker function's launcher: its last job report
 
 
 class Starter:
@@ -150,7 +61,7 @@ class Starter:
         self.forked_wids: set[int] = set()  # workers forked by the template (they die with it)
         self.pgids: list[int] = []  # the process group of every worker started
 
-    def start(self, w: Worker, context: Context) -> None:
+    def start(self, w, context: Context) -> None:
         """Start ``w``'s process: its shared memory (block functions), socket pair (``w.conn``),
         log files, setup and function sent; ``w.pidfd`` when this platform has one."""
         tr = w.tr
@@ -165,6 +76,7 @@ class Starter:
             "wants_context": tr.wants_context,
             "capacity": CAPACITY,
             "ndim": tr.ndim,
+            "wire": wire.VERSION,
         }
         keep_fds = []
         if tr.arity:
@@ -238,7 +150,7 @@ class Starter:
             except _zygote.TemplateDied:
                 self.template_gone()
         return subprocess.Popen(
-            [sys.executable, "-m", "daisy_nb.runtime.worker", str(fd), str(os.getpid())],
+            [sys.executable, "-m", "daisy_nb.runtime.local.worker", str(fd), str(os.getpid())],
             pass_fds=(fd, *keep_fds),
             stdin=subprocess.DEVNULL,
             stdout=logs[0] if logs else None,

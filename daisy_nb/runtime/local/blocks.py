@@ -1,0 +1,474 @@
+"""The block workers' decisions, without processes, shared memory or clocks (a sans-I/O core).
+
+:class:`BlockCore` decides which block worker gets which batch, when a second batch is
+sent ahead (prefetch), when a worker parks or quits, which worker a timeout kills, and
+what a worker's exit counts as; it acquires and releases blocks on the
+:class:`daisy_nb.Scheduler` it holds. Everything else (processes, their sockets and
+pidfds, the shared-memory segments the batches travel in, the clock) is the shell's
+(:class:`.processes.Processes`), which feeds the core events and
+executes the actions it returns:
+
+* events (method calls): :meth:`BlockCore.add` (a worker was started),
+  :meth:`~BlockCore.ready` (it is ready for work), :meth:`~BlockCore.batch_done` (its oldest
+  batch finished: one status per block), :meth:`~BlockCore.batch_raised` (a block raised:
+  the worker exits), :meth:`~BlockCore.exited` (its process ended: the statuses of the
+  batches it held), :meth:`~BlockCore.tick` (the clock and when each running block
+  started), and the run's :meth:`~BlockCore.dispatch_parked`, :meth:`~BlockCore.drain`,
+  :meth:`~BlockCore.end_task`, :meth:`~BlockCore.quit`;
+* actions (returned lists): :class:`SendBatch` (write these blocks into that batch slot and
+  signal the worker), :class:`Quit` (ask it to leave), :class:`Kill` (end its process).
+
+**Batching.** Per task, the batch size starts at 1 and follows the measured time per
+block so that a batch takes about ``target`` seconds (``PER_WORKER_BATCH_SECS`` per
+worker when that is longer; :func:`daisy_nb.runtime.policy.grow_batch`), capped by
+``ceil(ready / workers)`` so that workers share the ready blocks and dependent levels are
+not held back by one worker's batch.
+
+**Prefetch.** While a worker runs a batch, a second one may wait in its other slot, so it
+never idles through the round trip to the scheduler. Only for fast blocks (measured
+faster than ``target``), when no worker of the task waits for work, and when the ready
+blocks cover a running and a queued batch for every worker of the task.
+
+**Exits.** A dead worker's finished blocks count, the block it was running fails (an
+attempt; given back on Ctrl-C or when the worker template died), and the blocks of its
+batches it never started are given back (status 0). Its exit is classified by
+:func:`daisy_nb.runtime.local.exits.classify_exit`: a block worker's death is a crash.
+
+Invariants (:meth:`BlockCore.validate`, checked after every event in the tests): every
+block handed to a block worker is in exactly one batch of one live worker; per task,
+the blocks in those batches are the scheduler's processing count (minus what the
+Client side holds, ``held_elsewhere``), unless the task was abandoned; a worker is busy
+exactly when it has batches; no worker is both parked and busy; at most ``slots``
+batches per worker, each in a distinct slot.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from daisy_nb.block import BlockStatus
+from daisy_nb.runtime.local.exits import ExitFacts, ExitKind, classify_exit
+from daisy_nb.runtime.policy import grow_batch
+
+__all__ = ["BlockCore", "BlockTask", "BlockWorker", "Kill", "Quit", "SendBatch", "WorkerState"]
+
+PER_WORKER_BATCH_SECS = 0.002  # batch target floor per running worker (16 workers: 32 ms batches)
+
+_CREATED, _PROCESSING, _SUCCESS, _FAILED = (
+    BlockStatus.CREATED,
+    BlockStatus.PROCESSING,
+    BlockStatus.SUCCESS,
+    BlockStatus.FAILED,
+)
+
+
+class WorkerState(enum.IntEnum):
+    STARTING = 0  # its process starts; not ready for work yet
+    IDLE = 1  # ready, nothing sent (transient: dispatch follows at once)
+    BUSY = 2  # runs a batch (and maybe holds a second one)
+    PARKED = 3  # waits for blocks to become ready
+    QUITTING = 4  # told to quit (or a block raised): it exits
+    DEAD = 5  # its process ended
+
+
+@dataclass(frozen=True)
+class SendBatch:
+    """Write ``blocks`` (a :class:`daisy_nb.scheduler.BlockBatch`) into batch slot ``slot`` of worker
+    ``wid`` and tell it to run them."""
+
+    wid: int
+    slot: int
+    blocks: Any
+
+
+@dataclass(frozen=True)
+class Quit:
+    """Ask worker ``wid`` to leave."""
+
+    wid: int
+
+
+@dataclass(frozen=True)
+class Kill:
+    """End worker ``wid``'s process (a block exceeded the task's timeout, or its task was abandoned)."""
+
+    wid: int
+
+
+Action = SendBatch | Quit | Kill
+
+
+@dataclass
+class BlockTask:
+    """What the core measures of a task (the batch size, the time per block)."""
+
+    tid: str
+    timeout_ns: int | None = None  # a block's timeout, None: none
+    batch_k: int = 1
+    per_block: float | None = None  # seconds, from the last finished batch (None: not measured yet)
+    block_secs: deque = field(default_factory=lambda: deque(maxlen=64))  # recent times per block
+    t_first_batch: bool = False  # a batch was sent
+
+
+@dataclass(eq=False)
+class BlockWorker:
+    """The core's record of one block worker."""
+
+    wid: int
+    tid: str
+    state: WorkerState = WorkerState.STARTING
+    queue: deque = field(default_factory=deque)  # (slot, block rows) sent, in run order
+    next_slot: int = 0
+    finished: int = 0  # blocks it finished successfully
+    raised: bool = False  # a block raised: it exits (dirty), not yet reaped
+    timed_out: bool = False
+    expected_exit: bool = False  # we told it to quit or killed it
+
+    @property
+    def inflight(self) -> int:
+        return sum(len(i) for _, i in self.queue)
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    """What :meth:`BlockCore.exited` found: the exit's kind, and for the message whether the worker
+    was running blocks and how many it had finished."""
+
+    kind: ExitKind
+    was_busy: bool
+    finished: int
+    died_in: int  # blocks of its batches that were running or finished when it died (for the timeline)
+
+
+class BlockCore:
+    """The block workers' decisions (see the module docstring)."""
+
+    def __init__(
+        self,
+        scheduler,
+        *,
+        target_secs: float,
+        capacity: int,
+        slots: int = 2,
+        workers_total: Callable[[], int] | None = None,
+    ):
+        self.s = scheduler
+        self.target = float(target_secs)
+        self.capacity = int(capacity)
+        self.slots = int(slots)
+        self._workers_total = workers_total  # every worker process of the run (the batch target's floor)
+        self.tasks: dict[str, BlockTask] = {}
+        self.workers: dict[int, BlockWorker] = {}
+        self.of_task: dict[str, set[BlockWorker]] = {}
+        self._parked: set[BlockWorker] = set()
+        self.aborting = False
+
+    # ------------------------------------------------------------------ tasks and workers
+    def add_task(self, tid: str, timeout_ns: int | None = None) -> BlockTask:
+        t = self.tasks.get(tid)
+        if t is None:
+            t = self.tasks[tid] = BlockTask(tid, timeout_ns)
+            self.of_task[tid] = set()
+        return t
+
+    def add(self, wid: int, tid: str) -> BlockWorker:
+        """Event: worker ``wid`` of task ``tid`` was started."""
+        if wid in self.workers:
+            raise ValueError(f"block worker {wid} is known already")
+        self.add_task(tid)
+        w = self.workers[wid] = BlockWorker(wid, tid)
+        self.of_task[tid].add(w)
+        return w
+
+    def alive(self, tid: str) -> int:
+        """``tid``'s workers that count toward ``max_workers`` (all but those told to quit; one whose
+        block raised is replaced only once it is reaped)."""
+        return sum(1 for w in self.of_task.get(tid, ()) if w.state != WorkerState.QUITTING or w.raised)
+
+    def waiting(self, tid: str) -> int:
+        """``tid``'s workers that are starting or waiting for work."""
+        waiting = (WorkerState.STARTING, WorkerState.PARKED, WorkerState.IDLE)
+        return sum(1 for w in self.of_task.get(tid, ()) if w.state in waiting)
+
+    def parked_of(self, tid: str) -> list[int]:
+        return sorted(w.wid for w in self.of_task.get(tid, ()) if w.state == WorkerState.PARKED)
+
+    def inflight(self, tid: str) -> int:
+        """Blocks of ``tid`` in block workers' batches."""
+        return sum(w.inflight for w in self.of_task.get(tid, ()))
+
+    def _abandoned(self, tid: str) -> bool:
+        return self.s.is_abandoned(tid)
+
+    def nothing_left(self, tid: str) -> bool:
+        """``tid`` is abandoned, or every block it has left is handed out already (to anybody)."""
+        return self._abandoned(tid) or self.s.remaining_count(tid) - self.s.processing_count(tid) <= 0
+
+    # ------------------------------------------------------------------------- events
+    def ready(self, wid: int) -> list[Action]:
+        """Event: worker ``wid`` is ready for work (its set-up is done)."""
+        w = self.workers[wid]
+        if w.state != WorkerState.STARTING:
+            return []
+        w.state = WorkerState.IDLE
+        return self._dispatch(w)
+
+    def batch_done(self, wid: int, status: np.ndarray, elapsed_ns: int, dispatch: bool = True) -> list[Action]:
+        """Event: the oldest batch of ``wid`` finished; ``status`` one per block (SUCCESS or FAILED),
+        ``elapsed_ns`` the batch's run time. ``dispatch``: False while the shell drains the messages
+        of a worker that has died (nothing more is sent to it)."""
+        w = self.workers[wid]
+        if w.state != WorkerState.BUSY or not w.queue:
+            raise RuntimeError(f"block worker {wid} reported a batch done, but it holds none (state {w.state.name})")
+        _, index = w.queue.popleft()  # batches run in the order they were sent
+        st = np.asarray(status, dtype=np.uint8)
+        n = len(index)
+        if st.shape != (n,) or not ((st == _SUCCESS) | (st == _FAILED)).all():
+            raise RuntimeError(
+                f"block worker {wid} reported a batch done with statuses other than SUCCESS/FAILED: {st.tolist()[:16]}"
+            )
+        w.finished += int(np.count_nonzero(st == _SUCCESS))
+        self.s.release_blocks(w.tid, index, st)
+        t = self.tasks[w.tid]
+        t.per_block = elapsed_ns / n / 1e9
+        t.block_secs.append(t.per_block)
+        # many workers: longer batches, so that the scheduler's batches per second stay bounded
+        total = self._workers_total() if self._workers_total is not None else len(self.workers)
+        target = max(self.target, total * PER_WORKER_BATCH_SECS)
+        t.batch_k = grow_batch(t.batch_k, elapsed_ns, n, target, self.capacity)
+        if w.queue:  # it runs the batch sent ahead
+            return self._prefetch(w) if dispatch else []
+        w.state = WorkerState.IDLE
+        return self._dispatch(w) if dispatch else []
+
+    def batch_raised(self, wid: int, statuses: list[np.ndarray]) -> int:
+        """Event: a block of ``wid``'s running batch raised (status FAILED; none is left running): the
+        worker exits (daisy 2.0's dirty exit). ``statuses``: per batch it holds, in run order. Blocks
+        it ran count, the rest (of its batch, and a batch sent ahead) were never started: given back.
+        Returns the blocks it ran in the batch that raised (for the timeline)."""
+        w = self.workers[wid]
+        if w.state != WorkerState.BUSY or not w.queue:
+            raise RuntimeError(f"block worker {wid} reported a raised block, but it holds no batch")
+        ran = int(np.count_nonzero(np.asarray(statuses[0][: len(w.queue[0][1])]) >= _SUCCESS))
+        self._release_queue(w, statuses, _CREATED)
+        w.state = WorkerState.QUITTING  # no more work for it; its exit is a dirty one (replaced once reaped)
+        w.raised = True
+        w.expected_exit = False
+        return ran
+
+    def exited(self, wid: int, statuses: list[np.ndarray], returncode: int, *, orphaned: bool = False) -> ExitReport:
+        """Event: ``wid``'s process ended with ``returncode``; ``statuses``: per batch it held, in run
+        order (as the shared memory says). Returns what the exit counts as."""
+        w = self.workers.pop(wid)
+        was_busy = w.state == WorkerState.BUSY
+        died_in = 0
+        if w.queue:
+            st0 = np.asarray(statuses[0][: len(w.queue[0][1])])
+            died_in = int(np.count_nonzero(st0 >= _PROCESSING))
+            if self._abandoned(w.tid):  # its task was abandoned: the scheduler orphaned these blocks
+                w.queue.clear()
+            elif was_busy:
+                # the block it was running fails (an attempt), except on Ctrl-C or with the template: given back
+                self._release_queue(w, statuses, _CREATED if self.aborting or orphaned else _FAILED)
+            else:
+                raise RuntimeError(f"block worker {wid} held batches in state {w.state.name}")
+        w.state = WorkerState.DEAD
+        self.of_task[w.tid].discard(w)
+        self._parked.discard(w)
+        kind = classify_exit(
+            ExitFacts(
+                block_worker=True,
+                returncode=returncode,
+                finished=w.finished,
+                raised=w.raised,
+                timed_out=w.timed_out,
+                expected=w.expected_exit,
+                aborting=self.aborting,
+                orphaned=orphaned,
+            )
+        )
+        return ExitReport(kind, was_busy, w.finished, died_in)
+
+    def tick(self, now_ns: int, started_ns: Mapping[int, int]) -> list[Action]:
+        """Event: the clock. ``started_ns``: for busy workers whose batch has a running block, when it
+        started. A worker whose running block exceeded its task's timeout is killed."""
+        out: list[Action] = []
+        for wid, t0 in started_ns.items():
+            w = self.workers.get(wid)
+            if w is None or w.timed_out or w.state != WorkerState.BUSY:
+                continue
+            limit = self.tasks[w.tid].timeout_ns
+            if limit is not None and now_ns - t0 > limit:
+                w.timed_out = True
+                self.s.counters[w.tid].timeout_reclaim_count += 1
+                out.append(Kill(wid))
+        return out
+
+    def quit(self, wid: int) -> list[Action]:
+        """Ask ``wid`` to quit (no more work for it)."""
+        w = self.workers.get(wid)
+        if w is None:
+            return []
+        w.expected_exit = True
+        if w.state in (WorkerState.DEAD, WorkerState.QUITTING):
+            return []
+        if w.queue and not self._abandoned(w.tid):
+            raise RuntimeError(f"block worker {wid} told to quit while it runs blocks of a live task")
+        w.state = WorkerState.QUITTING  # (an abandoned task's batches stay listed until it exits)
+        self._parked.discard(w)
+        return [Quit(wid)]
+
+    def stop(self, wid: int) -> list[Action]:
+        """We end ``wid`` (the run's end, a grace passed): its exit is not a failure; one that holds no
+        batch of a live task is asked to quit."""
+        w = self.workers.get(wid)
+        if w is None:
+            return []
+        w.expected_exit = True
+        if w.queue and not self._abandoned(w.tid):
+            return []  # it is killed holding its batches: they are accounted for at its exit
+        return self.quit(wid)
+
+    def dispatch_parked(self) -> list[Action]:
+        """Parked workers try again (blocks may have become ready)."""
+        if not self._parked:
+            return []
+        parked, self._parked = self._parked, set()
+        out: list[Action] = []
+        for w in sorted(parked, key=lambda w: w.wid):  # in start order
+            if w.state == WorkerState.PARKED:
+                out += self._dispatch(w)
+        return out
+
+    def drain(self) -> list[Action]:
+        """Every task is done: the workers waiting for work quit."""
+        out: list[Action] = []
+        for w in list(self.workers.values()):
+            if w.state in (WorkerState.IDLE, WorkerState.PARKED, WorkerState.STARTING):
+                out += self.quit(w.wid)
+        return out
+
+    def end_task(self, tid: str) -> list[Action]:
+        """``tid`` was abandoned: its workers are asked to quit, and killed."""
+        out: list[Action] = []
+        for w in sorted(self.of_task.get(tid, ()), key=lambda w: w.wid):
+            out += self.quit(w.wid)
+            out.append(Kill(w.wid))
+        return out
+
+    def stop_all(self) -> None:
+        """The run's end: every worker is ended (by the shell); none of their exits is a failure."""
+        for w in self.workers.values():
+            w.expected_exit = True
+
+    def abort(self) -> None:
+        """The run is being aborted (Ctrl-C, an error): blocks cut short are given back, not failed."""
+        self.aborting = True
+
+    # ---------------------------------------------------------------------- decisions
+    def _batch_size(self, w: BlockWorker, ready: int) -> int:
+        busy = (WorkerState.IDLE, WorkerState.BUSY, WorkerState.PARKED)
+        n = max(1, sum(1 for x in self.of_task[w.tid] if x.state in busy))
+        return max(1, min(self.tasks[w.tid].batch_k, -(-ready // n), self.capacity))
+
+    def _send(self, w: BlockWorker, max_n: int) -> SendBatch | None:
+        b = self.s.acquire_blocks(w.tid, max_n)
+        if not len(b.index):
+            return None
+        slot = w.next_slot
+        w.next_slot = (slot + 1) % self.slots
+        w.queue.append((slot, np.array(b.index, dtype=np.int64)))
+        w.state = WorkerState.BUSY
+        self._parked.discard(w)
+        self.tasks[w.tid].t_first_batch = True
+        return SendBatch(w.wid, slot, b)
+
+    def _dispatch(self, w: BlockWorker) -> list[Action]:
+        """``w`` has nothing to run: a batch (and maybe a second), park it, or let it go."""
+        tid = w.tid
+        if self._abandoned(tid) or self.s.is_task_done(tid):
+            return self.quit(w.wid)
+        ready = self.s.ready_count(tid)
+        if ready > 0:
+            sent = self._send(w, self._batch_size(w, ready))
+            if sent is not None:
+                return [sent, *self._prefetch(w)]
+        if self.nothing_left(tid):
+            return self.quit(w.wid)
+        w.state = WorkerState.PARKED
+        self._parked.add(w)
+        return []
+
+    def _prefetch(self, w: BlockWorker) -> list[Action]:
+        """A second batch behind the one ``w`` runs, if nobody can be held back by it."""
+        t = self.tasks[w.tid]
+        if len(w.queue) >= self.slots or self._abandoned(w.tid) or t.per_block is None or t.per_block > self.target:
+            return []  # slow blocks (one at a time) never wait behind another batch
+        active = 0
+        for x in self.of_task[w.tid]:
+            if x.state in (WorkerState.IDLE, WorkerState.PARKED):
+                return []  # a worker waiting for work comes first
+            if x.state in (WorkerState.STARTING, WorkerState.BUSY):
+                active += 1
+        k = min(t.batch_k, self.capacity)
+        # ready blocks for a running and a queued batch on every worker: near the end of a task, or
+        # of a level, blocks go to whoever is free instead of queueing behind a batch
+        if self.s.ready_count(w.tid) >= 2 * active * k:
+            sent = self._send(w, k)
+            if sent is not None:
+                return [sent]
+        return []
+
+    def _release_queue(self, w: BlockWorker, statuses: list[np.ndarray], running: int) -> None:
+        """Release the batches sent to ``w``, in run order, and forget them: finished blocks count,
+        the running one gets ``running``, blocks never started (status CREATED) are given back."""
+        if len(statuses) != len(w.queue):
+            raise RuntimeError(f"block worker {w.wid}: {len(statuses)} status arrays for {len(w.queue)} batches")
+        for (_, index), raw in zip(w.queue, statuses):
+            n = len(index)
+            st = np.array(raw[:n], dtype=np.uint8)
+            if st.shape != (n,) or (st > _FAILED).any():
+                raise RuntimeError(f"block worker {w.wid}: a batch's statuses are not block statuses: {st.tolist()}")
+            w.finished += int(np.count_nonzero(st == _SUCCESS))
+            st[st == _PROCESSING] = running
+            self.s.release_blocks(w.tid, index, st)
+        w.queue.clear()
+        if w.state == WorkerState.BUSY:
+            w.state = WorkerState.IDLE
+
+    # ------------------------------------------------------------------------- checks
+    def validate(self, held_elsewhere: Mapping[str, int] | None = None) -> None:
+        """Raise ``AssertionError`` if an invariant does not hold (see the module docstring).
+        ``held_elsewhere``: per task, blocks handed out by other parts (the Client side)."""
+        seen: dict[str, set[int]] = {}
+        for wid, w in self.workers.items():
+            assert w.wid == wid and w in self.of_task[w.tid], f"worker {wid} not filed under its task"
+            assert w.state != WorkerState.DEAD, f"worker {wid} dead but kept"
+            if not self.s.is_abandoned(w.tid):
+                busy = w.state == WorkerState.BUSY
+                assert busy == bool(w.queue), f"worker {wid}: {w.state.name} with {len(w.queue)} batches"
+            assert (w in self._parked) <= (w.state == WorkerState.PARKED), f"worker {wid} parked and {w.state.name}"
+            assert len(w.queue) <= self.slots, f"worker {wid} holds {len(w.queue)} batches"
+            assert len({k for k, _ in w.queue}) == len(w.queue), f"worker {wid}: two batches in one slot"
+            rows = seen.setdefault(w.tid, set())
+            for _, index in w.queue:
+                assert 0 < len(index) <= self.capacity, f"worker {wid}: a batch of {len(index)} blocks"
+                for r in index.tolist():
+                    assert r not in rows, f"block {r} of task {w.tid} in two batches"
+                    rows.add(r)
+        for tid, ws in self.of_task.items():
+            for w in ws:
+                assert self.workers.get(w.wid) is w, f"task {tid} lists worker {w.wid}, which is gone"
+            if self.s.is_abandoned(tid):
+                continue
+            here = len(seen.get(tid, ()))
+            other = (held_elsewhere or {}).get(tid, 0)
+            assert here + other == self.s.processing_count(tid), (
+                f"task {tid}: {here} blocks in batches + {other} elsewhere, scheduler says {self.s.processing_count(tid)}"
+            )

@@ -1,0 +1,102 @@
+"""The pipe between the pool and one of its worker processes: both ends, in one place.
+
+Worker side too: the standard library only.
+
+Frames are ``multiprocessing.connection``'s (4-byte big-endian length, then the bytes).
+Pool -> worker: one pickled setup dict (its ``"wire"`` entry is :data:`VERSION`), the
+function bytes, then :data:`Kind.RUN` + slot ("run the batch in shared-memory slot
+``slot``") or :data:`Kind.QUIT`. Worker -> pool: :data:`Kind.READY`,
+:data:`Kind.DONE` + slot (the statuses are in shared memory), :data:`Kind.RAISED` + slot
++ traceback (a block raised; the worker exits), and from a 0-argument worker function's
+process only :data:`Kind.JOB` + JSON (a job its launcher submitted, ``daisy_nb.launch``).
+
+A worker whose wire version differs from the pool's (another daisy_nb installed since the
+run started) exits with :data:`VERSION_MISMATCH_EXIT` and says so on stderr.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = [
+    "VERSION",
+    "VERSION_MISMATCH_EXIT",
+    "Kind",
+    "Message",
+    "decode",
+    "done",
+    "job",
+    "raised",
+    "ready",
+    "run",
+    "version_error",
+]
+
+VERSION = 1
+VERSION_MISMATCH_EXIT = 86  # the worker's exit code when the pool speaks another version
+
+
+class Kind:
+    """The first byte of every frame after the setup."""
+
+    RUN = b"R"  # pool -> worker: run the batch in slot k
+    QUIT = b"Q"  # pool -> worker: leave
+    READY = b"I"  # worker -> pool: set up, ready for work
+    DONE = b"D"  # worker -> pool: the batch in slot k is done
+    RAISED = b"X"  # worker -> pool: a block of the batch in slot k raised; the worker exits
+    JOB = b"J"  # worker function -> pool: its launcher's job report (JSON)
+
+
+class Message(NamedTuple):
+    kind: bytes
+    slot: int  # RUN, DONE, RAISED: the batch slot; else -1
+    text: str  # RAISED: the traceback; JOB: the JSON; else ""
+
+
+_RUN = [Kind.RUN + bytes((k,)) for k in range(256)]
+_DONE = [Kind.DONE + bytes((k,)) for k in range(256)]
+
+
+def run(slot: int) -> bytes:
+    return _RUN[slot]
+
+
+def done(slot: int) -> bytes:
+    return _DONE[slot]
+
+
+def ready() -> bytes:
+    return Kind.READY
+
+
+def raised(slot: int, text: str) -> bytes:
+    return Kind.RAISED + bytes((slot,)) + text.encode("utf-8", "replace")
+
+
+def job(json_text: str) -> bytes:
+    return Kind.JOB + json_text.encode()
+
+
+def decode(msg: bytes) -> Message:
+    """A frame as a :class:`Message`; ``ValueError`` for an unknown kind."""
+    kind = msg[:1]
+    if kind in (Kind.RUN, Kind.DONE):
+        return Message(kind, msg[1], "")
+    if kind == Kind.RAISED:
+        return Message(kind, msg[1], msg[2:].decode("utf-8", "replace"))
+    if kind == Kind.JOB:
+        return Message(kind, -1, msg[1:].decode("utf-8", "replace"))
+    if kind in (Kind.READY, Kind.QUIT):
+        return Message(kind, -1, "")
+    raise ValueError(f"unknown pool-worker message kind {kind!r}")
+
+
+def version_error(theirs) -> str | None:
+    """The error to report when the pool's setup names another wire version, else None."""
+    if theirs == VERSION:
+        return None
+    return (
+        f"daisy_nb worker: the pool speaks pipe protocol version {theirs!r}, this worker {VERSION}: "
+        "the daisy_nb installed for the workers differs from the driver's; install the same daisy_nb "
+        "version as the driver (and restart the run)"
+    )

@@ -1,0 +1,338 @@
+"""Worker process main: ``python -m daisy_nb.runtime.local.worker <fd> <parent_pid>``.
+
+Started by :mod:`daisy_nb.runtime.local.pool`: forked by the run's worker template
+(:mod:`._zygote`, which then calls :func:`serve`) or exec'd, never forked from the
+scheduler process, which runs numba and zarr threads. ``fd`` is this worker's end of a
+socket pair to the parent, used only for small signals; blocks and their results
+travel through a shared-memory segment (layout in :mod:`._shm`).
+
+Protocol: :mod:`daisy_nb.runtime.local.wire` (both ends, the version): one pickled
+setup dict, the function bytes (cloudpickle, loadable with plain pickle), then "run the
+batch in slot k" or "quit"; this worker answers "ready", "slot k done" (statuses in
+shared memory) or "a block of slot k raised" (and exits); a 0-argument worker
+function's process keeps its end only for its launcher's job reports
+(:mod:`daisy_nb.launch`). The parent may send the next batch while one runs (two
+slots): the worker finds it waiting in the socket and starts it at once. Frames are
+``multiprocessing.connection``'s (4-byte big-endian length, then the bytes), written
+here with plain ``os.read``/``os.write``. A setup of another wire version (another
+daisy_nb installed since the driver started) is a loud exit
+(:data:`~daisy_nb.runtime.local.wire.VERSION_MISMATCH_EXIT`).
+
+With ``resource_tracking`` in the setup, each call is wrapped in
+:func:`daisy_nb.profiling.profile_block` and the block's stats are written to the
+slot's stats region (``_shm``) before its status: no message per block.
+
+A 1-argument ``process_function(block)`` is called once per block; an exception
+fails that block (traceback to stderr, i.e. the ``.err`` log, and in the ``X``
+frame) and ends the worker with exit code 1 (daisy 2.0's dirty exit; the blocks
+after it in the batch were never started). A 0-argument worker function is called once, with ``context=`` when it asks
+for it, and runs its own ``daisy_nb.Client()`` loop; raising is a dirty exit.
+
+Deliberately imports nothing heavy: no numpy, numba, scheduler or kernels, and on
+Linux not even ``multiprocessing`` (start-up time is on every run's critical path).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import struct
+import sys
+import time
+
+_LIBC: list = []  # the C library, loaded once (a template process loads it for all the workers it forks)
+
+
+def _die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send us ``sig`` when the parent dies (best effort elsewhere)."""
+    try:
+        if not _LIBC:
+            import ctypes
+
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        _LIBC[0].prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no C library or no prctl (not Linux): the parent ends us
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def _apply_setup(setup: dict) -> None:
+    for p in reversed(setup.get("sys_path", [])):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    from daisy_nb import logging as dlog
+
+    dlog.set_log_basedir(setup.get("log_basedir"))
+    if setup.get("log_mode"):
+        dlog.set_log_mode(setup["log_mode"])
+    if setup.get("log_level") is not None:
+        dlog.set_log_level(setup["log_level"])
+    if setup.get("tee_files"):  # log mode "both": console and file
+        out_path, err_path = setup["tee_files"]
+        sys.stdout = _Tee(sys.stdout, open(out_path, "a", buffering=1))
+        sys.stderr = _Tee(sys.stderr, open(err_path, "a", buffering=1))
+        dlog._bind_worker_files(sys.stdout._file, sys.stderr._file)
+    elif dlog.get_log_mode() == "file":  # fds 1 and 2 are this slot's log files
+        dlog._bind_worker_files(sys.stdout, sys.stderr)
+
+
+class _Tee:
+    def __init__(self, stream, file):
+        self._stream, self._file = stream, file
+
+    def write(self, s):
+        self._file.write(s)
+        return self._stream.write(s)
+
+    def flush(self):
+        self._file.flush()
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _run_worker_function(fn, wants_context: bool) -> int:
+    try:
+        if wants_context:
+            from daisy_nb.runtime.context import Context
+
+            fn(context=Context.from_env())
+        else:
+            fn()
+    except BaseException as e:  # noqa: BLE001 - any escape is a dirty exit
+        from daisy_nb.runtime.state import format_exception
+
+        sys.stderr.write(format_exception(e))
+        sys.stderr.flush()
+        return 1
+    return 0
+
+
+class _Pipe:
+    """This worker's end of the socket pair, framed like ``multiprocessing.connection``."""
+
+    _LEN = struct.Struct("!i")
+    _LEN64 = struct.Struct("!Q")
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def send_bytes(self, data: bytes) -> None:
+        n = len(data)
+        head = self._LEN.pack(n) if n <= 0x7FFFFFFF else self._LEN.pack(-1) + self._LEN64.pack(n)
+        view = memoryview(head + data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def _read(self, n: int) -> bytes:
+        data = os.read(self.fd, n)
+        if len(data) == n:
+            return data
+        if not data:
+            raise EOFError
+        parts = [data]
+        n -= len(data)
+        while n:
+            data = os.read(self.fd, n)
+            if not data:
+                raise EOFError
+            parts.append(data)
+            n -= len(data)
+        return b"".join(parts)
+
+    def recv_bytes(self) -> bytes:
+        (n,) = self._LEN.unpack(self._read(4))
+        if n == -1:
+            (n,) = self._LEN64.unpack(self._read(8))
+        return self._read(n) if n else b""
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _tracked(fn, pos: list):
+    """``fn`` wrapped in ``profile_block``: each block's stats go to ``pos = [float view, word offset]``
+    (the batch slot's stats region, reset per batch), written before the block's status."""
+    from daisy_nb.profiling import measured_stats, profile_block
+
+    def call(b):
+        p = profile_block(b)
+        try:
+            with p:
+                fn(b)
+        finally:
+            s = measured_stats(p, b)  # the block function's own profile_block wins
+            v, j = pos
+            v[j], v[j + 1], v[j + 2], v[j + 3], v[j + 4] = (
+                float(s[0]),
+                float(s[1]),
+                float(s[2]),
+                float(s[3]),
+                float(s[4]),
+            )
+            pos[1] = j + 5
+
+    return call
+
+
+def _run_block_loop(conn, fn, setup: dict) -> int:
+    from daisy_nb.block import Block, BlockStatus
+    from daisy_nb.runtime.local import _shm, wire
+
+    PROCESSING, SUCCESS, FAILED = BlockStatus.PROCESSING, BlockStatus.SUCCESS, BlockStatus.FAILED
+    RUN = wire.Kind.RUN
+
+    shm = _shm.attach(setup.get("shm_name"), setup.get("shm_fd"))
+    cap, nd = setup["capacity"], setup["ndim"]
+    track = bool(setup.get("resource_tracking"))
+    o = _shm.offsets(cap, nd, track)
+    base = shm.buf.cast("q")
+    w = _shm.words(cap, nd, track)
+    n_slots = setup.get("slots", 1)
+    slots = [base[k * w : (k + 1) * w] for k in range(n_slots)]
+    q = slots[0]
+    fbase, fslots, pos = None, [], None
+    if track:  # the same words seen as float64, for the per-block stats
+        fbase = shm.buf.cast("d")
+        fslots = [fbase[k * w : (k + 1) * w] for k in range(n_slots)]
+        pos = [fslots[0], o["stats"]]
+        fn = _tracked(fn, pos)
+    task_id = setup["task_id"]
+    make = Block._make
+    mono = time.monotonic_ns
+    o_idx, o_sp, o_st = o["index"], o["spatial"], o["status"]
+    o_ro, o_rs, o_wo, o_ws = o["read_offset"], o["read_shape"], o["write_offset"], o["write_shape"]
+    H_CUR, H_START = _shm.H_CUR, _shm.H_START
+    try:
+        conn.send_bytes(wire.ready())
+        while True:
+            try:
+                msg = conn.recv_bytes()
+            except (EOFError, OSError):
+                return 0  # parent gone
+            if msg[:1] != RUN:  # QUIT
+                return 0
+            slot = msg[1] if len(msg) > 1 else 0
+            q = slots[slot]
+            if pos is not None:  # once per batch; untracked workers pay nothing per block
+                pos[0], pos[1] = fslots[slot], o["stats"]
+            n = q[_shm.H_N]
+            m = n * nd
+            idx = q[o_idx : o_idx + n].tolist()
+            sp = q[o_sp : o_sp + n].tolist()
+            ro = q[o_ro : o_ro + m].tolist()
+            rs = q[o_rs : o_rs + m].tolist()
+            wo = q[o_wo : o_wo + m].tolist()
+            ws = q[o_ws : o_ws + m].tolist()
+            err = None  # the traceback of the block that raised
+            t0 = mono()
+            for i in range(n):
+                j, k = i * nd, (i + 1) * nd
+                b = make(task_id, sp[i], (tuple(ro[j:k]), tuple(rs[j:k])), (tuple(wo[j:k]), tuple(ws[j:k])), idx[i])
+                b._status = PROCESSING
+                q[o_st + i] = PROCESSING
+                q[H_START] = mono()  # before cur: the parent reads cur, then its start
+                q[H_CUR] = i
+                try:
+                    fn(b)
+                    s = FAILED if b._status == FAILED else SUCCESS
+                except Exception as e:
+                    # daisy 2.0: an exception ends the worker (a dirty exit, counted toward
+                    # max_worker_restarts); the blocks after it were never started
+                    from daisy_nb.runtime.state import cap_traceback, format_exception
+
+                    tb = format_exception(e)
+                    sys.stderr.write(f"block {b.block_id} failed:\n{tb}")
+                    sys.stderr.flush()
+                    err = f"block {b.block_id} failed:\n" + cap_traceback(tb)
+                    q[o_st + i] = FAILED
+                    break
+                except BaseException:
+                    q[o_st + i] = FAILED
+                    raise
+                q[o_st + i] = s
+            q[H_CUR] = -1
+            q[_shm.H_ELAPSED] = mono() - t0
+            try:
+                sys.stdout.flush()
+            except (OSError, ValueError):  # a closed or broken stdout: the block's output is lost, not the block
+                pass
+            if err is not None:  # this batch ended with a raising block; the worker exits with 1
+                conn.send_bytes(wire.raised(slot, err))
+                return 1
+            conn.send_bytes(wire.done(slot))
+    finally:
+        if pos is not None:
+            pos.clear()
+        for v in (*slots, *fslots):
+            v.release()
+        base.release()
+        if fbase is not None:
+            fbase.release()
+        del q, slots, base, fslots, fbase
+        shm.close()
+
+
+def serve(fd: int, shm_fd: int | None = None) -> int:
+    """Run one worker over its end ``fd`` of the socket pair; returns the exit code.
+
+    ``shm_fd``: where this process holds its segment's memfd when that differs from
+    the number in the setup (a worker forked by the template, :mod:`._zygote`).
+    """
+    conn = _Pipe(fd)
+    try:
+        setup = pickle.loads(conn.recv_bytes())
+        if shm_fd is not None and "shm_fd" in setup:
+            setup["shm_fd"] = shm_fd
+        _apply_setup(setup)
+        payload = conn.recv_bytes()
+    except (EOFError, OSError):
+        return 0
+    from daisy_nb.runtime.local import wire
+
+    problem = wire.version_error(setup.get("wire"))
+    if problem is not None:
+        sys.stderr.write(problem + "\n")
+        sys.stderr.flush()
+        return wire.VERSION_MISMATCH_EXIT
+    fn, init_fn = pickle.loads(payload)  # cloudpickle output loads with pickle
+    if setup["arity"] == 0:
+        # A worker function ends by SIGTERM, a short grace, then SIGKILL (the pool's end of it, and
+        # its death signal when the run's process dies): a launcher (daisy_nb.launch) cancels its
+        # job in that grace. SIGINT as in a fresh interpreter (this is its own session: no terminal
+        # Ctrl-C reaches it), so that programs it starts get KeyboardInterrupt from a Client.
+        _die_with_parent(os.getppid(), signal.SIGTERM)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from daisy_nb.runtime import state
+
+        os.set_inheritable(conn.fd, False)
+        state.bind_report(conn)  # the launchers tell the pool their job ids on the socket pair
+        return _run_worker_function(fn, setup.get("wants_context", False))
+    if init_fn is not None:
+        from daisy_nb.runtime.state import set_worker_state
+
+        set_worker_state(setup["task_id"], init_fn())  # raising is a dirty exit
+    return _run_block_loop(conn, fn, setup)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends workers
+    fd, parent_pid = int(argv[0]), int(argv[1])
+    _die_with_parent(parent_pid)
+    return serve(fd)
+
+
+if __name__ == "__main__":
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    sys.exit(code)

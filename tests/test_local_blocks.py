@@ -1,0 +1,436 @@
+"""The block workers' decision core (``daisy_nb.runtime.local.blocks``) against the real Scheduler.
+
+No processes: the test plays the workers. A hypothesis state machine starts workers,
+finishes their batches (wholly or partly, blocks failing), makes blocks raise, kills
+workers at any point (holding a running and a prefetched batch, mid-batch, before they
+were ready), lets blocks time out, abandons a task; after every step
+:meth:`BlockCore.validate` checks the invariants (every block in exactly one batch of
+one worker; per task, the blocks in batches are the scheduler's processing count; busy
+exactly when holding batches; parked never busy). Plus the decisions the end-to-end
+tests used to observe by monkeypatching ``Processes._send_batch`` (prefetch of fast
+blocks, none of slow ones, what a death with two batches gives back).
+"""
+
+import numpy as np
+import pytest
+from funlib.geometry import Roi
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import daisy_nb
+from daisy_nb.block import BlockStatus
+from daisy_nb.runtime.local.blocks import BlockCore, Kill, Quit, SendBatch, WorkerState
+from daisy_nb.runtime.local.exits import ExitKind
+
+CAPACITY = 64
+
+
+def noop(block):
+    pass
+
+
+def make_task(tid, n, **kw):
+    return daisy_nb.Task(
+        tid,
+        Roi((0,), (10 * n,)),
+        Roi((0,), (10,)),
+        Roi((0,), (10,)),
+        process_function=noop,
+        tracking_path=False,
+        **kw,
+    )
+
+
+def scheduler(n=40, conflict=False, retries=2, second=False):
+    a = make_task("a", n, read_write_conflict=conflict, max_retries=retries)
+    if second:
+        return daisy_nb.Scheduler(a + make_task("b", n // 2, read_write_conflict=False, max_retries=retries))
+    return daisy_nb.Scheduler([a], block_tracking=False)
+
+
+class Worker:
+    """What the test knows of a worker's shared memory: per slot, the statuses the worker wrote."""
+
+    def __init__(self):
+        self.slots: dict[int, np.ndarray] = {}
+        self.order: list[int] = []  # slots in run order
+
+
+class CoreMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.s = None
+        self.core = None
+        self.w: dict[int, Worker] = {}
+        self.next_wid = 0
+        self.now = 0
+
+    @initialize(n=st.integers(1, 300), conflict=st.booleans(), retries=st.integers(0, 2), second=st.booleans())
+    def start(self, n, conflict, retries, second):
+        self.s = scheduler(n, conflict, retries, second)
+        self.core = BlockCore(self.s, target_secs=0.01, capacity=CAPACITY)
+        for tid in self.s.task_ids:
+            self.core.add_task(tid, timeout_ns=10**9)
+
+    def apply(self, actions):
+        for a in actions:
+            if isinstance(a, SendBatch):
+                w = self.w[a.wid]
+                assert a.slot not in w.slots, "a batch sent into a slot that holds one"
+                w.slots[a.slot] = np.zeros(len(a.blocks.index), np.uint8)
+                w.order.append(a.slot)
+            elif isinstance(a, (Quit, Kill)):
+                assert a.wid in self.core.workers
+            else:
+                raise AssertionError(a)
+
+    def statuses(self, wid):
+        w = self.w[wid]
+        return [w.slots[k] for k in w.order]
+
+    def forget(self, wid):
+        w = self.w[wid]
+        for k in w.order:
+            del w.slots[k]
+        w.order.clear()
+
+    def live(self):
+        return sorted(self.core.workers) if self.core is not None else []
+
+    @rule(task=st.sampled_from(["a", "b"]))
+    @precondition(lambda self: self.s is not None)
+    def spawn(self, task):
+        if task not in self.s.task_ids or self.s.is_task_done(task):
+            return
+        wid = self.next_wid
+        self.next_wid += 1
+        self.w[wid] = Worker()
+        self.core.add(wid, task)
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.s is not None and self.core.workers)
+    def ready(self, data):
+        wid = data.draw(st.sampled_from(self.live()))
+        self.apply(self.core.ready(wid))
+
+    @rule(data=st.data(), fail=st.floats(0, 1), elapsed=st.integers(0, 10**7))
+    @precondition(lambda self: self.s is not None and any(w.queue for w in self.core.workers.values()))
+    def batch_done(self, data, fail, elapsed):
+        busy = [wid for wid in self.live() if self.core.workers[wid].state == WorkerState.BUSY]
+        if not busy:
+            return
+        wid = data.draw(st.sampled_from(busy))
+        w = self.w[wid]
+        k = w.order[0]
+        st_ = w.slots[k]
+        rng = np.random.default_rng(len(st_) + elapsed)
+        st_[:] = np.where(rng.random(len(st_)) < fail / 3, BlockStatus.FAILED, BlockStatus.SUCCESS)
+        done = st_.copy()
+        w.order.pop(0)
+        del w.slots[k]
+        self.apply(self.core.batch_done(wid, done, elapsed))
+        event("batch done")
+
+    @rule(data=st.data(), fail=st.floats(0, 1), elapsed=st.integers(0, 10**6))
+    @precondition(lambda self: self.s is not None and any(w.queue for w in self.core.workers.values()))
+    def fast_batch_done(self, data, fail, elapsed):
+        self.batch_done(data, fail, elapsed)
+
+    @rule(data=st.data(), ran=st.integers(0, 10))
+    @precondition(lambda self: self.s is not None and any(w.queue for w in self.core.workers.values()))
+    def block_raises(self, data, ran):
+        busy = [wid for wid in self.live() if self.core.workers[wid].state == WorkerState.BUSY]
+        if not busy:
+            return
+        wid = data.draw(st.sampled_from(busy))
+        st_ = self.w[wid].slots[self.w[wid].order[0]]
+        i = min(ran, len(st_) - 1)
+        st_[:i] = BlockStatus.SUCCESS
+        st_[i] = BlockStatus.FAILED
+        self.core.batch_raised(wid, self.statuses(wid))
+        self.forget(wid)
+        assert self.core.workers[wid].state == WorkerState.QUITTING
+
+    @rule(data=st.data(), ran=st.integers(0, 10), rc=st.sampled_from([0, 3, -9, -11]), orphaned=st.booleans())
+    @precondition(lambda self: self.s is not None and self.core.workers)
+    def dies(self, data, ran, rc, orphaned):
+        """A worker's process ends at any point: mid-batch, holding a prefetched batch, idle, starting."""
+        wid = data.draw(st.sampled_from(self.live()))
+        cw = self.core.workers[wid]
+        sts = self.statuses(wid)
+        if sts:  # mid-batch: ``ran`` blocks finished, the next one running
+            first = sts[0]
+            i = min(ran, len(first))
+            first[:i] = BlockStatus.SUCCESS
+            if i < len(first):
+                first[i] = BlockStatus.PROCESSING
+        told = cw.expected_exit
+        before = self.s.counters[cw.tid].worker_failure_count
+        rep = self.core.exited(wid, sts, rc, orphaned=orphaned)
+        event(f"died holding {len(sts)} batches")
+        self.forget(wid)
+        assert wid not in self.core.workers
+        if told or orphaned:
+            assert rep.kind is ExitKind.STOPPED or rep.kind is ExitKind.TIMEOUT
+        else:
+            # a local block worker's death is a crash, whatever it finished (never a job end)
+            assert rep.kind in (ExitKind.CRASH, ExitKind.TIMEOUT)
+        assert self.s.counters[cw.tid].worker_failure_count == before  # counting is the shell's
+
+    @rule(data=st.data(), secs=st.floats(0, 3))
+    @precondition(lambda self: self.s is not None and self.core.workers)
+    def tick(self, data, secs):
+        self.now += int(secs * 1e9)
+        started = {}
+        for wid in self.live():
+            if self.core.workers[wid].state == WorkerState.BUSY and data.draw(st.booleans()):
+                started[wid] = self.now - int(data.draw(st.floats(0, 2)) * 1e9)
+        for a in self.core.tick(self.now, started):
+            event("timeout")
+            assert isinstance(a, Kill)
+            assert self.now - started[a.wid] > 10**9
+            assert self.core.workers[a.wid].timed_out
+
+    @rule()
+    @precondition(lambda self: self.s is not None)
+    def parked_try_again(self):
+        self.apply(self.core.dispatch_parked())
+
+    @rule()
+    @precondition(lambda self: self.s is not None and self.s.is_done())
+    def drain(self):
+        acts = self.core.drain()
+        assert all(isinstance(a, Quit) for a in acts)
+
+    @rule(task=st.sampled_from(["a", "b"]), dice=st.integers(0, 9))
+    @precondition(lambda self: self.s is not None)
+    def abandon(self, task, dice):
+        if dice or task not in self.s.task_ids or self.s.is_abandoned(task):
+            return
+        for tid in self.s.abandon_task(task, "test"):
+            acts = self.core.end_task(tid)
+            event("abandoned")
+            for a in acts:
+                assert isinstance(a, (Quit, Kill))
+
+    @invariant()
+    def valid(self):
+        if self.core is not None:
+            self.core.validate()
+            for wid, cw in self.core.workers.items():
+                assert len(cw.queue) == len(self.w[wid].order)
+                for (k, index), k2 in zip(cw.queue, self.w[wid].order):
+                    assert k == k2 and len(index) == len(self.w[wid].slots[k])
+
+
+TestCoreMachine = CoreMachine.TestCase
+TestCoreMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+# ------------------------------------------------------------------ the decisions, one by one
+def run_until_done(core, s, wids, per_block_ns, limit=10_000):
+    """Play workers that run every batch at ``per_block_ns`` a block; returns the batches sent as
+    ``(wid, depth after the send, blocks)``."""
+    pending = {wid: [] for wid in wids}  # wid -> [(slot, n)]
+    sent = []
+
+    def apply(acts):
+        for a in acts:
+            if isinstance(a, SendBatch):
+                pending[a.wid].append((a.slot, len(a.blocks.index)))
+                sent.append((a.wid, len(pending[a.wid]), len(a.blocks.index)))
+
+    for wid in wids:
+        apply(core.ready(wid))
+    for _ in range(limit):
+        if s.is_done():
+            break
+        apply(core.dispatch_parked())
+        for wid in wids:
+            if pending[wid]:
+                _, n = pending[wid].pop(0)
+                apply(core.batch_done(wid, np.full(n, BlockStatus.SUCCESS, np.uint8), per_block_ns * n))
+                core.validate()
+    assert s.is_done()
+    return sent
+
+
+def test_fast_blocks_are_prefetched_and_every_block_runs_once():
+    s = scheduler(600)
+    core = BlockCore(s, target_secs=0.01, capacity=CAPACITY)
+    core.add_task("a")
+    for wid in (0, 1):
+        core.add(wid, "a")
+    sent = run_until_done(core, s, [0, 1], per_block_ns=100_000)  # 0.1 ms blocks
+    assert max(depth for _, depth, _ in sent) == 2  # a second batch waited behind a running one
+    assert sum(n for _, _, n in sent) == 600  # every block handed out once
+    assert s.task_states["a"].completed_count == 600
+
+
+def test_slow_blocks_are_never_prefetched():
+    s = scheduler(12)
+    core = BlockCore(s, target_secs=0.01, capacity=CAPACITY)
+    core.add_task("a")
+    for wid in (0, 1):
+        core.add(wid, "a")
+    sent = run_until_done(core, s, [0, 1], per_block_ns=50_000_000)  # 50 ms blocks
+    assert sent and all(depth == 1 and n == 1 for _, depth, n in sent)
+
+
+@pytest.mark.parametrize("aborting", [False, True])
+def test_death_with_a_prefetched_batch_gives_back_what_it_never_started(aborting):
+    s = scheduler(1500)
+    core = BlockCore(s, target_secs=0.01, capacity=CAPACITY)
+    core.add_task("a")
+    core.add(0, "a")
+    core.add(1, "a")
+    acts = core.ready(0) + core.ready(1)
+    # grow the batches until worker 0 holds two
+    for _ in range(50):
+        for wid in (0, 1):
+            w = core.workers[wid]
+            if len(w.queue) == 2:
+                break
+            n = len(w.queue[0][1])
+            acts = core.batch_done(wid, np.full(n, BlockStatus.SUCCESS, np.uint8), 10_000 * n)
+        if len(core.workers[0].queue) == 2:
+            break
+    w0 = core.workers[0]
+    assert len(w0.queue) == 2
+    (_, run_idx), (_, next_idx) = w0.queue
+    done_before = s.task_states["a"].completed_count
+    first = np.zeros(len(run_idx), np.uint8)
+    first[:2] = BlockStatus.SUCCESS
+    first[2] = BlockStatus.PROCESSING  # it died in the third block of its running batch
+    second = np.zeros(len(next_idx), np.uint8)  # the prefetched batch: never started
+    if aborting:
+        core.abort()
+    rep = core.exited(0, [first, second], -9)
+    core.validate()
+    st_ = s.task_states["a"]
+    assert st_.completed_count == done_before + 2
+    # the block it was running failed (an attempt) unless the run was aborting; the rest given back
+    assert st_.failed_count == 0
+    assert s.ready_count("a") >= len(run_idx) - 3 + len(next_idx)
+    assert rep.kind is (ExitKind.STOPPED if aborting else ExitKind.CRASH)
+    assert rep.was_busy and rep.finished > 2
+    del acts
+
+
+def test_timeout_kills_only_a_block_running_too_long():
+    s = scheduler(10)
+    core = BlockCore(s, target_secs=0.01, capacity=CAPACITY)
+    core.add_task("a", timeout_ns=500_000_000)
+    core.add(0, "a")
+    core.add(1, "a")
+    core.ready(0)
+    core.ready(1)
+    assert core.tick(10**9, {0: 10**9 - 400_000_000}) == []
+    assert core.tick(10**9, {0: 10**9 - 600_000_000, 1: 10**9}) == [Kill(0)]
+    assert core.tick(2 * 10**9, {0: 0}) == []  # killed once
+    assert s.counters["a"].timeout_reclaim_count == 1
+
+
+def test_bad_statuses_from_a_worker_raise():
+    s = scheduler(4)
+    core = BlockCore(s, target_secs=0.01, capacity=CAPACITY)
+    core.add_task("a")
+    core.add(0, "a")
+    (send,) = [a for a in core.ready(0) if isinstance(a, SendBatch)]
+    n = len(send.blocks.index)
+    with pytest.raises(RuntimeError, match="SUCCESS/FAILED"):
+        core.batch_done(0, np.full(n, BlockStatus.PROCESSING, np.uint8), 1000)
+    core.add(1, "a")  # starting: holds no batch
+    with pytest.raises(RuntimeError, match="holds none"):
+        core.batch_done(1, np.zeros(0, np.uint8), 0)
+
+
+# ------------------------------------------------------------------ which workers start (budget.plan_spawns)
+@settings(max_examples=200, deadline=None)
+@given(
+    tasks=st.lists(
+        st.tuples(
+            st.integers(0, 20),  # ready
+            st.integers(0, 4),  # alive
+            st.integers(0, 4),  # waiting
+            st.integers(1, 6),  # max_workers
+            st.integers(0, 3),  # cpu required
+            st.booleans(),  # closed
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    cpus=st.integers(0, 8),
+    burst=st.integers(1, 6),
+)
+def test_spawn_plan_respects_every_limit(tasks, cpus, burst):
+    from daisy_nb.runtime.local.budget import Budget, TaskNeed, plan_spawns
+
+    budget = Budget({"cpu": cpus})
+    needs = [
+        TaskNeed(f"t{i}", r, a, min(w, a), m, {"cpu": c} if c else {}, closed=x)
+        for i, (r, a, w, m, c, x) in enumerate(tasks)
+    ]
+    before = {n.tid: (n.alive, n.waiting) for n in needs}
+    plan = plan_spawns(needs, budget, burst)
+    assert len(plan.start) <= burst
+    assert budget.used == {"cpu": 0}  # the plan does not take the budget
+    used = 0
+    for n, (r, a, w, m, c, x) in zip(needs, tasks):
+        k = plan.start.count(n.tid)
+        used += k * c
+        if x:
+            assert k == 0
+        assert before[n.tid][0] + k <= max(m, before[n.tid][0])  # max_workers
+        assert k <= max(0, r - before[n.tid][1])  # only for ready blocks no waiting worker can take
+    assert used <= cpus
+    if plan.more:
+        assert len(plan.start) == burst
+    for tid in plan.free_for:
+        (c,) = [t[4] for n, t in zip(needs, tasks) if n.tid == tid]
+        assert c > 0  # only a task that needs a resource asks for one to be freed
+
+
+# ------------------------------------------------------------------ restarts as daisy 2.0.0 counts them
+def test_restarts_count_every_replacement_and_the_cap_counts_crashes():
+    """Crashes and (worker-function) job ends interleaved: every replacement after a dirty exit is a
+    restart (``worker_restart_count``, the wheel's ``failures > restarts``); only crashes count toward
+    ``max_worker_restarts``."""
+    from daisy_nb.runtime.local.pool_parts import PoolTaskRun
+    from daisy_nb.runtime.policy import count_worker_failure
+    from daisy_nb.scheduler import WorkerCounters
+
+    tr = PoolTaskRun(make_task("a", 4, read_write_conflict=False, max_worker_restarts=2))
+    c = WorkerCounters()
+    tr.count_spawn(c)  # the first worker: not a restart
+    assert (c.worker_start_count, c.worker_restart_count) == (1, 0)
+    for job_end in (True, False, True, True, False, True):
+        count_worker_failure(c, job_end)
+        assert not tr.crash_cap_reached(c)
+        tr.count_spawn(c)  # its replacement
+    assert (c.worker_failure_count, c.worker_job_end_count, c.worker_restart_count) == (6, 4, 6)
+    assert tr.crash_restarts == 2
+    count_worker_failure(c, job_end=True)  # the cap is used up: a job end is still replaced
+    assert not tr.crash_cap_reached(c)
+    tr.count_spawn(c)
+    count_worker_failure(c, job_end=False)  # a third crash is not
+    assert tr.crash_cap_reached(c)
+    assert c.worker_restart_count == 7 and c.worker_start_count == 8
+
+
+@pytest.mark.parametrize("cap", [0, 1, 3])
+def test_a_crash_loop_stops_after_the_cap(cap):
+    from daisy_nb.runtime.local.pool_parts import PoolTaskRun
+    from daisy_nb.runtime.policy import count_worker_failure
+    from daisy_nb.scheduler import WorkerCounters
+
+    tr = PoolTaskRun(make_task("a", 4, read_write_conflict=False, max_worker_restarts=cap))
+    c = WorkerCounters()
+    tr.count_spawn(c)
+    for _ in range(cap + 5):
+        count_worker_failure(c, job_end=False)
+        if tr.crash_cap_reached(c):
+            break
+        tr.count_spawn(c)
+    assert c.worker_restart_count == cap and c.worker_failure_count == cap + 1
