@@ -169,7 +169,7 @@ def table(headers: list[str], rows: list[list]) -> str:
         entry = {
             "script": os.path.basename(sys.argv[0]),
             "args": sys.argv[1:],
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": machine_note(),
             "headers": [str(h) for h in headers],
             "rows": [[str(c) for c in r] for r in rows],

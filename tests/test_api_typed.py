@@ -55,9 +55,6 @@ PENDING: dict[str, str] = {
     "set_tracking_basedir": "grow: the annotation of path, a Parameters section",
     "set_done_marker_basedir": "grow: the annotation of path, a Parameters section",
     # daisy_nb/runtime/client.py and context.py (net)
-    "Client.__init__": "net: the annotation of context, a Parameters section (context, exit_with_run)",
-    "Client.connected": "net: a docstring",
-    "Client.acquire_block": "net: a return type (Block | None), a docstring (the call every worker program makes)",
     "Context.__init__": "net: the annotation of **kwargs",
     "Context.keys": "net: a return type, a docstring",
     "Context.values": "net: a return type, a docstring",

@@ -13,7 +13,6 @@ import pytest
 
 import daisy_nb
 from daisy_nb import Roi
-from daisy_nb.runtime.local import pool_parts as pool_rt
 from daisy_nb.runtime.common.batching import MAX_GROWTH, grow_batch
 from daisy_nb.runtime.common.failures import (
     ABANDON_NOT_WAITING,
@@ -28,6 +27,7 @@ from daisy_nb.runtime.common.failures import (
 )
 from daisy_nb.runtime.common.taskrun import TaskRun, elapsed_of, nothing_left
 from daisy_nb.runtime.dask.core import DaskTaskRun
+from daisy_nb.runtime.local import pool_parts as pool_rt
 from daisy_nb.scheduler import WorkerCounters
 
 RECORDS = [TaskRun, pool_rt.PoolTaskRun, DaskTaskRun]

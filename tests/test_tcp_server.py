@@ -24,8 +24,8 @@ sys.path.insert(0, str(HERE / "workers"))
 import blockfns  # noqa: E402
 
 import daisy_nb  # noqa: E402
-from daisy_nb.runtime.net import server as clients_mod  # noqa: E402
 from daisy_nb.runtime.local.pool_parts import Waitables  # noqa: E402
+from daisy_nb.runtime.net import server as clients_mod  # noqa: E402
 from daisy_nb.scheduler import Scheduler  # noqa: E402
 from daisy_nb.tracking import read_tracking  # noqa: E402
 

@@ -40,7 +40,7 @@ __all__ = [
 logger = logging.getLogger("daisy")
 
 
-class AbandonReason(str, enum.Enum):
+class AbandonReason(enum.StrEnum):
     """Why a task was abandoned; the value is what ``Scheduler.abandon_reason`` and the states say."""
 
     RESTARTS = "worker restart cap exhausted"

@@ -63,12 +63,12 @@ from daisy_nb import logging as dlog
 from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_abandoned
 from daisy_nb.runtime.common.failures import abandon
 from daisy_nb.runtime.context import Context
-from daisy_nb.runtime.net import address, liveness, transport
-from daisy_nb.runtime.net.server import Clients
 from daisy_nb.runtime.local.budget import TaskNeed, plan_spawns
 from daisy_nb.runtime.local.functions import Functions
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.local.processes import Processes
+from daisy_nb.runtime.net import address, liveness, transport
+from daisy_nb.runtime.net.server import Clients
 from daisy_nb.runtime.policy import end_run
 
 __all__ = ["raise_if_abandoned", "run_pool"]

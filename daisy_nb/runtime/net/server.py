@@ -41,9 +41,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from daisy_nb.runtime.local.functions import MUST_BLOCK
+from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.net import wire
 from daisy_nb.runtime.net.handout import QUIET_FRACTION, QUIET_MAX_SECS, Close, Conn, HandOut, Jobs
-from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
 
 __all__ = ["QUIET_FRACTION", "QUIET_MAX_SECS", "ClientConn", "Clients", "Jobs"]
 
@@ -268,4 +268,3 @@ class Clients:
             f'worker {cc.wid} for task "{cc.tr.tid}" connected after its worker function had already returned. '
             + MUST_BLOCK
         )
-
