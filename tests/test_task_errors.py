@@ -133,7 +133,7 @@ def _no_work(tmp_path):
 @pytest.fixture
 def no_template(monkeypatch):
     """Fails the test if a pool run starts its worker template (the first process a run starts)."""
-    from daisy_nb.runtime import _zygote
+    from daisy_nb.runtime.local import _zygote
 
     started = []
     real = _zygote.start_early
