@@ -20,7 +20,7 @@ from .kernels import _jit
 from .kernels import graph as kg
 from .kernels import surface as ks
 from .kernels import tables as kt
-from .layout import pack_layouts
+from .layout import block_id_to_grid, pack_layouts
 from .task import Pipeline, Task, as_pipeline
 from .tracking import TrackingStore
 
@@ -362,8 +362,6 @@ class Scheduler:
 
     def block_rois(self, t: int, block_id: int) -> dict | None:
         """``{"read_roi", "write_roi"}`` (offset/shape lists) of block ``block_id`` of task ``t``, or None."""
-        from daisy_nb.dashboard.live import block_id_to_grid
-
         g = block_id_to_grid(self._layouts[t], int(block_id))
         if g is None:
             return None

@@ -34,6 +34,7 @@ from collections import OrderedDict, deque
 import numpy as np
 
 from daisy_nb.kernels import tables as kt
+from daisy_nb.layout import _id_in_box, block_id_to_grid, inverse_cantor  # noqa: F401  (moved; imported from here before)
 from daisy_nb.progress import _ran
 from daisy_nb.runtime.processes import job_text
 
@@ -58,47 +59,6 @@ _LIST_PRIORITY[[kt.FAILED, kt.ORPHANED, kt.PROCESSING, kt.READY, kt.PENDING, kt.
 WANT_SECS = 3.0  # copy the worker table while a page asked within this many seconds
 MAX_ERRORS = 100
 MAX_LISTED = 12  # blocks described per clicked pixel
-
-
-def inverse_cantor(n: int, nd: int) -> tuple[int, ...]:
-    """The grid index whose :func:`daisy_nb.block.cantor_number` is ``n`` (exact integers)."""
-    from math import comb
-
-    out = [0] * nd
-    rem = int(n)
-    for k in range(nd, 1, -1):
-        # largest s with C(s + k - 1, k) <= rem
-        lo, hi = 0, 1
-        while comb(hi + k - 1, k) <= rem:
-            hi *= 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if comb(mid + k - 1, k) <= rem:
-                lo = mid
-            else:
-                hi = mid
-        rem -= comb(lo + k - 1, k)
-        out[k - 1] = lo  # temporarily the partial sum S_k
-    if nd:
-        out[0] = rem
-        # partial sums -> coordinates: x_{k-1} = S_k - S_{k-1}, S_1 = x_0
-        sums = [rem] + out[1:]
-        out = [sums[0]] + [sums[i] - sums[i - 1] for i in range(1, nd)]
-    return tuple(out)
-
-
-def block_id_to_grid(layout, block_id: int) -> tuple[int, ...] | None:
-    """Grid position of a block id in a task's block grid, or None if it is not a block."""
-    return _id_in_box(block_id, layout.id_offset, layout.grid_shape)
-
-
-def _id_in_box(block_id: int, offset, shape) -> tuple[int, ...] | None:
-    """Position of the cell ``block_id`` in the box of ``shape`` at ``offset`` (cells), or None outside it."""
-    cell = inverse_cantor(block_id, len(shape))
-    g = tuple(int(c - o) for c, o in zip(cell, offset))
-    if any(not 0 <= v < s for v, s in zip(g, shape)):
-        return None
-    return g
 
 
 def find_traceback_in_logs(log_base, task_id: str, block_id: int, max_bytes: int = 4 << 20) -> str | None:

@@ -190,7 +190,7 @@ class TrackingSource:
     def block(self, query: dict) -> dict:
         from daisy_nb.block import cantor_number
 
-        from .live import _id_in_box
+        from daisy_nb.layout import _id_in_box
 
         name = str(query.get("task"))
         t = self.targets.get(name)

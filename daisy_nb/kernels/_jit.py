@@ -77,6 +77,7 @@ _HERE = Path(__file__).parent
 KERNEL_MODULES = ("block_id", "graph", "surface")  # the modules that define kernels
 _PKG = __name__.rpartition(".")[0]  # daisy_nb.kernels
 _kernels: dict = {}  # py_func -> options, in definition order
+_twins: dict = {}  # py_func -> its plain-Python twin (what plain mode calls instead; see plain_twin)
 _dispatchers: dict = {}  # py_func -> numba dispatcher (made once)
 _compiled = False
 _plain_work = 0.0
@@ -106,6 +107,17 @@ inline_kernel = _register(nogil=True, cache=CACHE, inline="always")
 # those were three quarters of a release. Such a kernel and everything it calls must not
 # allocate; they work on views of buffers the caller owns for the whole call.
 flat_kernel = _register(nogil=True, cache=CACHE, _nrt=False)
+
+
+def plain_twin(fn, twin):
+    """Plain mode calls ``twin`` for kernel ``fn`` (same arguments, same results); compiled mode
+    calls ``fn``'s dispatcher. For an entry point whose body pays in Python for what numba
+    does for free (``surface.step`` rebuilds 25 array views per call). Returns what the
+    module global should be bound to now."""
+    if fn not in _kernels:
+        raise ValueError(f"{fn.__name__} is not a kernel")
+    _twins[fn] = twin
+    return _dispatcher(fn, _kernels[fn]) if _compiled else twin
 
 
 def _dispatcher(fn, options):
@@ -176,6 +188,7 @@ def use_numba() -> None:
         _tell()  # before any progress bar is drawn: the scheduler's kernel is not cached
 
     mapping = {fn: _dispatcher(fn, opts) for fn, opts in _kernels.items()}
+    mapping.update({twin: mapping[fn] for fn, twin in _twins.items()})
     _rebind(mapping)
     _compiled = True
 
@@ -185,7 +198,7 @@ def use_python() -> None:
     global _compiled
     if not _compiled:
         return
-    _rebind({d: fn for fn, d in _dispatchers.items()})
+    _rebind({d: _twins.get(fn, fn) for fn, d in _dispatchers.items()})
     _compiled = False
 
 
