@@ -29,7 +29,7 @@ __all__ = ["BlockBatch", "DependencyGraph", "Scheduler", "TaskState", "WorkerCou
 logger = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-_US_BLOCK, _US_PER_DOWNSTREAM = 50, 7  # plain-Python kernel cost of one block (see Scheduler.__init__)
+_US_BLOCK, _US_PER_DOWNSTREAM = 30, 7  # plain-Python kernel cost of one block (see Scheduler.__init__)
 
 
 class BlockBatch(NamedTuple):
@@ -222,10 +222,11 @@ class Scheduler:
             m += sum(int(self._edge_max_down[k]) for k in self._tptr[3][self._tptr[2][t] : self._tptr[2][t + 1]])
             cap = max(cap, m)
         # Compiled kernels pay off only for enough work (kernels/_jit.py): a block costs the
-        # plain-Python kernels ~30 µs (batch API) to ~95 µs (per-block API, which rebuilds
-        # the packed views twice per block) plus ~7 µs per entry of its downstream list
-        # (measured 1-D to 3-D, 1-3 tasks), so from ~2k blocks (3-D, conflicts, two
-        # tasks) to ~10k (1-D, one task) the scheduler compiles.
+        # plain-Python kernels ~20 µs (batch API) to ~40 µs (per-block API; the plain twin of
+        # kernels.surface.step builds its views once) plus ~7 µs per entry of its downstream
+        # list (measured 1-D to 3-D, 1-3 tasks), so from ~4k blocks (3-D, conflicts, two
+        # tasks) to ~16k (1-D, one task) the scheduler compiles: 12,800 blocks handed out
+        # one by one to Clients (~0.5 s of plain kernels) no longer pay numba's ~0.6 s.
         N = sum(lay.num_blocks for lay in layouts)
         _jit.need(N * (_US_BLOCK + _US_PER_DOWNSTREAM * cap))
 

@@ -189,7 +189,6 @@ class TrackingSource:
 
     def block(self, query: dict) -> dict:
         from daisy_nb.block import cantor_number
-
         from daisy_nb.layout import _id_in_box
 
         name = str(query.get("task"))
