@@ -24,7 +24,10 @@ from .layout import block_id_to_grid, pack_layouts
 from .task import Pipeline, Task, as_pipeline
 from .tracking import TrackingStore
 
-__all__ = ["BlockBatch", "DependencyGraph", "Scheduler", "TaskState", "WorkerCounters"]
+__all__ = [
+    "BlockBatch", "BlockDescription", "BlockStates", "DependencyGraph", "Scheduler", "TaskCounts", "TaskState",
+    "WorkerCounters",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,41 @@ class BlockBatch(NamedTuple):
                 self.write_offset.tolist(), self.write_shape.tolist(), self.index.tolist(),
             )
         ]
+
+
+class BlockDescription(NamedTuple):
+    """Blocks of one task described by their rows (:meth:`Scheduler.describe`): int64 arrays,
+    one entry (offsets and shapes: one row of ``ndim`` values) per row asked for."""
+
+    block_id: np.ndarray  # int64[k]
+    read_offset: np.ndarray  # int64[k, nd]
+    read_shape: np.ndarray
+    write_offset: np.ndarray
+    write_shape: np.ndarray
+
+
+class TaskCounts(NamedTuple):
+    """One task's block counts now (:meth:`Scheduler.counts`; cheaper than ``task_states``)."""
+
+    total: int
+    ready: int
+    processing: int
+    completed: int  # skipped blocks included, as daisy counts them
+    skipped: int
+    failed: int
+    orphaned: int
+
+
+class BlockStates(NamedTuple):
+    """Read-only views of one task's per-row state (:meth:`Scheduler.block_states`), indexed by row.
+
+    ``status``: ``kernels.tables`` codes (PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED);
+    ``preskip``: 1 done by block tracking, 2 skipped by ``skip_mask``; ``retries``: failed
+    attempts so far. The views follow the run (no copy): read them, never write."""
+
+    status: np.ndarray  # uint8[num_blocks]
+    preskip: np.ndarray
+    retries: np.ndarray
 
 
 class WorkerCounters:
@@ -363,11 +401,9 @@ class Scheduler:
 
     def block_rois(self, t: int, block_id: int) -> dict | None:
         """``{"read_roi", "write_roi"}`` (offset/shape lists) of block ``block_id`` of task ``t``, or None."""
-        g = block_id_to_grid(self._layouts[t], int(block_id))
-        if g is None:
+        row = self.row_of(self.task_ids[t], block_id)
+        if row is None:
             return None
-        tt = self._tt
-        row = int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, np.asarray(g, np.int64)))
         _, ro, rs, wo, ws = self._describe(t, np.full(1, row, np.int64))
         return {
             "read_roi": {"offset": ro[0].tolist(), "shape": rs[0].tolist()},
@@ -539,6 +575,67 @@ class Scheduler:
             self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
         else:
             self._release_one(self._tindex[task_id], index[0], status[0])
+
+    # -- public reads (the dashboard, the hang alarm, tools: nothing here changes state) ----
+    def _tid(self, task_id) -> int:
+        t = self._tindex.get(task_id)
+        if t is None:
+            raise KeyError(f"no task {task_id!r} in this scheduler")
+        return t
+
+    def describe(self, task_id, rows) -> BlockDescription:
+        """Block ids, read and write ROIs (offsets and shapes) of rows ``rows`` of ``task_id``."""
+        t = self._tid(task_id)
+        r = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
+        if len(r) and (int(r.min()) < 0 or int(r.max()) >= self._nblocks[t]):
+            raise ValueError(f"rows of task {task_id!r} are 0..{self._nblocks[t] - 1}")
+        ids, ro, rs, wo, ws = self._describe(t, r)
+        return BlockDescription(ids, ro, rs, wo, ws)
+
+    def row_of(self, task_id, block_id: int) -> int | None:
+        """The row of the block with id ``block_id`` in ``task_id``, or None if it is not one of its blocks."""
+        t = self._tid(task_id)
+        g = block_id_to_grid(self._layouts[t], int(block_id))
+        if g is None:
+            return None
+        tt = self._tt
+        return int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, np.asarray(g, np.int64)))
+
+    def rows_in_grid_box(self, task_id, lo, hi) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, block ids)`` of the blocks at grid positions in ``[lo, hi)`` (C order), clipped to the grid."""
+        t = self._tid(task_id)
+        lay = self._layouts[t]
+        nd = lay.ndim
+        lo_c = [max(0, min(int(lo[d]), int(lay.grid_shape[d]))) for d in range(nd)]
+        hi_c = [max(lo_c[d], min(int(hi[d]), int(lay.grid_shape[d]))) for d in range(nd)]
+        n = 1
+        for d in range(nd):
+            n *= hi_c[d] - lo_c[d]
+        tt = self._tt
+        maxnd = tt.geo.shape[2]
+        lo_a, hi_a = np.zeros(maxnd, np.int64), np.zeros(maxnd, np.int64)
+        lo_a[:nd], hi_a[:nd] = lo_c, hi_c
+        rows, ids = np.empty(n, np.int64), np.empty(n, np.int64)
+        k = kg.grid_box_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, lo_a, hi_a, rows, ids) if n else 0
+        return rows[:k], ids[:k]
+
+    def block_states(self, task_id) -> BlockStates:
+        """Read-only views of ``task_id``'s per-row status, preskip and retries (see :class:`BlockStates`)."""
+        t = self._tid(task_id)
+        base = int(self._tt.info[t, kt.I_BLOCK_BASE])
+        out = []
+        for a in (self.status, self.preskip, self.retries):
+            v = a[base : base + self._nblocks[t]]
+            v.flags.writeable = False
+            out.append(v)
+        return BlockStates(*out)
+
+    def counts(self, task_id) -> TaskCounts:
+        """``task_id``'s block counts now (see :class:`TaskCounts`)."""
+        t = self._tid(task_id)
+        item = self.cnt.item
+        return TaskCounts(self._nblocks[t], item(t, kt.C_READY), item(t, kt.C_PROC), item(t, kt.C_COMPLETED),
+                          item(t, kt.C_SKIPPED), item(t, kt.C_FAILED), item(t, kt.C_ORPHANED))
 
     # -- state --------------------------------------------------------------------------
     def ready_count(self, task_id) -> int:

@@ -180,7 +180,7 @@ class TrackingSource:
                         found: list = []
                         out[name] = pic.picture(shape, pic.tracking_slabs(reader, lo, hi, found))
                         self._failed[name] = found
-                except Exception:  # unreadable right now (being rewritten): keep the last one
+                except (OSError, ValueError, RuntimeError):  # unreadable right now (being rewritten): keep the last one
                     if self._pics and name in self._pics["tasks"]:
                         out[name] = self._pics["tasks"][name]
             self._pics = {"tasks": out, "t": time.time()}

@@ -68,6 +68,7 @@ from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.policy import end_run
 from daisy_nb.runtime.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.processes import Processes
+from daisy_nb.runtime.snapshot import RunningBlock, WorkerSnapshot
 
 __all__ = ["raise_if_abandoned", "run_pool"]
 
@@ -365,9 +366,30 @@ class _Pool:
         if alarm is not None:
             alarm.close()
 
-    def running_blocks(self) -> list:
+    def running_blocks(self) -> list[RunningBlock]:
         """What runs now, per worker and Client connection (see ``daisy_nb.hang``)."""
-        return self.procs.running_blocks() + self.tcp.running_blocks()
+        return [RunningBlock.of(e) for e in self.procs.running_blocks() + self.tcp.running_blocks()]
+
+    def worker_snapshots(self) -> list[WorkerSnapshot]:
+        """The workers as the dashboard lists them (``runtime/snapshot.py``); on the pool's thread."""
+        from daisy_nb.runtime import _shm
+        from daisy_nb.runtime import processes as wp
+        from daisy_nb.runtime.processes import job_text
+
+        names = {wp.STARTING: "starting", wp.IDLE: "idle", wp.BUSY: "busy", wp.PARKED: "parked",
+                 wp.QUITTING: "quitting", wp.DEAD: "dead"}  # fmt: skip
+        held = {cc.wid: next(iter(cc.held)) for cc in list(self.tcp.clients.values()) if cc.held}
+        out = []
+        for w in list(self.procs.workers.values()):
+            row, since = held.get(w.wid), None
+            if row is None and w.queue and w.bufs is not None:
+                k, idx = w.queue[0]
+                c = int(w.bufs[k][_shm.H_CUR])
+                if 0 <= c < len(idx):
+                    row, since = int(idx[c]), int(w.bufs[k][_shm.H_START]) / 1e9
+            out.append(WorkerSnapshot(int(w.wid), w.tr.tid, names[w.state], int(w.proc.pid) if w.proc else None,
+                                      row, since, w.t_spawn, job_text(getattr(w, "job", None))))  # fmt: skip
+        return out
 
     def shutdown(self) -> None:
         """End every worker (block workers: SIGKILL; worker functions: SIGTERM, SIGKILL after a
