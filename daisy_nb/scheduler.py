@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_daisy_logger = logging.getLogger("daisy")  # messages daisy 2.0.0 logs, on its logger
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _US_BLOCK, _US_PER_DOWNSTREAM = 30, 7  # plain-Python kernel cost of one block (see Scheduler.__init__)
@@ -431,11 +432,18 @@ class Scheduler:
         fn = self.tasks[self.task_ids[t]].check_function
         try:
             return bool(fn(block))
-        except Exception:
+        except Exception as e:  # the user's check: any error means "not done", as in daisy
             tid = self.task_ids[t]
             if tid not in self._check_warned:
                 self._check_warned.add(tid)
-                logger.warning("check_function of task %r raised; treating blocks as not done", tid, exc_info=True)
+                import traceback
+
+                tb = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next)).rstrip()
+                _daisy_logger.warning(
+                    'check_function for task "%s" raised; treating block %s/%s as not done, so it will be '
+                    "(re)processed. Further check failures for this task will not be logged:\n%s",
+                    tid, tid, block.block_id[1], tb,
+                )  # fmt: skip
             return False
 
     # -- daisy's per-block API --------------------------------------------------------
