@@ -92,3 +92,49 @@ def test_exactly_at_the_caps_is_not_truncated():
 def test_marker_once_whatever_the_length(n):
     out = cap_traceback("\n".join(str(i) for i in range(n)))
     assert out.count(TB_TRUNCATED) == 1
+
+
+def test_an_observer_that_raises_is_reported_once_at_warning_and_the_run_goes_on(caplog):
+    """progress.notify: a user's observer bug is said once per event, with its traceback."""
+    from daisy_nb.progress import notify
+
+    class Buggy:
+        calls = 0
+
+        def on_progress(self, states):
+            Buggy.calls += 1
+            raise ZeroDivisionError("observer bug")
+
+    s = Scheduler([_task()])
+    obs = Buggy()
+    with caplog.at_level(logging.DEBUG, logger="daisy"):
+        for _ in range(3):
+            notify(obs, "on_progress", s)
+    assert Buggy.calls == 3
+    warns = [r for r in caplog.records if r.levelno == logging.WARNING and "observer" in r.getMessage()]
+    assert len(warns) == 1
+    assert warns[0].name == "daisy" and "Buggy raised in on_progress" in warns[0].getMessage()
+    assert warns[0].exc_info and warns[0].exc_info[0] is ZeroDivisionError
+
+
+def test_bars_drawn_after_the_start_keep_the_runs_elapsed_time(monkeypatch):
+    """tqdm still importing at on_start (progress.prefetch_tqdm): the bar is drawn at the next call,
+    backdated to the run's start, so its elapsed time and rate are the run's."""
+    import io
+
+    from daisy_nb import progress
+
+    s = Scheduler([_task()])
+    out = io.StringIO()
+    obs = progress.TqdmObserver(task_order=["t"], file=out)
+    monkeypatch.setattr(progress, "_tqdm_ready", lambda: False)
+    obs.on_start(s.task_states)
+    assert out.getvalue() == "" and not obs._bars
+    monkeypatch.setattr(progress, "_tqdm_ready", lambda: True)
+    obs._t0 -= 65  # the run started 65 s ago
+    while (b := s.acquire_block("t")) is not None:
+        b.status = BlockStatus.SUCCESS
+        s.release_block(b)
+    obs.on_finish(s.task_states)
+    text = out.getvalue()
+    assert "3/3" in text and "01:05" in text
