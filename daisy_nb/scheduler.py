@@ -438,7 +438,8 @@ class Scheduler:
                 self._check_warned.add(tid)
                 import traceback
 
-                tb = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next)).rstrip()
+                frames = e.__traceback__.tb_next if e.__traceback__ is not None else None  # from the user's frame
+                tb = "".join(traceback.format_exception(type(e), e, frames)).rstrip()
                 _daisy_logger.warning(
                     'check_function for task "%s" raised; treating block %s/%s as not done, so it will be '
                     "(re)processed. Further check failures for this task will not be logged:\n%s",
