@@ -335,10 +335,12 @@ def main(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"daisy_nb dashboard: error: {e}", file=sys.stderr)
         return 2
-    print(f"daisy_nb dashboard (read-only, {len(source.targets)} task(s) from block tracking): {dash.url}", flush=True)
     stop = threading.Event()
     old = signal.signal(signal.SIGTERM, lambda *a: stop.set())
-    try:
+    try:  # Ctrl-C as soon as the URL is printed ends it as cleanly as later (exit code 0)
+        print(
+            f"daisy_nb dashboard (read-only, {len(source.targets)} task(s) from block tracking): {dash.url}", flush=True
+        )
         while not stop.wait(0.5):
             pass
     except KeyboardInterrupt:
