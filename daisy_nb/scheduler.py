@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import NamedTuple
 
 import numpy as np
@@ -34,6 +35,7 @@ _daisy_logger = logging.getLogger("daisy")  # messages daisy 2.0.0 logs, on its 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _US_BLOCK, _US_PER_DOWNSTREAM = 30, 7  # plain-Python kernel cost of one block (see Scheduler.__init__)
+_PACE_SECS = 1.0  # hand-outs watched before a deferred compile decision (Scheduler._pace)
 
 
 class BlockBatch(NamedTuple):
@@ -266,8 +268,17 @@ class Scheduler:
         # list (measured 1-D to 3-D, 1-3 tasks), so from ~4k blocks (3-D, conflicts, two
         # tasks) to ~16k (1-D, one task) the scheduler compiles: 12,800 blocks handed out
         # one by one to Clients (~0.5 s of plain kernels) no longer pay numba's ~0.6 s.
+        # When the work is between the price and twice it, whether compiling pays depends on
+        # how fast blocks are handed out (_jit.compile_pays): decided after the first
+        # _PACE_SECS of hand-outs from their rate (_pace), in plain Python until then.
         N = sum(lay.num_blocks for lay in layouts)
-        _jit.need(N * (_US_BLOCK + _US_PER_DOWNSTREAM * cap))
+        self._us_block = _US_BLOCK + _US_PER_DOWNSTREAM * cap
+        work = N * self._us_block
+        self._pace_state: list | None = None  # [first hand-out (monotonic), blocks handed out] while deciding
+        if _jit.mode() == "auto" and not _jit.compiled() and _jit.COMPILE_AT <= work < 2 * _jit.COMPILE_AT:
+            self._pace_state = [None, 0]
+        else:
+            _jit.need(work)
 
         # state: packed into one int64 and one uint8 buffer (see kernels/surface.py);
         # the attributes below are views into them
@@ -373,7 +384,27 @@ class Scheduler:
         n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE, t, max_n, 0, out, self._no_codes)
         if n < 0:
             raise RuntimeError("internal error: scratch buffer too small")
+        if self._pace_state is not None:
+            self._pace(n)
         return n
+
+    def _pace(self, n: int) -> None:
+        """The deferred compile decision (see ``__init__``): count hand-outs; after ``_PACE_SECS``,
+        tell ``_jit`` the work left and how much of it comes per second at the rate seen."""
+        p = self._pace_state
+        if p is None:
+            return
+        now = time.monotonic()
+        if p[0] is None:
+            p[0] = now
+        p[1] += n
+        elapsed = now - p[0]
+        if elapsed < _PACE_SECS:
+            return
+        self._pace_state = None
+        rate = p[1] / elapsed  # blocks handed out per second
+        left = max(0, self.num_blocks_total - p[1])
+        _jit.need(left * self._us_block, per_sec_us=rate * self._us_block)
 
     def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
         start = 0
@@ -462,6 +493,8 @@ class Scheduler:
                 if n < 0:
                     raise RuntimeError("internal error: scratch buffer too small")
                 return None
+            if self._pace_state is not None:
+                self._pace(1)
             v = out.tolist()
             row = v[0]
             block = Block._make(task_id, v[1], (tuple(v[2 : 2 + nd]), tuple(v[2 + nd : 2 + 2 * nd])),
@@ -572,6 +605,8 @@ class Scheduler:
             n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
             if n < 0:
                 raise RuntimeError("internal error: scratch buffer too small")
+            if n and self._pace_state is not None:
+                self._pace(1)
             return [out.tolist()] if n else []
         b = self.acquire_blocks(task_id, max_n)
         cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)

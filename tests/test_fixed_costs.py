@@ -86,3 +86,51 @@ def test_a_tcp_run_of_12800_blocks_one_by_one_does_not_load_numba(tmp_path):
     assert res == {"numba": False, "completed": 12800}
     jobs = list(out.glob("rc_*"))
     assert jobs and all(p.read_text() == "0" for p in jobs)
+
+
+def _fresh(code: str, tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("DAISY_NB_JIT", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=200,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+_DEFERRED = """
+    import json, sys, time
+    import daisy_nb as daisy
+    from daisy_nb import Roi, scheduler
+    from daisy_nb.kernels import _jit
+    scheduler._PACE_SECS = 0.2
+    n = 20_000  # work between the price and twice it: the decision waits for the hand-out rate
+    assert _jit.COMPILE_AT <= n * (scheduler._US_BLOCK + scheduler._US_PER_DOWNSTREAM) < 2 * _jit.COMPILE_AT
+    s = daisy.Scheduler([daisy.Task("s", Roi((0,), (n,)), Roi((0,), (1,)), Roi((0,), (1,)), read_write_conflict=False)])
+    at_init = "numba" in sys.modules
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 0.5:
+        {hand_out}
+    print(json.dumps({{"at_init": at_init, "compiled": _jit.compiled(), "numba": "numba" in sys.modules}}))
+"""
+
+
+def test_blocks_handed_out_fast_compile_after_the_first_moments(tmp_path):
+    """Batches as fast as the kernels go (a pool of short blocks): the rate says the plain kernels
+    would be busy, so the kernels compile, after the first _PACE_SECS rather than at once."""
+    hand_out = "b = s.acquire_blocks('s', 64); s.release_blocks('s', b.index, [2] * len(b))"
+    res = _fresh(_DEFERRED.format(hand_out=hand_out), tmp_path)
+    assert res == {"at_init": False, "compiled": True, "numba": True}
+
+
+def test_blocks_handed_out_slowly_stay_plain(tmp_path):
+    """One block every 10 ms (long blocks, one by one): the plain kernels would use well under
+    BUSY_SHARE of a core and the work is under twice the price, so numba is never loaded."""
+    hand_out = "b = s.acquire_block('s'); time.sleep(0.01); b.status = daisy.BlockStatus.SUCCESS; s.release_block(b)"
+    res = _fresh(_DEFERRED.format(hand_out=hand_out), tmp_path)
+    assert res == {"at_init": False, "compiled": False, "numba": False}
