@@ -89,8 +89,11 @@ def main(argv=None) -> int:
             signal.signal(signal.SIGTERM, old)
         secs = time.monotonic() - t0
         bad = failures(xml)
+        reported = os.path.exists(xml)
     print(f"\nrun_suite_under_load: {args.hogs} hog(s), pytest {' '.join(pytest_args)}: exit {rc}, {secs:.0f} s")
-    if bad:
+    if not reported:
+        print("pytest ended without its report (interrupted?): failures unknown; see its output above")
+    elif bad:
         print(f"{len(bad)} test(s) failed under load:")
         for name, kind, msg in bad:
             print(f"  {kind}: {name}\n      {msg}")
