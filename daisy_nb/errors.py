@@ -16,6 +16,11 @@ it was first and last seen, and the worker's log path. Memory is bounded: at
 most :data:`MAX_GROUPS` groups per task; later new shapes count in one
 ``(other errors)`` group.
 
+A back-end that knows the exception sends it structured, a :class:`WorkerError`
+(type, message, traceback, block id): it is grouped by those fields, no parsing. The
+text path (:func:`split_error`, regular expressions) stays for back-ends that send
+only a text and for worker logs read back (``groups_from_logs``).
+
 Only failures with a text are grouped: a block function that sets
 ``block.status = FAILED`` without raising counts as failed but has no message.
 Dask batches report their first and last error only, so a dask group counts
@@ -27,8 +32,11 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-__all__ = ["MAX_GROUPS", "ErrorGroups", "format_groups", "groups_from_logs", "message_shape", "split_error"]
+__all__ = [
+    "MAX_GROUPS", "ErrorGroups", "WorkerError", "format_groups", "groups_from_logs", "message_shape", "split_error",
+]  # fmt: skip
 
 MAX_GROUPS = 50
 MAX_TB = 8192  # characters of a group's first traceback kept
@@ -44,6 +52,31 @@ _SUBS = [
     (re.compile(r"\b[0-9a-f]{12,}\b"), "<hex>"),
     (re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"), "<n>"),
 ]
+
+
+@dataclass(frozen=True)
+class WorkerError:
+    """One failure as a back-end knows it, structured (what :meth:`ErrorGroups.add` groups without parsing).
+
+    ``type``: the exception's class name (``type(e).__name__``), or ``"worker error"`` for a
+    worker that exited, was killed or went silent; ``message``: ``str(e)`` (or the worker's
+    message); ``traceback``: the capped traceback (``runtime/state.py`` ``cap_traceback``),
+    empty if there is none; ``block_id``: the spatial block id, when a block raised.
+    """
+
+    type: str
+    message: str
+    traceback: str = ""
+    block_id: int | None = None
+
+    def text(self) -> str:
+        """The text form the back-ends record today (``block <id> failed:`` and the traceback)."""
+        body = self.traceback or (f"{self.type}: {self.message}" if self.type != "worker error" else self.message)
+        return f"block {self.block_id} failed:\n{body}" if self.block_id is not None else body
+
+    @classmethod
+    def from_exception(cls, e: BaseException, traceback: str = "", block_id: int | None = None) -> WorkerError:
+        return cls(type(e).__name__, str(e), traceback, block_id)
 
 
 def message_shape(msg: str) -> str:
@@ -89,11 +122,17 @@ class ErrorGroups:
         self.roi_of: Callable[[int], dict | None] | None = None
         self._rois: dict = {}  # block id -> ROI, looked up once
 
-    def add(self, text: str, log: str | None = None, t: float | None = None) -> None:
-        """Count one failure ``text`` (a traceback or a worker message); ``log``: the worker's log path."""
-        if not text:
-            return
-        etype, msg, bid = split_error(text)
+    def add(self, error: str | WorkerError, log: str | None = None, t: float | None = None) -> None:
+        """Count one failure: a :class:`WorkerError`, or a ``text`` (a traceback or a worker message,
+        parsed by :func:`split_error`); ``log``: the worker's log path."""
+        if isinstance(error, WorkerError):
+            etype, msg, bid = error.type, error.message.strip(), error.block_id
+            text = error.text()
+        else:
+            text = error
+            if not text:
+                return
+            etype, msg, bid = split_error(text)
         key = (etype, message_shape(msg))
         g = self.groups.get(key)
         if g is None:
@@ -142,7 +181,7 @@ class ErrorGroups:
                             self._rois.clear()
                         try:
                             self._rois[bid] = self.roi_of(bid)
-                        except Exception:
+                        except (KeyError, ValueError, IndexError, OverflowError):  # an id of no block here
                             self._rois[bid] = None
                     d[k + "_roi"] = self._rois[bid]
             out.append(d)

@@ -20,8 +20,10 @@ Configuration: ``run_blockwise(..., hang_alarm=...)``: None (the default: on, wi
 and 10), False (off; also ``DAISY_NB_HANG_SECS=0``), a number of seconds (the
 floor ``secs``), or a dict ``{"secs": 1.0, "factor": 10.0}``.
 
-The runtimes say what is running (``running()``: ``(task_id, rows, worker label,
-pid, started monotonic seconds)`` per worker) and record block times on their
+The runtimes say what is running (``running()``: a list of
+:class:`daisy_nb.runtime.snapshot.RunningBlock`, one per worker; the older tuples
+``(task_id, rows, worker label, pid, started monotonic seconds)`` are read too) and
+record block times on their
 :class:`daisy_nb.runtime.policy.TaskRun` (``block_secs``); the checks are here,
 once. The pool and dask run them from :class:`daisy_nb.progress.Heartbeat` (their
 loops never block); the serial runner, whose loop is inside the block, from a
@@ -135,6 +137,7 @@ class HangAlarm:
         self.events: list[dict] = []  # every event sent, in order (small: alarms double their interval)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._running_failed = False
 
     # ------------------------------------------------------------------ checks
     def median_block_secs(self, tid: str) -> float | None:
@@ -155,17 +158,14 @@ class HangAlarm:
         if now - self.last_check < CHECK_SECS and not force:
             return
         self.last_check = now
-        from daisy_nb.kernels import tables as kt
-
         s = self.s
         due = []
-        for t, tid in enumerate(s.task_ids):
+        for tid in s.task_ids:
             w = self.watch[tid]
-            c = s.cnt[t]
+            c = s.counts(tid)
             ctr = s.counters[tid]
-            sig = (int(c[kt.C_COMPLETED]), int(c[kt.C_FAILED]), int(ctr.worker_failure_count),
-                   int(ctr.timeout_reclaim_count))  # fmt: skip
-            busy = int(c[kt.C_PROC]) > 0
+            sig = (c.completed, c.failed, int(ctr.worker_failure_count), int(ctr.timeout_reclaim_count))
+            busy = c.processing > 0
             if sig != w.sig or not busy:
                 if w.alarms:
                     why = "a block finished" if sig != w.sig else "no block is running any more"
@@ -177,7 +177,7 @@ class HangAlarm:
             if w.alarms == 0:
                 w.next_at = limit
             if stalled >= w.next_at:
-                due.append((tid, stalled, limit, med, int(c[kt.C_PROC])))
+                due.append((tid, stalled, limit, med, c.processing))
         if due:
             running = self._running_by_task(now)
             for tid, stalled, limit, med, n_proc in due:
@@ -188,34 +188,35 @@ class HangAlarm:
 
     def _running_by_task(self, now: float) -> dict[str, list[dict]]:
         """The running blocks per task, described (ids, ROIs, workers, how long)."""
-        import numpy as np
+        from daisy_nb.runtime.snapshot import RunningBlock
 
-        try:
-            entries = list(self.running())
-        except Exception:  # the runtime changed under us: name nothing rather than fail the run
-            logger.debug("hang alarm: could not list the running blocks", exc_info=True)
-            entries = []
         out: dict[str, list[dict]] = {}
         s = self.s
-        for tid, rows, worker, pid, started in entries:
-            t = s._tindex.get(tid)
-            if t is None or not len(rows):
+        try:
+            entries = list(self.running())
+        except Exception:  # the runtime's bug: the alarm still warns, naming no block; said once
+            if not self._running_failed:
+                self._running_failed = True
+                logger.warning("hang alarm: could not list the running blocks", exc_info=True)
+            entries = []
+        for entry in entries:
+            r = RunningBlock.of(entry)
+            if r.task_id not in s.tasks or not r.rows:
                 continue
-            lst = out.setdefault(tid, [])
+            lst = out.setdefault(r.task_id, [])
             if len(lst) >= MAX_NAMED:
                 continue
-            rows = np.asarray(rows[:5], np.int64)
-            ids, ro, rs, wo, ws = s._describe(t, rows)
+            d = s.describe(r.task_id, list(r.rows[:5]))
             lst.append(
                 {
-                    "block_id": int(ids[0]),
-                    "block_ids": [int(v) for v in ids],
-                    "blocks": int(len(rows)),
-                    "read_roi": {"offset": ro[0].tolist(), "shape": rs[0].tolist()},
-                    "write_roi": {"offset": wo[0].tolist(), "shape": ws[0].tolist()},
-                    "worker": worker,
-                    "pid": pid,
-                    "running_secs": None if started is None else round(now - started, 1),
+                    "block_id": int(d.block_id[0]),
+                    "block_ids": [int(v) for v in d.block_id],
+                    "blocks": len(d.block_id),
+                    "read_roi": {"offset": d.read_offset[0].tolist(), "shape": d.read_shape[0].tolist()},
+                    "write_roi": {"offset": d.write_offset[0].tolist(), "shape": d.write_shape[0].tolist()},
+                    "worker": r.worker,
+                    "pid": r.pid,
+                    "running_secs": None if r.started is None else round(now - r.started, 1),
                 }
             )
         return out
@@ -224,13 +225,10 @@ class HangAlarm:
     def _send(self, event: dict) -> None:
         event = dict(event, t=time.time())
         self.events.append(event)
-        obs = self.observer
-        fn = getattr(obs, "on_alarm", None)
-        if fn is not None:
-            try:
-                fn(event)
-            except Exception:
-                pass
+        if self.observer is not None:
+            from daisy_nb.progress import call_observer
+
+            call_observer(self.observer, "on_alarm", event)  # one that raises: reported once
 
     def _alarm(self, tid, stalled, limit, med, n_proc, running, next_in) -> None:
         how = f"max({self.config.secs:g} s, {self.config.factor:g} x median block time " + (
@@ -275,8 +273,9 @@ class HangAlarm:
             while not self._stop.wait(CHECK_SECS / 2):
                 try:
                     self.check(time.monotonic())
-                except Exception:  # never take the run down
-                    logger.debug("hang alarm check failed", exc_info=True)
+                except Exception:  # a bug here must not end the run: said once, with the traceback, then quiet
+                    logger.warning("hang alarm: its check failed; it stops watching this run", exc_info=True)
+                    return
 
         self._thread = threading.Thread(target=loop, name="daisy_nb-hang-alarm", daemon=True)
         self._thread.start()

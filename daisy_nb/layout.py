@@ -52,7 +52,7 @@ from .kernels.tables import (
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BlockLayout", "FITS", "TaskTables", "pack_layouts", "roi_tuple"]
+__all__ = ["BlockLayout", "FITS", "TaskTables", "block_id_to_grid", "inverse_cantor", "pack_layouts", "roi_tuple"]
 
 FITS = {"valid": FIT_VALID, "overhang": FIT_OVERHANG, "shrink": FIT_SHRINK}
 FIT_NAMES = {v: k.capitalize() for k, v in FITS.items()}
@@ -310,6 +310,50 @@ class BlockLayout:
         if np.any(g < 0) or np.any(g >= self.grid_shape):
             return None
         return g
+
+
+def inverse_cantor(n: int, nd: int) -> tuple[int, ...]:
+    """The grid index whose :func:`daisy_nb.block.cantor_number` is ``n`` (exact integers)."""
+    from math import comb
+
+    out = [0] * nd
+    rem = int(n)
+    for k in range(nd, 1, -1):
+        # largest s with C(s + k - 1, k) <= rem
+        lo, hi = 0, 1
+        while comb(hi + k - 1, k) <= rem:
+            hi *= 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if comb(mid + k - 1, k) <= rem:
+                lo = mid
+            else:
+                hi = mid
+        rem -= comb(lo + k - 1, k)
+        out[k - 1] = lo  # temporarily the partial sum S_k
+    if nd:
+        out[0] = rem
+        # partial sums -> coordinates: x_{k-1} = S_k - S_{k-1}, S_1 = x_0
+        sums = [rem] + out[1:]
+        out = [sums[0]] + [sums[i] - sums[i - 1] for i in range(1, nd)]
+    return tuple(out)
+
+
+def block_id_to_grid(layout: BlockLayout, block_id: int) -> tuple[int, ...] | None:
+    """Grid position of a block id in a task's block grid, or None if it is not a block.
+
+    The inverse of the ids a layout gives (``cantor_number`` of the grid index plus
+    ``id_offset``); the Scheduler's ``block_rois`` and the dashboard use it."""
+    return _id_in_box(block_id, layout.id_offset, layout.grid_shape)
+
+
+def _id_in_box(block_id: int, offset: Sequence[int], shape: Sequence[int]) -> tuple[int, ...] | None:
+    """Position of the cell ``block_id`` in the box of ``shape`` at ``offset`` (cells), or None outside it."""
+    cell = inverse_cantor(block_id, len(shape))
+    g = tuple(int(c - o) for c, o in zip(cell, offset))
+    if any(not 0 <= v < s for v, s in zip(g, shape)):
+        return None
+    return g
 
 
 def _check_cantor_fits(x: list[int]) -> None:

@@ -115,7 +115,7 @@ def format_traceback(exc_type, exc, tb) -> str:
         while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PKG_DIR):
             tb = tb.tb_next
         return "".join(_py_traceback.format_exception(exc_type, exc, tb))
-    except Exception as e:  # never raise from here
+    except Exception as e:  # a user's exception whose __str__/__repr__ raises: still a report, never a raise
         return f"{getattr(exc_type, '__name__', 'Exception')}: {exc!r}\n(failed to format traceback: {e!r})\n"
 
 
@@ -194,5 +194,5 @@ def emit_failure(message: str) -> None:
         try:
             t.write(message)
             t.flush()
-        except Exception:  # noqa: BLE001 - reporting a failure must not fail
+        except (OSError, ValueError):  # a closed or full stream: reporting a failure must not fail
             pass

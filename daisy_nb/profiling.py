@@ -207,28 +207,29 @@ class TaskResourceStats:
             self._fold(1, float(x), float(wall) * 1e3, 0.0, 0.0)
 
     def add(self, rows, failed) -> None:
-        """A batch in release order: ``rows`` an ``(n, 5)`` float array, ``failed`` a bool array."""
-        import numpy as np
-
+        """A batch in release order: ``rows`` an ``(n, 5)`` float array (or rows of 5 numbers),
+        ``failed`` a bool array. Plain Python: this module is imported by workers and ``Client``
+        programs, which never import numpy."""
+        rows = rows.tolist() if hasattr(rows, "tolist") else [list(r) for r in rows]
+        failed = failed.tolist() if hasattr(failed, "tolist") else list(failed)
         n = len(rows)
         if not n:
             return
-        rows = np.asarray(rows, dtype=np.float64)
-        failed = np.asarray(failed, dtype=bool)
-        x = np.arange(self.blocks, self.blocks + n, dtype=np.float64)
+        x0 = self.blocks
         self.blocks += n
-        nf = int(failed.sum())
-        self.failed += nf
-        self.wall_seconds += float(rows[:, 0].sum())
-        self.cpu_seconds += float(rows[:, 1].sum())
-        self.peak_rss_bytes = max(self.peak_rss_bytes, int(rows[:, 2].max()))
-        self.io_read_bytes += int(rows[:, 3].sum())
-        self.io_write_bytes += int(rows[:, 4].sum())
-        if nf < n:
-            ok = ~failed
-            xb, yb = x[ok], rows[ok, 0] * 1e3
-            mx, my = float(xb.mean()), float(yb.mean())
-            self._fold(len(xb), mx, my, float(((xb - mx) ** 2).sum()), float(((xb - mx) * (yb - my)).sum()))
+        self.failed += sum(1 for f in failed if f)
+        self.wall_seconds += math.fsum(float(r[0]) for r in rows)
+        self.cpu_seconds += math.fsum(float(r[1]) for r in rows)
+        self.peak_rss_bytes = max(self.peak_rss_bytes, max(int(r[2]) for r in rows))
+        self.io_read_bytes += sum(int(r[3]) for r in rows)
+        self.io_write_bytes += sum(int(r[4]) for r in rows)
+        ok = [(float(x0 + i), float(r[0]) * 1e3) for i, (r, f) in enumerate(zip(rows, failed)) if not f]
+        if ok:
+            mx = math.fsum(x for x, _ in ok) / len(ok)
+            my = math.fsum(y for _, y in ok) / len(ok)
+            sxx = math.fsum((x - mx) ** 2 for x, _ in ok)
+            sxy = math.fsum((x - mx) * (y - my) for x, y in ok)
+            self._fold(len(ok), mx, my, sxx, sxy)
 
     @property
     def mean_block_ms(self) -> float:

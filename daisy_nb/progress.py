@@ -2,18 +2,30 @@
 
 Observers get ``on_start/on_progress/on_finish(states)`` with a ``{task_id:
 TaskState}`` snapshot; every runtime (serial, pool, dask) calls ``on_progress`` at
-most every 0.2 s through :class:`Heartbeat` and swallows observer exceptions. Looks follow daisy 2.0 (docs/how-to/migrate.md#progress); the
-summary adds time and blocks/s per task.
+most every 0.2 s through :class:`Heartbeat`; an observer that raises is reported once per
+observer and event, at WARNING with its traceback, and never stops the run. Looks follow
+daisy 2.0 (docs/how-to/migrate.md#progress); the summary adds time and blocks/s per task.
+
+The bars cost nothing on a small run's critical path: ``tqdm`` (~40-70 ms to import,
+most of it ``importlib.metadata`` finding its version) is imported on a thread while the
+run starts its workers, and the bars are drawn when it is there (backdated to the
+run's start, so elapsed time and rate are the run's). Outside IPython the bar class is
+``tqdm.std``'s: ``tqdm.auto`` is the same bar plus an asyncio mixin (~30 ms of imports
+a script never uses); under IPython it is ``tqdm.auto``'s, as in daisy.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
+import threading
 import time
 
 # one abandonment policy for every runtime; re-exported where it was
 from daisy_nb.runtime.common.failures import ABANDON_NOT_WAITING, ABANDON_RESTARTS, raise_if_abandoned  # noqa: F401
+
+logger = logging.getLogger("daisy")
 
 __all__ = ["JsonProgressObserver", "TqdmObserver", "print_error_groups", "print_resource_utilization", "print_summary"]
 
@@ -49,11 +61,49 @@ def _ran(st) -> int:
     return int(st.completed_count) - int(st.skipped_count) + int(st.failed_count)
 
 
+def tqdm_class():
+    """The bar class: ``tqdm.auto``'s under IPython (a notebook widget there), else ``tqdm.std``'s."""
+    if "IPython" in sys.modules:
+        from tqdm.auto import tqdm
+    else:
+        from tqdm.std import tqdm
+    return tqdm
+
+
+_prefetch_lock = threading.Lock()
+_prefetch: threading.Thread | None = None
+
+
+def prefetch_tqdm() -> None:
+    """Import the bar class on a daemon thread (once per process), so that the import
+    overlaps the run's start (the main thread mostly waits for workers then)."""
+    global _prefetch
+    with _prefetch_lock:
+        if _prefetch is not None or "tqdm.std" in sys.modules:
+            return
+
+        def load():
+            try:
+                tqdm_class()
+            except ImportError:  # the main thread's own import will say so
+                pass
+
+        _prefetch = threading.Thread(target=load, name="daisy_nb-import-tqdm", daemon=True)
+        _prefetch.start()
+
+
+def _tqdm_ready() -> bool:
+    t = _prefetch
+    return t is None or not t.is_alive()
+
+
 class TqdmObserver:
     """One ``tqdm`` bar per task, in display order: ``"<task> ▶ ♻=<restarts>"``.
 
     On a terminal bars refresh at most every 0.1 s; when stdout is not a terminal
     (logs, CI) at most every 10 s, so a long run does not write a line per update.
+    The bars appear at ``on_start`` if ``tqdm`` is imported by then, else at the first
+    call after (see the module docstring), with the run's start as their start.
     """
 
     def __init__(self, task_order=None, file=None):
@@ -61,12 +111,13 @@ class TqdmObserver:
         self._bars = {}
         self._desc = {}
         self._file = file
+        self._t0: float | None = None  # time.time() at on_start
+        prefetch_tqdm()
 
     def _bar(self, tid, total):
         bar = self._bars.get(tid)
         if bar is None:
-            from tqdm.auto import tqdm
-
+            tqdm = tqdm_class()
             out = self._file if self._file is not None else sys.stderr
             tty = getattr(out, "isatty", lambda: False)()
             bar = tqdm(
@@ -79,6 +130,8 @@ class TqdmObserver:
                 mininterval=0.1 if tty else 10.0,
                 maxinterval=10.0 if tty else 60.0,
             )
+            if self._t0 is not None and hasattr(bar, "start_t"):
+                bar.start_t = min(bar.start_t, self._t0)  # drawn late: the run's elapsed time and rate
             self._bars[tid] = bar
             self._desc[tid] = f"{one_line(tid)} ▶ ♻=0"
         return bar
@@ -90,10 +143,15 @@ class TqdmObserver:
             self._desc[tid] = d
 
     def on_start(self, states):
+        self._t0 = time.time()
+        if not _tqdm_ready():
+            return  # drawn at the next call, once tqdm is imported (a small run: at on_finish)
         for tid in _ordered(states, self._order):
             self._bar(tid, int(states[tid].total_block_count))
 
     def on_progress(self, states):
+        if not self._bars and not _tqdm_ready():
+            return
         for tid in _ordered(states, self._order):
             st = states[tid]
             bar = self._bar(tid, int(st.total_block_count))
@@ -164,7 +222,7 @@ class JsonProgressObserver:
             self._sink.write(json.dumps(line) + "\n")
         try:
             self._sink.flush()
-        except Exception:
+        except (OSError, ValueError):  # a full disk, a closed pipe or stream: the lines are best effort
             pass
 
     def on_alarm(self, event):
@@ -173,7 +231,7 @@ class JsonProgressObserver:
         try:
             self._sink.write(json.dumps(line) + "\n")
             self._sink.flush()
-        except Exception:
+        except (OSError, ValueError):
             pass
 
     def on_start(self, states):
@@ -188,7 +246,7 @@ class JsonProgressObserver:
         self._sink.write(json.dumps({"t": time.time(), "event": "job", **info}) + "\n")
         try:
             self._sink.flush()
-        except Exception:
+        except (OSError, ValueError):  # a full disk, a closed pipe or stream: the lines are best effort
             pass
 
     def on_finish(self, states):
@@ -196,7 +254,7 @@ class JsonProgressObserver:
         if self._owns:
             try:
                 self._sink.close()
-            except Exception:
+            except (OSError, ValueError):
                 pass
 
 
@@ -451,11 +509,32 @@ class Heartbeat:
             self.alarm.check(now)
 
 
+_reported: set = set()  # (id of the observer, event) already reported as raising
+
+
 def notify(observer, what: str, scheduler) -> None:
-    """Call ``observer.<what>(states)``; observers never break a run (exceptions swallowed)."""
+    """Call ``observer.<what>(states)``. An observer never breaks a run: one that raises is
+    reported once per observer and event, at WARNING with the traceback; later raises of the
+    same kind are counted at DEBUG only."""
     if observer is None:
         return
+    call_observer(observer, what, scheduler.task_states)
+
+
+def call_observer(observer, what: str, *args) -> None:
+    """``observer.<what>(*args)`` if it has it; what it raises is reported (see :func:`notify`)."""
+    fn = getattr(observer, what, None)
+    if fn is None:
+        return
     try:
-        getattr(observer, what)(scheduler.task_states)
-    except Exception:
-        pass
+        fn(*args)
+    except Exception:  # a user's observer: any bug of theirs, reported once, never fatal
+        key = (id(observer), what)
+        if key in _reported:
+            logger.debug("progress observer %r raised again in %s", observer, what, exc_info=True)
+            return
+        _reported.add(key)
+        logger.warning(
+            "progress observer %s raised in %s (reported once; the run goes on)",
+            type(observer).__name__, what, exc_info=True,
+        )  # fmt: skip

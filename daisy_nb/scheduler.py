@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -20,7 +21,7 @@ from .kernels import _jit
 from .kernels import graph as kg
 from .kernels import surface as ks
 from .kernels import tables as kt
-from .layout import pack_layouts
+from .layout import block_id_to_grid, pack_layouts
 from .task import Pipeline, Task, as_pipeline
 from .tracking import TrackingStore
 
@@ -29,12 +30,17 @@ if TYPE_CHECKING:
 
     from .task import Tasks
 
-__all__ = ["BlockBatch", "DependencyGraph", "Scheduler", "TaskState", "WorkerCounters"]
+__all__ = [
+    "BlockBatch", "BlockDescription", "BlockStates", "DependencyGraph", "Scheduler", "TaskCounts", "TaskState",
+    "WorkerCounters",
+]
 
 logger = logging.getLogger(__name__)
+_daisy_logger = logging.getLogger("daisy")  # messages daisy 2.0.0 logs, on its logger
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-_US_BLOCK, _US_PER_DOWNSTREAM = 50, 7  # plain-Python kernel cost of one block (see Scheduler.__init__)
+_US_BLOCK, _US_PER_DOWNSTREAM = 30, 7  # plain-Python kernel cost of one block (see Scheduler.__init__)
+_PACE_SECS = 1.0  # hand-outs watched before a deferred compile decision (Scheduler._pace)
 
 
 class BlockBatch(NamedTuple):
@@ -62,6 +68,41 @@ class BlockBatch(NamedTuple):
                 self.write_offset.tolist(), self.write_shape.tolist(), self.index.tolist(),
             )
         ]
+
+
+class BlockDescription(NamedTuple):
+    """Blocks of one task described by their rows (:meth:`Scheduler.describe`): int64 arrays,
+    one entry (offsets and shapes: one row of ``ndim`` values) per row asked for."""
+
+    block_id: np.ndarray  # int64[k]
+    read_offset: np.ndarray  # int64[k, nd]
+    read_shape: np.ndarray
+    write_offset: np.ndarray
+    write_shape: np.ndarray
+
+
+class TaskCounts(NamedTuple):
+    """One task's block counts now (:meth:`Scheduler.counts`; cheaper than ``task_states``)."""
+
+    total: int
+    ready: int
+    processing: int
+    completed: int  # skipped blocks included, as daisy counts them
+    skipped: int
+    failed: int
+    orphaned: int
+
+
+class BlockStates(NamedTuple):
+    """Read-only views of one task's per-row state (:meth:`Scheduler.block_states`), indexed by row.
+
+    ``status``: ``kernels.tables`` codes (PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED);
+    ``preskip``: 1 done by block tracking, 2 skipped by ``skip_mask``; ``retries``: failed
+    attempts so far. The views follow the run (no copy): read them, never write."""
+
+    status: np.ndarray  # uint8[num_blocks]
+    preskip: np.ndarray
+    retries: np.ndarray
 
 
 class WorkerCounters:
@@ -283,12 +324,22 @@ class Scheduler:
             m += sum(int(self._edge_max_down[k]) for k in self._tptr[3][self._tptr[2][t] : self._tptr[2][t + 1]])
             cap = max(cap, m)
         # Compiled kernels pay off only for enough work (kernels/_jit.py): a block costs the
-        # plain-Python kernels ~30 µs (batch API) to ~95 µs (per-block API, which rebuilds
-        # the packed views twice per block) plus ~7 µs per entry of its downstream list
-        # (measured 1-D to 3-D, 1-3 tasks), so from ~2k blocks (3-D, conflicts, two
-        # tasks) to ~10k (1-D, one task) the scheduler compiles.
+        # plain-Python kernels ~20 µs (batch API) to ~40 µs (per-block API; the plain twin of
+        # kernels.surface.step builds its views once) plus ~7 µs per entry of its downstream
+        # list (measured 1-D to 3-D, 1-3 tasks), so from ~4k blocks (3-D, conflicts, two
+        # tasks) to ~16k (1-D, one task) the scheduler compiles: 12,800 blocks handed out
+        # one by one to Clients (~0.5 s of plain kernels) no longer pay numba's ~0.6 s.
+        # When the work is between the price and twice it, whether compiling pays depends on
+        # how fast blocks are handed out (_jit.compile_pays): decided after the first
+        # _PACE_SECS of hand-outs from their rate (_pace), in plain Python until then.
         N = sum(lay.num_blocks for lay in layouts)
-        _jit.need(N * (_US_BLOCK + _US_PER_DOWNSTREAM * cap))
+        self._us_block = _US_BLOCK + _US_PER_DOWNSTREAM * cap
+        work = N * self._us_block
+        self._pace_state: list | None = None  # [first hand-out (monotonic), blocks handed out] while deciding
+        if _jit.mode() == "auto" and not _jit.compiled() and _jit.COMPILE_AT <= work < 2 * _jit.COMPILE_AT:
+            self._pace_state = [None, 0]
+        else:
+            _jit.need(work)
 
         # state: packed into one int64 and one uint8 buffer (see kernels/surface.py);
         # the attributes below are views into them
@@ -395,7 +446,27 @@ class Scheduler:
         n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE, t, max_n, 0, out, self._no_codes)
         if n < 0:
             raise RuntimeError("internal error: scratch buffer too small")
+        if self._pace_state is not None:
+            self._pace(n)
         return n
+
+    def _pace(self, n: int) -> None:
+        """The deferred compile decision (see ``__init__``): count hand-outs; after ``_PACE_SECS``,
+        tell ``_jit`` the work left and how much of it comes per second at the rate seen."""
+        p = self._pace_state
+        if p is None:
+            return
+        now = time.monotonic()
+        if p[0] is None:
+            p[0] = now
+        p[1] += n
+        elapsed = now - p[0]
+        if elapsed < _PACE_SECS:
+            return
+        self._pace_state = None
+        rate = p[1] / elapsed  # blocks handed out per second
+        left = max(0, self.num_blocks_total - p[1])
+        _jit.need(left * self._us_block, per_sec_us=rate * self._us_block)
 
     def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
         start = 0
@@ -424,13 +495,9 @@ class Scheduler:
 
     def block_rois(self, t: int, block_id: int) -> dict | None:
         """``{"read_roi", "write_roi"}`` (offset/shape lists) of block ``block_id`` of task ``t``, or None."""
-        from daisy_nb.dashboard.live import block_id_to_grid
-
-        g = block_id_to_grid(self._layouts[t], int(block_id))
-        if g is None:
+        row = self.row_of(self.task_ids[t], block_id)
+        if row is None:
             return None
-        tt = self._tt
-        row = int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, np.asarray(g, np.int64)))
         _, ro, rs, wo, ws = self._describe(t, np.full(1, row, np.int64))
         return {
             "read_roi": {"offset": ro[0].tolist(), "shape": rs[0].tolist()},
@@ -459,11 +526,19 @@ class Scheduler:
         assert fn is not None  # called for tasks with a check_function only
         try:
             return bool(fn(block))
-        except Exception:
+        except Exception as e:  # the user's check: any error means "not done", as in daisy
             tid = self.task_ids[t]
             if tid not in self._check_warned:
                 self._check_warned.add(tid)
-                logger.warning("check_function of task %r raised; treating blocks as not done", tid, exc_info=True)
+                import traceback
+
+                frames = e.__traceback__.tb_next if e.__traceback__ is not None else None  # from the user's frame
+                tb = "".join(traceback.format_exception(type(e), e, frames)).rstrip()
+                _daisy_logger.warning(
+                    'check_function for task "%s" raised; treating block %s/%s as not done, so it will be '
+                    "(re)processed. Further check failures for this task will not be logged:\n%s",
+                    tid, tid, block.block_id[1], tb,
+                )  # fmt: skip
             return False
 
     # -- daisy's per-block API --------------------------------------------------------
@@ -481,6 +556,8 @@ class Scheduler:
                 if n < 0:
                     raise RuntimeError("internal error: scratch buffer too small")
                 return None
+            if self._pace_state is not None:
+                self._pace(1)
             v = out.tolist()
             row = v[0]
             block = Block._make(task_id, v[1], (tuple(v[2 : 2 + nd]), tuple(v[2 + nd : 2 + 2 * nd])),
@@ -591,6 +668,8 @@ class Scheduler:
             n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
             if n < 0:
                 raise RuntimeError("internal error: scratch buffer too small")
+            if n and self._pace_state is not None:
+                self._pace(1)
             return [out.tolist()] if n else []
         b = self.acquire_blocks(task_id, max_n)
         cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)
@@ -603,6 +682,67 @@ class Scheduler:
             self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
         else:
             self._release_one(self._tindex[task_id], index[0], status[0])
+
+    # -- public reads (the dashboard, the hang alarm, tools: nothing here changes state) ----
+    def _tid(self, task_id) -> int:
+        t = self._tindex.get(task_id)
+        if t is None:
+            raise KeyError(f"no task {task_id!r} in this scheduler")
+        return t
+
+    def describe(self, task_id, rows) -> BlockDescription:
+        """Block ids, read and write ROIs (offsets and shapes) of rows ``rows`` of ``task_id``."""
+        t = self._tid(task_id)
+        r = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
+        if len(r) and (int(r.min()) < 0 or int(r.max()) >= self._nblocks[t]):
+            raise ValueError(f"rows of task {task_id!r} are 0..{self._nblocks[t] - 1}")
+        ids, ro, rs, wo, ws = self._describe(t, r)
+        return BlockDescription(ids, ro, rs, wo, ws)
+
+    def row_of(self, task_id, block_id: int) -> int | None:
+        """The row of the block with id ``block_id`` in ``task_id``, or None if it is not one of its blocks."""
+        t = self._tid(task_id)
+        g = block_id_to_grid(self._layouts[t], int(block_id))
+        if g is None:
+            return None
+        tt = self._tt
+        return int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, np.asarray(g, np.int64)))
+
+    def rows_in_grid_box(self, task_id, lo, hi) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, block ids)`` of the blocks at grid positions in ``[lo, hi)`` (C order), clipped to the grid."""
+        t = self._tid(task_id)
+        lay = self._layouts[t]
+        nd = lay.ndim
+        lo_c = [max(0, min(int(lo[d]), int(lay.grid_shape[d]))) for d in range(nd)]
+        hi_c = [max(lo_c[d], min(int(hi[d]), int(lay.grid_shape[d]))) for d in range(nd)]
+        n = 1
+        for d in range(nd):
+            n *= hi_c[d] - lo_c[d]
+        tt = self._tt
+        maxnd = tt.geo.shape[2]
+        lo_a, hi_a = np.zeros(maxnd, np.int64), np.zeros(maxnd, np.int64)
+        lo_a[:nd], hi_a[:nd] = lo_c, hi_c
+        rows, ids = np.empty(n, np.int64), np.empty(n, np.int64)
+        k = kg.grid_box_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, lo_a, hi_a, rows, ids) if n else 0
+        return rows[:k], ids[:k]
+
+    def block_states(self, task_id) -> BlockStates:
+        """Read-only views of ``task_id``'s per-row status, preskip and retries (see :class:`BlockStates`)."""
+        t = self._tid(task_id)
+        base = int(self._tt.info[t, kt.I_BLOCK_BASE])
+        out = []
+        for a in (self.status, self.preskip, self.retries):
+            v = a[base : base + self._nblocks[t]]
+            v.flags.writeable = False
+            out.append(v)
+        return BlockStates(*out)
+
+    def counts(self, task_id) -> TaskCounts:
+        """``task_id``'s block counts now (see :class:`TaskCounts`)."""
+        t = self._tid(task_id)
+        item = self.cnt.item
+        return TaskCounts(self._nblocks[t], item(t, kt.C_READY), item(t, kt.C_PROC), item(t, kt.C_COMPLETED),
+                          item(t, kt.C_SKIPPED), item(t, kt.C_FAILED), item(t, kt.C_ORPHANED))
 
     # -- state --------------------------------------------------------------------------
     def ready_count(self, task_id: str) -> int:

@@ -42,6 +42,7 @@ def warmup() -> float:
     from .graph import BlockwiseDependencyGraph
     from .kernels import block_id as kb
     from .kernels import surface as ks
+    from .layout import pack_layouts
     from .scheduler import Scheduler
     from .task import Task
 
@@ -68,7 +69,7 @@ def warmup() -> float:
     # c reaches past a: its far blocks read nothing of a and are ready from the start
     c = Task("c", Roi((0, 0), (15, 15)), Roi((0, 0), (4, 4)), Roi((1, 1), (2, 2)), tracking_path=False)
     s = Scheduler(a + c)
-    tt = s._tt
+    tt = pack_layouts([a.layout, c.layout])  # the tables rows_to_cells reads (tracking), as the Scheduler packs them
     ks.rows_to_cells(
         tt.geo,
         tt.info,
@@ -82,7 +83,7 @@ def warmup() -> float:
         np.zeros(1, np.int64),
     )
     first = True
-    a_block = None
+    a_block = c_block = None
     while True:
         batch = s.acquire_blocks("a", 4)
         blk = s.acquire_block("c")
@@ -97,9 +98,10 @@ def warmup() -> float:
                 first = False
             s.release_blocks("a", batch.index, codes)
         if blk is not None:
+            c_block = c_block or blk
             blk.status = BlockStatus.SUCCESS
             s.release_block(blk)
-    s.dependency_graph.upstream(s._batch("c", 1, np.zeros(1, np.int64)).blocks()[0])
+    s.dependency_graph.upstream(c_block)
     s.dependency_graph.downstream(a_block)
     _done = _jit.compiled()
     return time.perf_counter() - t0

@@ -43,3 +43,28 @@ def test_benchmark_quick(script):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| " in r.stdout  # printed its markdown table
+
+
+@pytest.mark.slow
+def test_run_suite_under_load_reports_the_failures_and_ends_its_hogs(tmp_path):
+    """The suite-under-load runner on two tiny tests, one failing: it names that one, returns
+    pytest's exit code, and none of its hogs outlives it."""
+    import psutil
+
+    t = tmp_path / "test_tiny_under_load.py"
+    t.write_text("def test_ok():\n    assert True\n\n\ndef test_bad():\n    assert 1 == 2, 'on purpose'\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run_suite_under_load.py"), "--hogs", "1", "--", str(t)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "1 test(s) failed under load" in r.stdout
+    assert "test_tiny_under_load::test_bad" in r.stdout and "on purpose" in r.stdout
+    pids = [int(line.split()[-1]) for line in r.stdout.splitlines() if line.startswith("hog pid ")]
+    assert len(pids) == 1
+    assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE

@@ -146,3 +146,49 @@ def test_status_groups_the_failures_of_the_worker_logs(tmp_path, monkeypatch, no
         text=True,
     )
     assert r.returncode == 2 and "--logs" in r.stderr
+
+
+# -- structured errors (errors.WorkerError): grouped by their fields, no parsing -------------
+def test_structured_errors_group_as_their_text_does():
+    from daisy_nb.errors import ErrorGroups, WorkerError
+
+    a, b = ErrorGroups("t"), ErrorGroups("t")
+    for bid in (7, 91):
+        msg = f"index {bid * 10} is out of bounds for axis 0 with size 1000"
+        tb = f'Traceback (most recent call last):\n  File "x.py", line 3, in f\nIndexError: {msg}\n'
+        err = WorkerError("IndexError", msg, tb, bid)
+        a.add(err)
+        b.add(err.text())
+    ga, gb = a.as_list(), b.as_list()
+    assert len(ga) == len(gb) == 1
+    for k in ("type", "shape", "count", "first_block", "last_block", "traceback"):
+        assert ga[0][k] == gb[0][k], k
+    assert ga[0]["count"] == 2 and (ga[0]["first_block"], ga[0]["last_block"]) == (7, 91)
+
+
+def test_structured_errors_need_no_naming_convention():
+    """The text path finds an exception by its name's ending (Error, Exception...); a class named
+    otherwise is a 'worker error' there, and its own name when sent structured."""
+    from daisy_nb.errors import ErrorGroups, WorkerError
+
+    class Boom(Exception):
+        pass
+
+    e = Boom("disk 3 is gone")
+    tb = 'Traceback (most recent call last):\n  File "x.py", line 1, in f\nBoom: disk 3 is gone\n'
+    g = ErrorGroups("t")
+    g.add(WorkerError.from_exception(e, tb, 5))
+    (only,) = g.as_list()
+    assert (only["type"], only["message"], only["first_block"]) == ("Boom", "disk 3 is gone", 5)
+    assert only["shape"] == "disk <n> is gone"
+    assert only["traceback"].startswith("block 5 failed:\nTraceback")
+
+
+def test_a_structured_worker_message_without_traceback():
+    from daisy_nb.errors import ErrorGroups, WorkerError
+
+    g = ErrorGroups("t")
+    g.add(WorkerError("worker error", "daisy worker process exited with code 1"))
+    (only,) = g.as_list()
+    assert only["type"] == "worker error" and only["first_block"] is None
+    assert only["traceback"] == "daisy worker process exited with code 1"

@@ -88,3 +88,45 @@ def test_no_import_circles():
 
 def test_cycle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_layer_contracts_hold():
+    """pyproject.toml's [tool.importlinter] contracts (also a step of .ci/run): the core imports no
+    runtime or dashboard, worker-side modules no numpy/numba, observers only the runtime's snapshots."""
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    exe = shutil.which("lint-imports") or os.path.join(os.path.dirname(sys.executable), "lint-imports")
+    if not os.path.exists(exe):
+        pytest.skip("import-linter is not installed (pip install -e .[test])")
+    root = os.path.dirname(PKG_DIR)
+    env = dict(os.environ, PYTHONPATH=root)
+    r = subprocess.run([exe, "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout
+
+
+def test_the_core_contract_would_catch_a_scheduler_importing_the_dashboard(tmp_path):
+    """The contract is not vacuous: the same configuration on a copy where scheduler.py imports the
+    dashboard again (as it did for block_id_to_grid) is reported broken."""
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    exe = shutil.which("lint-imports") or os.path.join(os.path.dirname(sys.executable), "lint-imports")
+    if not os.path.exists(exe):
+        pytest.skip("import-linter is not installed (pip install -e .[test])")
+    root = os.path.dirname(PKG_DIR)
+    shutil.copytree(PKG_DIR, tmp_path / "daisy_nb", ignore=shutil.ignore_patterns("__pycache__", "static"))
+    shutil.copy(os.path.join(root, "pyproject.toml"), tmp_path / "pyproject.toml")
+    sched = tmp_path / "daisy_nb" / "scheduler.py"
+    sched.write_text(sched.read_text() + "\n\ndef _bad():\n    from daisy_nb.dashboard.live import Tee  # noqa\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    r = subprocess.run([exe, "--no-cache"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "daisy_nb.scheduler is not allowed to import daisy_nb.dashboard" in r.stdout

@@ -109,7 +109,8 @@ def test_large_run_compiles_and_small_pieces_add_up(tmp_path):
         out = {}
         daisy.Scheduler([small(10)])
         out["after_10"] = "numba" in sys.modules
-        per_block = 50 + 7  # the Scheduler's estimate for this pipeline (one downstream entry)
+        from daisy_nb.scheduler import _US_BLOCK, _US_PER_DOWNSTREAM
+        per_block = _US_BLOCK + _US_PER_DOWNSTREAM  # the Scheduler's estimate for this pipeline (one downstream entry)
         n = _jit.COMPILE_AT // per_block // 3
         for i in range(2):
             daisy.Scheduler([small(n)])

@@ -34,8 +34,8 @@ from collections import OrderedDict, deque
 import numpy as np
 
 from daisy_nb.kernels import tables as kt
-from daisy_nb.progress import _ran
-from daisy_nb.runtime.local.records import job_text
+from daisy_nb.layout import _id_in_box, block_id_to_grid, inverse_cantor  # noqa: F401  (moved; imported from here before)
+from daisy_nb.progress import _ran, call_observer
 
 from . import picture as pic
 from .timeline import Timeline
@@ -58,47 +58,6 @@ _LIST_PRIORITY[[kt.FAILED, kt.ORPHANED, kt.PROCESSING, kt.READY, kt.PENDING, kt.
 WANT_SECS = 3.0  # copy the worker table while a page asked within this many seconds
 MAX_ERRORS = 100
 MAX_LISTED = 12  # blocks described per clicked pixel
-
-
-def inverse_cantor(n: int, nd: int) -> tuple[int, ...]:
-    """The grid index whose :func:`daisy_nb.block.cantor_number` is ``n`` (exact integers)."""
-    from math import comb
-
-    out = [0] * nd
-    rem = int(n)
-    for k in range(nd, 1, -1):
-        # largest s with C(s + k - 1, k) <= rem
-        lo, hi = 0, 1
-        while comb(hi + k - 1, k) <= rem:
-            hi *= 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if comb(mid + k - 1, k) <= rem:
-                lo = mid
-            else:
-                hi = mid
-        rem -= comb(lo + k - 1, k)
-        out[k - 1] = lo  # temporarily the partial sum S_k
-    if nd:
-        out[0] = rem
-        # partial sums -> coordinates: x_{k-1} = S_k - S_{k-1}, S_1 = x_0
-        sums = [rem] + out[1:]
-        out = [sums[0]] + [sums[i] - sums[i - 1] for i in range(1, nd)]
-    return tuple(out)
-
-
-def block_id_to_grid(layout, block_id: int) -> tuple[int, ...] | None:
-    """Grid position of a block id in a task's block grid, or None if it is not a block."""
-    return _id_in_box(block_id, layout.id_offset, layout.grid_shape)
-
-
-def _id_in_box(block_id: int, offset, shape) -> tuple[int, ...] | None:
-    """Position of the cell ``block_id`` in the box of ``shape`` at ``offset`` (cells), or None outside it."""
-    cell = inverse_cantor(block_id, len(shape))
-    g = tuple(int(c - o) for c, o in zip(cell, offset))
-    if any(not 0 <= v < s for v, s in zip(g, shape)):
-        return None
-    return g
 
 
 def find_traceback_in_logs(log_base, task_id: str, block_id: int, max_bytes: int = 4 << 20) -> str | None:
@@ -144,10 +103,7 @@ class Tee:
     def _both(self, what, states):
         for obs in (self.source, self.user):
             if obs is not None:
-                try:
-                    getattr(obs, what)(states)
-                except Exception:
-                    pass
+                call_observer(obs, what, states)  # one that raises: reported once, the other still called
 
     def on_start(self, states):
         self._both("on_start", states)
@@ -161,21 +117,13 @@ class Tee:
     def on_worker_job(self, info):
         """A launcher's job report (``daisy_nb.launch``): the user's observer gets it (the worker
         list reads the pool's table)."""
-        hook = getattr(self.user, "on_worker_job", None)
-        if hook is not None:
-            try:
-                hook(info)
-            except Exception:
-                pass
+        if self.user is not None:
+            call_observer(self.user, "on_worker_job", info)
 
     def on_alarm(self, event):
         for obs in (self.source, self.user):
-            fn = getattr(obs, "on_alarm", None)
-            if fn is not None:
-                try:
-                    fn(event)
-                except Exception:
-                    pass
+            if obs is not None:
+                call_observer(obs, "on_alarm", event)
 
     def attach_runtime(self, runtime):
         self.source.attach_runtime(runtime)
@@ -313,10 +261,7 @@ class LiveSource:
         rt = self.runtime
         trs = getattr(rt, "trs", None)
         if trs:  # the pool's own per-task times: blocks/s as in the execution summary
-            try:
-                self.elapsed = {tid: tr.elapsed(now) for tid, tr in trs.items()}
-            except Exception:
-                self.elapsed = {}
+            self.elapsed = {tid: tr.elapsed(now) for tid, tr in trs.items()}
         self._take(states, now)
         with self.lock:
             self.workers = []
@@ -353,50 +298,25 @@ class LiveSource:
                         self.tracebacks.popitem(last=False)
 
     def _copy_workers(self, now: float) -> None:
-        """Copy the pool's worker table (on the runtime's thread: no locking in the pool)."""
-        pool = self.runtime
-        try:
-            from daisy_nb.runtime.local import _shm
-            from daisy_nb.runtime.local import records as wp
-
-            state_names = {
-                wp.STARTING: "starting",
-                wp.IDLE: "idle",
-                wp.BUSY: "busy",
-                wp.PARKED: "parked",
-                wp.QUITTING: "quitting",
-                wp.DEAD: "dead",
-            }
-
-            held = {}
-            for cc in list(getattr(pool, "clients", {}).values()):
-                if cc.held:
-                    held[cc.wid] = next(iter(cc.held))
-            out = []
-            for w in list(pool.workers.values()):
-                row = held.get(w.wid)
-                since = None
-                if row is None and w.queue and w.bufs is not None:
-                    k, idx = w.queue[0]
-                    c = int(w.bufs[k][_shm.H_CUR])
-                    if 0 <= c < len(idx):
-                        row = int(idx[c])
-                        since = int(w.bufs[k][_shm.H_START]) / 1e9
+        """Copy the runtime's worker table (``worker_snapshots()``, typed snapshots built on the
+        runtime's thread: see ``daisy_nb/runtime/snapshot.py``); a runtime without one shows none."""
+        snap = getattr(self.runtime, "worker_snapshots", None)
+        out = []
+        if snap is not None:
+            for w in snap():
                 out.append(
                     {
-                        "id": int(w.wid),
-                        "task": w.tr.tid,
-                        "pid": int(w.proc.pid) if w.proc else None,
-                        "state": state_names.get(w.state, str(w.state)),
+                        "id": w.worker_id,
+                        "task": w.task_id,
+                        "pid": w.pid,
+                        "state": w.state,
                         "alive": True,
-                        "row": row,
-                        "age_s": round(now - w.t_spawn, 1),
-                        "since": since,
-                        "job": job_text(getattr(w, "job", None)),
+                        "row": w.row,
+                        "age_s": round(now - w.spawned, 1),
+                        "since": w.since,
+                        "job": w.job,
                     }
                 )
-        except Exception:  # the pool changed shape under us (another runtime): show nothing
-            out = []
         with self.lock:
             old = {w["id"]: w for w in self.workers}
             cur = {w["id"] for w in out}
@@ -413,19 +333,14 @@ class LiveSource:
         with self.lock:
             states, t, sched, fin = self.states, self.t_states, self.scheduler, self.finished
         if sched is not None and not fin and (states is None or now - t > 1.0):
-            try:
-                states = sched.task_states
-            except Exception:
-                return states
+            states = sched.task_states  # plain reads of the scheduler's arrays and counters
             self._take(states, now)
         return states
 
-    def _block_ids(self, t: int, rows: list) -> list:
-        s = self.scheduler
+    def _block_ids(self, tid: str, rows: list) -> list:
         if not rows:
             return []
-        ids = s._describe(t, np.asarray(rows, np.int64))[0]
-        return [int(v) for v in ids]
+        return [int(v) for v in self.scheduler.describe(tid, rows).block_id]
 
     def state(self) -> dict:
         """``GET /api/state``."""
@@ -451,8 +366,8 @@ class LiveSource:
                     rows_by_task.setdefault(w["task"], []).append(w)
             for tid, ws in rows_by_task.items():
                 try:
-                    ids = self._block_ids(s.task_ids.index(tid), [w["row"] for w in ws])
-                except Exception:
+                    ids = self._block_ids(tid, [w["row"] for w in ws])
+                except (KeyError, ValueError):  # a worker of a task (or row) this scheduler does not have
                     ids = [None] * len(ws)
                 for w, bid in zip(ws, ids):
                     w["block_id"] = bid
@@ -562,13 +477,10 @@ class LiveSource:
             final = self.finished
             t0 = time.perf_counter()
             out = {}
-            base = 0
             for tid in s.task_ids:
                 lay = s.tasks[tid].layout
-                n = int(lay.num_blocks)
-                st, sk = s.status[base : base + n], s.preskip[base : base + n]
-                out[tid] = pic.picture(lay.grid_shape, pic.live_slabs(lay, st, sk))
-                base += n
+                bs = s.block_states(tid)
+                out[tid] = pic.picture(lay.grid_shape, pic.live_slabs(lay, bs.status, bs.preskip))
             self._pics_cost = time.perf_counter() - t0
             self._pics_t = time.monotonic()
             self._pics = {"tasks": out, "t": time.time()}
@@ -581,45 +493,35 @@ class LiveSource:
         tid = str(query.get("task"))
         if s is None or tid not in s.tasks:
             raise KeyError(f"no task {tid!r}")
-        from daisy_nb.kernels import graph as kg
-
-        t = s.task_ids.index(tid)
         lay = s.tasks[tid].layout
-        base = int(s._tt.info[t, kt.I_BLOCK_BASE])
         if "block_id" in query:
             g = block_id_to_grid(lay, int(query["block_id"]))
             boxes = [] if g is None else [(g, tuple(v + 1 for v in g))]
         else:
             pl = pic.PictureLayout(lay.grid_shape)
             boxes = pl.pixel_box(int(query.get("panel", 0)), int(query["r"]), int(query["c"]))
-        tt = s._tt
         parts = []
         for lo, hi in boxes:
             n = int(np.prod(np.subtract(hi, lo)))
             if n <= 0 or n > 4_000_000:
                 continue
-            out_rows, out_ids = np.empty(n, np.int64), np.empty(n, np.int64)
-            lo_a = np.zeros(tt.geo.shape[2], np.int64)
-            hi_a = np.zeros(tt.geo.shape[2], np.int64)
-            lo_a[: len(lo)], hi_a[: len(hi)] = lo, hi
-            k = kg.grid_box_rows(
-                tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, lo_a, hi_a, out_rows, out_ids
-            )
-            parts.append(out_rows[:k])
+            parts.append(s.rows_in_grid_box(tid, lo, hi)[0])
         rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        st = s.status[base + rows]
+        bs = s.block_states(tid)
+        st = bs.status[rows]
         n_codes = len(_STATUS_NAMES)
         counts = {_STATUS_NAMES[i]: int(c) for i, c in enumerate(np.bincount(st, minlength=n_codes)[:n_codes]) if c}
         prio = _LIST_PRIORITY[np.minimum(st, n_codes - 1)]
         pick = rows[np.argsort(prio, kind="stable")[:MAX_LISTED]]
         blocks = []
         if len(pick):
-            ids, ro, rs, wo, ws = s._describe(t, pick)
+            d = s.describe(tid, pick)
             for i, row in enumerate(pick.tolist()):
-                code = int(s.status[base + row])
-                bid = int(ids[i])
+                code = int(bs.status[row])
+                bid = int(d.block_id[i])
+                retries = int(bs.retries[row])
                 tb = None
-                if code == kt.FAILED or int(s.retries[base + row]) > 0:
+                if code == kt.FAILED or retries > 0:
                     with self.lock:
                         tb = self.tracebacks.get((tid, bid))
                     if tb is None:
@@ -629,10 +531,10 @@ class LiveSource:
                         "block_id": bid,
                         "row": int(row),
                         "status": _STATUS_NAMES.get(code, str(code)),
-                        "skipped": bool(code == kt.DONE and s.preskip[base + row]),
-                        "failed_attempts": int(s.retries[base + row]) + (1 if code == kt.FAILED else 0),
-                        "read_roi": {"offset": ro[i].tolist(), "shape": rs[i].tolist()},
-                        "write_roi": {"offset": wo[i].tolist(), "shape": ws[i].tolist()},
+                        "skipped": bool(code == kt.DONE and bs.preskip[row]),
+                        "failed_attempts": retries + (1 if code == kt.FAILED else 0),
+                        "read_roi": {"offset": d.read_offset[i].tolist(), "shape": d.read_shape[i].tolist()},
+                        "write_roi": {"offset": d.write_offset[i].tolist(), "shape": d.write_shape[i].tolist()},
                         "traceback": tb,
                     }
                 )

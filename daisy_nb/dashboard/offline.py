@@ -180,7 +180,7 @@ class TrackingSource:
                         found: list = []
                         out[name] = pic.picture(shape, pic.tracking_slabs(reader, lo, hi, found))
                         self._failed[name] = found
-                except Exception:  # unreadable right now (being rewritten): keep the last one
+                except (OSError, ValueError, RuntimeError):  # unreadable right now (being rewritten): keep the last one
                     if self._pics and name in self._pics["tasks"]:
                         out[name] = self._pics["tasks"][name]
             self._pics = {"tasks": out, "t": time.time()}
@@ -189,8 +189,7 @@ class TrackingSource:
 
     def block(self, query: dict) -> dict:
         from daisy_nb.block import cantor_number
-
-        from .live import _id_in_box
+        from daisy_nb.layout import _id_in_box
 
         name = str(query.get("task"))
         t = self.targets.get(name)
@@ -336,10 +335,12 @@ def main(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"daisy_nb dashboard: error: {e}", file=sys.stderr)
         return 2
-    print(f"daisy_nb dashboard (read-only, {len(source.targets)} task(s) from block tracking): {dash.url}", flush=True)
     stop = threading.Event()
     old = signal.signal(signal.SIGTERM, lambda *a: stop.set())
-    try:
+    try:  # Ctrl-C as soon as the URL is printed ends it as cleanly as later (exit code 0)
+        print(
+            f"daisy_nb dashboard (read-only, {len(source.targets)} task(s) from block tracking): {dash.url}", flush=True
+        )
         while not stop.wait(0.5):
             pass
     except KeyboardInterrupt:

@@ -114,4 +114,4 @@ def write_for_run(path, source) -> None:
     except Exception as e:  # a report must not turn a finished run into a failed one
         import logging
 
-        logging.getLogger("daisy").warning("daisy_nb: could not write the run report %s: %r", path, e)
+        logging.getLogger("daisy").warning("daisy_nb: could not write the run report %s: %r", path, e, exc_info=True)

@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import secrets
 import socket
 import threading
@@ -207,7 +208,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(404, "not found")
         except (BrokenPipeError, ConnectionResetError):
             pass
-        except Exception as e:  # a bug here must not take the run down; the page shows it
+        except Exception as e:  # a bug here must not take the run down; the page shows it, the log has it
+            logging.getLogger("daisy").warning(
+                "daisy_nb dashboard: %s %s failed", self.command, self.path, exc_info=True
+            )
             try:
                 self._error(500, f"{type(e).__name__}: {e}")
             except OSError:

@@ -47,6 +47,7 @@ __all__ = [
     "inline_kernel",
     "kernel",
     "mode",
+    "compile_pays",
     "need",
     "set_mode",
     "use_numba",
@@ -69,6 +70,9 @@ else:
 # counts in microseconds of plain-Python kernel work; callers estimate theirs (the
 # Scheduler from its block count and downstream fan-out, the graph per block).
 COMPILE_AT = 600_000
+# Below this share of a core the plain kernels never hold up a hand-out (blocks handed out
+# slowly: long blocks, one by one, to a few workers); see compile_pays.
+BUSY_SHARE = 0.05
 # how long a compile from an empty cache takes (the kernels of a run, 2-core machine)
 COMPILE_SECONDS = 15
 WARMUP_SECONDS = 20  # every kernel (python -m daisy_nb warmup)
@@ -77,6 +81,7 @@ _HERE = Path(__file__).parent
 KERNEL_MODULES = ("block_id", "graph", "surface")  # the modules that define kernels
 _PKG = __name__.rpartition(".")[0]  # daisy_nb.kernels
 _kernels: dict = {}  # py_func -> options, in definition order
+_twins: dict = {}  # py_func -> its plain-Python twin (what plain mode calls instead; see plain_twin)
 _dispatchers: dict = {}  # py_func -> numba dispatcher (made once)
 _compiled = False
 _plain_work = 0.0
@@ -106,6 +111,17 @@ inline_kernel = _register(nogil=True, cache=CACHE, inline="always")
 # those were three quarters of a release. Such a kernel and everything it calls must not
 # allocate; they work on views of buffers the caller owns for the whole call.
 flat_kernel = _register(nogil=True, cache=CACHE, _nrt=False)
+
+
+def plain_twin(fn, twin):
+    """Plain mode calls ``twin`` for kernel ``fn`` (same arguments, same results); compiled mode
+    calls ``fn``'s dispatcher. For an entry point whose body pays in Python for what numba
+    does for free (``surface.step`` rebuilds 25 array views per call). Returns what the
+    module global should be bound to now."""
+    if fn not in _kernels:
+        raise ValueError(f"{fn.__name__} is not a kernel")
+    _twins[fn] = twin
+    return _dispatcher(fn, _kernels[fn]) if _compiled else twin
 
 
 def _dispatcher(fn, options):
@@ -180,6 +196,7 @@ def use_numba() -> None:
         _tell()  # before any progress bar is drawn: the scheduler's kernel is not cached
 
     mapping = {fn: _dispatcher(fn, opts) for fn, opts in _kernels.items()}
+    mapping.update({twin: mapping[fn] for fn, twin in _twins.items()})
     _rebind(mapping)
     _compiled = True
 
@@ -189,22 +206,40 @@ def use_python() -> None:
     global _compiled
     if not _compiled:
         return
-    _rebind({d: fn for fn, d in _dispatchers.items()})
+    _rebind({d: _twins.get(fn, fn) for fn, d in _dispatchers.items()})
     _compiled = False
 
 
-def need(us: float) -> None:
-    """Kernel work is coming that would take ``us`` microseconds in plain Python.
+def compile_pays(work_us: float, per_sec_us: float | None = None) -> bool:
+    """Whether compiling pays for ``work_us`` microseconds of plain-Python kernel work.
 
-    Compiles when this work alone, or with all plain work of the process so far, would
-    cost more than loading the compiled kernels (:data:`COMPILE_AT`): a rent-or-buy rule,
-    at most about twice the better choice's cost in hindsight, whatever comes next.
+    ``per_sec_us``: how much of that work comes per second of the run, when known (blocks
+    handed out per second x microseconds per block). Loading numba and the kernels costs
+    :data:`COMPILE_AT` once; compiled kernels cost next to nothing per block. So compiling
+    pays once the plain work reaches that price (rent or buy: at most about twice the
+    better choice's cost in hindsight). When the work is spread thin (the plain kernels
+    would use under :data:`BUSY_SHARE` of a core) they never delay a hand-out, and the
+    load, paid at once, must save its price twice over (``2 x COMPILE_AT``) to be worth it.
+    """
+    if work_us < COMPILE_AT:
+        return False
+    if per_sec_us is not None and per_sec_us < BUSY_SHARE * 1e6:
+        return work_us >= 2 * COMPILE_AT
+    return True
+
+
+def need(us: float, per_sec_us: float | None = None) -> None:
+    """Kernel work is coming that would take ``us`` microseconds in plain Python (``per_sec_us``
+    of it per second of the run, when known).
+
+    Compiles when this work alone, or with all plain work of the process so far, makes
+    :func:`compile_pays` true.
     """
     global _plain_work
     if _compiled or _MODE == "python":
         return
     _plain_work += us
-    if _MODE == "numba" or _plain_work >= COMPILE_AT:
+    if _MODE == "numba" or compile_pays(_plain_work, per_sec_us):
         use_numba()
 
 

@@ -5,7 +5,13 @@ only for the importers that other branches of this change still have. Standard l
 
 from __future__ import annotations
 
-from daisy_nb.runtime.common.run_block import TB_CAP_BYTES, TB_CAP_LINES, cap_traceback, format_exception
+from daisy_nb.runtime.common.run_block import (
+    TB_CAP_BYTES,
+    TB_CAP_LINES,
+    TB_TRUNCATED,
+    cap_traceback,
+    format_exception,
+)
 from daisy_nb.runtime.common.worker_state import (
     bind,
     bind_report,
@@ -18,6 +24,7 @@ from daisy_nb.runtime.common.worker_state import (
 __all__ = [
     "TB_CAP_BYTES",
     "TB_CAP_LINES",
+    "TB_TRUNCATED",
     "bind",
     "bind_report",
     "cap_traceback",

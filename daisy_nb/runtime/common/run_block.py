@@ -23,9 +23,19 @@ DONE = 2
 FAILED = 3
 
 
+TB_TRUNCATED = "... (traceback truncated) ..."
+
+
 def cap_traceback(tb: str) -> str:
-    """The last ``TB_CAP_LINES`` lines of ``tb``, at most ``TB_CAP_BYTES`` characters."""
-    return "\n".join(tb.splitlines()[-TB_CAP_LINES:])[-TB_CAP_BYTES:]
+    """The last ``TB_CAP_LINES`` lines of ``tb``, then its last ``TB_CAP_BYTES`` characters; a
+    shortened one starts with daisy 2.0.0's ``... (traceback truncated) ...`` line."""
+    lines = tb.splitlines()
+    cut = len(lines) > TB_CAP_LINES
+    if cut:
+        tb = "\n".join(lines[-TB_CAP_LINES:])
+    if len(tb) > TB_CAP_BYTES:
+        tb, cut = tb[-TB_CAP_BYTES:], True
+    return f"{TB_TRUNCATED}\n{tb}" if cut else tb
 
 
 def format_exception(e: BaseException) -> str:

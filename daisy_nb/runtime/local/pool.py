@@ -15,7 +15,7 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   owns the run records, the dispatch across tasks (which task gets a worker,
   abandonment), the listener and what connecting workers are told (address, secret,
   timeouts: ``DAISY_CONTEXT``), the main loop, and ``run_pool``. The dashboard and the
-  hang alarm read :meth:`_Pool.worker_snapshot` and :meth:`_Pool.running_blocks` (on the
+  hang alarm read :meth:`_Pool.worker_snapshots` and :meth:`_Pool.running_blocks` (on the
   runtime's thread) and set ``timeline``.
 * **Starting workers.** Up to ``max_workers`` per task, within the ``resources``
   budget, only while the task has more ready blocks than its idle workers can take;
@@ -70,6 +70,7 @@ from daisy_nb.runtime.local.processes import Processes
 from daisy_nb.runtime.net import address, liveness, transport
 from daisy_nb.runtime.net.server import Clients
 from daisy_nb.runtime.policy import end_run
+from daisy_nb.runtime.snapshot import RunningBlock, WorkerSnapshot
 
 __all__ = ["raise_if_abandoned", "run_pool"]
 
@@ -137,12 +138,6 @@ class _Pool:
     def workers(self) -> dict:
         """The worker processes (read-only; on the runtime's thread)."""
         return self.procs.workers
-
-    def worker_snapshot(self) -> list:
-        """Every worker process now (a list of :class:`.records.WorkerView`: id, task, kind, pid,
-        state name, the block row it runs and since when, start time, launcher job); on the
-        runtime's thread. What the dashboard and the hang alarm read instead of ``workers``."""
-        return self.procs.snapshot()
 
     @property
     def clients(self) -> dict:
@@ -365,9 +360,27 @@ class _Pool:
         if alarm is not None:
             alarm.close()
 
-    def running_blocks(self) -> list:
+    def running_blocks(self) -> list[RunningBlock]:
         """What runs now, per worker and Client connection (see ``daisy_nb.hang``)."""
-        return self.procs.running_blocks() + self.tcp.running_blocks()
+        return [RunningBlock.of(e) for e in self.procs.running_blocks() + self.tcp.running_blocks()]
+
+    def worker_snapshots(self) -> list[WorkerSnapshot]:
+        """Every worker process now, as the dashboard lists them (``runtime/snapshot.py``): the block
+        a worker function's job holds over TCP stands for its row; on the runtime's thread."""
+        held = {cc.wid: next(iter(cc.held)) for cc in list(self.tcp.clients.values()) if cc.held}
+        return [
+            WorkerSnapshot(
+                v.wid,
+                v.task,
+                v.state,
+                v.pid,
+                v.row if v.row is not None else held.get(v.wid),
+                v.since,
+                v.t_spawn,
+                v.job,
+            )  # fmt: skip
+            for v in self.procs.snapshot()
+        ]
 
     def shutdown(self) -> None:
         """End every worker (block workers: SIGKILL; worker functions: SIGTERM, SIGKILL after a
