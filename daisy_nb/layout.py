@@ -347,7 +347,7 @@ def block_id_to_grid(layout: BlockLayout, block_id: int) -> tuple[int, ...] | No
     return _id_in_box(block_id, layout.id_offset, layout.grid_shape)
 
 
-def _id_in_box(block_id: int, offset: Sequence[int], shape: Sequence[int]) -> tuple[int, ...] | None:
+def _id_in_box(block_id: int, offset: Any, shape: Any) -> tuple[int, ...] | None:
     """Position of the cell ``block_id`` in the box of ``shape`` at ``offset`` (cells), or None outside it."""
     cell = inverse_cantor(block_id, len(shape))
     g = tuple(int(c - o) for c, o in zip(cell, offset))
