@@ -1,7 +1,7 @@
 """Task geometry as small int64 arrays: the input of every kernel.
 
 :class:`BlockLayout` validates one task's ROIs once (bad input raises here,
-before any work starts) and derives daisy's block grid (CORE.md section 3):
+before any work starts) and derives daisy's block grid (docs/explanation/algorithms.md#levels):
 the total write ROI, the level stride, the level offsets and the conflict
 offsets between consecutive levels. Everything is expressed in *blocks*
 (grid steps of the write shape), so kernels never divide by the write shape.
@@ -77,7 +77,7 @@ def _is_numpy_bool(x: object) -> bool:
 def _periods(
     conflict: bool, fit_code: int, cul: Sequence[int], clr: Sequence[int], ws: Sequence[int], ts: Sequence[int]
 ) -> list[int]:
-    """The level stride in blocks per axis (CORE 3.2): 1 without conflicts; with them a
+    """The level stride in blocks per axis (docs/explanation/algorithms.md#level-stride): 1 without conflicts; with them a
     stride that rounds to zero is 0 and leaves no levels (no blocks)."""
     if not conflict:
         return [1] * len(ws)
@@ -119,7 +119,7 @@ def roi_tuple(roi: Any, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 class BlockLayout:
-    """Validated geometry of one task (CORE.md sections 2-3).
+    """Validated geometry of one task (docs/explanation/algorithms.md#notation).
 
     Parameters are daisy's: ``total_roi`` is the total *read* ROI, ``read_roi`` and
     ``write_roi`` the block templates (only their relative placement and shapes
@@ -188,7 +188,7 @@ class BlockLayout:
         # a run can start its worker template while numpy loads.
         ts = [s - a - b for s, a, b in zip(tr[1], cul, clr)]
         r = wr[1] if self.fit_code == FIT_VALID else (1,) * nd
-        # number of block positions per axis: p = 0, ws, 2ws, ... <= Ts - r (CORE 3.5)
+        # number of block positions per axis: p = 0, ws, 2ws, ... <= Ts - r (docs/explanation/algorithms.md#level-blocks)
         grid = [(t - q) // w + 1 if t - q >= 0 else 0 for t, q, w in zip(ts, r, wr[1])]
         periods = _periods(self.read_write_conflict, self.fit_code, cul, clr, wr[1], ts)
         n = 0 if 0 in periods else _prod(grid)
@@ -223,11 +223,11 @@ class BlockLayout:
         self.tw_offset = self.total_offset + self.cul
         self.tw_shape = np.array(self._ts, dtype=np.int64)
         grid_shape = np.array(self._grid, dtype=np.int64)
-        self.id_offset = self.cul // ws  # CORE 2.2: grid index = position + cul div ws
-        # tracking grid (CORE 7.1): ceil(TR.shape / ws), at least 1
+        self.id_offset = self.cul // ws  # grid index = position + cul div ws (docs/explanation/algorithms.md#block-ids)
+        # tracking grid (docs/reference/tracking-format.md#grid): ceil(TR.shape / ws), at least 1
         self.track_shape = np.maximum(1, -(-self.total_shape // ws)).astype(np.int64)
 
-        # level stride in blocks (CORE 3.2)
+        # level stride in blocks (docs/explanation/algorithms.md#level-stride)
         self.period = np.array(self._periods, dtype=np.int64)
         self.zero_levels = 0 in self._periods
 
@@ -236,7 +236,7 @@ class BlockLayout:
             self.level_offsets = np.zeros((0, nd), dtype=np.int64)
             conflicts: list[list[tuple[int, ...]]] = []
         else:
-            # level offsets: cartesian product (rightmost fastest), reversed (CORE 3.3)
+            # level offsets: cartesian product (rightmost fastest), reversed (docs/explanation/algorithms.md#level-offsets)
             offs = np.indices(tuple(self.period)).reshape(nd, -1).T[::-1]
             self.level_offsets = np.ascontiguousarray(offs, dtype=np.int64)
             self.num_levels = len(offs)
@@ -262,7 +262,7 @@ class BlockLayout:
         self.conf_offsets = np.array(flat, dtype=np.int64).reshape(len(flat), nd)
         # The same offsets in steps of the previous level's own block counter: a block
         # at level l with in-level counter j has its upstream conflict c at counter
-        # j + (c - delta) / period of level l-1 (delta = lo[l-1] - lo[l]; CORE 3.4 makes
+        # j + (c - delta) / period of level l-1 (delta = lo[l-1] - lo[l]; docs/explanation/algorithms.md#conflicts makes
         # c - delta one of -period, 0, +period). Lets kernels find neighbour rows with
         # multiplications only.
         jumps = []
@@ -272,7 +272,7 @@ class BlockLayout:
                 jumps.append(tuple(int(v) for v in (np.array(c) - delta) // self.period))
         self.conf_jumps = np.array(jumps, dtype=np.int64).reshape(len(jumps), nd)
 
-        # blocks per level and axis (CORE 3.7), level start rows
+        # blocks per level and axis (docs/explanation/algorithms.md#level-blocks), level start rows
         lo = self.level_offsets
         g = grid_shape
         if self.num_levels:

@@ -203,7 +203,7 @@ class TaskState:
 
 
 def _edge_tables(lu, ld):
-    """Per-axis interval tables of an edge U -> D (CORE.md section 4).
+    """Per-axis interval tables of an edge U -> D (docs/explanation/algorithms.md#inter-task-dependencies).
 
     up[d]: for each D grid position j along axis d, the U grid interval [lo, hi) of
     ``U.get_subgraph_blocks(D block's read ROI)`` (daisy 2.0's exact procedure);
@@ -241,7 +241,7 @@ class Scheduler:
     ``Scheduler(pipeline_or_task_or_list, count_all_orphans=True, block_tracking=True)``.
     Order and counters are daisy 2.0.0's (roots first, then FIFO; retries to the back;
     ``max_retries + 1`` attempts; skipped blocks count as completed), with daisy's
-    defects fixed (CORE.md section 10; see the README).
+    defects fixed (docs/explanation/defects.md).
 
     Parameters
     ----------

@@ -41,7 +41,7 @@ CHECK_FUNCTION_WARNING = (
 
 # No numpy here, nor in ``layout`` until a task's arrays are used: building Tasks and
 # Pipelines stays cheap, and ``run_blockwise`` starts its worker template before the
-# scheduler loads numpy (issue 13, small runs).
+# scheduler loads numpy (docs/explanation/architecture.md#core).
 
 __all__ = [
     "DEFAULT_BLOCK_TIMEOUT_SECS",

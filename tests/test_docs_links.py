@@ -22,17 +22,8 @@ EXTERNAL = re.compile(
     re.I,
 )
 
-# Where the old style remains, at most this many per file (the coordinator rewrites them after the
-# merge, from docs/_citations.txt, and lowers these numbers to 0). A file not listed has none.
-KNOWN_EXTERNAL_CITATIONS = {
-    "daisy_nb/layout.py": 10,
-    "daisy_nb/runtime/serial.py": 2,
-    "daisy_nb/scheduler.py": 2,
-    "daisy_nb/task.py": 1,
-    "daisy_nb/tracking/__init__.py": 1,
-    "daisy_nb/tracking/_grid.py": 3,
-    "daisy_nb/tracking/_store.py": 1,
-}
+# Where the old style remains, at most this many per file (none: every citation names a page of docs/).
+KNOWN_EXTERNAL_CITATIONS: dict[str, int] = {}
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$", re.M)
 EXPLICIT_ID = re.compile(r"\{\s*#([\w-]+)[^}]*\}\s*$")
 
@@ -112,20 +103,3 @@ def test_environment_reference_matches_the_code():
     names = [r[0] for r in records]
     assert "DAISY_CONTEXT" in names and "DAISY_NB_TRACKING_IO" in names
     assert all(r[3] for r in records)  # each is read somewhere
-
-
-def test_pending_citation_rewrites_point_at_existing_anchors():
-    """docs/_citations.txt (the rewrites left for after the merge) only names pages and anchors that exist."""
-    pending = DOCS / "_citations.txt"
-    if not pending.exists():
-        return  # applied and deleted
-    targets = []
-    for line in pending.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.startswith("#"):
-            path, old, new = (part.strip() for part in line.split(" | "))
-            assert (ROOT / path.split(":")[0]).is_file(), path
-            targets += CITATION.findall(new)
-    assert targets
-    for page, anchor in targets:
-        assert (DOCS / page).is_file(), page
-        assert not anchor or anchor in anchors(DOCS / page), f"docs/{page}#{anchor}"

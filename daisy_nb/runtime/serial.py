@@ -10,8 +10,8 @@ and the execution summary is printed at the end. The heartbeat beats between
 blocks, so a block that runs for minutes holds the bars still meanwhile; the hang
 alarm (:mod:`daisy_nb.hang`) checks from a daemon thread instead.
 
-daisy 2.0.0 shows no progress in serial mode (API.md 1.4; its observers get no
-call at all). daisy_nb shows it, as issue #12 asks: ``progress=False`` gives
+daisy 2.0.0 shows no progress in serial mode (its observers get no
+call at all). daisy_nb shows it (docs/how-to/migrate.md#progress): ``progress=False`` gives
 daisy's silence.
 """
 

@@ -1,6 +1,6 @@
 """Per-task block tracking, on-disk compatible with daisy 2.0.0.
 
-A tracking store is a Zarr v3 *group* (CORE.md 7.3)::
+A tracking store is a Zarr v3 *group* (docs/reference/tracking-format.md#layout)::
 
     <path>/zarr.json                 {"attributes": {"daisy_task_hash": ...}, "node_type": "group", ...}
     <path>/done/zarr.json            uint8 array, shape = grid, one chunk = whole grid

@@ -1,6 +1,6 @@
 """Block tracking: the task hash, the tracking grid and where a task's store lives.
 
-The hash and grid follow CORE.md 7.1 (daisy 2.0.0); the store itself is in
+The hash and grid follow daisy 2.0.0 (docs/reference/tracking-format.md#grid); the store itself is in
 :mod:`daisy_nb.tracking._store`. No numba, no zarr.
 """
 
@@ -60,7 +60,7 @@ def _i64le(values) -> bytes:
 
 
 def task_hash(total_roi, read_roi, write_roi, fit="valid") -> str:
-    """SHA-256 (lowercase hex) identifying a task's block layout (CORE.md 7.1).
+    """SHA-256 (lowercase hex) identifying a task's block layout (docs/reference/tracking-format.md#task-hash).
 
     The ROIs are taken exactly as the user gave them (template offsets
     included); ``fit`` is ``"valid"``, ``"overhang"`` or ``"shrink"``. This is the
@@ -98,7 +98,7 @@ def grid_linear_indices(total_roi, write_roi, write_begins) -> np.ndarray:
     """C-order linear tracking indices of blocks given their absolute write begins.
 
     ``write_begins`` is an ``(N, ndim)`` integer array (or one coordinate). The
-    grid coordinate is ``(W.begin - total.begin) // write.shape`` (CORE.md 7.1);
+    grid coordinate is ``(W.begin - total.begin) // write.shape`` (docs/reference/tracking-format.md#grid);
     blocks outside the grid get ``-1``.
     """
     toff, _ = _roi_parts(total_roi, "total_roi")

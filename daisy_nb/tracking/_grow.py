@@ -177,7 +177,7 @@ class _Axes:
         self.grid = grid_shape((self.tr_b, self.tr_s), (w["offset"], self.ws))
 
     def positions(self, d: int) -> tuple[int, int]:
-        """``(first, count)``: grid indices of the blocks along axis ``d`` (CORE.md 3.5, 2.2)."""
+        """``(first, count)``: grid indices of the blocks along axis ``d`` (docs/explanation/algorithms.md#level-blocks)."""
         ts = self.tw_e[d] - self.tw_b[d]
         ws = self.ws[d]
         if self.fit == "valid":

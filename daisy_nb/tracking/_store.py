@@ -556,7 +556,7 @@ class TrackingStore:
                 arr.whole = arr.io == "pwrite"
 
     def _idx(self, linear_indices) -> np.ndarray:
-        """1-D int64 indices, dropping out-of-grid ones (-1 etc., CORE.md 7.1)."""
+        """1-D int64 indices, dropping out-of-grid ones (-1 etc., docs/reference/tracking-format.md#grid)."""
         idx = np.asarray(linear_indices, dtype=np.int64).reshape(-1)
         n = self._done.flat.size
         if idx.size and (idx.min() < 0 or idx.max() >= n):
