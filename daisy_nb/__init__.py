@@ -24,8 +24,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names below (th
     from .progress import JsonProgressObserver as JsonProgressObserver
     from .run import run_blockwise as run_blockwise
     from .runtime.client import Client as Client
+    from .runtime.common.worker_state import worker_state as worker_state
     from .runtime.context import Context as Context
-    from .runtime.state import worker_state as worker_state
     from .scheduler import BlockBatch as BlockBatch
     from .scheduler import DependencyGraph as DependencyGraph
     from .scheduler import Scheduler as Scheduler
@@ -60,7 +60,7 @@ _LAZY = {
     "JsonProgressObserver": "daisy_nb.progress",
     "get_worker_log_basename": "daisy_nb.logging",
     "plot_block_states": "daisy_nb.plot",
-    "worker_state": "daisy_nb.runtime.state",
+    "worker_state": "daisy_nb.runtime.common.worker_state",
     "profile_block": "daisy_nb.profiling",
     "BlockStats": "daisy_nb.profiling",
     "Server": "daisy_nb.server",

@@ -1,7 +1,7 @@
 """Worker errors grouped by exception type and message shape.
 
 With 10^6 blocks, 3,000 failures are usually two distinct errors. Every failure
-text a runtime records (:func:`daisy_nb.runtime.policy.record_error`: a block's
+text a runtime records (:func:`daisy_nb.runtime.common.failures.record_error`: a block's
 traceback from a worker's ``X`` frame, a ``Client``'s ``F``/``E`` frame, a dask
 batch result, a worker that exited or was lost) goes into the task's
 :class:`ErrorGroups` (``TaskState.error_groups``). A group is keyed by the

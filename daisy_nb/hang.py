@@ -24,7 +24,7 @@ The runtimes say what is running (``running()``: a list of
 :class:`daisy_nb.runtime.snapshot.RunningBlock`, one per worker; the older tuples
 ``(task_id, rows, worker label, pid, started monotonic seconds)`` are read too) and
 record block times on their
-:class:`daisy_nb.runtime.policy.TaskRun` (``block_secs``); the checks are here,
+:class:`daisy_nb.runtime.common.taskrun.TaskRun` (``block_secs``); the checks are here,
 once. The pool and dask run them from :class:`daisy_nb.progress.Heartbeat` (their
 loops never block); the serial runner, whose loop is inside the block, from a
 small daemon thread (:meth:`HangAlarm.start_thread`).

@@ -115,7 +115,7 @@ class Launcher:
     def _report(self, state: str) -> None:
         sys.stderr.write(f"daisy_nb.launch: {self.scheduler} job {self.job_id} {state}\n")
         sys.stderr.flush()
-        from daisy_nb.runtime.state import report_job
+        from daisy_nb.runtime.common.worker_state import report_job
 
         report_job({"scheduler": self.scheduler, "job": self.job_id, "state": state})
 

@@ -9,7 +9,7 @@ from funlib.geometry import Roi
 
 import daisy_nb
 from daisy_nb.block import BlockStatus
-from daisy_nb.runtime.state import TB_CAP_BYTES, TB_CAP_LINES, TB_TRUNCATED, cap_traceback
+from daisy_nb.runtime.common.run_block import TB_CAP_BYTES, TB_CAP_LINES, TB_TRUNCATED, cap_traceback
 from daisy_nb.scheduler import Scheduler
 
 

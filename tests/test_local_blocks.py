@@ -397,8 +397,8 @@ def test_restarts_count_every_replacement_and_the_cap_counts_crashes():
     """Crashes and (worker-function) job ends interleaved: every replacement after a dirty exit is a
     restart (``worker_restart_count``, the wheel's ``failures > restarts``); only crashes count toward
     ``max_worker_restarts``."""
+    from daisy_nb.runtime.common.failures import count_worker_failure
     from daisy_nb.runtime.local.pool_parts import PoolTaskRun
-    from daisy_nb.runtime.policy import count_worker_failure
     from daisy_nb.scheduler import WorkerCounters
 
     tr = PoolTaskRun(make_task("a", 4, read_write_conflict=False, max_worker_restarts=2))
@@ -421,8 +421,8 @@ def test_restarts_count_every_replacement_and_the_cap_counts_crashes():
 
 @pytest.mark.parametrize("cap", [0, 1, 3])
 def test_a_crash_loop_stops_after_the_cap(cap):
+    from daisy_nb.runtime.common.failures import count_worker_failure
     from daisy_nb.runtime.local.pool_parts import PoolTaskRun
-    from daisy_nb.runtime.policy import count_worker_failure
     from daisy_nb.scheduler import WorkerCounters
 
     tr = PoolTaskRun(make_task("a", 4, read_write_conflict=False, max_worker_restarts=cap))

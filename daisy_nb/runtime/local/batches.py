@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from daisy_nb.block import BlockStatus
+from daisy_nb.runtime.common.failures import record_error
 from daisy_nb.runtime.local import _shm
 from daisy_nb.runtime.local.blocks import BlockCore, ExitReport
 from daisy_nb.runtime.local.records import BUSY, BlockProcess
-from daisy_nb.runtime.policy import record_error
 
 __all__ = ["Batches"]
 

@@ -20,7 +20,7 @@ executes the actions it returns:
 
 **Batching.** Per task, the batch size starts at 1 and follows the measured time per
 block so that a batch takes about ``target`` seconds (``PER_WORKER_BATCH_SECS`` per
-worker when that is longer; :func:`daisy_nb.runtime.policy.grow_batch`), capped by
+worker when that is longer; :func:`daisy_nb.runtime.common.batching.grow_batch`), capped by
 ``ceil(ready / workers)`` so that workers share the ready blocks and dependent levels are
 not held back by one worker's batch.
 
@@ -53,8 +53,8 @@ from typing import Any
 import numpy as np
 
 from daisy_nb.block import BlockStatus
+from daisy_nb.runtime.common.batching import grow_batch
 from daisy_nb.runtime.local.exits import ExitFacts, ExitKind, classify_exit
-from daisy_nb.runtime.policy import grow_batch
 
 __all__ = ["BlockCore", "BlockTask", "BlockWorker", "Kill", "Quit", "SendBatch", "WorkerState"]
 

@@ -5,7 +5,7 @@ restart (``worker_restart_count``), up to ``max_worker_restarts``. daisy_nb keep
 rule, with one exemption for cluster jobs: a worker *function* (a 0-argument function,
 whose job runs on a cluster) that finished blocks and then ended (its job's walltime,
 a preemption, a lost node) is a *job end*, replaced without counting as a restart
-(:func:`daisy_nb.runtime.policy.is_job_end`). A local block worker has no walltime: its
+(:func:`daisy_nb.runtime.common.failures.is_job_end`). A local block worker has no walltime: its
 death is a crash, whatever it finished before, as the wheel counts it.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from daisy_nb.runtime.policy import is_job_end
+from daisy_nb.runtime.common.failures import is_job_end
 
 __all__ = ["ExitFacts", "ExitKind", "classify_exit"]
 

@@ -11,7 +11,7 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   :class:`daisy_nb.runtime.clients.Clients`, which asks and tells ``Functions`` about the
   worker function a connection belongs to (its ``Jobs`` protocol) and is asked
   ``has_client``. What a task asks for (its run record, batch sizing, function
-  serialisation) is :mod:`daisy_nb.runtime.policy` and :mod:`.pool_parts`. This module
+  serialisation) is :mod:`daisy_nb.runtime.common` and :mod:`.pool_parts`. This module
   owns the run records, the dispatch across tasks (which task gets a worker,
   abandonment), the listener and what connecting workers are told (address, secret,
   timeouts: ``DAISY_CONTEXT``), the main loop, and ``run_pool``. The dashboard and the
@@ -62,6 +62,7 @@ import time
 from daisy_nb import logging as dlog
 from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_abandoned
 from daisy_nb.runtime.common.failures import abandon
+from daisy_nb.runtime.common.run_end import end_run
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.local.budget import TaskNeed, plan_spawns
 from daisy_nb.runtime.local.functions import Functions
@@ -69,7 +70,6 @@ from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.local.processes import Processes
 from daisy_nb.runtime.net import address, liveness, transport
 from daisy_nb.runtime.net.server import Clients
-from daisy_nb.runtime.policy import end_run
 from daisy_nb.runtime.snapshot import RunningBlock, WorkerSnapshot
 
 __all__ = ["raise_if_abandoned", "run_pool"]

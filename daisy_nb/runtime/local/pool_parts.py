@@ -8,7 +8,7 @@ dispatch across tasks, the listener, abandonment). They share only what is here,
 part handed it at construction:
 
 * :class:`PoolTaskRun`: the pool's run record of a task (the shared
-  :class:`daisy_nb.runtime.policy.TaskRun` plus what the pool measures: the time per
+  :class:`daisy_nb.runtime.common.taskrun.TaskRun` plus what the pool measures: the time per
   block, worker slots, when its first worker started, the crashes replaced). A
   record, not a part; block counts are the scheduler's (processing, abandoned);
 * :class:`Waitables`: what the main loop waits on. Each part registers the

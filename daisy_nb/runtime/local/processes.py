@@ -36,6 +36,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from daisy_nb.block import BlockStatus
+from daisy_nb.runtime.common.failures import JOB_END, count_worker_failure, record_error
+from daisy_nb.runtime.common.run_block import TB_CAP_BYTES, cap_traceback
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.local import _shm, _zygote, wire
 from daisy_nb.runtime.local.batches import Batches
@@ -58,8 +60,6 @@ from daisy_nb.runtime.local.records import (
     job_text,
 )
 from daisy_nb.runtime.local.starter import CAPACITY, Starter
-from daisy_nb.runtime.policy import JOB_END, count_worker_failure, record_error
-from daisy_nb.runtime.state import TB_CAP_BYTES, cap_traceback
 
 __all__ = ["BUSY", "DEAD", "IDLE", "PARKED", "QUITTING", "STARTING", "Processes", "job_text"]
 

@@ -103,7 +103,7 @@ def _run_worker_function(fn, wants_context: bool) -> int:
         else:
             fn()
     except BaseException as e:  # noqa: BLE001 - any escape is a dirty exit
-        from daisy_nb.runtime.state import format_exception
+        from daisy_nb.runtime.common.run_block import format_exception
 
         sys.stderr.write(format_exception(e))
         sys.stderr.flush()
@@ -244,7 +244,7 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 except Exception as e:
                     # daisy 2.0: an exception ends the worker (a dirty exit, counted toward
                     # max_worker_restarts); the blocks after it were never started
-                    from daisy_nb.runtime.state import cap_traceback, format_exception
+                    from daisy_nb.runtime.common.run_block import cap_traceback, format_exception
 
                     tb = format_exception(e)
                     sys.stderr.write(f"block {b.block_id} failed:\n{tb}")
@@ -308,13 +308,13 @@ def serve(fd: int, shm_fd: int | None = None) -> int:
         # Ctrl-C reaches it), so that programs it starts get KeyboardInterrupt from a Client.
         _die_with_parent(os.getppid(), signal.SIGTERM)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from daisy_nb.runtime import state
+        from daisy_nb.runtime.common.worker_state import bind_report
 
         os.set_inheritable(conn.fd, False)
-        state.bind_report(conn)  # the launchers tell the pool their job ids on the socket pair
+        bind_report(conn)  # the launchers tell the pool their job ids on the socket pair
         return _run_worker_function(fn, setup.get("wants_context", False))
     if init_fn is not None:
-        from daisy_nb.runtime.state import set_worker_state
+        from daisy_nb.runtime.common.worker_state import set_worker_state
 
         set_worker_state(setup["task_id"], init_fn())  # raising is a dirty exit
     return _run_block_loop(conn, fn, setup)

@@ -88,9 +88,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from daisy_nb.block import Block, BlockStatus
+from daisy_nb.runtime.common.run_block import cap_traceback, format_exception
 from daisy_nb.runtime.net import frames, liveness, transport, wire
 from daisy_nb.runtime.net.context import Context
-from daisy_nb.runtime.state import cap_traceback, format_exception
 
 __all__ = ["Client"]
 

@@ -49,8 +49,8 @@ import logging
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NamedTuple, Protocol
 
+from daisy_nb.runtime.common.failures import record_error
 from daisy_nb.runtime.net import wire
-from daisy_nb.runtime.policy import record_error
 
 __all__ = ["AHEAD_EMA", "QUIET_FRACTION", "QUIET_MAX_SECS", "Close", "Conn", "HandOut", "Jobs", "Send"]
 
