@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -690,7 +691,7 @@ class Scheduler:
             raise KeyError(f"no task {task_id!r} in this scheduler")
         return t
 
-    def describe(self, task_id, rows) -> BlockDescription:
+    def describe(self, task_id: str, rows: npt.ArrayLike) -> BlockDescription:
         """Block ids, read and write ROIs (offsets and shapes) of rows ``rows`` of ``task_id``."""
         t = self._tid(task_id)
         r = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
@@ -699,7 +700,7 @@ class Scheduler:
         ids, ro, rs, wo, ws = self._describe(t, r)
         return BlockDescription(ids, ro, rs, wo, ws)
 
-    def row_of(self, task_id, block_id: int) -> int | None:
+    def row_of(self, task_id: str, block_id: int) -> int | None:
         """The row of the block with id ``block_id`` in ``task_id``, or None if it is not one of its blocks."""
         t = self._tid(task_id)
         g = block_id_to_grid(self._layouts[t], int(block_id))
@@ -708,7 +709,9 @@ class Scheduler:
         tt = self._tt
         return int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, np.asarray(g, np.int64)))
 
-    def rows_in_grid_box(self, task_id, lo, hi) -> tuple[np.ndarray, np.ndarray]:
+    def rows_in_grid_box(
+        self, task_id: str, lo: Sequence[int], hi: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``(rows, block ids)`` of the blocks at grid positions in ``[lo, hi)`` (C order), clipped to the grid."""
         t = self._tid(task_id)
         lay = self._layouts[t]
@@ -726,7 +729,7 @@ class Scheduler:
         k = kg.grid_box_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, lo_a, hi_a, rows, ids) if n else 0
         return rows[:k], ids[:k]
 
-    def block_states(self, task_id) -> BlockStates:
+    def block_states(self, task_id: str) -> BlockStates:
         """Read-only views of ``task_id``'s per-row status, preskip and retries (see :class:`BlockStates`)."""
         t = self._tid(task_id)
         base = int(self._tt.info[t, kt.I_BLOCK_BASE])
@@ -737,7 +740,7 @@ class Scheduler:
             out.append(v)
         return BlockStates(*out)
 
-    def counts(self, task_id) -> TaskCounts:
+    def counts(self, task_id: str) -> TaskCounts:
         """``task_id``'s block counts now (see :class:`TaskCounts`)."""
         t = self._tid(task_id)
         item = self.cnt.item

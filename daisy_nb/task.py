@@ -284,7 +284,7 @@ class Task:
         self.process_function = process_function
         self.check_function = check_function
         if check_function is not None:  # daisy 2.0.0 warns so (its text), pointing to done markers
-            warnings.warn(CHECK_FUNCTION_WARNING, UserWarning, stacklevel=2)
+            warnings.warn(CHECK_FUNCTION_WARNING, UserWarning, stacklevel=3)
 
         # stacklevel=3: warnings point at the Task(...) call (through __init__)
         if num_workers is not None:
