@@ -3,17 +3,9 @@
 Kept at this path for ``python -m``; the code is :mod:`daisy_nb.runtime.local.worker`.
 """
 
-import sys
-
-from daisy_nb.runtime.local.worker import main, serve
+from daisy_nb.runtime.local.worker import main, run_as_main, serve
 
 __all__ = ["main", "serve"]
 
 if __name__ == "__main__":
-    code = main()
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-    sys.exit(code)
+    run_as_main()

@@ -328,7 +328,9 @@ def main(argv=None) -> int:
     return serve(fd)
 
 
-if __name__ == "__main__":
+def run_as_main() -> None:
+    """``main()``, then exit with its code after flushing the standard streams (a closed or
+    broken stream is no reason to lose the exit code); both ``python -m`` paths call this."""
     code = main()
     try:
         sys.stdout.flush()
@@ -336,3 +338,7 @@ if __name__ == "__main__":
     except (OSError, ValueError):
         pass
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    run_as_main()
