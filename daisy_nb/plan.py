@@ -38,10 +38,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from daisy_nb import config
+
 __all__ = ["DRY_RUN_ENV", "Plan", "TaskPlan", "exit_with_plan", "make_plan"]
 
 #: Environment variable set by ``daisy-nb run --dry-run``: the first run prints its plan and exits 0.
-DRY_RUN_ENV = "DAISY_NB_DRY_RUN"
+DRY_RUN_ENV = config.DRY_RUN.name
 
 STATE_BYTES_PER_BLOCK = 15  # queue int64 + n_met int32 + status, retries, preskip uint8
 
@@ -406,7 +408,7 @@ def format_plan(plan: Plan) -> str:
 
 def requested() -> bool:
     """True when ``daisy-nb run --dry-run`` asked this program for a dry run (:data:`DRY_RUN_ENV`)."""
-    return os.environ.get(DRY_RUN_ENV, "") not in ("", "0")
+    return config.DRY_RUN.get()
 
 
 def exit_with_plan(plan: Plan) -> None:

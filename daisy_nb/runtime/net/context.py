@@ -8,7 +8,7 @@ values (the wheel encodes ``:``; we also encode ``=`` so any value round-trips).
 
 from __future__ import annotations
 
-import os
+from daisy_nb import config
 
 __all__ = ["Context"]
 
@@ -24,7 +24,7 @@ def _dec(s: str) -> str:
 class Context:
     """Dict-like store of string keys and string values (values coerced with ``str``)."""
 
-    ENV_VARIABLE = "DAISY_CONTEXT"
+    ENV_VARIABLE = config.CONTEXT.name
 
     def __init__(self, **kwargs):
         self._d: dict[str, str] = {}
@@ -80,9 +80,11 @@ class Context:
 
     @staticmethod
     def from_env(value: str | None = None) -> Context:
-        """Parse ``DAISY_CONTEXT`` (``KeyError`` if unset, ``ValueError`` if malformed)."""
+        """Parse ``DAISY_CONTEXT`` (``KeyError`` if unset or empty, ``ValueError`` if malformed)."""
         if value is None:
-            value = os.environ[Context.ENV_VARIABLE]
+            value = config.CONTEXT.get()
+            if value is None:
+                raise KeyError(Context.ENV_VARIABLE)
         return Context.from_env_string(value)
 
     @staticmethod
