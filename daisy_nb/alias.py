@@ -32,8 +32,6 @@ import importlib.machinery
 import os
 import sys
 
-from daisy_nb import config
-
 __all__ = ["SHIM_DIR", "DaisyAliasFinder", "child_env", "command_line", "install", "installed", "run_main"]
 
 ALIAS = "daisy"
@@ -91,6 +89,8 @@ def installed() -> bool:
 
 def child_env(env=None) -> dict:
     """A copy of ``env`` (default ``os.environ``) with :data:`SHIM_DIR` first on ``PYTHONPATH``."""
+    from daisy_nb import config  # here: `import daisy` under the alias loads what `import daisy_nb` does
+
     env = dict(os.environ if env is None else env)
     parts = [p for p in env.get(config.PYTHONPATH.name, "").split(os.pathsep) if p and p != SHIM_DIR]
     env[config.PYTHONPATH.name] = os.pathsep.join([SHIM_DIR, *parts])
@@ -121,6 +121,8 @@ def install(children: bool = True) -> None:
         )
     _activate()
     if children:
+        from daisy_nb import config
+
         os.environ[config.PYTHONPATH.name] = child_env()[config.PYTHONPATH.name]
 
 
@@ -180,6 +182,8 @@ def _shadowing_daisy(cmd) -> str | None:
 
 def _run_options(argv: list) -> tuple[dict, list]:
     """``daisy-nb run``'s own options before COMMAND: ``({env var: value}, the rest)``."""
+    from daisy_nb import config
+
     env = {}
     while argv and (argv[0] in ("--report", "--dry-run") or argv[0].startswith("--report=")):
         if argv[0] == "--dry-run":

@@ -20,10 +20,8 @@ Standard library only: worker processes and ``Client`` programs import this.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 __all__ = [
@@ -94,14 +92,13 @@ def _seconds(*, zero: bool, finite: bool = True, unit: str = "seconds") -> Calla
             v = float(raw)
         except ValueError:
             raise ValueError(f"{name} must be a number of {unit} ({bound}), got {raw!r}") from None
-        if math.isnan(v) or v < 0 or (v == 0 and not zero) or (finite and math.isinf(v)):
+        if v != v or v < 0 or (v == 0 and not zero) or (finite and v == float("inf")):  # v != v: NaN
             raise ValueError(f"{name} must be a {'finite ' if finite else ''}number of {unit} {bound}, got {raw!r}")
         return v
 
     return parse
 
 
-@dataclass(frozen=True)
 class Variable(Generic[T]):
     """One environment variable: its name, default, parsing and meaning.
 
@@ -125,13 +122,28 @@ class Variable(Generic[T]):
         daisy_nb also sets it for the processes it starts.
     """
 
-    name: str
-    default: T
-    parse: Callable[[str, str], T]
-    shown_default: str
-    meaning: str
-    owner: str = "daisy_nb"
-    written: bool = False
+    __slots__ = ("default", "meaning", "name", "owner", "parse", "shown_default", "written")
+
+    def __init__(
+        self,
+        name: str,
+        default: T,
+        parse: Callable[[str, str], T],
+        shown_default: str,
+        meaning: str,
+        owner: str = "daisy_nb",
+        written: bool = False,
+    ) -> None:
+        self.name = name
+        self.default = default
+        self.parse = parse
+        self.shown_default = shown_default
+        self.meaning = meaning
+        self.owner = owner
+        self.written = written
+
+    def __repr__(self) -> str:
+        return f"<Variable {self.name} (default {self.shown_default})>"
 
     def raw(self) -> str | None:
         """The variable's value now, or None when it is unset, empty or only spaces."""
