@@ -312,3 +312,8 @@ def test_the_grep_finds_reads_outside_the_module(tmp_path):
     reads = [p.split(":")[1] for p in problems if "reads the environment" in p]
     assert reads == ["2", "3", "4", "5"]
     assert any("DAISY_NB_SOMETHING_NEW is not declared" in p for p in problems)
+    assert not any("written" in p for p in problems)
+    (pkg / "bad.py").write_text("env = {}\nenv[config.HANG_SECS.name] = '5'\n")  # a write it does not declare
+    assert gen.scan_environment(tmp_path)[1] == [
+        "daisy_nb/bad.py: sets DAISY_NB_HANG_SECS, which daisy_nb/config.py does not declare written"
+    ]

@@ -62,6 +62,7 @@ _ALLOWED = re.compile(
     r"|``os\.environ[^`]*``"  # named in a docstring
 )
 _USE = re.compile(r"\bconfig\.([A-Z][A-Z0-9_]*)\b")
+_WRITE = re.compile(r"\[config\.([A-Z][A-Z0-9_]*)\.name\]\s*=(?!=)")  # env[config.X.name] = ... (for a child)
 
 
 def _config():
@@ -74,9 +75,10 @@ def _config():
 def scan_environment(root: Path = ROOT) -> tuple[dict[str, list[str]], list[str]]:
     """``({config constant: [modules using it]}, [problems])`` over ``root/daisy_nb``.
 
-    A problem is a ``DAISY_*`` name that :mod:`daisy_nb.config` does not declare, or an
+    A problem is a ``DAISY_*`` name that :mod:`daisy_nb.config` does not declare, an
     ``os.environ`` use outside ``daisy_nb/config.py`` that is not one of the allowed forms
-    (a read). The daisy shim is left out (it only re-exports)."""
+    (a read), or a write of a variable not declared ``written``. The daisy shim is left
+    out (it only re-exports)."""
     config = _config()
     declared = set(config.VARIABLES)
     constants = {k for k, v in vars(config).items() if isinstance(v, config.Variable)}
@@ -96,6 +98,11 @@ def scan_environment(root: Path = ROOT) -> tuple[dict[str, list[str]], list[str]
         for const in _USE.findall(text):
             if const in constants:
                 used.setdefault(const, set()).add(rel)
+        for const in sorted(set(_WRITE.findall(text))):
+            if const in constants and not getattr(config, const).written:
+                problems.append(
+                    f"{rel}: sets {getattr(config, const).name}, which daisy_nb/config.py does not declare written"
+                )
     problems += [f"daisy_nb/config.py: {c} is used nowhere" for c in sorted(constants - set(used))]
     return {k: sorted(v) for k, v in sorted(used.items())}, problems
 
@@ -115,6 +122,8 @@ def environment() -> str:
     for name, default, meaning, modules in environment_records():
         where = ", ".join(f"`{m.removeprefix('daisy_nb/')}`" for m in modules)
         rows.append(f"| `{name}` | {default} | {meaning} | {where} |")
+    written = [f"`{v.name}`" for _, v in sorted(_config().VARIABLES.items()) if v.written]
+    rows += ["", f"daisy_nb also sets {', '.join(written[:-1])} and {written[-1]} for the processes it starts."]
     return "\n".join(rows)
 
 
