@@ -89,9 +89,11 @@ def installed() -> bool:
 
 def child_env(env=None) -> dict:
     """A copy of ``env`` (default ``os.environ``) with :data:`SHIM_DIR` first on ``PYTHONPATH``."""
+    from daisy_nb import config  # here: `import daisy` under the alias loads what `import daisy_nb` does
+
     env = dict(os.environ if env is None else env)
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SHIM_DIR]
-    env["PYTHONPATH"] = os.pathsep.join([SHIM_DIR, *parts])
+    parts = [p for p in env.get(config.PYTHONPATH.name, "").split(os.pathsep) if p and p != SHIM_DIR]
+    env[config.PYTHONPATH.name] = os.pathsep.join([SHIM_DIR, *parts])
     return env
 
 
@@ -119,7 +121,9 @@ def install(children: bool = True) -> None:
         )
     _activate()
     if children:
-        os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]
+        from daisy_nb import config
+
+        os.environ[config.PYTHONPATH.name] = child_env()[config.PYTHONPATH.name]
 
 
 RUN_USAGE = """usage: daisy-nb run [--dry-run] [--report FILE.html] [--] COMMAND [ARGS...]
@@ -178,12 +182,12 @@ def _shadowing_daisy(cmd) -> str | None:
 
 def _run_options(argv: list) -> tuple[dict, list]:
     """``daisy-nb run``'s own options before COMMAND: ``({env var: value}, the rest)``."""
+    from daisy_nb import config
+
     env = {}
     while argv and (argv[0] in ("--report", "--dry-run") or argv[0].startswith("--report=")):
         if argv[0] == "--dry-run":
-            from .plan import DRY_RUN_ENV
-
-            env[DRY_RUN_ENV], argv = "1", argv[1:]
+            env[config.DRY_RUN.name], argv = "1", argv[1:]
             continue
         if argv[0] == "--report":
             if len(argv) < 2:
@@ -193,7 +197,7 @@ def _run_options(argv: list) -> tuple[dict, list]:
             path, argv = argv[0].split("=", 1)[1], argv[1:]
         if not path:
             raise ValueError("daisy-nb run: --report needs a file name")
-        env["DAISY_NB_REPORT"] = os.path.abspath(path)
+        env[config.REPORT.name] = os.path.abspath(path)
     return env, argv
 
 

@@ -9,7 +9,7 @@ objects lazily, in chunks, from the same kernels.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from .block import Block
 from .kernels import _jit
 from .kernels import graph as kg
 from .layout import BlockLayout, pack_layouts, roi_tuple
+
+if TYPE_CHECKING:
+    from funlib.geometry import Roi
 
 __all__ = ["BlockwiseDependencyGraph", "GraphArrays"]
 
@@ -100,21 +103,45 @@ class BlockwiseDependencyGraph:
     ``BlockwiseDependencyGraph(task_id, block_read_roi, block_write_roi,
     read_write_conflict, fit, total_read_roi=None, total_write_roi=None)``; the
     block ROIs may also be passed as ``read_roi=``/``write_roi=`` (daisy 2.0's names).
+
+    Parameters
+    ----------
+    task_id : str
+        The task the blocks belong to.
+    block_read_roi, block_write_roi : funlib.geometry.Roi
+        One block's read and write ROIs (the write ROI inside the read ROI); exactly one
+        of ``block_read_roi``/``read_roi`` and of ``block_write_roi``/``write_roi``.
+    read_write_conflict : bool, optional
+        Whether blocks whose read ROI meets another's write ROI run at different levels
+        (default True).
+    fit : {"valid", "overhang", "shrink"}, optional
+        How blocks at the border of the total ROI are handled, as in :class:`daisy_nb.Task`.
+    total_read_roi, total_write_roi : funlib.geometry.Roi, optional
+        The task's whole read (or write) ROI; one of them is needed.
+    read_roi, write_roi : funlib.geometry.Roi, optional
+        daisy 2.0's names of ``block_read_roi`` and ``block_write_roi``.
+
+    Raises
+    ------
+    TypeError
+        ``task_id`` is not a str, or a block ROI is given under both names or none.
+    ValueError
+        The geometry is inconsistent (as :class:`daisy_nb.Task` reports it).
     """
 
     def __init__(
         self,
-        task_id,
-        block_read_roi=None,
-        block_write_roi=None,
-        read_write_conflict=True,
-        fit="valid",
-        total_read_roi=None,
-        total_write_roi=None,
+        task_id: str,
+        block_read_roi: Roi | None = None,
+        block_write_roi: Roi | None = None,
+        read_write_conflict: bool = True,
+        fit: str = "valid",
+        total_read_roi: Roi | None = None,
+        total_write_roi: Roi | None = None,
         *,
-        read_roi=None,
-        write_roi=None,
-    ):
+        read_roi: Roi | None = None,
+        write_roi: Roi | None = None,
+    ) -> None:
         block_read_roi = _one_of(block_read_roi, read_roi, "block_read_roi", "read_roi")
         block_write_roi = _one_of(block_write_roi, write_roi, "block_write_roi", "write_roi")
         if not isinstance(task_id, str):
@@ -128,18 +155,22 @@ class BlockwiseDependencyGraph:
     # -- counts -------------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
+        """The number of blocks of the task."""
         return self.layout.num_blocks
 
     @property
     def num_levels(self) -> int:
+        """The number of levels (blocks of one level never conflict with each other)."""
         return self.layout.num_levels
 
     @property
     def num_roots(self) -> _CountInt:
+        """The number of level-0 blocks (also callable, as daisy 2.0's ``num_roots()``)."""
         return _CountInt(self.layout.num_roots)
 
     @property
     def ndim(self) -> int:
+        """The number of spatial dimensions."""
         return self.layout.ndim
 
     # -- rows <-> blocks ----------------------------------------------------------
@@ -164,7 +195,7 @@ class BlockwiseDependencyGraph:
             )
         ]
 
-    def block_row(self, block) -> int:
+    def block_row(self, block: Block) -> int:
         """Row (enumeration position) of ``block``; ValueError if it is not a block of this graph."""
         woff, _ = roi_tuple(block.write_roi, "block.write_roi")
         g = self.layout.grid_of_write_offset(woff)
@@ -176,7 +207,8 @@ class BlockwiseDependencyGraph:
         tt = self._tt
         return int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, 0, g))
 
-    def level(self, block) -> int:
+    def level(self, block: Block) -> int:
+        """The level of ``block``; ValueError if it is not a block of this graph."""
         row = self.block_row(block)
         return int(np.searchsorted(self.layout.level_start, row, side="right") - 1)
 
@@ -205,11 +237,11 @@ class BlockwiseDependencyGraph:
 
         return _LazyBlocks(self.num_blocks, chunk)
 
-    def upstream(self, block) -> list[Block]:
+    def upstream(self, block: Block) -> list[Block]:
         """Intra-task upstream blocks of ``block`` (daisy's conflict-offset order)."""
         return self._neighbours(block, False)
 
-    def downstream(self, block) -> list[Block]:
+    def downstream(self, block: Block) -> list[Block]:
         """Intra-task downstream blocks: the exact inverse of :meth:`upstream`."""
         return self._neighbours(block, True)
 
@@ -226,7 +258,7 @@ class BlockwiseDependencyGraph:
         )
         return self._blocks(out[:n])
 
-    def subgraph_box(self, sub_roi, read_roi: bool = False):
+    def subgraph_box(self, sub_roi: Roi, read_roi: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Grid box ``(lo, hi)`` of the blocks :meth:`get_subgraph_blocks` returns (docs/explanation/algorithms.md#subgraph)."""
         off, shp = roi_tuple(sub_roi, "sub_roi")
         lay = self.layout
@@ -239,7 +271,7 @@ class BlockwiseDependencyGraph:
             end = end + lay.clr
         return _subgraph_box(off_a, end, lay.tw_offset, lay.tw_shape, lay.write_shape, lay.grid_shape)
 
-    def get_subgraph_blocks(self, sub_roi, read_roi: bool = False) -> list[Block]:
+    def get_subgraph_blocks(self, sub_roi: Roi, read_roi: bool = False) -> list[Block]:
         """Blocks whose write cell meets ``sub_roi`` (grown by the context if ``read_roi``)."""
         lo, hi = self.subgraph_box(sub_roi, read_roi)
         n = int(np.prod(np.maximum(hi - lo, 0)))

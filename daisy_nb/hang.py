@@ -34,18 +34,19 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from daisy_nb import config
+
 __all__ = ["HangAlarm", "HangConfig", "resolve_hang_alarm"]
 
 logger = logging.getLogger("daisy")
 
-DEFAULT_SECS = 60.0
-DEFAULT_FACTOR = 10.0
+DEFAULT_SECS = config.HANG_SECS.default
+DEFAULT_FACTOR = config.HANG_FACTOR.default
 CHECK_SECS = 0.5  # how often the alarm looks
 SAMPLES = 64  # block times per task the median is taken over
 MAX_NAMED = 20  # running blocks named per event
@@ -65,22 +66,12 @@ def _positive(v, what: str, allow_zero: bool = False) -> float:
     return f
 
 
-def _env(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return _positive(float(raw), name, allow_zero=True)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number >= 0, got {raw!r}") from None
-
-
 def resolve_hang_alarm(hang_alarm) -> HangConfig | None:
     """``run_blockwise``'s ``hang_alarm=`` as a :class:`HangConfig`, or None (off); bad values raise."""
     if hang_alarm is False:
         return None
-    secs = _env("DAISY_NB_HANG_SECS", DEFAULT_SECS)
-    factor = _env("DAISY_NB_HANG_FACTOR", DEFAULT_FACTOR)
+    secs = config.HANG_SECS.get()
+    factor = config.HANG_FACTOR.get()
     if hang_alarm is None or hang_alarm is True:
         pass
     elif isinstance(hang_alarm, dict):

@@ -83,8 +83,21 @@ def get_log_level() -> int:
     return logger.level
 
 
-def get_worker_log_basename(worker_id, task_id=None) -> Path | None:
-    """``<basedir>/[task_id/]worker_<worker_id>``, without suffix (``None`` if logging is off)."""
+def get_worker_log_basename(worker_id: int | str, task_id: str | None = None) -> Path | None:
+    """``<basedir>/[task_id/]worker_<worker_id>``, without suffix (``None`` if logging is off).
+
+    Parameters
+    ----------
+    worker_id : int or str
+        The worker's id (``block.worker_id``, ``Context``'s ``worker_id``).
+    task_id : str, optional
+        The worker's task: its logs are then in a directory of that name.
+
+    Returns
+    -------
+    pathlib.Path or None
+        The path to which ``.out``/``.err`` are appended; None when worker logging is off.
+    """
     base = get_log_basedir()
     if base is None:
         return None

@@ -38,52 +38,115 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from daisy_nb import config
+
 __all__ = ["DRY_RUN_ENV", "Plan", "TaskPlan", "exit_with_plan", "make_plan"]
 
 #: Environment variable set by ``daisy-nb run --dry-run``: the first run prints its plan and exits 0.
-DRY_RUN_ENV = "DAISY_NB_DRY_RUN"
+DRY_RUN_ENV = config.DRY_RUN.name
 
 STATE_BYTES_PER_BLOCK = 15  # queue int64 + n_met int32 + status, retries, preskip uint8
 
 
 @dataclass
 class TaskPlan:
-    """One task of a :class:`Plan` (counts are blocks)."""
+    """One task of a :class:`Plan` (counts are blocks).
+
+    Attributes
+    ----------
+    task_id : str
+        The task.
+    blocks, levels : int
+        Its blocks and levels.
+    roots : int
+        Blocks of the first level (ready at once in a source task).
+    grid_shape : list of int
+        Blocks along each axis.
+    done_by_tracking : int or None
+        Blocks block tracking records as done; None: tracking is off for this task.
+    skipped_by_mask : int
+        Blocks the ``skip_mask`` skips that tracking does not already count as done.
+    to_run : int
+        ``blocks - done_by_tracking - skipped_by_mask``: an upper bound when the task
+        has a ``check_function``.
+    upstream : list of str
+        The tasks it depends on.
+    tracking_path : str or None
+        Where it tracks its blocks.
+    tracking_note : str
+        ``""``, ``"none yet: the run creates it"``, or a problem the run would raise.
+    check_function : bool
+        It has one (decided per block at run time, not called by the plan).
+    function : str
+        The process function's name.
+    kind : str
+        ``"block function"``, ``"worker function (Client loop)"`` or ``"none"``.
+    max_workers, max_retries : int
+        As the task's parameters.
+    timeout_secs : float or None
+        The task's timeout in seconds.
+    requires : dict of str to int
+        Resources one worker holds.
+    init_fn : str or None
+        The ``init_fn``'s name.
+    tracking_bytes : int
+        The mapped ``done`` chunk (1 B per tracking cell); 0 without tracking.
+    """
 
     task_id: str
     blocks: int
     levels: int
-    roots: int  # blocks of the first level (ready at once in a source task)
+    roots: int
     grid_shape: list[int]
-    done_by_tracking: int | None  # None: tracking off for this task
-    skipped_by_mask: int  # masked and not already done by tracking
-    to_run: int  # blocks - done_by_tracking - skipped_by_mask (an upper bound with a check_function)
+    done_by_tracking: int | None
+    skipped_by_mask: int
+    to_run: int
     upstream: list[str]
     tracking_path: str | None
-    tracking_note: str  # "" | "none yet: the run creates it" | a problem the run would raise
-    check_function: bool  # has one: decided per block at run time, not called here
-    function: str  # the process function's name
-    kind: str  # "block function", "worker function (Client loop)", "none"
+    tracking_note: str
+    check_function: bool
+    function: str
+    kind: str
     max_workers: int
     max_retries: int
     timeout_secs: float | None
     requires: dict[str, int]
     init_fn: str | None
-    tracking_bytes: int  # the mapped ``done`` chunk (1 B per tracking cell), 0 without tracking
+    tracking_bytes: int
 
 
 @dataclass
 class Plan:
-    """What a run would do (see the module docstring). ``str(plan)`` is a table, :meth:`to_dict` JSON-able."""
+    """What a run would do (see the module docstring). ``str(plan)`` is a table, :meth:`to_dict` JSON-able.
+
+    Attributes
+    ----------
+    tasks : list of TaskPlan
+        One per task, in the pipeline's order.
+    runtime : str
+        ``"pool (worker processes)"``, ``"serial (this process)"`` or ``"dask (...)"``.
+    resources : dict of str to int or None
+        The run's resource budget.
+    scheduler_bytes : int
+        Exactly what the Scheduler allocates (state, tables and scratch).
+    state_bytes : int
+        Of which the per-block state (15 B per block).
+    tracking_bytes : int
+        The tracking maps of all tasks (page cache, counted in RSS).
+    problems : list of str
+        What would make the run raise at its start.
+    seconds : float
+        The time it took to make this plan.
+    """
 
     tasks: list[TaskPlan]
-    runtime: str  # "pool (worker processes)", "serial (this process)", "dask (...)"
+    runtime: str
     resources: dict[str, int] | None
-    scheduler_bytes: int  # exactly what the Scheduler allocates (state + tables + scratch)
-    state_bytes: int  # of which per-block state (15 B/block)
-    tracking_bytes: int  # the tracking maps of all tasks (page cache, counted in RSS)
-    problems: list[str] = field(default_factory=list)  # what would make the run raise at its start
-    seconds: float = 0.0  # time it took to make this plan
+    scheduler_bytes: int
+    state_bytes: int
+    tracking_bytes: int
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
 
     @property
     def blocks(self) -> int:
@@ -406,7 +469,7 @@ def format_plan(plan: Plan) -> str:
 
 def requested() -> bool:
     """True when ``daisy-nb run --dry-run`` asked this program for a dry run (:data:`DRY_RUN_ENV`)."""
-    return os.environ.get(DRY_RUN_ENV, "") not in ("", "0")
+    return config.DRY_RUN.get()
 
 
 def exit_with_plan(plan: Plan) -> None:

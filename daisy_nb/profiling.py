@@ -16,7 +16,7 @@ import math
 import os
 import sys
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = ["BlockStats", "TaskResourceStats", "profile_block"]
 
@@ -138,11 +138,21 @@ class _Profile:
         self.stop()
 
 
-def profile_block(block) -> _Profile:
+def profile_block(block: Any) -> _Profile:  # a Block: daisy_nb.block imports this module
     """``with profile_block(block): ...`` measures the body into ``block.stats`` (first one wins).
 
     Measured also when the body raises. ``as p`` gives the profile; ``p.stats`` is the
     measurement after the ``with`` (also when ``block.stats`` kept an earlier one).
+
+    Parameters
+    ----------
+    block : daisy_nb.Block
+        The block the body processes; its ``stats`` attribute receives the measurement.
+
+    Returns
+    -------
+    context manager
+        Measures from ``__enter__`` to ``__exit__``.
     """
     return _Profile(block)
 

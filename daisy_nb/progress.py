@@ -21,6 +21,13 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Mapping
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import os
+
+    from daisy_nb.scheduler import TaskState
 
 # one abandonment policy for every runtime; re-exported where it was
 from daisy_nb.runtime.common.failures import ABANDON_NOT_WAITING, ABANDON_RESTARTS, raise_if_abandoned  # noqa: F401
@@ -189,9 +196,22 @@ class JsonProgressObserver:
     The hang alarm's events (:mod:`daisy_nb.hang`) are lines too: ``{"t", "event":
     "hang" | "resumed", "task", "stalled_secs", ...}`` (a ``hang`` line names the
     running blocks and their workers in ``running``).
+
+    Parameters
+    ----------
+    path : str or os.PathLike, optional
+        A file to write the lines to (created or truncated; closed at ``finish``).
+    stream : file object, optional
+        A text stream to write the lines to instead (default: ``sys.stdout``); it is
+        not closed.
+
+    Raises
+    ------
+    ValueError
+        Both ``path`` and ``stream`` are given.
     """
 
-    def __init__(self, path=None, stream=None):
+    def __init__(self, path: str | os.PathLike[str] | None = None, stream: IO[str] | None = None) -> None:
         if path is not None and stream is not None:
             raise ValueError("specify path OR stream, not both")
         if path is not None:
@@ -225,7 +245,8 @@ class JsonProgressObserver:
         except (OSError, ValueError):  # a full disk, a closed pipe or stream: the lines are best effort
             pass
 
-    def on_alarm(self, event):
+    def on_alarm(self, event: Mapping[str, Any]) -> None:
+        """A hang alarm's event (``hang``/``resumed``) as one line, with its time ``t``."""
         line = dict(event)
         line.setdefault("t", time.time())
         try:
@@ -234,13 +255,15 @@ class JsonProgressObserver:
         except (OSError, ValueError):
             pass
 
-    def on_start(self, states):
+    def on_start(self, states: Mapping[str, TaskState]) -> None:
+        """One ``start`` line per task."""
         self._emit("start", states)
 
-    def on_progress(self, states):
+    def on_progress(self, states: Mapping[str, TaskState]) -> None:
+        """One ``progress`` line per task."""
         self._emit("progress", states)
 
-    def on_worker_job(self, info):
+    def on_worker_job(self, info: Mapping[str, Any]) -> None:
         """A launcher's job (``daisy_nb.launch``): ``{"event": "job", "task", "worker", "scheduler",
         "job", "state"}`` (a daisy_nb extension; daisy 2.0's lines are unchanged)."""
         self._sink.write(json.dumps({"t": time.time(), "event": "job", **info}) + "\n")
@@ -249,7 +272,8 @@ class JsonProgressObserver:
         except (OSError, ValueError):  # a full disk, a closed pipe or stream: the lines are best effort
             pass
 
-    def on_finish(self, states):
+    def on_finish(self, states: Mapping[str, TaskState]) -> None:
+        """One ``finish`` line per task; a file given as ``path`` is then closed."""
         self._emit("finish", states)
         if self._owns:
             try:

@@ -6,6 +6,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+from daisy_nb import config
+
 if TYPE_CHECKING:
     from .dashboard import Dashboard
     from .plan import Plan
@@ -321,12 +323,12 @@ def _execute(
     Under ``daisy-nb run --dry-run`` (:data:`daisy_nb.plan.DRY_RUN_ENV`) it prints the
     plan and ends the program with exit code 0 instead, before anything starts.
     """
-    if os.environ.get("DAISY_NB_DRY_RUN", "") not in ("", "0"):
+    if config.DRY_RUN.get():
         from .plan import exit_with_plan
 
         exit_with_plan(_plan(tasks, multiprocessing, resources, block_tracking, executor))
     check_run(tasks, multiprocessing, executor, resources)
-    host = host if host is not None else os.environ.get("DAISY_HOST")
+    host = host if host is not None else config.HOST.get()
     if host is not None and not isinstance(host, str):
         raise TypeError(f"host must be a string (an address or host name of this machine), got {type(host).__name__}")
     if dashboard is not None and dashboard is not False:
@@ -337,7 +339,7 @@ def _execute(
 
     resolve_hang_alarm(hang_alarm)  # bad values raise before anything starts
 
-    if report is not None or os.environ.get("DAISY_NB_REPORT"):
+    if report is not None or config.REPORT.get():
         from .dashboard.report import check_report
 
         report = check_report(report)
@@ -399,7 +401,7 @@ def _plan(
 
 def _early_template(tasks: Tasks) -> Any:
     """The worker template for a pool run about to start, or None (see ``_zygote.start_early``)."""
-    if os.environ.get("DAISY_NB_EARLY_TEMPLATE", "1") == "0":
+    if not config.EARLY_TEMPLATE.get():
         return None
     from .runtime.local import _zygote
     from .task import as_pipeline

@@ -29,44 +29,7 @@ import pytest
 import daisy_nb
 
 # qualified name -> the area (see the project's ownership table) that still has to annotate/document it
-PENDING: dict[str, str] = {
-    # daisy_nb/graph.py (core)
-    "BlockwiseDependencyGraph.__init__": "core: annotations and a Parameters section",
-    "BlockwiseDependencyGraph.num_blocks": "core: a docstring",
-    "BlockwiseDependencyGraph.num_levels": "core: a docstring",
-    "BlockwiseDependencyGraph.num_roots": "core: a docstring",
-    "BlockwiseDependencyGraph.ndim": "core: a docstring",
-    "BlockwiseDependencyGraph.block_row": "core: the annotation of block",
-    "BlockwiseDependencyGraph.level": "core: the annotation of block, a docstring",
-    "BlockwiseDependencyGraph.upstream": "core: the annotation of block",
-    "BlockwiseDependencyGraph.downstream": "core: the annotation of block",
-    "BlockwiseDependencyGraph.subgraph_box": "core: the annotation of sub_roi, a return type",
-    "BlockwiseDependencyGraph.get_subgraph_blocks": "core: the annotation of sub_roi",
-    # daisy_nb/progress.py, logging.py, profiling.py (core)
-    "JsonProgressObserver.__init__": "core: annotations of path and stream, a Parameters section",
-    "JsonProgressObserver.on_alarm": "core: annotations, a docstring",
-    "JsonProgressObserver.on_start": "core: annotations, a docstring",
-    "JsonProgressObserver.on_progress": "core: annotations, a docstring",
-    "JsonProgressObserver.on_worker_job": "core: annotations",
-    "JsonProgressObserver.on_finish": "core: annotations, a docstring",
-    "get_worker_log_basename": "core: annotations, a Parameters section",
-    "profile_block": "core: the annotation of block, a Parameters section",
-    # daisy_nb/tracking (grow)
-    "set_tracking_basedir": "grow: the annotation of path, a Parameters section",
-    "set_done_marker_basedir": "grow: the annotation of path, a Parameters section",
-    # daisy_nb/runtime/client.py and context.py (net)
-    "Context.__init__": "net: the annotation of **kwargs",
-    "Context.keys": "net: a return type, a docstring",
-    "Context.values": "net: a return type, a docstring",
-    "Context.items": "net: a return type, a docstring",
-    "Context.get": "net: annotations, a return type, a docstring",
-    "Context.copy": "net: a docstring",
-    # daisy_nb/runtime/state.py (dask)
-    "worker_state": "dask: the annotation of task_id, a return type, a Parameters section",
-    # daisy_nb/plan.py: the dataclasses' fields are documented by comments, not an Attributes section
-    "Plan.__init__": "plan.py: an Attributes section for the fields",
-    "TaskPlan.__init__": "plan.py: an Attributes section for the fields",
-}
+PENDING: dict[str, str] = {}
 
 
 def _defined_here(obj) -> bool:

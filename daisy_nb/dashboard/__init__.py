@@ -32,18 +32,19 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import secrets
 import sys
 import time
 from typing import Any
+
+from daisy_nb import config
 
 from .live import LiveSource, Tee
 
 __all__ = ["TOKEN_ENV", "Dashboard", "check_dashboard", "resolve_token", "start_for_run", "with_dashboard"]
 
 logger = logging.getLogger("daisy")
-TOKEN_ENV = "DAISY_NB_DASHBOARD_TOKEN"  # the token of dashboards that are given none; "off": no token
+TOKEN_ENV = config.DASHBOARD_TOKEN.name  # the token of dashboards that are given none; "off": no token
 
 LINGER_SECS = 1.5  # dashboard=True: after the run, how long to wait for a watching page to fetch the end state
 
@@ -84,7 +85,7 @@ def resolve_token(token: str | bool | None = None) -> str | None:
       starting it logs a warning.
     """
     if token is None:
-        env = os.environ.get(TOKEN_ENV, "")
+        env = config.DASHBOARD_TOKEN.get() or ""
         if env == "off":
             return None
         if env:

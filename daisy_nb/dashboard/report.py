@@ -27,9 +27,11 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from daisy_nb import config
+
 __all__ = ["ENV", "check_report", "render_report", "write_report"]
 
-ENV = "DAISY_NB_REPORT"  # daisy-nb run --report PATH sets it for the program it runs
+ENV = config.REPORT.name  # daisy-nb run --report PATH sets it for the program it runs
 CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
     "base-uri 'none'; form-action 'none'"
@@ -40,8 +42,8 @@ _written: dict[str, int] = {}  # path from the environment -> runs that wrote it
 def check_report(report) -> str | None:
     """``report=`` of ``run_blockwise``: a path (str or PathLike), or None (then :data:`ENV`, if set)."""
     if report is None:
-        env = os.environ.get(ENV)
-        if not env:
+        env = config.REPORT.get()
+        if env is None:
             return None
         # one program, several runs: run.html, run-2.html, ...
         n = _written.get(env, 0) + 1

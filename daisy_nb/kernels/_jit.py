@@ -39,6 +39,8 @@ import os
 import sys
 from pathlib import Path
 
+from daisy_nb import config
+
 __all__ = [
     "COMPILE_AT",
     "cache_is_warm",
@@ -54,14 +56,8 @@ __all__ = [
     "use_python",
 ]
 
-CACHE = os.environ.get("DAISY_NB_CACHE", "1") != "0"
-_MODE = os.environ.get("DAISY_NB_JIT", "auto").strip().lower()
-if _MODE in ("1", "numba", "compiled", "on", "yes", "true"):
-    _MODE = "numba"
-elif _MODE in ("0", "python", "off", "no", "false"):
-    _MODE = "python"
-else:
-    _MODE = "auto"
+CACHE = config.CACHE.get()
+_MODE = config.JIT.get()  # "auto", "numba" or "python"
 
 # Compiling pays off once the kernels' work in plain Python would take longer than
 # importing numba and loading the compiled kernels from the cache: 0.57-0.71 s measured
@@ -264,7 +260,7 @@ def mode() -> str:
 # -- the on-disk cache ---------------------------------------------------------------
 def _drop_stale_cache() -> None:
     cache_dir = _HERE / "__pycache__"
-    if os.environ.get("NUMBA_CACHE_DIR"):
+    if config.NUMBA_CACHE_DIR.get():
         return  # a custom cache location: its owner manages it
     digest = hashlib.sha256()
     for src in sorted(_HERE.glob("*.py")):

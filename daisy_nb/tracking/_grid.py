@@ -123,12 +123,17 @@ def grid_linear_indices(total_roi, write_roi, write_begins) -> np.ndarray:
 _BASEDIR: Path | None = None
 
 
-def set_tracking_basedir(path) -> None:
+def set_tracking_basedir(path: str | os.PathLike[str] | None) -> None:
     """Set the global base directory for per-task block tracking (``None`` unsets).
 
     A task with ``tracking_path=None`` then tracks at ``<basedir>/<task_id>``.
     Tracking is opt-in: without a basedir and without an explicit path nothing
     is written (as in daisy 2.0.0).
+
+    Parameters
+    ----------
+    path : str, os.PathLike or None
+        The base directory (created when a task first tracks there); None unsets it.
     """
     global _BASEDIR
     _BASEDIR = None if path is None else Path(os.fspath(path))
@@ -139,8 +144,14 @@ def get_tracking_basedir() -> Path | None:
     return _BASEDIR
 
 
-def set_done_marker_basedir(path) -> None:
-    """Deprecated alias for :func:`set_tracking_basedir`."""
+def set_done_marker_basedir(path: str | os.PathLike[str] | None) -> None:
+    """Deprecated alias for :func:`set_tracking_basedir`.
+
+    Parameters
+    ----------
+    path : str, os.PathLike or None
+        As :func:`set_tracking_basedir`'s ``path``.
+    """
     warnings.warn(
         "set_done_marker_basedir() is deprecated; use set_tracking_basedir(). "
         "The directory now holds failure counts and resource measurements "

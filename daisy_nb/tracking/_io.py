@@ -38,7 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-ENV_IO = "DAISY_NB_TRACKING_IO"
+from daisy_nb import config
+
+ENV_IO = config.TRACKING_IO.name
 IO_MODES = ("auto", "mmap", "pwrite")
 
 # statfs(2) f_type magic numbers (linux/magic.h and the file systems' sources)
@@ -98,10 +100,7 @@ def fs_name(ftype: int | None) -> str:
 
 def requested_mode() -> str:
     """The ``DAISY_NB_TRACKING_IO`` setting (``auto`` when unset)."""
-    v = os.environ.get(ENV_IO, "").strip().lower() or "auto"
-    if v not in IO_MODES:
-        raise ValueError(f"{ENV_IO}={os.environ.get(ENV_IO)!r}: expected one of {', '.join(IO_MODES)}")
-    return v
+    return config.TRACKING_IO.get()
 
 
 def io_mode(path) -> tuple[str, int | None]:

@@ -47,106 +47,83 @@ def cli() -> str:
 
 
 # -- environment variables -------------------------------------------------------------
-# What each variable means. The names come from the code (scan_environment); a variable the
-# code reads and this table lacks, or one this table has and the code no longer reads, fails
-# the build. When daisy_nb has a configuration module that owns names, defaults and parsing,
-# replace environment_records() by a read of that module and delete this table.
-ENVIRONMENT = {
-    "DAISY_CONTEXT": (
-        "set by the scheduler",
-        "the address, port, task id, worker id and run secret a worker or `Client` program connects with (`k=v:k=v`; daisy's variable). Put in the environment of every worker function and inherited by the programs it starts.",
-    ),
-    "DAISY_HOST": (
-        "unset: detect",
-        "the address the scheduler advertises to workers, as `run_blockwise(host=)` (daisy's variable). A loopback address keeps the scheduler private to this machine.",
-    ),
-    "DAISY_NB_AUTH_TIMEOUT_SECS": ("5", "seconds a connecting job has to complete its handshake."),
-    "DAISY_NB_CACHE": ("1", "`0` turns numba's on-disk cache of the kernels off (every process compiles)."),
-    "DAISY_NB_DASHBOARD_TOKEN": (
-        "unset: random",
-        "the dashboard's access token (every dashboard given none, `dashboard=True` included); `off` turns the token off (a warning). Empty counts as unset.",
-    ),
-    "DAISY_NB_DRY_RUN": (
-        "unset",
-        "non-empty and not `0`: the program's first `run_blockwise` prints its plan and exits with 0 (set by `daisy-nb run --dry-run`).",
-    ),
-    "DAISY_NB_EARLY_TEMPLATE": (
-        "1",
-        "`0` starts the worker template at the first worker instead of before the Scheduler is built.",
-    ),
-    "DAISY_NB_EXIT_GRACE_SECS": (
-        "3",
-        "seconds a `Client` program may live after its run ended before it exits with 130.",
-    ),
-    "DAISY_NB_EXIT_WITH_RUN": (
-        "1",
-        "`0`: a `Client` program is not ended with its run; its loop ends at the next `acquire_block`.",
-    ),
-    "DAISY_NB_HANG_FACTOR": ("10", "the hang alarm's threshold in median block times."),
-    "DAISY_NB_HANG_SECS": ("60", "the hang alarm's floor in seconds; `0` turns the alarm off."),
-    "DAISY_NB_HEARTBEAT_SECS": ("5", "seconds between heartbeats on `Client` connections (both ways)."),
-    "DAISY_NB_JIT": (
-        "auto",
-        "`0`: the kernels always run as plain Python; `1`: always compiled; `auto`: plain Python until compiling pays off.",
-    ),
-    "DAISY_NB_PEER_TIMEOUT_SECS": (
-        "30",
-        "seconds of silence after which either end of a `Client` connection counts the other as gone (must exceed the heartbeat).",
-    ),
-    "DAISY_NB_REPORT": (
-        "unset",
-        "a path: every `run_blockwise` of the program writes its HTML run report there (`run-2.html` for a second run; set by `daisy-nb run --report`).",
-    ),
-    "DAISY_NB_TRACKING_IO": (
-        "auto",
-        "`mmap` or `pwrite` forces block tracking's write path; `auto` picks it from the file system. Another value is a `ValueError`.",
-    ),
-    "DAISY_NB_WORKER_START": (
-        "fork",
-        "`exec` starts every block worker as a fresh interpreter instead of forking it from the worker template.",
-    ),
-    "NUMBA_CACHE_DIR": (
-        "numba's",
-        "numba's own variable: where compiled kernels are cached. daisy_nb then leaves stale-cache cleanup to its owner.",
-    ),
-}
-_NAME = re.compile(r"\b((?:DAISY|NUMBA)_[A-Z0-9_]*[A-Z0-9])\b")
+# Names, defaults and meanings come from daisy_nb.config (standard library only: importing it
+# compiles nothing). The sources are grepped so that the build fails when the code reads a
+# variable some other way: a DAISY_* name the module does not declare, or an os.environ /
+# getenv read outside daisy_nb/config.py. What may remain outside it: copies of the whole
+# environment for a child (dict(os.environ), {**os.environ}), the worker template taking
+# over a worker's environment (os.environ.clear()/update()), and writes of a declared
+# variable, os.environ[config.X.name] = ..., and ``os.environ`` named in a docstring.
+_NAME = re.compile(r"\bDAISY_[A-Z0-9_]*[A-Z0-9]\b")
+_ENVIRON = re.compile(r"\bos\.environ\b|\bos\.getenv\b|\bos\.putenv\b|\bos\.unsetenv\b|\bos\.environb\b")
+_ALLOWED = re.compile(
+    r"dict\(os\.environ\b|\{\*\*os\.environ\b|os\.environ\.(?:clear|update)\("
+    r"|os\.environ\[config\.[A-Z][A-Z0-9_]*\.name\]\s*=(?!=)"
+    r"|``os\.environ[^`]*``"  # named in a docstring
+)
+_USE = re.compile(r"\bconfig\.([A-Z][A-Z0-9_]*)\b")
+_WRITE = re.compile(r"\[config\.([A-Z][A-Z0-9_]*)\.name\]\s*=(?!=)")  # env[config.X.name] = ... (for a child)
 
 
-def scan_environment() -> dict[str, list[str]]:
-    """``{name: [modules]}``: every ``DAISY_*``/``NUMBA_*`` name in daisy_nb's sources.
+def _config():
+    sys.path.insert(0, str(ROOT))
+    from daisy_nb import config
 
-    A grep, not an import: it also finds names held in constants (``ENV_IO``,
-    ``TOKEN_ENV``) and composed keys. The daisy shim is left out (it only re-exports)."""
-    found: dict[str, set[str]] = {}
-    for path in sorted((ROOT / "daisy_nb").rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("daisy_nb/_shim/"):
+    return config
+
+
+def scan_environment(root: Path = ROOT) -> tuple[dict[str, list[str]], list[str]]:
+    """``({config constant: [modules using it]}, [problems])`` over ``root/daisy_nb``.
+
+    A problem is a ``DAISY_*`` name that :mod:`daisy_nb.config` does not declare, an
+    ``os.environ`` use outside ``daisy_nb/config.py`` that is not one of the allowed forms
+    (a read), or a write of a variable not declared ``written``. The daisy shim is left
+    out (it only re-exports)."""
+    config = _config()
+    declared = set(config.VARIABLES)
+    constants = {k for k, v in vars(config).items() if isinstance(v, config.Variable)}
+    used: dict[str, set[str]] = {}
+    problems = []
+    for path in sorted((root / "daisy_nb").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("daisy_nb/_shim/") or rel == "daisy_nb/config.py":
             continue
-        for name in _NAME.findall(path.read_text(encoding="utf-8")):
-            if name.startswith("NUMBA_") and name not in ENVIRONMENT:
-                continue  # numba's other variables, set for numba, not read by daisy_nb
-            found.setdefault(name, set()).add(rel)
-    return {k: sorted(v) for k, v in sorted(found.items())}
+        text = path.read_text(encoding="utf-8")
+        for name in sorted(set(_NAME.findall(text)) - declared):
+            problems.append(f"{rel}: {name} is not declared in daisy_nb/config.py")
+        for n, line in enumerate(text.splitlines(), 1):
+            for m in _ENVIRON.finditer(line):
+                if not any(a.start() <= m.start() < a.end() for a in _ALLOWED.finditer(line)):
+                    problems.append(f"{rel}:{n}: reads the environment outside daisy_nb/config.py: {line.strip()}")
+        for const in _USE.findall(text):
+            if const in constants:
+                used.setdefault(const, set()).add(rel)
+        for const in sorted(set(_WRITE.findall(text))):
+            if const in constants and not getattr(config, const).written:
+                problems.append(
+                    f"{rel}: sets {getattr(config, const).name}, which daisy_nb/config.py does not declare written"
+                )
+    problems += [f"daisy_nb/config.py: {c} is used nowhere" for c in sorted(constants - set(used))]
+    return {k: sorted(v) for k, v in sorted(used.items())}, problems
 
 
 def environment_records() -> list[tuple[str, str, str, list[str]]]:
-    """``(name, default, meaning, modules)`` per variable; raises when code and table disagree."""
-    found = scan_environment()
-    missing = sorted(set(found) - set(ENVIRONMENT))
-    stale = sorted(set(ENVIRONMENT) - set(found))
-    if missing or stale:
-        raise RuntimeError(
-            f"docs/_hooks/generate.py ENVIRONMENT: undocumented variables {missing}, no longer read {stale}"
-        )
-    return [(name, *ENVIRONMENT[name], found[name]) for name in sorted(ENVIRONMENT)]
+    """``(name, default, meaning, modules)`` per variable; raises when the code reads one undeclared."""
+    config = _config()
+    used, problems = scan_environment()
+    if problems:
+        raise RuntimeError("environment variables outside daisy_nb/config.py:\n" + "\n".join(problems))
+    by_name = {getattr(config, c).name: modules for c, modules in used.items()}
+    return [(v.name, v.shown_default, v.meaning, by_name[v.name]) for _, v in sorted(config.VARIABLES.items())]
 
 
 def environment() -> str:
-    rows = ["| variable | default | meaning | read in |", "|---|---|---|---|"]
+    rows = ["| variable | default | meaning | used in |", "|---|---|---|---|"]
     for name, default, meaning, modules in environment_records():
         where = ", ".join(f"`{m.removeprefix('daisy_nb/')}`" for m in modules)
         rows.append(f"| `{name}` | {default} | {meaning} | {where} |")
+    written = [f"`{v.name}`" for _, v in sorted(_config().VARIABLES.items()) if v.written]
+    rows += ["", f"daisy_nb also sets {', '.join(written[:-1])} and {written[-1]} for the processes it starts."]
     return "\n".join(rows)
 
 

@@ -16,6 +16,7 @@ Standard library only: worker processes import this, never numpy or numba.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 __all__ = ["bind", "bind_report", "report_job", "set_worker_state", "unbind", "worker_state"]
 
@@ -42,7 +43,7 @@ def report_job(info: dict) -> bool:
         return False
 
 
-def worker_state(task_id=None):
+def worker_state(task_id: str | None = None) -> Any:
     """What the task's ``init_fn()`` returned in this worker process.
 
     Call it from a block function; ``task_id`` defaults to the task whose block is
@@ -58,7 +59,21 @@ def worker_state(task_id=None):
 
         task = daisy_nb.Task(..., process_function=process, init_fn=open_volume)
 
-    Raises ``LookupError`` outside such a block function when no state is known.
+    Parameters
+    ----------
+    task_id : str, optional
+        The task whose state to return; default: the task whose block is running.
+
+    Returns
+    -------
+    object
+        What ``init_fn()`` returned.
+
+    Raises
+    ------
+    LookupError
+        Outside such a block function when no state is known, or no ``init_fn`` of the
+        task ran in this process.
     """
     states = getattr(_current, "states", None)
     tid = task_id if task_id is not None else getattr(_current, "task_id", None)

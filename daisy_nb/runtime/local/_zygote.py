@@ -45,6 +45,8 @@ import subprocess
 import sys
 import time
 
+from daisy_nb import config
+
 __all__ = ["Template", "available", "start_early", "template_env"]
 
 _PID = struct.Struct("<q")
@@ -61,7 +63,7 @@ def available() -> bool:
         return False
     if not hasattr(socket, "SOCK_SEQPACKET") or not hasattr(os, "waitstatus_to_exitcode"):
         return False
-    return os.environ.get("DAISY_NB_WORKER_START", "fork") != "exec"
+    return config.WORKER_START.get() != "exec"
 
 
 # workers run ``python -m daisy_nb...``: make sure they import this very package
@@ -71,13 +73,14 @@ PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.
 def worker_env(environ=None) -> dict:
     """The environment of a worker (and of the template): ours, with this package first on PYTHONPATH."""
     env = dict(os.environ if environ is None else environ)
-    env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    path = config.PYTHONPATH.name
+    env[path] = PKG_PARENT + (os.pathsep + env[path] if env.get(path) else "")
     return env
 
 
 def template_env(env: dict) -> dict:
     """A worker's environment without its per-worker context (the fork request carries that)."""
-    return {k: v for k, v in env.items() if k != "DAISY_CONTEXT"}
+    return {k: v for k, v in env.items() if k != config.CONTEXT.name}
 
 
 def start_early(preload_client: bool) -> Template | None:

@@ -87,6 +87,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from daisy_nb import config
 from daisy_nb.block import Block, BlockStatus
 from daisy_nb.runtime.common.run_block import cap_traceback, format_exception
 from daisy_nb.runtime.net import frames, liveness, transport, wire
@@ -105,7 +106,7 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()  # connected clients (closed at exit)
 
 _ENDED = "assuming the run has ended — this worker will exit without processing blocks"
 EXIT_CODE = 130  # a program ended by its run's end (128 + SIGINT: "interrupted")
-EXIT_GRACE_SECS = 3.0
+EXIT_GRACE_SECS = config.EXIT_GRACE_SECS.default
 _PING, _ACQUIRE, _GOODBYE = (
     wire.encode_ping(),
     wire.encode_acquire(),
@@ -116,22 +117,10 @@ _PING, _ACQUIRE, _GOODBYE = (
 def _exit_settings(exit_with_run) -> tuple[bool, float]:
     """``(end the program with the run, grace seconds)`` from the argument and the environment."""
     if exit_with_run is None:
-        raw = os.environ.get("DAISY_NB_EXIT_WITH_RUN", "1").strip().lower()
-        if raw not in ("0", "1", "false", "true", "no", "yes", "off", "on", ""):
-            raise ValueError(f"DAISY_NB_EXIT_WITH_RUN must be 0 or 1, got {raw!r}")
-        exit_with_run = raw not in ("0", "false", "no", "off")
+        exit_with_run = config.EXIT_WITH_RUN.get()
     elif not isinstance(exit_with_run, bool):
         raise TypeError(f"exit_with_run must be a bool, got {type(exit_with_run).__name__}")
-    raw = os.environ.get("DAISY_NB_EXIT_GRACE_SECS", "")
-    grace = EXIT_GRACE_SECS
-    if raw.strip():
-        try:
-            grace = float(raw)
-        except ValueError:
-            raise ValueError(f"DAISY_NB_EXIT_GRACE_SECS must be a number of seconds, got {raw!r}") from None
-        if not grace >= 0 or grace == float("inf"):
-            raise ValueError(f"DAISY_NB_EXIT_GRACE_SECS must be a non-negative number of seconds, got {raw!r}")
-    return exit_with_run, grace
+    return exit_with_run, config.EXIT_GRACE_SECS.get()
 
 
 def pack_block(index: int, spatial_id: int, ro, rs, wo, ws) -> bytes:

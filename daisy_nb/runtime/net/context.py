@@ -8,9 +8,14 @@ values (the wheel encodes ``:``; we also encode ``=`` so any value round-trips).
 
 from __future__ import annotations
 
-import os
+from collections.abc import ItemsView, KeysView, ValuesView
+from typing import TypeVar, overload
+
+from daisy_nb import config
 
 __all__ = ["Context"]
+
+_T = TypeVar("_T")
 
 
 def _enc(s: str) -> str:
@@ -24,9 +29,9 @@ def _dec(s: str) -> str:
 class Context:
     """Dict-like store of string keys and string values (values coerced with ``str``)."""
 
-    ENV_VARIABLE = "DAISY_CONTEXT"
+    ENV_VARIABLE = config.CONTEXT.name
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: object) -> None:
         self._d: dict[str, str] = {}
         if "logdir" not in kwargs:
             from daisy_nb.logging import get_log_basedir
@@ -57,19 +62,28 @@ class Context:
     def __eq__(self, other):
         return isinstance(other, Context) and self._d == other._d
 
-    def keys(self):
+    def keys(self) -> KeysView[str]:
+        """The keys, as a dict's."""
         return self._d.keys()
 
-    def values(self):
+    def values(self) -> ValuesView[str]:
+        """The values (strings), as a dict's."""
         return self._d.values()
 
-    def items(self):
+    def items(self) -> ItemsView[str, str]:
+        """The ``(key, value)`` pairs, as a dict's."""
         return self._d.items()
 
-    def get(self, key, default=None):
+    @overload
+    def get(self, key: str) -> str | None: ...
+    @overload
+    def get(self, key: str, default: _T) -> str | _T: ...
+    def get(self, key: str, default: object = None) -> object:
+        """The value of ``key``, else ``default``."""
         return self._d.get(key, default)
 
     def copy(self) -> Context:
+        """A copy (changing it leaves this one as it is)."""
         c = Context.__new__(Context)
         c._d = dict(self._d)
         return c
@@ -80,9 +94,11 @@ class Context:
 
     @staticmethod
     def from_env(value: str | None = None) -> Context:
-        """Parse ``DAISY_CONTEXT`` (``KeyError`` if unset, ``ValueError`` if malformed)."""
+        """Parse ``DAISY_CONTEXT`` (``KeyError`` if unset or empty, ``ValueError`` if malformed)."""
         if value is None:
-            value = os.environ[Context.ENV_VARIABLE]
+            value = config.CONTEXT.get()
+            if value is None:
+                raise KeyError(Context.ENV_VARIABLE)
         return Context.from_env_string(value)
 
     @staticmethod

@@ -10,39 +10,30 @@ Standard library only: worker programs import this.
 
 from __future__ import annotations
 
-import os
+from daisy_nb import config
 
 __all__ = ["DEFAULTS", "liveness"]
 
-DEFAULTS = {"auth": 5.0, "heartbeat": 5.0, "peer_timeout": 30.0}
-_ENV = {
-    "auth": "DAISY_NB_AUTH_TIMEOUT_SECS",
-    "heartbeat": "DAISY_NB_HEARTBEAT_SECS",
-    "peer_timeout": "DAISY_NB_PEER_TIMEOUT_SECS",
+_VARIABLES = {
+    "auth": config.AUTH_TIMEOUT_SECS,
+    "heartbeat": config.HEARTBEAT_SECS,
+    "peer_timeout": config.PEER_TIMEOUT_SECS,
 }
+DEFAULTS = {key: var.default for key, var in _VARIABLES.items()}
 
 
 def liveness(context=None) -> dict[str, float]:
     """``{"auth", "heartbeat", "peer_timeout"}`` in seconds: context keys, else env, else defaults."""
     out = {}
-    for key, default in DEFAULTS.items():
+    for key, var in _VARIABLES.items():
         raw = None if context is None else context.get(key)
-        name = f"DAISY_CONTEXT key {key!r}"
         if raw in (None, ""):
-            raw, name = os.environ.get(_ENV[key], ""), _ENV[key]
-        if raw in (None, ""):
-            out[key] = default
-            continue
-        try:
-            v = float(raw)
-        except ValueError:
-            raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-        if not v > 0 or v == float("inf"):
-            raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
-        out[key] = v
+            out[key] = var.get()
+        else:  # the scheduler's setting, parsed by the same rule
+            out[key] = var.parse(raw, f"{config.CONTEXT.name} key {key!r}")
     if out["heartbeat"] >= out["peer_timeout"]:
         raise ValueError(
-            f"{_ENV['heartbeat']} ({out['heartbeat']:g}) must be smaller than {_ENV['peer_timeout']} "
+            f"{config.HEARTBEAT_SECS.name} ({out['heartbeat']:g}) must be smaller than {config.PEER_TIMEOUT_SECS.name} "
             f"({out['peer_timeout']:g}): a peer is declared gone after that much silence"
         )
     return out
