@@ -226,7 +226,7 @@ def child_calibrate(mode: str) -> dict:
         t = time.perf_counter()
         drain_one(pipeline(*cfg))
         dt1 = time.perf_counter() - t
-        out.append({"cfg": cfg, "n": n, "cap": int(s._down_cap), "us": dt * 1e6 / n, "us_one": dt1 * 1e6 / n})
+        out.append({"cfg": cfg, "n": n, "cap": int(s.geometry.down_cap), "us": dt * 1e6 / n, "us_one": dt1 * 1e6 / n})
     return {"rows": out}
 
 

@@ -1,9 +1,9 @@
 """Worker errors grouped by exception type and message shape.
 
 With 10^6 blocks, 3,000 failures are usually two distinct errors. Every failure
-text a runtime records (:func:`daisy_nb.runtime.common.failures.record_error`: a block's
-traceback from a worker's ``X`` frame, a ``Client``'s ``F``/``E`` frame, a dask
-batch result, a worker that exited or was lost) goes into the task's
+a runtime records (:func:`daisy_nb.runtime.common.failures.record_error` for a text,
+``record_worker_error`` for a :class:`WorkerError`: a block that raised in a pool
+worker, a ``Client`` or a dask batch, a worker that exited or was lost) goes into the task's
 :class:`ErrorGroups` (``TaskState.error_groups``). A group is keyed by the
 exception type and the *shape* of its message: numbers, hex values, paths and
 quoted strings are replaced by placeholders (:func:`message_shape`), so
@@ -17,8 +17,9 @@ most :data:`MAX_GROUPS` groups per task; later new shapes count in one
 ``(other errors)`` group.
 
 A back-end that knows the exception sends it structured, a :class:`WorkerError`
-(type, message, traceback, block id): it is grouped by those fields, no parsing. The
-text path (:func:`split_error`, regular expressions) stays for back-ends that send
+(type, message, traceback, block id): it is grouped by those fields, no parsing
+(a ``Client``'s failure frame, ``runtime/net/wire.py``; a dask batch's result,
+``runtime/dask/worker.py``). The text path (:func:`split_error`, regular expressions) stays for back-ends that send
 only a text and for worker logs read back (``groups_from_logs``).
 
 Only failures with a text are grouped: a block function that sets
@@ -60,23 +61,40 @@ class WorkerError:
 
     ``type``: the exception's class name (``type(e).__name__``), or ``"worker error"`` for a
     worker that exited, was killed or went silent; ``message``: ``str(e)`` (or the worker's
-    message); ``traceback``: the capped traceback (``runtime/state.py`` ``cap_traceback``),
-    empty if there is none; ``block_id``: the spatial block id, when a block raised.
+    message); ``traceback``: the capped traceback (``runtime/common/run_block.py``
+    ``cap_traceback``), empty if there is none; ``block_id``: the spatial block id, when a
+    block raised. For :meth:`text` only: ``task_id``, the block's task (the block is then
+    named as ``Block.block_id`` prints, ``('task', 7)``), and ``where``, what follows
+    ``failed`` in the first line (``" on dask worker ... (pid ...)"``).
     """
 
     type: str
     message: str
     traceback: str = ""
     block_id: int | None = None
+    task_id: str | None = None
+    where: str = ""
 
     def text(self) -> str:
-        """The text form the back-ends record today (``block <id> failed:`` and the traceback)."""
+        """The text form the back-ends record (``TaskState.last_worker_error``): ``block <id> failed<where>:``
+        and the traceback (or ``type: message`` without one); a worker's message as it is."""
         body = self.traceback or (f"{self.type}: {self.message}" if self.type != "worker error" else self.message)
-        return f"block {self.block_id} failed:\n{body}" if self.block_id is not None else body
+        if self.block_id is None:
+            return body
+        bid = self.block_id if self.task_id is None else (self.task_id, self.block_id)
+        return f"block {bid} failed{self.where}:\n{body}"
 
     @classmethod
-    def from_exception(cls, e: BaseException, traceback: str = "", block_id: int | None = None) -> WorkerError:
-        return cls(type(e).__name__, str(e), traceback, block_id)
+    def from_exception(
+        cls,
+        e: BaseException,
+        traceback: str = "",
+        block_id: int | None = None,
+        task_id: str | None = None,
+        where: str = "",
+    ) -> WorkerError:
+        """``e``'s class name and ``str(e)``, the other fields as given."""
+        return cls(type(e).__name__, str(e), traceback, block_id, task_id, where)
 
 
 def message_shape(msg: str) -> str:

@@ -5,24 +5,33 @@ calls the kernels once per call (``acquire_block``/``release_block``) or once pe
 batch (``acquire_blocks``/``release_blocks``), runs ``check_function`` prechecks, and
 keeps block tracking on disk in daisy 2.0.0's format. It does not run anything:
 the serial runner, the process pool and the dask executor drive it.
+
+Here: :class:`Scheduler` (the state and the decisions on it), :class:`SchedulerViews`
+(what observers read of it), the snapshot types they return, :class:`DependencyGraph`.
+What the Scheduler uses without deciding lives in :mod:`daisy_nb.scheduling` (the
+pipeline's geometry, the tracking stores, the prechecks, the compile decision).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from .block import Block, BlockStatus
-from .kernels import _jit
 from .kernels import graph as kg
 from .kernels import surface as ks
 from .kernels import tables as kt
-from .layout import block_id_to_grid, pack_layouts
+from .scheduling.geometry import PipelineGeometry
+from .scheduling.geometry import edge_tables as _edge_tables  # noqa: F401  (daisy_nb.plan imports it here)
+from .scheduling.pace import US_BLOCK as _US_BLOCK  # noqa: F401  (the cost model, as tests read it)
+from .scheduling.pace import US_PER_DOWNSTREAM as _US_PER_DOWNSTREAM  # noqa: F401
+from .scheduling.pace import CompilePace
+from .scheduling.prechecks import Prechecks
+from .scheduling.tracking import PipelineTracking
 from .task import Pipeline, Task, as_pipeline
 from .tracking import TrackingStore
 
@@ -32,16 +41,14 @@ if TYPE_CHECKING:
     from .task import Tasks
 
 __all__ = [
-    "BlockBatch", "BlockDescription", "BlockStates", "DependencyGraph", "Scheduler", "TaskCounts", "TaskState",
-    "WorkerCounters",
+    "BlockBatch", "BlockDescription", "BlockStates", "DependencyGraph", "Scheduler", "SchedulerViews", "TaskCounts",
+    "TaskState", "WorkerCounters",
 ]
 
 logger = logging.getLogger(__name__)
-_daisy_logger = logging.getLogger("daisy")  # messages daisy 2.0.0 logs, on its logger
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-_US_BLOCK, _US_PER_DOWNSTREAM = 30, 7  # plain-Python kernel cost of one block (see Scheduler.__init__)
-_PACE_SECS = 1.0  # hand-outs watched before a deferred compile decision (Scheduler._pace)
+_PACE_SECS = 1.0  # hand-outs watched before a deferred compile decision (scheduling/pace.py)
 
 
 class BlockBatch(NamedTuple):
@@ -202,490 +209,31 @@ class TaskState:
             f"Skipped: {self.skipped_count}\nFailed: {self.failed_count}\nOrphaned: {self.orphaned_count}"
         )
 
+class SchedulerViews:
+    """What observers read of a run (the dashboard, the hang alarm, tools, the runtimes' loops):
+    block counts, per-row states, ROIs, task snapshots. Nothing here changes state.
 
-def _edge_tables(lu, ld):
-    """Per-axis interval tables of an edge U -> D (docs/explanation/algorithms.md#inter-task-dependencies).
-
-    up[d]: for each D grid position j along axis d, the U grid interval [lo, hi) of
-    ``U.get_subgraph_blocks(D block's read ROI)`` (daisy 2.0's exact procedure);
-    dn[d]: for each U position i, the D interval {j : lo_j <= i < hi_j}, its exact
-    inverse (both endpoints are non-decreasing in j, so the inverse is an interval).
-    """
-    ups, dns = [], []
-    for d in range(lu.ndim):
-        j = np.arange(int(ld.grid_shape[d]), dtype=np.int64)
-        rb = ld.total_offset[d] + j * ld.write_shape[d]
-        re = rb + ld.read_shape[d]
-        if ld.fit == "shrink":
-            re = np.minimum(re, ld.total_offset[d] + ld.total_shape[d])
-        twb, twe = lu.tw_offset[d], lu.tw_offset[d] + lu.tw_shape[d]
-        b = np.maximum(rb, twb)
-        e = np.maximum(b, np.minimum(re, twe))
-        ws, gu = lu.write_shape[d], int(lu.grid_shape[d])
-        lo = np.clip((b - twb) // ws, 0, gu)
-        hi = np.clip(-(-(e - twb) // ws), 0, gu)
-        hi = np.maximum(hi, lo)
-        if len(j) > 1 and (np.any(np.diff(lo) < 0) or np.any(np.diff(hi) < 0)):
-            raise AssertionError("inter-task intervals must be monotone")  # geometry guarantees it
-        i = np.arange(gu, dtype=np.int64)
-        dlo = np.searchsorted(hi, i, side="right")
-        dhi = np.searchsorted(lo, i, side="right")
-        dhi = np.maximum(dhi, dlo)
-        ups.append(np.stack([lo, hi], axis=1))
-        dns.append(np.stack([dlo, dhi], axis=1))
-    return ups, dns
-
-
-class Scheduler:
-    """Hands out ready blocks of a pipeline and takes their results back.
-
-    ``Scheduler(pipeline_or_task_or_list, count_all_orphans=True, block_tracking=True)``.
-    Order and counters are daisy 2.0.0's (roots first, then FIFO; retries to the back;
-    ``max_retries + 1`` attempts; skipped blocks count as completed), with daisy's
-    defects fixed (docs/explanation/defects.md).
-
-    Parameters
-    ----------
-    tasks : Pipeline or Task or list of Task
-        What to schedule.
-    count_all_orphans : bool, default True
-        daisy's flag; orphans are always counted in full here (accepted for compatibility).
-    block_tracking : bool, default True
-        Open each task's block tracking: blocks recorded as done are skipped, and
-        released blocks are recorded.
-
-    Raises
-    ------
-    TypeError, ValueError
-        Bad tasks (duplicate ids, cycles, connected tasks of different dimensions).
-    RuntimeError
-        A tracking store written for a different task layout.
+    The base of :class:`Scheduler`, which owns what these read: ``geometry`` (a
+    :class:`~daisy_nb.scheduling.geometry.PipelineGeometry`), the counter rows ``cnt`` and
+    task configuration ``tcfg``, the per-row ``status``/``preskip``/``retries``, the
+    runtime's ``counters`` and the abandonment reasons. An observer that only reads can
+    be typed against this class.
     """
 
-    def __init__(self, tasks: Tasks, count_all_orphans: bool = True, block_tracking: bool = True) -> None:
-        pipeline: Pipeline = as_pipeline(tasks)
-        self.pipeline = pipeline
-        order = pipeline.validate()
-        by_id = {t.task_id: t for t in pipeline.tasks}
-        self.task_ids: list[str] = order
-        self.tasks: dict[str, Task] = {tid: by_id[tid] for tid in order}
-        self._tindex = {tid: i for i, tid in enumerate(order)}
-        T = len(order)
-        layouts = [self.tasks[tid].layout for tid in order]
-        self._layouts = layouts
-        self._tt = tt = pack_layouts(layouts)
-        self._ndim = [lay.ndim for lay in layouts]
+    geometry: PipelineGeometry
+    task_ids: list[str]
+    tasks: dict[str, Task]
+    counters: dict[str, WorkerCounters]
+    cnt: np.ndarray
+    tcfg: np.ndarray
+    status: np.ndarray
+    preskip: np.ndarray
+    retries: np.ndarray
+    _tindex: dict[str, int]
+    _nblocks: list[int]
+    _abandon_reason: dict[str, str]
 
-        # task DAG
-        edges = [(self._tindex[u.task_id], self._tindex[d.task_id]) for u, d in pipeline.edges]
-        self._edges = edges
-        self._up_tasks = [[u for u, d in edges if d == t] for t in range(T)]
-        self._down_tasks = [[d for u, d in edges if u == t] for t in range(T)]
-        maxnd = tt.geo.shape[2]
-        e_uv = np.array(edges, dtype=np.int64).reshape(len(edges), 2)
-        up_parts, dn_parts = [], []
-        e_up_off = np.zeros((len(edges), maxnd), dtype=np.int64)
-        e_dn_off = np.zeros((len(edges), maxnd), dtype=np.int64)
-        nup = ndn = 0
-        self._edge_max_down = np.zeros(len(edges), dtype=np.int64)
-        for k, (u, d) in enumerate(edges):
-            lu, ld = layouts[u], layouts[d]
-            if lu.ndim != ld.ndim:
-                raise ValueError(
-                    f"tasks {order[u]!r} and {order[d]!r} are connected but have {lu.ndim} and {ld.ndim} dimensions"
-                )
-            ups, dns = _edge_tables(lu, ld)
-            prod = 1
-            for ax in range(lu.ndim):
-                e_up_off[k, ax] = nup
-                e_dn_off[k, ax] = ndn
-                nup += len(ups[ax])
-                ndn += len(dns[ax])
-                up_parts.append(ups[ax])
-                dn_parts.append(dns[ax])
-                prod *= int((dns[ax][:, 1] - dns[ax][:, 0]).max()) if len(dns[ax]) else 0
-            self._edge_max_down[k] = prod
-        cat = lambda parts: np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, 2), np.int64), dtype=np.int64)  # noqa: E731
-        self._e = (e_uv, cat(up_parts), e_up_off, cat(dn_parts), e_dn_off)
-        in_ptr = np.zeros(T + 1, dtype=np.int64)
-        out_ptr = np.zeros(T + 1, dtype=np.int64)
-        in_e, out_e = [], []
-        for t in range(T):
-            in_e += [k for k, (u, d) in enumerate(edges) if d == t]
-            out_e += [k for k, (u, d) in enumerate(edges) if u == t]
-            in_ptr[t + 1] = len(in_e)
-            out_ptr[t + 1] = len(out_e)
-        self._tptr = (in_ptr, np.array(in_e, dtype=np.int64), out_ptr, np.array(out_e, dtype=np.int64))
-
-        # scratch for one block's downstream list: the exact maximum from the geometry
-        cap = 1
-        for t in range(T):
-            lay = layouts[t]
-            m = int(np.diff(lay.conf_indptr).max()) if lay.num_levels else 0
-            m += sum(int(self._edge_max_down[k]) for k in self._tptr[3][self._tptr[2][t] : self._tptr[2][t + 1]])
-            cap = max(cap, m)
-        # Compiled kernels pay off only for enough work (kernels/_jit.py): a block costs the
-        # plain-Python kernels ~20 µs (batch API) to ~40 µs (per-block API; the plain twin of
-        # kernels.surface.step builds its views once) plus ~7 µs per entry of its downstream
-        # list (measured 1-D to 3-D, 1-3 tasks), so from ~4k blocks (3-D, conflicts, two
-        # tasks) to ~16k (1-D, one task) the scheduler compiles: 12,800 blocks handed out
-        # one by one to Clients (~0.5 s of plain kernels) no longer pay numba's ~0.6 s.
-        # When the work is between the price and twice it, whether compiling pays depends on
-        # how fast blocks are handed out (_jit.compile_pays): decided after the first
-        # _PACE_SECS of hand-outs from their rate (_pace), in plain Python until then.
-        N = sum(lay.num_blocks for lay in layouts)
-        self._us_block = _US_BLOCK + _US_PER_DOWNSTREAM * cap
-        work = N * self._us_block
-        self._pace_state: list | None = None  # [first hand-out (monotonic), blocks handed out] while deciding
-        if _jit.mode() == "auto" and not _jit.compiled() and _jit.COMPILE_AT <= work < 2 * _jit.COMPILE_AT:
-            self._pace_state = [None, 0]
-        else:
-            _jit.need(work)
-
-        # state: packed into one int64 and one uint8 buffer (see kernels/surface.py);
-        # the attributes below are views into them
-        self.num_blocks_total = N
-        e, p = self._e, self._tptr
-        tables = dict(zip(("geo", "info", "lvl_off", "lvl_cnt", "lvl_start", "conf_ptr", "conf_jump"),
-                          (tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump)))
-        tables.update(e_uv=e[0], e_up=e[1], e_up_off=e[2], e_dn=e[3], e_dn_off=e[4],
-                      t_in_ptr=p[0], t_in_e=p[1], t_out_ptr=p[2], t_out_e=p[3])
-        shapes = {name: a.shape for name, a in tables.items()}
-        shapes.update(queue=(max(N, 1),), cnt=(T, kt.N_CNT), tcfg=(T, kt.N_CFG), buf_t=(cap,), buf_row=(cap,),
-                      buf_id=(cap,), buf_lev=(cap,), buf_j=(cap, maxnd), scr=(8, max(maxnd, 3)), row1=(1,))
-        self._b, views = kt.pack_int64(tables, shapes, N)
-        self.queue, self.cnt, self.tcfg = views["queue"], views["cnt"], views["tcfg"]
-        self._down_cap = cap  # length of the downstream scratch (buf_*)
-        self._u8 = kt.pack_u8(N)
-        self.n_met = np.zeros(N, dtype=np.int32)
-        # fail_block's arguments (one call per permanent failure): the (T, S, W) tuples step builds
-        self._groups = kt.groups(views, self._u8, self.n_met, N)
-        self.status, _, self.retries, self.preskip = self._groups[1][:4]
-        for t, tid in enumerate(order):
-            self.tcfg[t, kt.F_MAX_RETRIES] = self.tasks[tid].max_retries
-
-        self.counters = {tid: WorkerCounters(tid) for tid in order}
-        for t, tid in enumerate(order):
-            self.counters[tid].error_groups.roi_of = functools.partial(self.block_rois, t)
-        self._abandon_reason: dict[str, str] = {}
-        self._check_warned: set[str] = set()
-
-        # block tracking (daisy 2.0.0 layout) and skip masks
-        self.tracking: dict[str, TrackingStore] = {}
-        if block_tracking:
-            for t, tid in enumerate(order):
-                task = self.tasks[tid]
-                path = task.resolved_tracking_path()
-                if path is None:
-                    continue
-                try:
-                    store = TrackingStore.open(path, task.total_roi, task.read_roi, task.write_roi, task.fit,
-                                               read_write_conflict=task.read_write_conflict)
-                except RuntimeError as e:
-                    self.close()
-                    raise RuntimeError(f"invalid configuration: {e}") from None
-                self.tracking[tid] = store
-                lay = layouts[t]
-                n = ks.flag_grid_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, store.done.reshape(-1),
-                                       np.asarray(store.grid_shape, np.int64), lay.id_offset, self.preskip, np.uint8(1))
-                if n:
-                    logger.info("task %r: resumed — %d/%d blocks skipped via block tracking", tid, n, lay.num_blocks)
-        for t, tid in enumerate(order):
-            mask = self.tasks[tid].skip_mask
-            if mask is not None:
-                lay = layouts[t]
-                ks.flag_grid_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, mask.reshape(-1),
-                                   lay.grid_shape, np.zeros(lay.ndim, np.int64), self.preskip, np.uint8(2))
-
-        # roots: source tasks hand out level 0 lazily; downstream tasks start with the
-        # level-0 blocks that have no upstream block at all (daisy never runs them)
-        for t in range(T):
-            if not self._up_tasks[t]:
-                self.cnt[t, kt.C_ROOTS_LEFT] = layouts[t].num_roots
-                self.cnt[t, kt.C_READY] = layouts[t].num_roots
-            elif layouts[t].num_roots and self._may_have_free_blocks(t):
-                edge_t = self._e
-                t_in_ptr, t_in_e, _, _ = self._tptr
-                ks.seed_free_blocks(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
-                                    edge_t[1], edge_t[2], t_in_ptr, t_in_e, self.status, self.queue, self.cnt, t)
-        self._dependency_graph: DependencyGraph | None = None
-        self._fast_setup()
-
-    def _may_have_free_blocks(self, t: int) -> bool:
-        """False when every block of task t surely reads some upstream block."""
-        for k, (_u, d) in enumerate(self._edges):
-            if d != t:
-                continue
-            for ax in range(self._layouts[t].ndim):
-                o = self._e[2][k, ax]
-                iv = self._e[1][o : o + int(self._layouts[t].grid_shape[ax])]
-                if np.any(iv[:, 1] <= iv[:, 0]):
-                    return True
-        return False
-
-    # -- kernel calls ---------------------------------------------------------------
-    def _fast_setup(self):
-        # one-block buffers and bound values reused by the per-block API (each
-        # allocation or lookup costs about as much as the kernel call itself)
-        self._one = [np.empty(2 + 4 * nd, np.int64) for nd in self._ndim]
-        self._nblocks = [lay.num_blocks for lay in self._layouts]
-        self._checks = {tid: self.tasks[tid].check_function for tid in self.task_ids}
-        self._no_rows = np.zeros(1, np.int64)  # placeholders for step()'s unused array arguments
-        self._no_codes = np.zeros(1, np.uint8)
-
-    def _t(self, task_id) -> int | None:
-        return self._tindex.get(task_id)
-
-    def _task_of(self, block: Block) -> int:
-        """The task number of ``block``; raises if it belongs to no task of this pipeline."""
-        t = self._tindex.get(block._task_id)
-        if t is None:
-            raise ValueError(f"block {block.block_id} belongs to no task of this pipeline")
-        return t
-
-    def _acquire_rows(self, t: int, max_n: int, out: np.ndarray) -> int:
-        n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE, t, max_n, 0, out, self._no_codes)
-        if n < 0:
-            raise RuntimeError("internal error: scratch buffer too small")
-        if self._pace_state is not None:
-            self._pace(n)
-        return n
-
-    def _pace(self, n: int) -> None:
-        """The deferred compile decision (see ``__init__``): count hand-outs; after ``_PACE_SECS``,
-        tell ``_jit`` the work left and how much of it comes per second at the rate seen."""
-        p = self._pace_state
-        if p is None:
-            return
-        now = time.monotonic()
-        if p[0] is None:
-            p[0] = now
-        p[1] += n
-        elapsed = now - p[0]
-        if elapsed < _PACE_SECS:
-            return
-        self._pace_state = None
-        rate = p[1] / elapsed  # blocks handed out per second
-        left = max(0, self.num_blocks_total - p[1])
-        _jit.need(left * self._us_block, per_sec_us=rate * self._us_block)
-
-    def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
-        start = 0
-        while True:
-            n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE, t, start, 0, rows, codes)
-            if n >= 0:
-                return
-            if n == kt.RC_SCRATCH:
-                raise RuntimeError("internal error: scratch buffer too small")
-            start = kt.failed_at(n)  # this block failed for good: orphan its dependents, go on after it
-            self._fail(t, int(rows[start]))
-            start += 1
-
-    def _fail(self, t: int, row: int) -> None:
-        if ks.fail_block(*self._groups, t, row) == kt.RC_SCRATCH:
-            raise RuntimeError("internal error: scratch buffer too small")
-
-    def _describe(self, t: int, rows: np.ndarray):
-        nd = self._ndim[t]
-        n = len(rows)
-        ids = np.empty(n, np.int64)
-        ro, wo, rs, ws = (np.empty((n, nd), np.int64) for _ in range(4))
-        tt = self._tt
-        kg.describe_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, rows, ids, ro, wo, rs, ws)
-        return ids, ro, rs, wo, ws
-
-    def block_rois(self, t: int, block_id: int) -> dict | None:
-        """``{"read_roi", "write_roi"}`` (offset/shape lists) of block ``block_id`` of task ``t``, or None."""
-        row = self.row_of(self.task_ids[t], block_id)
-        if row is None:
-            return None
-        _, ro, rs, wo, ws = self._describe(t, np.full(1, row, np.int64))
-        return {
-            "read_roi": {"offset": ro[0].tolist(), "shape": rs[0].tolist()},
-            "write_roi": {"offset": wo[0].tolist(), "shape": ws[0].tolist()},
-        }
-
-    def _track(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
-        store = self.tracking.get(self.task_ids[t])
-        if store is None or len(rows) == 0:
-            return
-        lay = self._layouts[t]
-        cells = np.empty(len(rows), np.int64)
-        tt = self._tt
-        ks.rows_to_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, rows,
-                         np.asarray(store.grid_shape, np.int64), lay.id_offset, cells)
-        ok = cells >= 0
-        done = ok & ((codes == kt.R_SUCCESS) | (codes == kt.R_SKIPPED))
-        if done.any():
-            store.mark_done(cells[done])
-        failed = ok & (codes == kt.R_FAILED)
-        if failed.any():
-            store.add_failures(cells[failed])
-
-    def _check(self, t: int, block: Block) -> bool:
-        fn = self.tasks[self.task_ids[t]].check_function
-        assert fn is not None  # called for tasks with a check_function only
-        try:
-            return bool(fn(block))
-        except Exception as e:  # the user's check: any error means "not done", as in daisy
-            tid = self.task_ids[t]
-            if tid not in self._check_warned:
-                self._check_warned.add(tid)
-                import traceback
-
-                frames = e.__traceback__.tb_next if e.__traceback__ is not None else None  # from the user's frame
-                tb = "".join(traceback.format_exception(type(e), e, frames)).rstrip()
-                _daisy_logger.warning(
-                    'check_function for task "%s" raised; treating block %s/%s as not done, so it will be '
-                    "(re)processed. Further check failures for this task will not be logged:\n%s",
-                    tid, tid, block.block_id[1], tb,
-                )  # fmt: skip
-            return False
-
-    # -- daisy's per-block API --------------------------------------------------------
-    def acquire_block(self, task_id: str) -> Block | None:
-        """The next ready block of ``task_id`` (status CREATED), or None."""
-        t = self._tindex.get(task_id)
-        if t is None:
-            return None
-        check = self._checks[task_id]
-        out = self._one[t]
-        nd = self._ndim[t]
-        while True:
-            n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
-            if n <= 0:
-                if n < 0:
-                    raise RuntimeError("internal error: scratch buffer too small")
-                return None
-            if self._pace_state is not None:
-                self._pace(1)
-            v = out.tolist()
-            row = v[0]
-            block = Block._make(task_id, v[1], (tuple(v[2 : 2 + nd]), tuple(v[2 + nd : 2 + 2 * nd])),
-                                (tuple(v[2 + 2 * nd : 2 + 3 * nd]), tuple(v[2 + 3 * nd :])), row)
-            if check is not None and self._check(t, block):
-                rows = np.full(1, row, np.int64)
-                codes = np.full(1, kt.R_SKIPPED, np.uint8)
-                self._release_rows(t, rows, codes)
-                self._track(t, rows, codes)
-                continue
-            return block
-
-    def release_block(self, block: Block) -> None:
-        """Take a block back: SUCCESS completes it, FAILED retries or fails it for good."""
-        t = self._task_of(block)
-        status = block._status
-        if status == 2:  # BlockStatus.SUCCESS
-            code = kt.R_SUCCESS
-        elif status == 3:  # BlockStatus.FAILED
-            code = kt.R_FAILED
-        else:
-            raise ValueError(f"unexpected status for released block: {BlockStatus.name(status)} (set SUCCESS or FAILED)")
-        row = block.index
-        if row < 0 or row >= self._nblocks[t]:
-            row = self._row_of(t, block)
-        self._release_one(t, row, code)
-
-    def _release_one(self, t: int, row: int, code: int) -> None:
-        n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE_ONE, t, row, code, self._no_rows, self._no_codes)
-        if n < 0:
-            if n == kt.RC_SCRATCH:
-                raise RuntimeError("internal error: scratch buffer too small")
-            self._fail(t, row)
-        if self.tracking:
-            self._track(t, np.full(1, row, np.int64), np.full(1, code, np.uint8))
-
-    def _row_of(self, t: int, block: Block) -> int:
-        lay = self._layouts[t]
-        g = lay.grid_of_write_offset(block._write[0])
-        if g is None:
-            raise ValueError(f"block {block.block_id} is not a block of task {self.task_ids[t]!r}")
-        tt = self._tt
-        return int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, g))
-
-    # -- batch API (runtimes) ---------------------------------------------------------
-    def acquire_blocks(self, task_id: str, max_n: int) -> BlockBatch:
-        """Up to ``max_n`` ready blocks of ``task_id`` as arrays (same order and prechecks)."""
-        t = self._t(task_id)
-        if t is None or max_n <= 0:
-            return self._batch(task_id, 0, _EMPTY)
-        check = self.tasks[task_id].check_function
-        out = np.empty(max_n, np.int64)
-        n = self._acquire_rows(t, max_n, out)
-        if check is None or n == 0:
-            return self._batch(task_id, t, out[:n])
-        kept = []
-        rows = out[:n]
-        while len(rows):
-            batch = self._batch(task_id, t, rows)
-            skip = np.array([self._check(t, b) for b in batch.blocks()], dtype=bool)
-            if skip.any():
-                codes = np.full(int(skip.sum()), kt.R_SKIPPED, np.uint8)
-                self._release_rows(t, rows[skip], codes)
-                self._track(t, rows[skip], codes)
-            kept.append(rows[~skip])
-            need = max_n - sum(len(k) for k in kept)
-            if not skip.any() or need <= 0:
-                break
-            more = np.empty(need, np.int64)
-            rows = more[: self._acquire_rows(t, need, more)]
-        return self._batch(task_id, t, np.concatenate(kept) if kept else _EMPTY)
-
-    def _batch(self, task_id, t, rows) -> BlockBatch:
-        rows = np.ascontiguousarray(rows, dtype=np.int64)
-        if len(rows) == 0:
-            nd = self._ndim[t] if isinstance(t, int) and t < len(self._ndim) and task_id in self._tindex else 0
-            z = np.zeros((0, nd), np.int64)
-            return BlockBatch(task_id, rows, _EMPTY, z, z, z, z)
-        ids, ro, rs, wo, ws = self._describe(t, rows)
-        return BlockBatch(task_id, rows, ids, ro, rs, wo, ws)
-
-    def release_blocks(self, task_id: str, index: npt.ArrayLike, status: npt.ArrayLike) -> None:
-        """Release many blocks: ``status`` per block is SUCCESS (2), FAILED (3), or
-        CREATED (0: never started, given back to the front of the queue uncounted)."""
-        t = self._t(task_id)
-        if t is None:
-            raise ValueError(f"unknown task {task_id!r}")
-        rows = np.ascontiguousarray(index, dtype=np.int64)
-        codes = np.ascontiguousarray(status, dtype=np.uint8)
-        if rows.shape != codes.shape:
-            raise ValueError("index and status must have the same length")
-        bad = (codes == 1) | (codes > kt.R_FAILED)  # allowed: R_GIVE_BACK, R_SUCCESS, R_FAILED (np.isin is 8x slower)
-        if bad.any():
-            raise ValueError(f"unexpected status for released blocks: {sorted(set(codes[bad].tolist()))}")
-        self._release_rows(t, rows, codes)
-        self._track(t, rows, codes)
-
-    # -- list API (the TCP path: a few blocks per call, frames built from plain ints) ------
-    def acquire_described(self, task_id: str, max_n: int) -> list[list[int]]:
-        """Up to ``max_n`` ready blocks of ``task_id`` as flat lists ``[index, spatial id, *read offset,
-        *read shape, *write offset, *write shape]`` (the batch API's order and prechecks); one block
-        is one kernel call into a preallocated row, no arrays built (``runtime/clients.py``)."""
-        t = self._tindex.get(task_id)
-        if t is None or max_n <= 0:
-            return []
-        if max_n == 1 and self._checks[task_id] is None:
-            out = self._one[t]
-            n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
-            if n < 0:
-                raise RuntimeError("internal error: scratch buffer too small")
-            if n and self._pace_state is not None:
-                self._pace(1)
-            return [out.tolist()] if n else []
-        b = self.acquire_blocks(task_id, max_n)
-        cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)
-        return [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
-
-    def release_indices(self, task_id: str, index: list[int], status: list[int]) -> None:
-        """``release_blocks`` of lists a runtime built (statuses 0, 2, 3: not checked); one block is
-        one kernel call, no arrays built."""
-        if len(index) != 1:
-            self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
-        else:
-            self._release_one(self._tindex[task_id], index[0], status[0])
-
-    # -- public reads (the dashboard, the hang alarm, tools: nothing here changes state) ----
-    def _tid(self, task_id) -> int:
+    def _tid(self, task_id: str) -> int:
         t = self._tindex.get(task_id)
         if t is None:
             raise KeyError(f"no task {task_id!r} in this scheduler")
@@ -697,42 +245,27 @@ class Scheduler:
         r = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
         if len(r) and (int(r.min()) < 0 or int(r.max()) >= self._nblocks[t]):
             raise ValueError(f"rows of task {task_id!r} are 0..{self._nblocks[t] - 1}")
-        ids, ro, rs, wo, ws = self._describe(t, r)
+        ids, ro, rs, wo, ws = self.geometry.describe(t, r)
         return BlockDescription(ids, ro, rs, wo, ws)
 
     def row_of(self, task_id: str, block_id: int) -> int | None:
         """The row of the block with id ``block_id`` in ``task_id``, or None if it is not one of its blocks."""
-        t = self._tid(task_id)
-        g = block_id_to_grid(self._layouts[t], int(block_id))
-        if g is None:
-            return None
-        tt = self._tt
-        return int(kg.grid_to_row(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, np.asarray(g, np.int64)))
+        return self.geometry.row_of_id(self._tid(task_id), block_id)
 
     def rows_in_grid_box(
         self, task_id: str, lo: Sequence[int], hi: Sequence[int]
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(rows, block ids)`` of the blocks at grid positions in ``[lo, hi)`` (C order), clipped to the grid."""
-        t = self._tid(task_id)
-        lay = self._layouts[t]
-        nd = lay.ndim
-        lo_c = [max(0, min(int(lo[d]), int(lay.grid_shape[d]))) for d in range(nd)]
-        hi_c = [max(lo_c[d], min(int(hi[d]), int(lay.grid_shape[d]))) for d in range(nd)]
-        n = 1
-        for d in range(nd):
-            n *= hi_c[d] - lo_c[d]
-        tt = self._tt
-        maxnd = tt.geo.shape[2]
-        lo_a, hi_a = np.zeros(maxnd, np.int64), np.zeros(maxnd, np.int64)
-        lo_a[:nd], hi_a[:nd] = lo_c, hi_c
-        rows, ids = np.empty(n, np.int64), np.empty(n, np.int64)
-        k = kg.grid_box_rows(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, lo_a, hi_a, rows, ids) if n else 0
-        return rows[:k], ids[:k]
+        return self.geometry.rows_in_grid_box(self._tid(task_id), lo, hi)
+
+    def block_rois(self, t: int, block_id: int) -> dict | None:
+        """``{"read_roi", "write_roi"}`` (offset/shape lists) of block ``block_id`` of task ``t``, or None."""
+        return self.geometry.block_rois(t, block_id)
 
     def block_states(self, task_id: str) -> BlockStates:
         """Read-only views of ``task_id``'s per-row status, preskip and retries (see :class:`BlockStates`)."""
         t = self._tid(task_id)
-        base = int(self._tt.info[t, kt.I_BLOCK_BASE])
+        base = int(self.geometry.tt.info[t, kt.I_BLOCK_BASE])
         out = []
         for a in (self.status, self.preskip, self.retries):
             v = a[base : base + self._nblocks[t]]
@@ -747,7 +280,6 @@ class Scheduler:
         return TaskCounts(self._nblocks[t], item(t, kt.C_READY), item(t, kt.C_PROC), item(t, kt.C_COMPLETED),
                           item(t, kt.C_SKIPPED), item(t, kt.C_FAILED), item(t, kt.C_ORPHANED))
 
-    # -- state --------------------------------------------------------------------------
     def ready_count(self, task_id: str) -> int:
         """Blocks of ``task_id`` ready to be handed out now."""
         return self.cnt.item(self._tindex[task_id], kt.C_READY)
@@ -768,7 +300,7 @@ class Scheduler:
         return bool(self.tcfg[self._tindex[task_id], kt.F_STATE] == kt.ABANDONED)
 
     def abandon_reason(self, task_id: str) -> str | None:
-        """Why ``task_id`` was abandoned (the reason given to :meth:`abandon_task`), or None."""
+        """Why ``task_id`` was abandoned (the reason given to ``abandon_task``), or None."""
         return self._abandon_reason.get(task_id)
 
     def is_task_done(self, task_id: str) -> bool:
@@ -781,12 +313,292 @@ class Scheduler:
 
     def upstream_task_ids(self, task_id: str) -> list[str]:
         """The tasks ``task_id`` depends on directly."""
-        return [self.task_ids[u] for u in self._up_tasks[self._tindex[task_id]]]
+        return [self.task_ids[u] for u in self.geometry.up_tasks[self._tindex[task_id]]]
 
     def downstream_task_ids(self, task_id: str) -> list[str]:
         """The tasks that depend on ``task_id`` directly."""
-        return [self.task_ids[d] for d in self._down_tasks[self._tindex[task_id]]]
+        return [self.task_ids[d] for d in self.geometry.down_tasks[self._tindex[task_id]]]
 
+    @property
+    def task_states(self) -> dict[str, TaskState]:
+        """A snapshot of every task's counters, ``{task_id: TaskState}`` in task order."""
+        return {
+            tid: TaskState(tid, self._nblocks[t], self.cnt[t], self.counters[tid],
+                           self.tcfg[t, kt.F_STATE] == kt.ABANDONED, self._abandon_reason.get(tid),
+                           self.tasks[tid].timeout_secs)
+            for t, tid in enumerate(self.task_ids)
+        }
+
+
+
+class Scheduler(SchedulerViews):
+    """Hands out ready blocks of a pipeline and takes their results back.
+
+    ``Scheduler(pipeline_or_task_or_list, count_all_orphans=True, block_tracking=True)``.
+    Order and counters are daisy 2.0.0's (roots first, then FIFO; retries to the back;
+    ``max_retries + 1`` attempts; skipped blocks count as completed), with daisy's
+    defects fixed (docs/explanation/defects.md).
+
+    The Scheduler owns the blocks' state (packed for the kernels, ``kernels/surface.py``)
+    and decides what every call does to it: hand-out with ``check_function`` prechecks,
+    release (retries, permanent failures, orphans), abandonment. What it decides from it
+    has homes of its own (:mod:`daisy_nb.scheduling`): where the blocks are
+    (:attr:`geometry`), the tasks' block tracking on disk, when compiling pays, and the
+    read-only views observers take (:class:`~daisy_nb.scheduling.views.SchedulerViews`).
+
+    Parameters
+    ----------
+    tasks : Pipeline or Task or list of Task
+        What to schedule.
+    count_all_orphans : bool, default True
+        daisy's flag; orphans are always counted in full here (accepted for compatibility).
+    block_tracking : bool, default True
+        Open each task's block tracking: blocks recorded as done are skipped, and
+        released blocks are recorded.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad tasks (duplicate ids, cycles, connected tasks of different dimensions).
+    RuntimeError
+        A tracking store written for a different task layout.
+    """
+
+    def __init__(self, tasks: Tasks, count_all_orphans: bool = True, block_tracking: bool = True) -> None:
+        self.pipeline: Pipeline = as_pipeline(tasks)
+        self.geometry = geo = PipelineGeometry(self.pipeline)
+        self.task_ids: list[str] = geo.task_ids
+        self.tasks: dict[str, Task] = geo.tasks
+        self._tindex, self._ndim, self._nblocks = geo.tindex, geo.ndim, geo.nblocks
+        self.num_blocks_total = N = geo.num_blocks_total
+        order, tt, T = geo.task_ids, geo.tt, len(geo.task_ids)
+        # the compile decision first: the kernels called below are compiled or plain by then
+        self._pace: CompilePace | None = CompilePace(N, geo.down_cap, _PACE_SECS)
+        if self._pace.decided:
+            self._pace = None
+
+        # state: packed into one int64 and one uint8 buffer (see kernels/surface.py);
+        # the attributes below are views into them
+        e, p, cap, maxnd = geo.e, geo.tptr, geo.down_cap, tt.geo.shape[2]
+        tables = geo.kernel_tables()
+        shapes = {name: a.shape for name, a in tables.items()}
+        shapes.update(queue=(max(N, 1),), cnt=(T, kt.N_CNT), tcfg=(T, kt.N_CFG), buf_t=(cap,), buf_row=(cap,),
+                      buf_id=(cap,), buf_lev=(cap,), buf_j=(cap, maxnd), scr=(8, max(maxnd, 3)), row1=(1,))
+        self._b, views = kt.pack_int64(tables, shapes, N)
+        self.queue, self.cnt, self.tcfg = views["queue"], views["cnt"], views["tcfg"]
+        self._u8 = kt.pack_u8(N)
+        self.n_met = np.zeros(N, dtype=np.int32)
+        # fail_block's arguments (one call per permanent failure): the (T, S, W) tuples step builds
+        self._groups = kt.groups(views, self._u8, self.n_met, N)
+        self.status, _, self.retries, self.preskip = self._groups[1][:4]
+        for t, tid in enumerate(order):
+            self.tcfg[t, kt.F_MAX_RETRIES] = self.tasks[tid].max_retries
+
+        self.counters = {tid: WorkerCounters(tid) for tid in order}
+        for t, tid in enumerate(order):
+            self.counters[tid].error_groups.roi_of = functools.partial(geo.block_rois, t)
+        self._abandon_reason: dict[str, str] = {}
+
+        # block tracking (daisy 2.0.0 layout) and skip masks: preskip 1 done on disk, 2 skipped by the mask
+        self._tracking = PipelineTracking(geo, block_tracking)
+        self.tracking: dict[str, TrackingStore] = self._tracking.stores
+        self._tracking.flag_done(self.preskip)
+        for t, tid in enumerate(order):
+            mask = self.tasks[tid].skip_mask
+            if mask is not None:
+                lay = geo.layouts[t]
+                ks.flag_grid_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, mask.reshape(-1),
+                                   lay.grid_shape, np.zeros(lay.ndim, np.int64), self.preskip, np.uint8(2))
+
+        # roots: source tasks hand out level 0 lazily; downstream tasks start with the
+        # level-0 blocks that have no upstream block at all (daisy never runs them)
+        for t in range(T):
+            lay = geo.layouts[t]
+            if not geo.up_tasks[t]:
+                self.cnt[t, kt.C_ROOTS_LEFT] = lay.num_roots
+                self.cnt[t, kt.C_READY] = lay.num_roots
+            elif lay.num_roots and geo.may_have_free_blocks(t):
+                ks.seed_free_blocks(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
+                                    e[1], e[2], p[0], p[1], self.status, self.queue, self.cnt, t)
+        self._dependency_graph: DependencyGraph | None = None
+        # one-block buffers and bound values reused by the per-block API (each
+        # allocation or lookup costs about as much as the kernel call itself)
+        self._one = [np.empty(2 + 4 * nd, np.int64) for nd in self._ndim]
+        self._prechecks = Prechecks({tid: self.tasks[tid].check_function for tid in self.task_ids})
+        self._checks = self._prechecks.fns
+        self._no_rows = np.zeros(1, np.int64)  # placeholders for step()'s unused array arguments
+        self._no_codes = np.zeros(1, np.uint8)
+
+    # -- kernel calls ---------------------------------------------------------------
+    def _t(self, task_id) -> int | None:
+        return self._tindex.get(task_id)
+
+    def _task_of(self, block: Block) -> int:
+        """The task number of ``block``; raises if it belongs to no task of this pipeline."""
+        t = self._tindex.get(block._task_id)
+        if t is None:
+            raise ValueError(f"block {block.block_id} belongs to no task of this pipeline")
+        return t
+
+    def _acquire_rows(self, t: int, max_n: int, out: np.ndarray) -> int:
+        n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE, t, max_n, 0, out, self._no_codes)
+        if n < 0:
+            raise RuntimeError("internal error: scratch buffer too small")
+        if self._pace is not None and self._pace.handed_out(n):
+            self._pace = None
+        return n
+
+    def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
+        start = 0
+        while True:
+            n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE, t, start, 0, rows, codes)
+            if n >= 0:
+                return
+            if n == kt.RC_SCRATCH:
+                raise RuntimeError("internal error: scratch buffer too small")
+            start = kt.failed_at(n)  # this block failed for good: orphan its dependents, go on after it
+            self._fail(t, int(rows[start]))
+            start += 1
+
+    def _fail(self, t: int, row: int) -> None:
+        if ks.fail_block(*self._groups, t, row) == kt.RC_SCRATCH:
+            raise RuntimeError("internal error: scratch buffer too small")
+
+    # -- daisy's per-block API --------------------------------------------------------
+    def acquire_block(self, task_id: str) -> Block | None:
+        """The next ready block of ``task_id`` (status CREATED), or None."""
+        t = self._tindex.get(task_id)
+        if t is None:
+            return None
+        check = self._checks[task_id]
+        out = self._one[t]
+        nd = self._ndim[t]
+        while True:
+            n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
+            if n <= 0:
+                if n < 0:
+                    raise RuntimeError("internal error: scratch buffer too small")
+                return None
+            if self._pace is not None and self._pace.handed_out(1):
+                self._pace = None
+            v = out.tolist()
+            row = v[0]
+            block = Block._make(task_id, v[1], (tuple(v[2 : 2 + nd]), tuple(v[2 + nd : 2 + 2 * nd])),
+                                (tuple(v[2 + 2 * nd : 2 + 3 * nd]), tuple(v[2 + 3 * nd :])), row)
+            if check is not None and self._prechecks.done(task_id, block):
+                rows = np.full(1, row, np.int64)
+                codes = np.full(1, kt.R_SKIPPED, np.uint8)
+                self._release_rows(t, rows, codes)
+                self._tracking.record(t, rows, codes)
+                continue
+            return block
+
+    def release_block(self, block: Block) -> None:
+        """Take a block back: SUCCESS completes it, FAILED retries or fails it for good."""
+        t = self._task_of(block)
+        status = block._status
+        if status == 2:  # BlockStatus.SUCCESS
+            code = kt.R_SUCCESS
+        elif status == 3:  # BlockStatus.FAILED
+            code = kt.R_FAILED
+        else:
+            raise ValueError(f"unexpected status for released block: {BlockStatus.name(status)} (set SUCCESS or FAILED)")
+        row = block.index
+        if row < 0 or row >= self._nblocks[t]:
+            row = self.geometry.row_of_block(t, block)
+        self._release_one(t, row, code)
+
+    def _release_one(self, t: int, row: int, code: int) -> None:
+        n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE_ONE, t, row, code, self._no_rows, self._no_codes)
+        if n < 0:
+            if n == kt.RC_SCRATCH:
+                raise RuntimeError("internal error: scratch buffer too small")
+            self._fail(t, row)
+        if self.tracking:
+            self._tracking.record(t, np.full(1, row, np.int64), np.full(1, code, np.uint8))
+
+    # -- batch API (runtimes) ---------------------------------------------------------
+    def acquire_blocks(self, task_id: str, max_n: int) -> BlockBatch:
+        """Up to ``max_n`` ready blocks of ``task_id`` as arrays (same order and prechecks)."""
+        t = self._t(task_id)
+        if t is None or max_n <= 0:
+            return self._batch(task_id, 0, _EMPTY)
+        check = self.tasks[task_id].check_function
+        out = np.empty(max_n, np.int64)
+        n = self._acquire_rows(t, max_n, out)
+        if check is None or n == 0:
+            return self._batch(task_id, t, out[:n])
+        kept = []
+        rows = out[:n]
+        while len(rows):
+            batch = self._batch(task_id, t, rows)
+            skip = np.array([self._prechecks.done(task_id, b) for b in batch.blocks()], dtype=bool)
+            if skip.any():
+                codes = np.full(int(skip.sum()), kt.R_SKIPPED, np.uint8)
+                self._release_rows(t, rows[skip], codes)
+                self._tracking.record(t, rows[skip], codes)
+            kept.append(rows[~skip])
+            need = max_n - sum(len(k) for k in kept)
+            if not skip.any() or need <= 0:
+                break
+            more = np.empty(need, np.int64)
+            rows = more[: self._acquire_rows(t, need, more)]
+        return self._batch(task_id, t, np.concatenate(kept) if kept else _EMPTY)
+
+    def _batch(self, task_id, t, rows) -> BlockBatch:
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            nd = self._ndim[t] if isinstance(t, int) and t < len(self._ndim) and task_id in self._tindex else 0
+            z = np.zeros((0, nd), np.int64)
+            return BlockBatch(task_id, rows, _EMPTY, z, z, z, z)
+        ids, ro, rs, wo, ws = self.geometry.describe(t, rows)
+        return BlockBatch(task_id, rows, ids, ro, rs, wo, ws)
+
+    def release_blocks(self, task_id: str, index: npt.ArrayLike, status: npt.ArrayLike) -> None:
+        """Release many blocks: ``status`` per block is SUCCESS (2), FAILED (3), or
+        CREATED (0: never started, given back to the front of the queue uncounted)."""
+        t = self._t(task_id)
+        if t is None:
+            raise ValueError(f"unknown task {task_id!r}")
+        rows = np.ascontiguousarray(index, dtype=np.int64)
+        codes = np.ascontiguousarray(status, dtype=np.uint8)
+        if rows.shape != codes.shape:
+            raise ValueError("index and status must have the same length")
+        bad = (codes == 1) | (codes > kt.R_FAILED)  # allowed: R_GIVE_BACK, R_SUCCESS, R_FAILED (np.isin is 8x slower)
+        if bad.any():
+            raise ValueError(f"unexpected status for released blocks: {sorted(set(codes[bad].tolist()))}")
+        self._release_rows(t, rows, codes)
+        self._tracking.record(t, rows, codes)
+
+    # -- list API (the TCP path: a few blocks per call, frames built from plain ints) ------
+    def acquire_described(self, task_id: str, max_n: int) -> list[list[int]]:
+        """Up to ``max_n`` ready blocks of ``task_id`` as flat lists ``[index, spatial id, *read offset,
+        *read shape, *write offset, *write shape]`` (the batch API's order and prechecks); one block
+        is one kernel call into a preallocated row, no arrays built (``runtime/net/handout.py``)."""
+        t = self._tindex.get(task_id)
+        if t is None or max_n <= 0:
+            return []
+        if max_n == 1 and self._checks[task_id] is None:
+            out = self._one[t]
+            n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
+            if n < 0:
+                raise RuntimeError("internal error: scratch buffer too small")
+            if n and self._pace is not None and self._pace.handed_out(1):
+                self._pace = None
+            return [out.tolist()] if n else []
+        b = self.acquire_blocks(task_id, max_n)
+        cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)
+        return [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
+
+    def release_indices(self, task_id: str, index: list[int], status: list[int]) -> None:
+        """``release_blocks`` of lists a runtime built (statuses 0, 2, 3: not checked); one block is
+        one kernel call, no arrays built."""
+        if len(index) != 1:
+            self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
+        else:
+            self._release_one(self._tindex[task_id], index[0], status[0])
+
+    # -- abandonment, the dependency graph, the tracking stores ----------------------------
     def abandon_task(self, task_id: str, reason: str) -> list[str]:
         """Abandon a task and every task downstream of it: remaining blocks become orphaned."""
         out = []
@@ -797,7 +609,7 @@ class Scheduler:
                 continue
             tid = self.task_ids[t]
             c = self.cnt[t]
-            c[kt.C_ORPHANED] += max(0, self._layouts[t].num_blocks - c[kt.C_COMPLETED] - c[kt.C_FAILED] - c[kt.C_ORPHANED])
+            c[kt.C_ORPHANED] += max(0, self._nblocks[t] - c[kt.C_COMPLETED] - c[kt.C_FAILED] - c[kt.C_ORPHANED])
             c[kt.C_READY] = 0
             c[kt.C_PROC] = 0
             c[kt.C_ROOTS_LEFT] = 0
@@ -806,19 +618,9 @@ class Scheduler:
             self.tcfg[t, kt.F_STATE] = kt.ABANDONED
             self._abandon_reason[tid] = why
             out.append(tid)
-            for d in self._down_tasks[t]:
+            for d in self.geometry.down_tasks[t]:
                 stack.append((d, "upstream task abandoned"))
         return out
-
-    @property
-    def task_states(self) -> dict[str, TaskState]:
-        """A snapshot of every task's counters, ``{task_id: TaskState}`` in task order."""
-        return {
-            tid: TaskState(tid, self._layouts[t].num_blocks, self.cnt[t], self.counters[tid],
-                           self.tcfg[t, kt.F_STATE] == kt.ABANDONED, self._abandon_reason.get(tid),
-                           self.tasks[tid].timeout_secs)
-            for t, tid in enumerate(self.task_ids)
-        }
 
     @property
     def dependency_graph(self) -> DependencyGraph:
@@ -835,14 +637,7 @@ class Scheduler:
         OSError
             The first store that could not be flushed (a full disk...).
         """
-        error = None
-        for store in self.tracking.values():  # every store, even after one failed
-            try:
-                store.flush()
-            except OSError as e:  # a TrackingWriteError (a full disk...): ends the run
-                error = error or e
-        if error is not None:
-            raise error
+        self._tracking.flush()
 
     def close(self) -> None:
         """Flush and release the block tracking stores; the scheduler is not used afterwards.
@@ -852,14 +647,7 @@ class Scheduler:
         OSError
             The first store that could not be closed.
         """
-        error = None
-        for store in self.tracking.values():  # every store is released, even after one failed
-            try:
-                store.close()
-            except OSError as e:
-                error = error or e
-        if error is not None:
-            raise error
+        self._tracking.close()
 
     def __enter__(self):
         return self
@@ -888,43 +676,45 @@ class DependencyGraph:
         """Blocks (of any task) that wait for ``block``, sorted by spatial id."""
         s = self._s
         t = s._task_of(block)
-        row = s._row_of(t, block)
-        cap = s._down_cap
-        maxnd = s._tt.geo.shape[2]
+        g = s.geometry
+        row = g.row_of_block(t, block)
+        cap = g.down_cap
+        maxnd = g.tt.geo.shape[2]
         bt, br, bl = (np.empty(cap, np.int64) for _ in range(3))
         bj = np.empty((cap, maxnd), np.int64)
         scr = np.empty((8, max(maxnd, 3)), np.int64)
         scr[7, 0] = -1
-        tt, e, p = s._tt, s._e, s._tptr
+        tt, e, p = g.tt, g.e, g.tptr
         n = ks._down_lj(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
                         e[0], e[3], e[4], p[2], p[3], t, row, scr, bt, br, bl, bj)
         ids = np.empty(n, np.int64)
         for u in set(bt[:n].tolist()):
             sel = bt[:n] == u
-            ids[sel] = s._describe(u, br[:n][sel])[0]
+            ids[sel] = g.describe(u, br[:n][sel])[0]
         return self._blocks(bt[:n], br[:n], ids)
 
     def upstream(self, block: Block) -> list[Block]:
         """Blocks (of any task) that ``block`` waits for, sorted by spatial id."""
         s = self._s
         t = s._task_of(block)
-        row = s._row_of(t, block)
-        tt = s._tt
-        lay = s._layouts[t]
+        geo = s.geometry
+        row = geo.row_of_block(t, block)
+        tt = geo.tt
+        lay = geo.layouts[t]
         ts, rs, ids = [], [], []
         out = np.empty(max(1, len(lay.conf_offsets)), np.int64)
         n = kg.intra_neighbours(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, t, row, False, out)
         rows = out[:n].copy()
         ts.append(np.full(n, t, np.int64))
         rs.append(rows)
-        ids.append(s._describe(t, rows)[0])
+        ids.append(geo.describe(t, rows)[0])
         g = np.empty((1, lay.ndim), np.int64)
         kg.rows_to_grid(tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.geo, t, np.array([row], np.int64), g)
-        for k, (u, d) in enumerate(s._edges):
+        for k, (u, d) in enumerate(geo.edges):
             if d != t:
                 continue
-            lo = np.array([s._e[1][s._e[2][k, ax] + g[0, ax], 0] for ax in range(lay.ndim)], np.int64)
-            hi = np.array([s._e[1][s._e[2][k, ax] + g[0, ax], 1] for ax in range(lay.ndim)], np.int64)
+            lo = np.array([geo.e[1][geo.e[2][k, ax] + g[0, ax], 0] for ax in range(lay.ndim)], np.int64)
+            hi = np.array([geo.e[1][geo.e[2][k, ax] + g[0, ax], 1] for ax in range(lay.ndim)], np.int64)
             m = int(np.prod(np.maximum(hi - lo, 0)))
             if m:
                 r2, i2 = np.empty(m, np.int64), np.empty(m, np.int64)

@@ -87,7 +87,7 @@ def _task(geom, name="t"):
 
 def _grid_of_rows(sched, t):
     lay = sched.tasks[sched.task_ids[t]].layout
-    tt = sched._tt
+    tt = sched.geometry.tt
     rows = np.arange(lay.num_blocks, dtype=np.int64)
     g = np.empty((len(rows), lay.ndim), np.int64)
     kg.rows_to_grid(tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.geo, t, rows, g)

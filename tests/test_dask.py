@@ -571,3 +571,45 @@ def test_timeline_and_error_groups_of_a_dask_run(both_workers, tmp_path):
     groups = states["a"].error_groups.as_list()
     assert states["a"].failed_count == 2 and groups and groups[0]["first_block"] in (7, 20)
     assert data["/api/state"]["error_groups"][0]["type"] == groups[0]["type"]
+
+
+class DiskGone(Exception):  # noqa: N818 - named as no convention expects: the text path cannot find it
+    pass
+
+
+def gone(block, out):
+    _attempt(out, "g", block.spatial_id)
+    if block.spatial_id in (3, 9):
+        raise DiskGone(f"disk {block.spatial_id} is gone\nsecond line: ask the admin")
+
+
+def test_failed_blocks_come_back_structured_and_group_as_raised(both_workers, tmp_path):
+    """A batch's first and last errors come back as the exception's type, message and traceback
+    (errors.WorkerError), so they group as raised where parsing their text would not; the
+    recorded text (``last_worker_error``) is as before, naming the dask worker."""
+    import re
+
+    from daisy_nb.errors import split_error
+
+    _new(os.path.join(tmp_path, "g.cnt"), 4096)
+    task = daisy_nb.Task(
+        "g",
+        Roi((0,), (200,)),
+        Roi((0,), (10,)),
+        Roi((0,), (10,)),
+        process_function=functools.partial(gone, out=str(tmp_path)),
+        read_write_conflict=False,
+        max_retries=0,
+        tracking_path=False,
+    )
+    states = daisy_nb.run_blockwise([task], executor=both_workers, progress=False, summary=False, return_states=True)
+    st = states["g"]
+    assert (st.failed_count, st.completed_count) == (2, 18)
+    (g,) = st.error_groups.as_list()  # a batch's first and last errors: both failures are counted
+    assert (g["type"], g["count"], {g["first_block"], g["last_block"]}) == ("DiskGone", 2, {3, 9})
+    assert g["message"] == f"disk {g['first_block']} is gone\nsecond line: ask the admin"
+    assert split_error(g["traceback"])[:2] == ("error", "second line: ask the admin")  # what parsing finds
+    for text in (st.first_worker_error, st.last_worker_error):
+        m = re.match(r"block \('g', (3|9)\) failed on dask worker tcp://\S+ \(pid \d+\):\nTraceback", text)
+        assert m, text
+        assert text.rstrip().endswith(f"DiskGone: disk {m.group(1)} is gone\nsecond line: ask the admin")

@@ -18,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import daisy_nb
 from daisy_nb import Roi
+from daisy_nb.errors import WorkerError
 from daisy_nb.runtime.common.failures import AbandonReason
 from daisy_nb.runtime.dask.core import (
     PULLBACK_SECS,
@@ -141,8 +142,8 @@ class SubmissionMachine(RuleBasedStateMachine):
             result = {
                 "status": bytes(st_),
                 "elapsed_ns": data.draw(st.integers(0, 10**8)),
-                "first_error": "first" if failed else None,
-                "last_error": "last" if failed else None,
+                "first_error": WorkerError("ValueError", "first", "tb", 1, "a", " on x") if failed else None,
+                "last_error": WorkerError("KeyError", "last", "tb", 2, "a", " on x") if failed else None,
                 "init_error": None,
                 "worker": b.worker or "",
             }

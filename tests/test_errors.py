@@ -192,3 +192,51 @@ def test_a_structured_worker_message_without_traceback():
     (only,) = g.as_list()
     assert only["type"] == "worker error" and only["first_block"] is None
     assert only["traceback"] == "daisy worker process exited with code 1"
+
+
+@pytest.mark.mp
+@pytest.mark.timeout(120)
+def test_a_client_sends_its_failures_structured_and_they_group_as_sent(tmp_path, monkeypatch, no_leaks):
+    """A real worker function's ``Client`` (a process, TCP): the failure frame carries the
+    exception's type, message and traceback apart, so a class named as no convention expects and
+    a message of two lines group as raised, where parsing the text would not; the recorded text
+    (``last_worker_error``) is the one the client writes to its log."""
+    monkeypatch.setenv("ERR_GONE", "3,9")
+    monkeypatch.setenv("ERR_INDEX", "5")
+    task = daisy_nb.Task(
+        "net",
+        total_roi=Roi((0,), (200,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=errfns.client_loop,
+        read_write_conflict=False,
+        max_workers=1,
+        max_retries=0,
+    )
+    logs = tmp_path / "logs"
+    states = daisy_nb.run_blockwise([task], progress=False, summary=False, return_states=True, log_dir=str(logs))
+    st = states["net"]
+    assert (st.failed_count, st.completed_count, st.worker_failure_count) == (3, 17, 0)
+    groups = {g["type"]: g for g in st.error_groups.as_list()}
+    assert set(groups) == {"DiskGone", "IndexError"}
+    gone = groups["DiskGone"]
+    assert gone["count"] == 2 and {gone["first_block"], gone["last_block"]} == {3, 9}
+    sent = f"disk {gone['first_block']} is gone\nsecond line: ask the admin"
+    assert gone["message"] == sent and gone["shape"] == "disk <n> is gone second line: ask the admin"
+    # what parsing the same text finds: neither the type nor the message as raised
+    assert split_error(gone["traceback"])[:2] == ("error", "second line: ask the admin")
+    assert gone["traceback"].startswith(f"block ('net', {gone['first_block']}) failed:\nTraceback")
+    assert gone["traceback"].rstrip().endswith(f"DiskGone: {sent}")
+    ie = groups["IndexError"]
+    assert (ie["count"], ie["first_block"], ie["message"]) == (
+        1,
+        5,
+        "index 5007 is out of bounds for axis 0 with size 1000",
+    )
+    # the recorded text as the client writes it to its log (block id as Block.block_id prints it)
+    err = "".join(p.read_text() for p in (logs / "net").glob("*.err"))
+    for text in (st.first_worker_error, st.last_worker_error):
+        assert text.startswith("block ('net', ") and "Traceback (most recent call last):" in text
+        assert text in err
+    assert st.first_worker_error.startswith("block ('net', 3) failed:\n")
+    assert st.last_worker_error.startswith("block ('net', 9) failed:\n")

@@ -130,3 +130,21 @@ def test_a_malformed_context_token_is_named_as_the_wheel_names_it():
         Context.from_env_string("hostname=127.0.0.1:port:task_id=t")
     p = run_program({"DAISY_CONTEXT": "hostname=127.0.0.1:port:task_id=t"})
     assert p.returncode == 1 and "ValueError: invalid context token: port" in p.stderr, p.stderr
+
+
+def test_a_failure_frame_carries_the_exceptions_type_message_and_traceback_apart():
+    """Protocol 4: a failure's fields travel apart (no text to parse at the scheduler); an old
+    peer cannot mistake the new layout, the greeting's version stops it first (test above)."""
+    assert wire.VERSION == 4 and wire.MAGIC == b"DAISYNB4"
+    tb = 'Traceback (most recent call last):\n  File "x.py", line 1, in f\nerrfns.DiskGone: disk 3 — gone\nline 2'
+    stats = (1.5, 0.25, 1e6, 0.0, 4096.0)
+    for st in (None, stats):
+        msg = wire.decode_client(wire.encode_failure(12, 3, "DiskGone", "disk 3 — gone\nline 2", tb, st))
+        assert msg == wire.Failure(12, 3, "DiskGone", "disk 3 — gone\nline 2", tb, st)
+        assert wire.kind_name(msg) == ("F" if st is None else "E")
+    huge = wire.decode_client(wire.encode_failure(1, 1, "E", "x" * (wire.MAX_MESSAGE + 10), ""))
+    assert huge.message == "x" * wire.MAX_MESSAGE and huge.traceback == ""
+    good = wire.encode_failure(12, 3, "DiskGone", "gone", tb)
+    for bad in (good[:20], good[:24] + b"\xff" + good[25:]):  # cut short; a message length beyond the frame
+        with pytest.raises(wire.WireError, match="malformed"):
+            wire.decode_client(bad)

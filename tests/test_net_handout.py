@@ -179,10 +179,15 @@ def test_a_release_is_a_request_and_a_failure_is_not():
     assert len(h.blocks(1)) >= 2
     second = h.blocks(1)[1]
     n = len(h.blocks(1))
-    h.frames((1, [wire.encode_failure(second, "boom")]))  # a failure asks for nothing
+    tb = 'Traceback (most recent call last):\n  File "x.py", line 1, in f\nBoom: disk 3 is gone'
+    h.frames((1, [wire.encode_failure(second, 7, "Boom", "disk 3 is gone", tb)]))  # a failure asks for nothing
     held = set(h.core.conns[1].held)
     assert second not in held and len(h.blocks(1)) == n
-    assert h.s.counters["a"].last_worker_error == "boom"
+    c = h.s.counters["a"]
+    assert c.last_worker_error == f"block ('a', 7) failed:\n{tb}"  # the text the client used to send
+    # grouped by the fields as sent (the text path would not take "Boom" for an exception's name)
+    (g,) = c.error_groups.as_list()
+    assert (g["type"], g["message"], g["first_block"], g["count"]) == ("Boom", "disk 3 is gone", 7, 1)
     assert h.jobs.results[-1] == (0, "a", True, False)
 
 
@@ -344,7 +349,7 @@ class HandOutMachine(RuleBasedStateMachine):
             st.just(REQ),
             st.just(REQ),
             st.builds(rel, idx, st.sampled_from([2, 2, 3])),
-            st.builds(lambda i: wire.encode_failure(i, "x"), idx),
+            st.builds(lambda i: wire.encode_failure(i, 0, "ValueError", "x", "tb"), idx),
             st.builds(wire.encode_give_back, idx),
             st.just(wire.encode_goodbye()),
             st.just(wire.encode_ping()),

@@ -19,6 +19,10 @@ from __future__ import annotations
 import enum
 import logging
 import signal
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from daisy_nb.errors import WorkerError
 
 __all__ = [
     "ABANDON_NOT_WAITING",
@@ -33,6 +37,7 @@ __all__ = [
     "is_job_end",
     "raise_if_abandoned",
     "record_error",
+    "record_worker_error",
     "restarts_exhausted",
     "worker_failure",
 ]
@@ -114,6 +119,20 @@ def record_error(counters, text: str, first: str | None = None, log: str | None 
         if first is not None and first != text:
             groups.add(first, log)
         groups.add(text, log)
+
+
+def record_worker_error(counters, error: WorkerError, first: WorkerError | None = None, log: str | None = None) -> None:
+    """:func:`record_error` of a structured failure: the task's last (and first) worker error
+    is ``error.text()`` (the same text the text path records), and the error groups count
+    ``error`` (and ``first``) by its type and message as sent, without parsing."""
+    if counters.first_worker_error is None:
+        counters.first_worker_error = error.text() if first is None else first.text()
+    counters.last_worker_error = error.text()
+    groups = getattr(counters, "error_groups", None)
+    if groups is not None:
+        if first is not None and first != error:
+            groups.add(first, log)
+        groups.add(error, log)
 
 
 def worker_failure(counters, task_id: str, text: str, *, job_end: bool, log: str | None = None) -> None:

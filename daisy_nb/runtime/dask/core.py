@@ -47,7 +47,7 @@ from daisy_nb.runtime.common.failures import (
     AbandonReason,
     abandon,
     is_job_end,
-    record_error,
+    record_worker_error,
     worker_failure,
 )
 from daisy_nb.runtime.common.run_block import DONE, FAILED
@@ -259,7 +259,8 @@ class Submission:
 
     def finished(self, bid: int, result: dict) -> list:
         """The result of batch ``bid``: a status byte per block (0: not run, given back), the
-        first and last error texts, or the ``init_fn`` error that kept it from starting."""
+        first and last errors (:class:`daisy_nb.errors.WorkerError`), or the ``init_fn`` error
+        text that kept it from starting."""
         b = self.batches.pop(bid)
         tr, c = self.trs[b.tid], self.s.counters[b.tid]
         out: list = []
@@ -280,7 +281,7 @@ class Submission:
             tr.finished_on[addr] = tr.finished_on.get(addr, 0) + done
         self._release(b, st)
         if result.get("first_error"):
-            record_error(c, result["last_error"], first=result["first_error"])
+            record_worker_error(c, result["last_error"], first=result["first_error"])
         ran = int(np.count_nonzero(st))
         if ran:
             tr.batch_k = grow_batch(tr.batch_k, result["elapsed_ns"], ran, self.target, self.max_batch)

@@ -3,22 +3,26 @@
 :func:`_run_batch` is the function of every future: it rebuilds the batch's
 :class:`~daisy_nb.Block` objects from one int64 array, runs the task's block
 function on each (``init_fn`` first, once per worker process and run), and
-returns a status byte per block plus the first and last tracebacks. The driver
+returns a status byte per block plus the first and last errors, structured
+(:class:`daisy_nb.errors.WorkerError`: the exception's type, message and capped
+traceback, the block's id), so the driver groups them without parsing. The driver
 reaches a batch that already runs only through ``client.run``:
 :func:`_cancel_batches` (stop at the next block boundary), :func:`_running_batches`
 (which cancelled batches still hold a thread) and :func:`_forget_run` (the run is
-over). Standard library, numpy (to unpack the batch) and daisy_nb.block only.
+over). Standard library, numpy (to unpack the batch), daisy_nb.block and daisy_nb.errors only.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
 
-from daisy_nb.runtime.common.run_block import call_block, cap_traceback, format_exception
+from daisy_nb.errors import WorkerError
+from daisy_nb.runtime.common.run_block import DONE, FAILED, PROCESSING, cap_traceback, format_exception
 from daisy_nb.runtime.common.worker_state import bind, unbind
 
 __all__: list[str] = []
@@ -98,7 +102,7 @@ def _setup(run: _WorkerRun, task_id: str, payload):
 
 
 def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, nd: int) -> dict:
-    """Run one batch of blocks on a dask worker; a status per block and error texts back."""
+    """Run one batch of blocks on a dask worker; a status per block and its first and last errors back."""
     from daisy_nb.block import Block
 
     try:
@@ -128,8 +132,6 @@ def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, 
     except Exception as e:
         where = f"dask worker {addr} (pid {pid})"
         out["init_error"] = f"init_fn of task {task_id!r} failed on {where}:\n" + cap_traceback(format_exception(e))
-        import sys
-
         sys.stderr.write(out["init_error"] + "\n")
         return out
     rows = packed.tolist()
@@ -146,15 +148,19 @@ def _run_batch(token: str, topic: str, bid: int, task_id: str, payload, packed, 
             if bid in gone:
                 break  # the driver gave up on this batch (timeout, lost worker, Ctrl-C)
             blk = make(task_id, r[1], (tuple(r[2:a]), tuple(r[a:b])), (tuple(r[b:c]), tuple(r[c:])), r[0])
-            s, tb = call_block(fn, blk)
-            if tb is not None:
-                import sys
-
+            blk._status = PROCESSING
+            try:
+                fn(blk)
+                s = FAILED if blk._status == FAILED else DONE
+            except Exception as e:  # the user's block failed: its exception goes back, structured
+                s, tb = FAILED, format_exception(e)
                 sys.stderr.write(f"block {blk.block_id} failed:\n{tb}")
-                text = f"block {blk.block_id} failed on dask worker {addr} (pid {pid}):\n" + cap_traceback(tb)
+                err = WorkerError.from_exception(
+                    e, cap_traceback(tb), r[1], task_id, f" on dask worker {addr} (pid {pid})"
+                )
                 if out["first_error"] is None:
-                    out["first_error"] = text
-                out["last_error"] = text
+                    out["first_error"] = err
+                out["last_error"] = err
             status[i] = s
     finally:
         unbind(prev)

@@ -7,7 +7,7 @@ hands out one block per ``acquire_block()``.
 
 Protocol (details in :mod:`daisy_nb.runtime.net.transport` and :mod:`daisy_nb.runtime.net.wire`):
 
-1. Handshake, before anything else is read: the scheduler sends ``DAISYNB3`` and a
+1. Handshake, before anything else is read: the scheduler sends ``DAISYNB4`` and a
    16-byte nonce; the client answers ``HMAC-SHA256(secret, "daisy_nb client" +
    nonce)`` and its own nonce; the scheduler proves the secret the same way. The
    secret (``authkey``) comes with the address in ``DAISY_CONTEXT``.
@@ -18,8 +18,8 @@ Protocol (details in :mod:`daisy_nb.runtime.net.transport` and :mod:`daisy_nb.ru
    may hold any character; one per connection), ``A`` acquire, ``R`` release
    (index, status) *and* acquire the next (the scheduler answers it as an ``A``, so
    a loop sends one frame per block; ``A`` only where no release asked: the first
-   block, after a failure or a give-back), ``F`` failure (index + traceback; no
-   request), ``G`` give back a block sent ahead (index), ``Q`` goodbye, ``P``
+   block, after a failure or a give-back), ``F`` failure (index, spatial id, the
+   exception's type, message and capped traceback; no request), ``G`` give back a block sent ahead (index), ``Q`` goodbye, ``P``
    heartbeat (every ``heartbeat`` seconds, from a background thread, also while a
    block runs). Scheduler: ``B`` block (index, spatial id, ROIs), ``N`` no more
    work, ``P`` heartbeat (while a request waits). A block the client holds (sent
@@ -453,9 +453,11 @@ class Client:
                 logger.warning("block %s failed: %s", block.block_id, e)
                 sys.stderr.write(f"block {block.block_id} failed:\n{tb}")
                 sys.stderr.flush()
-                text = f"block {block.block_id} failed:\n" + cap_traceback(tb)
                 stats = None if prof is None else self._stats(prof, block)
-                self._send(wire.encode_failure(block.index, text, stats))
+                fail = wire.encode_failure(
+                    block.index, block.spatial_id, type(e).__name__, str(e), cap_traceback(tb), stats
+                )
+                self._send(fail)
                 reported = True
                 self._give_back()  # the exception most likely ends this worker's loop
             except Exception:  # reporting must not hide the block's own exception, raised below

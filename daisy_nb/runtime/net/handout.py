@@ -49,7 +49,8 @@ import logging
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NamedTuple, Protocol
 
-from daisy_nb.runtime.common.failures import record_error
+from daisy_nb.errors import WorkerError
+from daisy_nb.runtime.common.failures import record_error, record_worker_error
 from daisy_nb.runtime.net import wire
 
 __all__ = ["AHEAD_EMA", "QUIET_FRACTION", "QUIET_MAX_SECS", "Close", "Conn", "HandOut", "Jobs", "Send"]
@@ -383,7 +384,8 @@ class HandOut(_Timers):
             self._finished(cc, tr, msg.block, msg.status, msg.stats, batch, now_ns)
             self._request(cc, batch, ahead=msg.status == 2)  # "done, and the next one"
         elif isinstance(msg, wire.Failure):
-            record_error(self.s.counters[tr.tid], msg.text, log=self.jobs.job_log(cc.wid))
+            err = WorkerError(msg.type, msg.message, msg.traceback, msg.spatial_id, tr.tid)
+            record_worker_error(self.s.counters[tr.tid], err, log=self.jobs.job_log(cc.wid))
             self._finished(cc, tr, msg.block, 3, msg.stats, batch, now_ns, raised=True)
         elif isinstance(msg, wire.GiveBack):  # a block sent ahead, never started: back to the front
             if cc.held.pop(msg.block, None) is not None:

@@ -9,7 +9,8 @@ protocol version (``VERSION``, as ASCII ``"0" + version``), then its handshake n
 :class:`ProtocolVersionError`: the job ends with a non-zero status and a message to
 install the driver's daisy_nb version (a job with another release must never look like
 one whose run has ended). History: 1 plain frames, 2 authenticated frames, 3 a release
-asks for the next block.
+asks for the next block, 4 a failure carries the exception's type, message and
+traceback in fields of their own.
 
 **Messages.** A frame's payload (:mod:`.frames`) starts with its kind (one byte,
 :class:`Kind`); integers are little-endian ``int64``, text UTF-8. Client to scheduler:
@@ -20,8 +21,10 @@ asks for the next block.
               failure or a give-back)
 ``RELEASE``   index, status (2 done, 3 failed) *and* "the next one, please";
               five float64 stats follow for a ``resource_tracking`` task
-``FAILURE``   index, then the traceback (no request)
-``FAILURE_STATS`` index, five float64 stats, then the traceback (``resource_tracking``)
+``FAILURE``   index, spatial id, the byte lengths of the exception's type and message
+              (``uint32`` each), then type, message and the capped traceback (the rest);
+              no request
+``FAILURE_STATS`` as ``FAILURE`` with five float64 stats after the lengths (``resource_tracking``)
 ``GIVE_BACK`` index of a block sent ahead and never started
 ``GOODBYE``   the client leaves: everything it holds goes back unstarted
 ``PING``      heartbeat
@@ -74,7 +77,7 @@ __all__ = [
     "version_of",
 ]
 
-VERSION = 3
+VERSION = 4
 MAGIC_PREFIX = b"DAISYNB"
 
 
@@ -135,6 +138,8 @@ _I64 = struct.Struct("<q")
 _RELEASE = struct.Struct("<qq")  # index, status
 _STATS = struct.Struct("<5d")  # wall s, cpu s, peak RSS, IO read, IO write (resource_tracking)
 _BLOCK_HDR = struct.Struct("<qqq")  # index, spatial id, ndim
+_FAILURE = struct.Struct("<qqII")  # index, spatial id, bytes of the type, bytes of the message
+MAX_MESSAGE = 8192  # characters of an exception's message sent (its traceback is capped alike)
 STATS_SIZE = _STATS.size
 
 
@@ -153,10 +158,14 @@ class Release(NamedTuple):
 
 
 class Failure(NamedTuple):
-    """A block raised (status 3, no request)."""
+    """A block raised (status 3, no request): the exception as its class name, ``str()`` and
+    capped traceback (``daisy_nb.errors.WorkerError``'s fields)."""
 
     block: int  # the block's index (the scheduler's row)
-    text: str
+    spatial_id: int
+    type: str
+    message: str
+    traceback: str
     stats: tuple[float, ...] | None
 
 
@@ -216,11 +225,37 @@ def encode_release(index: int, status: int, stats: tuple[float, ...] | None = No
     return Kind.RELEASE + _RELEASE.pack(index, status) + tail
 
 
-def encode_failure(index: int, text: str, stats: tuple[float, ...] | None = None) -> bytes:
-    body = text.encode("utf-8", "replace")
+def encode_failure(
+    index: int,
+    spatial_id: int,
+    etype: str,
+    message: str,
+    traceback: str,
+    stats: tuple[float, ...] | None = None,
+) -> bytes:
+    """A ``FAILURE`` (``FAILURE_STATS`` with ``stats``) frame; the message is cut to ``MAX_MESSAGE``
+    characters (the traceback is capped by the sender)."""
+    t = etype.encode("utf-8", "replace")
+    m = message[:MAX_MESSAGE].encode("utf-8", "replace")
+    head = _FAILURE.pack(index, spatial_id, len(t), len(m))
+    tb = traceback.encode("utf-8", "replace")
     if stats is None:
-        return Kind.FAILURE + _I64.pack(index) + body
-    return Kind.FAILURE_STATS + _I64.pack(index) + _STATS.pack(*stats) + body
+        return Kind.FAILURE + head + t + m + tb
+    return Kind.FAILURE_STATS + head + _STATS.pack(*stats) + t + m + tb
+
+
+def _decode_failure(msg: bytes, stats_follow: bool) -> Failure:
+    index, spatial, nt, nm = _FAILURE.unpack_from(msg, 1)
+    pos = 1 + _FAILURE.size
+    stats = None
+    if stats_follow:
+        stats = _STATS.unpack_from(msg, pos)
+        pos += _STATS.size
+    if pos + nt + nm > len(msg):
+        raise WireError(f"malformed {msg[:1]!r} frame: {nt} + {nm} bytes of text announced, {len(msg) - pos} sent")
+    etype = msg[pos : pos + nt].decode("utf-8", "replace")
+    message = msg[pos + nt : pos + nt + nm].decode("utf-8", "replace")
+    return Failure(index, spatial, etype, message, msg[pos + nt + nm :].decode("utf-8", "replace"), stats)
 
 
 def encode_give_back(index: int) -> bytes:
@@ -252,12 +287,8 @@ def decode_client(msg: bytes) -> ClientMessage:
             return ACQUIRE
         if kind == Kind.GIVE_BACK:
             return GiveBack(_I64.unpack_from(msg, 1)[0])
-        if kind == Kind.FAILURE:
-            return Failure(_I64.unpack_from(msg, 1)[0], msg[9:].decode("utf-8", "replace"), None)
-        if kind == Kind.FAILURE_STATS:
-            stats = _STATS.unpack_from(msg, 9)
-            text = msg[9 + _STATS.size :].decode("utf-8", "replace")
-            return Failure(_I64.unpack_from(msg, 1)[0], text, stats)
+        if kind == Kind.FAILURE or kind == Kind.FAILURE_STATS:
+            return _decode_failure(msg, kind == Kind.FAILURE_STATS)
         if kind == Kind.HELLO:
             (wid,) = _I64.unpack_from(msg, 1)
             return Hello(wid, msg[1 + _I64.size :].decode("utf-8", "surrogatepass"))
