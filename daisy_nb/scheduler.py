@@ -236,6 +236,31 @@ def _edge_tables(lu, ld):
     return ups, dns
 
 
+def downstream_entries(dns) -> int:
+    """Entries of every upstream block's downstream list over one task edge, from the edge's
+    per-axis intervals (:func:`_edge_tables`' ``dn``): the lists are products of the per-axis
+    intervals, so their lengths sum to the product of the per-axis sums."""
+    total = 1
+    for d in dns:
+        total *= int((d[:, 1] - d[:, 0]).sum()) if len(d) else 0
+    return total
+
+
+def conflict_entries(lay) -> int:
+    """Entries of a task's conflict lists (later-level neighbours), counted as if every block of
+    a level had all of its level's neighbours (only boundary blocks have fewer)."""
+    if not lay.num_levels:
+        return 0
+    return int(np.dot(np.diff(lay.level_start), np.diff(lay.conf_indptr)))
+
+
+def plain_work_us(blocks: int, entries: int) -> float:
+    """Microseconds of plain-Python kernel work of a run of ``blocks`` blocks whose downstream
+    lists (task edges and conflicts) hold ``entries`` entries in all: what the compile decision
+    (``kernels/_jit.py``) weighs. Every release touches at least its own entry."""
+    return blocks * _US_BLOCK + _US_PER_DOWNSTREAM * max(blocks, entries)
+
+
 class Scheduler:
     """Hands out ready blocks of a pipeline and takes their results back.
 
@@ -288,6 +313,7 @@ class Scheduler:
         e_dn_off = np.zeros((len(edges), maxnd), dtype=np.int64)
         nup = ndn = 0
         self._edge_max_down = np.zeros(len(edges), dtype=np.int64)
+        edge_pairs = 0  # downstream entries of all blocks over the task edges (for the compile decision)
         for k, (u, d) in enumerate(edges):
             lu, ld = layouts[u], layouts[d]
             if lu.ndim != ld.ndim:
@@ -296,6 +322,7 @@ class Scheduler:
                 )
             ups, dns = _edge_tables(lu, ld)
             prod = 1
+            edge_pairs += downstream_entries(dns)
             for ax in range(lu.ndim):
                 e_up_off[k, ax] = nup
                 e_dn_off[k, ax] = ndn
@@ -330,12 +357,16 @@ class Scheduler:
         # list (measured 1-D to 3-D, 1-3 tasks), so from ~4k blocks (3-D, conflicts, two
         # tasks) to ~16k (1-D, one task) the scheduler compiles: 12,800 blocks handed out
         # one by one to Clients (~0.5 s of plain kernels) no longer pay numba's ~0.6 s.
+        # The entries are counted over all blocks (plain_work_us), not the longest list times
+        # the blocks: one block reading a whole volume (a reduction, the demo's "resolve")
+        # has every block of the next task downstream, and charging that list to every block
+        # made the demo's 717 blocks look like 0.65 s of work, its 5,332 at 32³ like 37 s.
         # When the work is between the price and twice it, whether compiling pays depends on
         # how fast blocks are handed out (_jit.compile_pays): decided after the first
         # _PACE_SECS of hand-outs from their rate (_pace), in plain Python until then.
         N = sum(lay.num_blocks for lay in layouts)
-        self._us_block = _US_BLOCK + _US_PER_DOWNSTREAM * cap
-        work = N * self._us_block
+        work = plain_work_us(N, sum(conflict_entries(lay) for lay in layouts) + edge_pairs)
+        self._us_block = work / max(N, 1)
         self._pace_state: list | None = None  # [first hand-out (monotonic), blocks handed out] while deciding
         if _jit.mode() == "auto" and not _jit.compiled() and _jit.COMPILE_AT <= work < 2 * _jit.COMPILE_AT:
             self._pace_state = [None, 0]
