@@ -44,7 +44,9 @@ the worker processes each task ran in and their imports. The trace adds ~0.1 ms 
 compute the same thing or the script stops.
 
 ``--nb-env NAME=VALUE`` adds a daisy_nb column with that environment (e.g. ``DAISY_NB_JIT=0``),
-run in the same rotation: a change measured before/after side by side.
+and ``--base REF`` a column of daisy_nb as of that git commit (``git archive`` into a temporary
+directory, its kernels compiled there first), both run in the same rotation: a change measured
+before/after side by side.
 
 Set ``DAISY_NB_BENCH_RECORD`` to append the tables to a JSON-lines file (``docs/performance/``).
 """
@@ -336,6 +338,8 @@ def variant_cmd(variant: str, pythons: dict, size: int, block: int, out: str, tr
     if variant == "nb" and not trace:
         return pythons["nb"], ["-m", "daisy_nb", "demo", "--size", str(size), "--block", str(block), "--out", out]
     base = "nb" if variant.startswith("nb") else variant
+    if variant == "nb@base" and not trace:
+        return pythons["nb"], ["-m", "daisy_nb", "demo", "--size", str(size), "--block", str(block), "--out", out]
     py = pythons["dask"] if base in ("threads", "distributed") else pythons[base]
     return py, [me, "--worker", base, str(size), str(block), out, trace or "-"]
 
@@ -405,6 +409,7 @@ def main() -> int:
     ap.add_argument("--configs", default="320/64,320/32,512/64")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--nb-env", default="", help="NAME=VALUE[,NAME=VALUE]: an extra daisy_nb column with that env")
+    ap.add_argument("--base", default="", help="git ref: an extra column of daisy_nb as of that commit")
     ap.add_argument("--no-checksum", action="store_true")
     a = ap.parse_args()
     if a.worker is not None:
@@ -418,6 +423,8 @@ def main() -> int:
     extra = dict(kv.split("=", 1) for kv in a.nb_env.split(",") if kv)
     if extra:
         variants.insert(1, "nb+env")
+    if a.base:
+        variants.insert(1, "nb@base")
     pythons = {"nb": sys.executable, "daisy2": a.daisy_python, "dask": a.dask_python}
     note = _util.compile_bytecode()
     _util.warm_daisy_nb()
@@ -426,8 +433,9 @@ def main() -> int:
     nbdemo = _nbdemo_path(tmp)
     try:
         env_for = {}
+        base_root = _export_base(a.base, tmp) if a.base else ""
         for v in variants:
-            e = {"PYTHONPATH": os.pathsep.join([HERE, nbdemo, ROOT])}
+            e = {"PYTHONPATH": os.pathsep.join([HERE, nbdemo, base_root if v == "nb@base" else ROOT])}
             if v == "nb+env":
                 e.update(extra)
             env_for[v] = e
@@ -513,7 +521,28 @@ def main() -> int:
     return 0
 
 
+def _export_base(ref: str, tmp: str) -> str:
+    """daisy_nb as of git ``ref`` in ``tmp/base``, its kernels compiled there (before any clock)."""
+    root = os.path.join(tmp, "base")
+    os.makedirs(root)
+    arch = subprocess.run(["git", "-C", ROOT, "archive", ref, "daisy_nb"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", root], input=arch, check=True)
+    env = _util.child_env({"PYTHONPATH": root})
+    subprocess.run([sys.executable, "-m", "daisy_nb", "warmup"], env=env, cwd=tmp, check=True, capture_output=True)
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        import compileall
+
+        compileall.compile_dir(os.path.join(root, "daisy_nb"), quiet=1)
+    BASE_REF[0] = ref
+    return root
+
+
+BASE_REF = [""]
+
+
 def _title(v: str, extra: dict) -> str:
+    if v == "nb@base":
+        return f"daisy_nb {BASE_REF[0]}"
     if v == "nb+env":
         return "daisy_nb " + " ".join(f"{k}={val}" for k, val in extra.items())
     return TITLES[v]
