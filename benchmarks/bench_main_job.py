@@ -9,7 +9,8 @@ context, threshold, label blockwise with conflict levels, resolve the merges in 
 relabel; then the check of the result against scipy on the whole volume), 2 workers, as
 
   nb           ``python -m daisy_nb demo --size S --block B`` (the command a user types)
-  daisy2       the same six tasks and block functions on daisy 2.0.0 (``--daisy-python``)
+  daisy2       the same six tasks, block functions and budget (``requires={"cpu": 1}``,
+               ``resources={"cpu": 2}``) on daisy 2.0.0 (``--daisy-python``)
   threads      the same pipeline written for dask-image (``dask_image.ndfilters.gaussian_filter``,
                ``dask_image.ndmeasure.label``, ``da.store`` into the same zarr arrays, chunks =
                blocks), dask's threaded scheduler with 2 threads (``--dask-python``; measured with
@@ -190,6 +191,7 @@ def child_daisy2(size: int, block: int, out: str, trace: str) -> int:
             fit="shrink",
             max_workers=WORKERS,
             max_retries=2,
+            requires={"cpu": 1},
         )
 
     R = daisy.Roi
@@ -204,7 +206,8 @@ def child_daisy2(size: int, block: int, out: str, trace: str) -> int:
     pipeline = tasks[0]
     for t in tasks[1:]:
         pipeline = pipeline + t
-    ok = daisy.run_blockwise(pipeline, multiprocessing=True, progress=False, summary=False)
+    # the demo's budget: 2 block functions at once over all tasks (daisy_nb demo: resources={"cpu": workers})
+    ok = daisy.run_blockwise(pipeline, multiprocessing=True, resources={"cpu": WORKERS}, progress=False, summary=False)
     if not ok:
         print("daisy 2.0.0: run failed", file=sys.stderr)
         return 1
