@@ -21,8 +21,12 @@ What a user can rely on:
 * A task's ``init_fn`` (daisy's per-worker set-up) still runs once in every worker of that
   task: nothing of a worker's run (``init_fn`` results, open arrays) reaches the template,
   only module names.
-* The template stays single-threaded: a module whose import starts a thread stops the
-  learning (the modules loaded so far stay); later workers import the rest themselves.
+* The template runs no Python thread: a module whose import starts one stops the learning
+  (the modules loaded so far stay); later workers import the rest themselves. Native
+  thread pools that numerical libraries start on import (OpenBLAS under numpy and scipy:
+  one thread each on a 2-core machine unless ``OPENBLAS_NUM_THREADS=1``) are fork-aware
+  (they stop their threads around a fork, ``pthread_atfork``), as :mod:`multiprocessing`'s
+  fork start method relies on; a Python thread is not (it may hold a lock at the fork).
 * A module that fails to import in the template is skipped (the worker imported it, so it
   will again). Private submodules (a ``_`` part after the first) are left to their packages.
 
@@ -63,11 +67,8 @@ def learnable(name: str, module, roots: tuple[str, ...]) -> bool:
     return os.path.realpath(origin).startswith(roots)
 
 
-def _os_threads() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
+def _python_threads() -> int:
+    return threading.active_count()
 
 
 class Learner:
@@ -77,7 +78,7 @@ class Learner:
         self.roots = installed_roots()
         self.pipes: dict[int, int] = {}  # worker pid -> read end of its report pipe
         self.pending: list[str] = []  # learned, not yet imported
-        self.enabled = _os_threads() == 1
+        self.enabled = _python_threads() == 1
         self.preloaded: list[str] = []  # imported into the template (in order)
 
     # -- around a fork
@@ -130,7 +131,7 @@ class Learner:
             except BaseException:  # noqa: BLE001, S112 - a worker imported it: it will again
                 continue
             self.preloaded.append(name)
-            if _os_threads() != 1:  # forking a threaded process is unsafe: learn no more
+            if _python_threads() != 1:  # forking beside a Python thread is unsafe: learn no more
                 self.enabled = False
                 break
 
