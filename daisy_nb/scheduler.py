@@ -373,7 +373,7 @@ class Scheduler(SchedulerViews):
         self.num_blocks_total = N = geo.num_blocks_total
         order, tt, T = geo.task_ids, geo.tt, len(geo.task_ids)
         # the compile decision first: the kernels called below are compiled or plain by then
-        self._pace: CompilePace | None = CompilePace(N, geo.down_cap, _PACE_SECS)
+        self._pace: CompilePace | None = CompilePace(N, geo.downstream_entries, _PACE_SECS)
         if self._pace.decided:
             self._pace = None
 

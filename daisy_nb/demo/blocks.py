@@ -117,6 +117,13 @@ def generate_block(p: dict, block) -> None:
     if _inject_failure(p, "generate", block):
         return
     wb, we = _box(block.write_roi)
+    # this block's write ROI is exactly one chunk of raw (see "one block writes one chunk")
+    _open(p, "raw", "r+")[_slices(wb, we, p["raw_offset"])] = generate_values(p, wb, we)
+
+
+def generate_values(p: dict, wb, we) -> np.ndarray:
+    """The raw values (float32) of the world box ``[wb, we)``, which must be one chunk of ``raw``
+    (the noise is seeded per chunk): a pure function of the parameters and the box."""
     vol = np.zeros(tuple(e - b for b, e in zip(wb, we)), dtype=np.float64)
     blobs = _blobs(p)
     # each blob covers the box |x - centre| <= 4 r (per axis); add it where that box meets the
@@ -137,8 +144,7 @@ def generate_block(p: dict, block) -> None:
     chunk = [(b - o) // bs for b, o, bs in zip(wb, p["raw_offset"], p["block"])]
     rng = np.random.default_rng([int(p["seed"]), 2, *chunk])
     vol += NOISE * rng.standard_normal(vol.shape)
-    # this block's write ROI is exactly one chunk of raw (see "one block writes one chunk")
-    _open(p, "raw", "r+")[_slices(wb, we, p["raw_offset"])] = vol.astype(np.float32)
+    return vol.astype(np.float32)
 
 
 def smooth_block(p: dict, block) -> None:

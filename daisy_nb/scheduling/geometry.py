@@ -58,6 +58,24 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, 2), np.int64), dtype=np.int64)
 
 
+def downstream_entries(dns) -> int:
+    """Entries of every upstream block's downstream list over one task edge, from the edge's
+    per-axis intervals (:func:`edge_tables`' ``dn``): the lists are products of the per-axis
+    intervals, so their lengths sum to the product of the per-axis sums."""
+    total = 1
+    for d in dns:
+        total *= int((d[:, 1] - d[:, 0]).sum()) if len(d) else 0
+    return total
+
+
+def conflict_entries(lay) -> int:
+    """Entries of a task's conflict lists (later-level neighbours), counted as if every block of
+    a level had all of its level's neighbours (only boundary blocks have fewer)."""
+    if not lay.num_levels:
+        return 0
+    return int(np.dot(np.diff(lay.level_start), np.diff(lay.conf_indptr)))
+
+
 class PipelineGeometry:
     """The blocks of a pipeline's tasks, as the kernels index them (see the module docstring).
 
@@ -93,6 +111,7 @@ class PipelineGeometry:
         e_dn_off = np.zeros((len(edges), maxnd), dtype=np.int64)
         nup = ndn = 0
         self.edge_max_down = np.zeros(len(edges), dtype=np.int64)
+        edge_pairs = 0  # downstream entries of all blocks over the task edges
         for k, (u, d) in enumerate(edges):
             lu, ld = layouts[u], layouts[d]
             if lu.ndim != ld.ndim:
@@ -100,6 +119,7 @@ class PipelineGeometry:
                     f"tasks {order[u]!r} and {order[d]!r} are connected but have {lu.ndim} and {ld.ndim} dimensions"
                 )
             ups, dns = edge_tables(lu, ld)
+            edge_pairs += downstream_entries(dns)
             prod = 1
             for ax in range(lu.ndim):
                 e_up_off[k, ax] = nup
@@ -133,6 +153,9 @@ class PipelineGeometry:
             m += sum(int(self.edge_max_down[k]) for k in self.tptr[3][self.tptr[2][t] : self.tptr[2][t + 1]])
             cap = max(cap, m)
         self.down_cap = cap
+        # entries of every block's downstream list (task edges and conflicts), all blocks together:
+        # what a run's releases walk in all (the compile decision weighs it, scheduling/pace.py)
+        self.downstream_entries = edge_pairs + sum(conflict_entries(lay) for lay in layouts)
 
     def kernel_tables(self) -> dict[str, np.ndarray]:
         """The geometry tables the state kernels take, by their names in ``kernels/tables.py``."""

@@ -17,9 +17,21 @@ import time
 
 from daisy_nb.kernels import _jit
 
-__all__ = ["US_BLOCK", "US_PER_DOWNSTREAM", "CompilePace"]
+__all__ = ["US_BLOCK", "US_PER_DOWNSTREAM", "CompilePace", "plain_work_us"]
 
 US_BLOCK, US_PER_DOWNSTREAM = 30, 7  # plain-Python kernel cost of one block (see the module docstring)
+
+
+def plain_work_us(blocks: int, entries: int) -> float:
+    """Microseconds of plain-Python kernel work of a run of ``blocks`` blocks whose downstream
+    lists (task edges and conflicts) hold ``entries`` entries in all: what the compile decision
+    (``kernels/_jit.py``) weighs. Every release touches at least its own entry.
+
+    The entries are counted over all blocks, not as the longest list times the blocks: one
+    block reading a whole volume (a reduction, the demo's ``resolve``) has every block of the
+    next task downstream, and charging that list to every block made the demo's 717 blocks
+    look like 0.65 s of plain work (its 5,332 blocks at 32³ like 37 s), so it loaded numba."""
+    return blocks * US_BLOCK + US_PER_DOWNSTREAM * max(blocks, entries)
 
 
 class CompilePace:
@@ -27,13 +39,14 @@ class CompilePace:
     between the price and twice it; then :meth:`handed_out` counts hand-outs and, ``secs`` after
     the first, tells ``_jit`` the work left and how much of it comes per second.
 
-    ``num_blocks``: the pipeline's blocks; ``down_cap``: the longest downstream list of a block.
+    ``num_blocks``: the pipeline's blocks; ``entries``: the entries of all their downstream
+    lists (``PipelineGeometry.downstream_entries``).
     """
 
     __slots__ = ("decided", "left", "secs", "t0", "us_block", "n")
 
-    def __init__(self, num_blocks: int, down_cap: int, secs: float) -> None:
-        self.us_block = US_BLOCK + US_PER_DOWNSTREAM * down_cap
+    def __init__(self, num_blocks: int, entries: int, secs: float) -> None:
+        self.us_block = plain_work_us(num_blocks, entries) / max(num_blocks, 1)
         self.left = num_blocks
         self.secs = secs
         self.t0: float | None = None  # the first hand-out (monotonic)

@@ -293,7 +293,7 @@ class Template:
 
 
 # ----------------------------------------------------------------------- template side
-def _reap(sock, children: set) -> None:
+def _reap(sock, children: set, learner=None) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -303,15 +303,21 @@ def _reap(sock, children: set) -> None:
         if pid == 0:
             return
         children.discard(pid)
+        if learner is not None:
+            learner.reaped(pid)  # before the pool hears of the exit: its next fork sees what this worker loaded
         try:
             sock.send(b"X" + _EXIT.pack(pid, os.waitstatus_to_exitcode(status)))
         except OSError:
             pass
 
 
-def _child(req: dict, fds: list[int], closing: list[int], template_pid: int) -> None:
-    """In the forked worker: become an exec'd worker's twin, run it, leave. Never returns."""
+def _child(req: dict, fds: list[int], closing: list[int], template_pid: int, report_fd: int | None = None) -> None:
+    """In the forked worker: become an exec'd worker's twin, run it, leave. Never returns.
+
+    ``report_fd``: where to write, as it leaves, the installed modules it imported
+    (:mod:`._zygote_imports`)."""
     code = 1
+    before = set(sys.modules)
     try:
         from daisy_nb.runtime.local import worker
 
@@ -351,6 +357,10 @@ def _child(req: dict, fds: list[int], closing: list[int], template_pid: int) -> 
             atexit._run_exitfuncs()
         except BaseException:  # noqa: BLE001, S110 - as above
             pass
+        if report_fd is not None:
+            from daisy_nb.runtime.local import _zygote_imports
+
+            _zygote_imports.report(report_fd, before, _zygote_imports.installed_roots())
     finally:
         for f in (sys.stdout, sys.stderr):
             try:
@@ -379,6 +389,9 @@ def main(argv=None) -> int:
         pass
     if len(argv) > 2 and argv[2] == "client":
         import daisy_nb.runtime.client  # noqa: F401
+    from daisy_nb.runtime.local import _zygote_imports
+
+    learner = _zygote_imports.Learner()  # what workers import, loaded here for the next ones
     sock = socket.socket(fileno=ctrl_fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -396,16 +409,20 @@ def main(argv=None) -> int:
                         pass
                 except BlockingIOError:
                     pass
-            _reap(sock, children)
+            _reap(sock, children, learner)
             if ctrl_fd not in r:
                 continue
             msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, MAX_FDS)
             if not msg:
                 break  # the pool closed its end: the run is over
             req = pickle.loads(msg)
+            learner.preload()
+            pipe = learner.pipe()
             pid = os.fork()
             if pid == 0:
-                _child(req, fds, [ctrl_fd, wake_r, wake_w], me)
+                closing = [ctrl_fd, wake_r, wake_w, *learner.pipes.values()]
+                _child(req, fds, closing + ([pipe[0]] if pipe else []), me, pipe[1] if pipe else None)
+            learner.forked(pid, pipe)
             children.add(pid)
             pidfd = os.pidfd_open(pid)  # before any reaping: the pid is still this worker's
             for fd in fds:
