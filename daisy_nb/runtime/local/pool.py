@@ -240,7 +240,7 @@ class _Pool:
             closed = (
                 s.is_abandoned(tid)
                 or s.is_task_done(tid)
-                or tr.crash_cap_reached(s.counters[tid])
+                or tr.restarts.cap_reached(s.counters[tid])
                 or (tr.no_spawn_before > 0 and now < tr.no_spawn_before)
             )
             if closed:
@@ -261,7 +261,7 @@ class _Pool:
             tr = self.trs[tid]
             if self.s.is_abandoned(tid) or self.s.is_task_done(tid) or self.procs.has_workers(tr):
                 continue
-            if tr.crash_cap_reached(self.s.counters[tid]):
+            if tr.restarts.cap_reached(self.s.counters[tid]):
                 self._abandon(tid, ABANDON_RESTARTS)
 
     def _abandon(self, tid: str, reason: str) -> None:

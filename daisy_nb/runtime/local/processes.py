@@ -199,7 +199,7 @@ class Processes:
 
     # ------------------------------------------------------------------ start
     def spawn(self, tr: PoolTaskRun) -> None:
-        tr.count_spawn(self.s.counters[tr.tid])
+        tr.restarts.started(self.s.counters[tr.tid])  # the restart rule (common/failures.py)
         wid = self.next_wid
         self.next_wid += 1
         w: Worker
