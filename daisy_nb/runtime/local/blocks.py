@@ -54,7 +54,7 @@ import numpy as np
 
 from daisy_nb.block import BlockStatus
 from daisy_nb.runtime.common.batching import grow_batch
-from daisy_nb.runtime.local.exits import ExitFacts, ExitKind, classify_exit
+from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
 
 __all__ = ["BlockCore", "BlockTask", "BlockWorker", "Kill", "Quit", "SendBatch", "WorkerState"]
 
@@ -281,18 +281,7 @@ class BlockCore:
         w.state = WorkerState.DEAD
         self.of_task[w.tid].discard(w)
         self._parked.discard(w)
-        kind = classify_exit(
-            ExitFacts(
-                block_worker=True,
-                returncode=returncode,
-                finished=w.finished,
-                raised=w.raised,
-                timed_out=w.timed_out,
-                expected=w.expected_exit,
-                aborting=self.aborting,
-                orphaned=orphaned,
-            )
-        )
+        kind = classify_worker_exit(w, returncode, block_worker=True, aborting=self.aborting, orphaned=orphaned)
         return ExitReport(kind, was_busy, w.finished, died_in)
 
     def tick(self, now_ns: int, started_ns: Mapping[int, int]) -> list[Action]:
