@@ -20,6 +20,10 @@ from __future__ import annotations
 import enum
 import logging
 import signal
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from daisy_nb.errors import WorkerError
 
 __all__ = [
     "ABANDON_NOT_WAITING",
@@ -103,18 +107,32 @@ def count_worker_failure(counters, job_end: bool) -> None:
         counters.worker_job_end_count += 1
 
 
-def record_error(counters, text: str, first: str | None = None, log: str | None = None) -> None:
+def record_error(
+    counters,
+    text: str,
+    first: str | None = None,
+    log: str | None = None,
+    *,
+    error: WorkerError | None = None,
+    last: bool = True,
+) -> None:
     """Keep ``text`` as the task's last worker error (and ``first``, else ``text``, as its first),
     and count it (and ``first``) in the task's error groups (:mod:`daisy_nb.errors`); ``log``:
-    the worker's log file."""
+    the worker's log file.
+
+    ``error``: the same failure structured, as a back-end that sends type, message and
+    traceback apart knows it: the groups count it without parsing ``text``. ``last=False``:
+    ``text`` does not replace the last worker error (a worker's exit caused by a block's error
+    recorded already: daisy 2.0.0 shows the block's traceback, not the exit)."""
     if counters.first_worker_error is None:
         counters.first_worker_error = text if first is None else first
-    counters.last_worker_error = text
+    if last:
+        counters.last_worker_error = text
     groups = getattr(counters, "error_groups", None)
     if groups is not None:
         if first is not None and first != text:
             groups.add(first, log)
-        groups.add(text, log)
+        groups.add(text if error is None else error, log)
 
 
 def worker_failure(counters, task_id: str, text: str, *, job_end: bool, log: str | None = None) -> None:

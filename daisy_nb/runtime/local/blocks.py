@@ -144,6 +144,7 @@ class ExitReport:
     was_busy: bool
     finished: int
     died_in: int  # blocks of its batches that were running or finished when it died (for the timeline)
+    raised: bool = False  # a block of it raised (its error, recorded already, is the task's last)
 
 
 class BlockCore:
@@ -282,7 +283,7 @@ class BlockCore:
         self.of_task[w.tid].discard(w)
         self._parked.discard(w)
         kind = classify_worker_exit(w, returncode, block_worker=True, aborting=self.aborting, orphaned=orphaned)
-        return ExitReport(kind, was_busy, w.finished, died_in)
+        return ExitReport(kind, was_busy, w.finished, died_in, w.raised)
 
     def tick(self, now_ns: int, started_ns: Mapping[int, int]) -> list[Action]:
         """Event: the clock. ``started_ns``: for busy workers whose batch has a running block, when it

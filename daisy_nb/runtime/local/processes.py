@@ -305,7 +305,8 @@ class Processes:
         elif m.kind == wire.Kind.DONE:
             self._execute(self.batches.done(w, redispatch))
         elif m.kind == wire.Kind.RAISED:
-            self.batches.raised(w, m.text)
+            assert m.error is not None
+            self.batches.raised(w, m.error)
         else:
             raise RuntimeError(f"worker {w.wid} sent {m.kind!r}, a message for workers")
 
@@ -354,10 +355,10 @@ class Processes:
                     self._on_worker_msg(w, w.conn.recv_bytes(), redispatch=False)
             except (EOFError, OSError):
                 pass
-        msg = None
+        msg, raised = None, False
         if isinstance(w, BlockProcess):
             rep = self.batches.exited(w, rc, orphan)
-            kind, was_busy, finished, dirty = rep.kind, rep.was_busy, rep.finished, rep.kind.dirty
+            kind, was_busy, finished, dirty, raised = rep.kind, rep.was_busy, rep.finished, rep.kind.dirty, rep.raised
         else:  # a worker function: daisy 2.0.0's diagnoses when it returned on its own
             kind, dirty, msg = self.functions.exited(w, rc, aborting=self.aborting, orphaned=orphan)
             was_busy, finished = True, w.finished
@@ -381,7 +382,11 @@ class Processes:
             tail = self._err_tail(w)
             if tail:
                 msg += "\nworker stderr tail:\n" + tail
-        record_error(c, msg, log=w.err_path)
+        # the exit of a worker whose block raised is counted and grouped; the block's error stays the
+        # task's last worker error (daisy 2.0.0 shows the block's traceback there, not the exit), unless
+        # this exit may not be replaced: the task is abandoned for it, and the wheel's message names it
+        abandons = tr.restarts.cap_reached(c) and not self.s.is_task_done(tr.tid)
+        record_error(c, msg, log=w.err_path, last=not raised or abandons)
         logger.warning("task %r: %s", tr.tid, msg.splitlines()[0])
 
     def _exit_message(self, w, kind: ExitKind, rc: int, was_busy: bool) -> str:
