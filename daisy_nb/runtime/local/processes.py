@@ -40,7 +40,7 @@ from daisy_nb.runtime.local import _zygote, ending, wire
 from daisy_nb.runtime.local.block_workers import BlockWorkers
 from daisy_nb.runtime.local.budget import Budget
 from daisy_nb.runtime.local.diagnosis import report_dirty_exit
-from daisy_nb.runtime.local.ending import TERM_GRACE_SECS
+from daisy_nb.runtime.local.ending import TERM_GRACE_SECS  # (re-exported: its old home)
 from daisy_nb.runtime.local.exits import ExitKind
 from daisy_nb.runtime.local.functions import Functions, job_report
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
