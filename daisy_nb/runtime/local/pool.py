@@ -133,6 +133,11 @@ class _Pool:
         """Where Client connections are accepted (0: not listening)."""
         return self.listening.port
 
+    @property
+    def listener(self):
+        """The TCP listener (a ``net.transport.Listener``), None until a task's worker function needs it."""
+        return self.listening.listener
+
     # ------------------------------------------------ what the dashboard reads (dashboard/live.py)
     @property
     def workers(self) -> dict:
