@@ -26,7 +26,7 @@ list), waits for the job and returns as ``subprocess.run(check=True)`` would: a
 so the launcher does: when the worker function is ended — the run is over (Ctrl-C,
 abandonment, an exception), the worker is restarted, or the driver is killed (the
 pool ends worker functions with ``SIGTERM`` and a grace of
-``runtime.local.processes.TERM_GRACE_SECS`` before ``SIGKILL``, and ``SIGTERM`` is their
+``runtime.local.ending.TERM_GRACE_SECS`` before ``SIGKILL``, and ``SIGTERM`` is their
 death signal too) — it cancels the job (``scancel``/``bkill``, also while it still
 waits in the queue: a pending job never starts after the run) and ends the submit
 command. The job's own ``Client`` also ends its program when the run ends (see

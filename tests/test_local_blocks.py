@@ -403,19 +403,19 @@ def test_restarts_count_every_replacement_and_the_cap_counts_crashes():
 
     tr = PoolTaskRun(make_task("a", 4, read_write_conflict=False, max_worker_restarts=2))
     c = WorkerCounters()
-    tr.count_spawn(c)  # the first worker: not a restart
+    tr.restarts.started(c)  # the first worker: not a restart
     assert (c.worker_start_count, c.worker_restart_count) == (1, 0)
     for job_end in (True, False, True, True, False, True):
         count_worker_failure(c, job_end)
-        assert not tr.crash_cap_reached(c)
-        tr.count_spawn(c)  # its replacement
+        assert not tr.restarts.cap_reached(c)
+        tr.restarts.started(c)  # its replacement
     assert (c.worker_failure_count, c.worker_job_end_count, c.worker_restart_count) == (6, 4, 6)
-    assert tr.crash_restarts == 2
+    assert tr.restarts.crashes_replaced == 2
     count_worker_failure(c, job_end=True)  # the cap is used up: a job end is still replaced
-    assert not tr.crash_cap_reached(c)
-    tr.count_spawn(c)
+    assert not tr.restarts.cap_reached(c)
+    tr.restarts.started(c)
     count_worker_failure(c, job_end=False)  # a third crash is not
-    assert tr.crash_cap_reached(c)
+    assert tr.restarts.cap_reached(c)
     assert c.worker_restart_count == 7 and c.worker_start_count == 8
 
 
@@ -427,10 +427,10 @@ def test_a_crash_loop_stops_after_the_cap(cap):
 
     tr = PoolTaskRun(make_task("a", 4, read_write_conflict=False, max_worker_restarts=cap))
     c = WorkerCounters()
-    tr.count_spawn(c)
+    tr.restarts.started(c)
     for _ in range(cap + 5):
         count_worker_failure(c, job_end=False)
-        if tr.crash_cap_reached(c):
+        if tr.restarts.cap_reached(c):
             break
-        tr.count_spawn(c)
+        tr.restarts.started(c)
     assert c.worker_restart_count == cap and c.worker_failure_count == cap + 1

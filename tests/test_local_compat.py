@@ -4,6 +4,10 @@ Measured on the wheel (``daisy==2.0.0``) with the same functions:
 
 * a block worker that dies mid-block (``os._exit(3)``) after finishing 3 blocks is a crash:
   ``worker_restart_count == 1``, and nothing is said about a walltime (a local worker has none);
+* a block function that raises (2 workers, ``max_retries`` 0 and 2): the task's
+  ``first_worker_error`` and ``last_worker_error`` are blocks' tracebacks, not the workers'
+  exits (``daisy worker subprocess exited with code 1``); when the restart cap abandons the task,
+  its "Last worker error" is the exit that used the cap up (its stderr tail quotes the block's);
 * a 0-argument worker function that starts its program with ``subprocess.Popen`` and returns:
   the program is not killed when the function returns; the function is respawned about once a
   second, and the program's late connection stops the run with a ``RuntimeError`` ("connected
@@ -53,6 +57,42 @@ def test_block_worker_that_dies_after_finished_blocks_is_a_crash(out, caplog):
         assert "walltime" not in text and "job end" not in text
 
 
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_raising_block_is_the_last_worker_error_as_the_wheel(out, retries):
+    import localfns
+
+    task = make_task("rb", 4, localfns.raises_boom, max_workers=2, max_retries=retries)
+    st = daisy_nb.run_blockwise([task], progress=False, summary=False, return_states=True)["rb"]
+    assert st.failed_count == 4 and st.completed_count == 0 and not st.abandoned
+    # the wheel: 4 exits and 2 restarts (max_retries=0), 12 and 10 (max_retries=2), as before
+    assert st.worker_failure_count == st.worker_start_count == 4 * (retries + 1)
+    for text in (st.first_worker_error, st.last_worker_error):
+        assert text.startswith("block ('rb', ") and "Traceback (most recent call last)" in text, text
+        assert text.rstrip().endswith(f"ValueError: boom {text.split(chr(10))[0][6:-8]}"), text
+        assert "exited with code" not in text
+    # the errors are grouped from the structured messages: the block's type and message, its block id
+    groups = {g["type"]: g for g in st.error_groups.as_list()}
+    assert groups["ValueError"]["count"] == 4 * (retries + 1) and groups["ValueError"]["message"].startswith("boom")
+    assert groups["ValueError"]["first_block"] in range(4)
+    assert groups["worker error"]["count"] == st.worker_failure_count  # the exits are still counted
+
+
+def test_abandonment_names_the_exit_that_used_up_the_cap_as_the_wheel(out):
+    """The wheel (same task): the abandonment's "Last worker error" is the exit the cap did not let
+    be replaced, with its stderr tail quoting the block's traceback."""
+    import localfns
+
+    task = make_task("ab", 8, localfns.raises_boom, max_workers=2, max_retries=5, max_worker_restarts=1)
+    with pytest.raises(RuntimeError, match="was abandoned") as e:
+        daisy_nb.run_blockwise([task], progress=False, summary=False)
+    st = e.value.daisy_states["ab"]
+    last = str(e.value).split("Last worker error: ", 1)[1]
+    assert last == st.last_worker_error
+    assert last.startswith("daisy worker process exited with code 1") and "worker stderr tail:" in last
+    assert "ValueError: boom ('ab', " in last
+    assert st.first_worker_error.startswith("block ('ab', ") and "exited with code" not in st.first_worker_error
+
+
 def test_fire_and_forget_worker_function_stops_the_run_as_the_wheel(out, caplog):
     import localfns
 
@@ -96,3 +136,16 @@ def test_a_worker_of_another_pipe_version_fails_loudly(out, monkeypatch):
     assert f"exited with code {wire.VERSION_MISMATCH_EXIT}" in st.last_worker_error
     assert "install the same daisy_nb version as the driver" in st.last_worker_error
     assert not list(out.glob("done_*"))
+
+
+def test_the_pool_pipe_carries_a_raised_block_structured():
+    """The worker -> pool frame of a raised block keeps type, message and traceback apart (any text,
+    newlines and non-ASCII included) and refuses a frame whose fields do not add up."""
+    from daisy_nb.runtime.local import wire
+
+    err = wire.Raised("KeyError", "'é'\nsecond line", "Traceback (most recent call last):\nKeyError: 'é'", 2**40)
+    m = wire.decode(wire.raised(1, err))
+    assert (m.kind, m.slot, m.error) == (wire.Kind.RAISED, 1, err)
+    assert err.text("t") == f"block ('t', {2**40}) failed:\n{err.traceback}"
+    with pytest.raises(ValueError, match="fields make"):
+        wire.decode(wire.raised(1, err) + b"x")

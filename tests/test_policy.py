@@ -21,6 +21,7 @@ from daisy_nb.runtime.common.failures import (
     TaskAbandonedError,
     abandon,
     count_worker_failure,
+    crashes,
     is_job_end,
     raise_if_abandoned,
     record_error,
@@ -107,36 +108,40 @@ def test_defaults_and_worker_functions():
 
 @pytest.mark.parametrize("cap", [0, 1, 3])
 def test_restart_cap_is_one_rule(cap):
-    """The pool replaces a failed worker at its next spawn, dask at the failure; both stop
-    after ``max_worker_restarts`` restarts, by the same predicate."""
-    tr = TaskRun(task(max_worker_restarts=cap))
-    c = WorkerCounters()
-    restarts = 0
-    for _ in range(cap + 5):
-        count_worker_failure(c, job_end=False)
-        if tr.restarts_exhausted(c):
-            break
-        c.worker_restart_count += 1
-        restarts += 1
-    assert restarts == cap and c.worker_failure_count == cap + 1
+    """The pool replaces a failed worker at its next spawn (``Restarts.started``), dask at the
+    failure (``Restarts.replaced``); both stop after ``max_worker_restarts`` restarts, by the
+    same rule (``Restarts.cap_reached``)."""
+    for replace in ("started", "replaced"):
+        tr = TaskRun(task(max_worker_restarts=cap))
+        c = WorkerCounters()
+        restarts = 0
+        for _ in range(cap + 5):
+            count_worker_failure(c, job_end=False)
+            if tr.restarts.cap_reached(c):
+                break
+            getattr(tr.restarts, replace)(c)
+            restarts += 1
+        assert restarts == cap == c.worker_restart_count and c.worker_failure_count == cap + 1
 
 
 def test_job_ends_are_counted_but_never_restarts():
-    """Crashes and job ends interleaved: only the crashes' replacements are restarts, and only
-    they exhaust the cap; every dirty exit stays in ``worker_failure_count``."""
+    """Crashes and job ends interleaved, as dask sees them (its cluster replaces a lost worker, the run
+    replaces a crash): only the crashes' replacements are restarts, and only they exhaust the cap;
+    every dirty exit stays in ``worker_failure_count``. (The pool, which replaces job ends too, counts
+    those replacements as restarts as the wheel does: tests/test_local_blocks.py.)"""
     tr = TaskRun(task(max_worker_restarts=2))
     c = WorkerCounters()
     for job_end in (True, False, True, True, False, True):
         count_worker_failure(c, job_end)
-        assert not tr.restarts_exhausted(c)
-        if tr.crash_unreplaced(c):  # what the pool's next spawn does
-            c.worker_restart_count += 1
-        assert not tr.crash_unreplaced(c)
+        assert not tr.restarts.cap_reached(c)
+        if not job_end:  # what dask does with a crash
+            tr.restarts.replaced(c)
+        assert tr.restarts.crashes_replaced == crashes(c)
     assert (c.worker_failure_count, c.worker_job_end_count, c.worker_restart_count) == (6, 4, 2)
     count_worker_failure(c, job_end=True)  # the cap is used up: a job end is still replaced
-    assert not tr.restarts_exhausted(c)
+    assert not tr.restarts.cap_reached(c)
     count_worker_failure(c, job_end=False)  # a third crash is not
-    assert tr.restarts_exhausted(c)
+    assert tr.restarts.cap_reached(c)
 
 
 def test_what_is_a_job_end():

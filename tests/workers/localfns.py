@@ -2,6 +2,8 @@
 
 * :func:`exit3_after_three`: a block function whose worker dies mid-block (``os._exit(3)``)
   after it finished 3 blocks, once per run (a marker file): daisy 2.0 counts it as a crash;
+* :func:`raises_boom`: a block function that raises ``ValueError("boom <block id>")`` for every
+  block (daisy 2.0 ends the worker; the task's last worker error is the block's traceback);
 * :func:`fire_and_forget`: a 0-argument worker function that starts ``late_prog.py`` with
   ``subprocess.Popen`` and returns at once (a plain ``sbatch``); the program connects
   ``LATE_SECS`` later.
@@ -30,6 +32,10 @@ def exit3_after_three(block):
     time.sleep(0.005)
     blockfns.done(block)
     _finished += 1
+
+
+def raises_boom(block):
+    raise ValueError(f"boom {block.block_id}")
 
 
 def fire_and_forget():

@@ -4,8 +4,9 @@
   blocks and then ended: walltime, preemption, node lost) from a *crash*;
 * :func:`worker_failure` (:func:`count_worker_failure` plus :func:`record_error` plus
   one log line): what every back-end does with a dirty worker exit;
-* :func:`crash_unreplaced` and :func:`restarts_exhausted`: the restart cap
-  (``max_worker_restarts``), daisy 2.0's rule with job ends left out;
+* :class:`Restarts`: the one restart rule (``worker_restart_count`` as daisy 2.0.0's wheel
+  counts it; the cap, ``max_worker_restarts``, counts crashes: job ends are exempt), which
+  every back-end calls when it starts or replaces a worker and before it replaces one;
 * :class:`AbandonReason`: why a task is abandoned, by name (the Scheduler stores the
   value; :meth:`AbandonReason.of` reads it back);
 * :func:`abandon`: the one abandonment routine (the task and every task downstream);
@@ -30,15 +31,15 @@ __all__ = [
     "CRASH_SIGNALS",
     "JOB_END",
     "AbandonReason",
+    "Restarts",
     "TaskAbandonedError",
     "abandon",
     "count_worker_failure",
-    "crash_unreplaced",
+    "crashes",
     "is_job_end",
     "raise_if_abandoned",
     "record_error",
     "record_worker_error",
-    "restarts_exhausted",
     "worker_failure",
 ]
 
@@ -107,32 +108,41 @@ def count_worker_failure(counters, job_end: bool) -> None:
         counters.worker_job_end_count += 1
 
 
-def record_error(counters, text: str, first: str | None = None, log: str | None = None) -> None:
+def record_error(
+    counters,
+    text: str,
+    first: str | None = None,
+    log: str | None = None,
+    *,
+    error: WorkerError | None = None,
+    first_error: WorkerError | None = None,
+    last: bool = True,
+) -> None:
     """Keep ``text`` as the task's last worker error (and ``first``, else ``text``, as its first),
     and count it (and ``first``) in the task's error groups (:mod:`daisy_nb.errors`); ``log``:
-    the worker's log file."""
+    the worker's log file.
+
+    ``error``: the same failure structured, as a back-end that sends type, message and
+    traceback apart knows it: the groups count it without parsing ``text`` (``first_error``:
+    ``first`` structured likewise). ``last=False``:
+    ``text`` does not replace the last worker error (a worker's exit caused by a block's error
+    recorded already: daisy 2.0.0 shows the block's traceback, not the exit)."""
     if counters.first_worker_error is None:
         counters.first_worker_error = text if first is None else first
-    counters.last_worker_error = text
+    if last:
+        counters.last_worker_error = text
     groups = getattr(counters, "error_groups", None)
     if groups is not None:
         if first is not None and first != text:
-            groups.add(first, log)
-        groups.add(text, log)
+            groups.add(first if first_error is None else first_error, log)
+        groups.add(text if error is None else error, log)
 
 
 def record_worker_error(counters, error: WorkerError, first: WorkerError | None = None, log: str | None = None) -> None:
     """:func:`record_error` of a structured failure: the task's last (and first) worker error
     is ``error.text()`` (the same text the text path records), and the error groups count
     ``error`` (and ``first``) by its type and message as sent, without parsing."""
-    if counters.first_worker_error is None:
-        counters.first_worker_error = error.text() if first is None else first.text()
-    counters.last_worker_error = error.text()
-    groups = getattr(counters, "error_groups", None)
-    if groups is not None:
-        if first is not None and first != error:
-            groups.add(first, log)
-        groups.add(error, log)
+    record_error(counters, error.text(), None if first is None else first.text(), log, error=error, first_error=first)
 
 
 def worker_failure(counters, task_id: str, text: str, *, job_end: bool, log: str | None = None) -> None:
@@ -143,16 +153,49 @@ def worker_failure(counters, task_id: str, text: str, *, job_end: bool, log: str
     logger.warning("task %r: %s", task_id, text.splitlines()[0] if text else text)
 
 
-def crash_unreplaced(counters) -> bool:
-    """A crashed worker is not replaced yet: the next spawn is a *restart* (daisy 2.0's rule,
-    ``worker_failure_count > worker_restart_count``, with job ends left out: their
-    replacements are not restarts, see :func:`is_job_end`)."""
-    return counters.worker_failure_count - counters.worker_job_end_count > counters.worker_restart_count
+def crashes(counters) -> int:
+    """The task's crashes so far: its dirty worker exits that were not job ends (:func:`is_job_end`)."""
+    return counters.worker_failure_count - counters.worker_job_end_count
 
 
-def restarts_exhausted(counters, max_restarts: int) -> bool:
-    """A worker crashed that may not be replaced: ``max_restarts`` restarts were made."""
-    return crash_unreplaced(counters) and counters.worker_restart_count >= max_restarts
+class Restarts:
+    """One task's restarts: the one rule of every back-end (pool, dask).
+
+    * ``worker_restart_count`` counts restarts as daisy 2.0.0's wheel does: a worker that
+      starts while the task has more failures than restarts is a restart (every
+      replacement after a dirty exit, a job end's too);
+    * the cap, ``max_worker_restarts``, counts crashes: a crash replaced is one of the
+      cap's; a job end (a worker function's job that finished blocks and then ended,
+      :func:`is_job_end`) is replaced however many there were. A local block worker's death
+      is a crash (:mod:`daisy_nb.runtime.local.exits`).
+
+    The pool calls :meth:`started` for every worker it starts; dask, whose cluster replaces
+    a lost worker itself, calls :meth:`replaced` for a crash it replaces at once. Both ask
+    :meth:`cap_reached` before replacing one.
+    """
+
+    def __init__(self, max_restarts: int):
+        self.max_restarts = int(max_restarts)
+        self.crashes_replaced = 0  # crashes whose worker was replaced (what the cap counts)
+
+    def started(self, counters) -> None:
+        """A worker of the task starts (its first, or a replacement): ``worker_start_count``, and
+        :meth:`replaced` when a failure waits for its replacement."""
+        counters.worker_start_count += 1
+        self.replaced(counters)
+
+    def replaced(self, counters) -> None:
+        """A failed worker is replaced: a restart as the wheel counts it (``failures > restarts``);
+        a crash not replaced yet is now (one of the cap's)."""
+        if counters.worker_failure_count > counters.worker_restart_count:
+            counters.worker_restart_count += 1
+        if crashes(counters) > self.crashes_replaced:
+            self.crashes_replaced += 1
+
+    def cap_reached(self, counters) -> bool:
+        """A crash that may not be replaced: ``max_worker_restarts`` crashes were replaced already
+        (job ends do not count toward the cap)."""
+        return crashes(counters) > self.crashes_replaced and self.crashes_replaced >= self.max_restarts
 
 
 def abandon(scheduler, task_id: str, reason: AbandonReason | str) -> list[str]:

@@ -4,6 +4,7 @@
   set ``block.status = FAILED`` or raised) and the formatted traceback of what it raised;
 * :func:`cap_traceback`: the last 50 lines / 8 KiB of a traceback, the size that
   travels to the scheduler and into the summary (the wheel's cap);
+* :func:`exception_message`: an exception's message, capped as a traceback is;
 * :func:`format_exception`: an exception formatted as :mod:`daisy_nb.logging`
   formats worker tracebacks (leading daisy_nb frames dropped).
 
@@ -12,7 +13,16 @@ Standard library only: worker processes import this, never numpy or numba.
 
 from __future__ import annotations
 
-__all__ = ["DONE", "FAILED", "TB_CAP_BYTES", "TB_CAP_LINES", "call_block", "cap_traceback", "format_exception"]
+__all__ = [
+    "DONE",
+    "FAILED",
+    "TB_CAP_BYTES",
+    "TB_CAP_LINES",
+    "call_block",
+    "cap_traceback",
+    "exception_message",
+    "format_exception",
+]
 
 TB_CAP_LINES = 50
 TB_CAP_BYTES = 8192
@@ -36,6 +46,15 @@ def cap_traceback(tb: str) -> str:
     if len(tb) > TB_CAP_BYTES:
         tb, cut = tb[-TB_CAP_BYTES:], True
     return f"{TB_TRUNCATED}\n{tb}" if cut else tb
+
+
+def exception_message(e: BaseException) -> str:
+    """``str(e)``, at most ``TB_CAP_BYTES`` characters (``<unprintable ...>`` when its ``__str__`` raises)."""
+    try:
+        text = str(e)
+    except Exception:  # a user's exception whose __str__ raises: its type still says what failed
+        text = f"<unprintable {type(e).__name__} object>"
+    return text[:TB_CAP_BYTES]
 
 
 def format_exception(e: BaseException) -> str:

@@ -43,6 +43,7 @@ class TaskRun:
         self.timeout = timeout_of(task)  # seconds per block, None: none
         self.max_workers = max(1, int(task.max_workers))
         self.max_restarts = int(task.max_worker_restarts)
+        self.restarts = failures.Restarts(self.max_restarts)  # the restart rule and its cap
         self.requires = {k: int(v) for k, v in task.requires.items()}
         self.track = bool(task.resource_tracking)
         self.res = None  # TaskResourceStats when the task tracks resources and the runtime measures them
@@ -59,15 +60,6 @@ class TaskRun:
     def serialize(self) -> bytes:
         self.payload = serialize_function(self.fn, self.init_fn, self.tid)
         return self.payload
-
-    @staticmethod
-    def crash_unreplaced(counters) -> bool:
-        """:func:`.failures.crash_unreplaced`: the next spawn is a restart."""
-        return failures.crash_unreplaced(counters)
-
-    def restarts_exhausted(self, counters) -> bool:
-        """:func:`.failures.restarts_exhausted` with this task's ``max_worker_restarts``."""
-        return failures.restarts_exhausted(counters, self.max_restarts)
 
     def elapsed(self, now: float) -> float:
         """Seconds from the first block to done (or to ``now``), for the summary's blocks/s."""

@@ -406,8 +406,8 @@ class Submission:
         worker_failure(c, tid, text, job_end=job_end)
         if job_end or self.s.is_abandoned(tid):
             return
-        if not self.trs[tid].restarts_exhausted(c):
-            c.worker_restart_count += 1
+        if not self.trs[tid].restarts.cap_reached(c):
+            self.trs[tid].restarts.replaced(c)  # the restart rule (common/failures.py)
             return
         for a in abandon(self.s, tid, AbandonReason.RESTARTS):
             gone = [b for b in self.batches.values() if b.tid == a]

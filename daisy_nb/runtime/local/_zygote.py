@@ -9,16 +9,11 @@ only the worker side (``worker``, ``block``, ``logging``, ``_shm``, cloudpickle,
 ``client`` when a task has a 0-argument worker function; no numpy, numba or
 ``multiprocessing``) and stays single-threaded, so that forking it is safe.
 
-Protocol over a ``SOCK_SEQPACKET`` socket pair (one message per datagram, file
-descriptors ride along with ``SCM_RIGHTS``):
-
-* pool -> template: a pickled request ``{"env", "cwd", "argv", "fds": names}`` with
-  the descriptors it names: ``conn`` (the worker's end of its socket pair), ``out``
-  and ``err`` (its ``.out``/``.err`` log files, or the pool's own fd 1/2) and, for a
-  block worker, ``shm`` (its memfd segment).
-* template -> pool: ``P`` + pid, with a pidfd of the new worker (opened before the
-  template can reap it, so the pid cannot have been reused); ``X`` + pid + exit code
-  (``os.waitstatus_to_exitcode``) when the template has reaped a worker.
+Protocol: :mod:`.template_wire` (both ends): a fork request (environment, working
+directory, ``argv`` and the descriptors sent with it: the worker's end of its socket pair,
+its log files, its shared-memory segment) one way; "forked" (pid, with a pidfd of the new
+worker, opened before the template can reap it, so the pid cannot have been reused) and
+"exited" (pid and exit code) the other.
 
 The forked worker keeps the exec'd worker's semantics: its own session (``killpg``
 reaches helpers it launches), ``PR_SET_PDEATHSIG`` to the template, whose own
@@ -36,21 +31,18 @@ failure, and starts later workers by exec (:class:`Template` reports ``dead``).
 from __future__ import annotations
 
 import os
-import pickle
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
 
 from daisy_nb import config
+from daisy_nb.runtime.local import template_wire as twire
 
 __all__ = ["Template", "available", "start_early", "template_env"]
 
-_PID = struct.Struct("<q")
-_EXIT = struct.Struct("<qq")
 MAX_FDS = 8
 START_TIMEOUT_SECS = 20.0  # the first fork waits for the template's imports (slow under load)
 FORK_TIMEOUT_SECS = 10.0
@@ -119,7 +111,7 @@ class ForkedProcess:
     """A worker forked by the template: the subset of ``subprocess.Popen`` the pool uses.
 
     It is not this process's child, so its exit code comes from the template's
-    ``X`` report. If the template died first, the worker died with it (death
+    "exited" report (:class:`.template_wire.Exited`). If the template died first, the worker died with it (death
     signal): ``orphaned`` is set and the code reads as ``-SIGKILL``.
     """
 
@@ -212,7 +204,7 @@ class Template:
         if self.dead:
             raise TemplateDied("the worker template has exited")
         names = list(fds)
-        req = pickle.dumps({"env": env, "cwd": os.getcwd(), "argv": argv, "fds": names})
+        req = twire.encode_request(twire.ForkRequest(env, os.getcwd(), argv, names))
         try:
             socket.send_fds(self.sock, [req], [fds[n] for n in names])
             timeout = FORK_TIMEOUT_SECS if self._started else START_TIMEOUT_SECS
@@ -222,9 +214,9 @@ class Template:
                 if left <= 0:
                     raise TemplateDied(f"the worker template did not fork within {timeout:g} s")
                 got = self._recv(left)
-                if got is not None and got[0] == b"P":
+                if isinstance(got, ForkedProcess):
                     self._started = True
-                    return got[1]
+                    return got
         except (OSError, TemplateDied):
             self._mark_dead()
             raise TemplateDied("the worker template has exited") from None
@@ -239,7 +231,8 @@ class Template:
         except (OSError, TemplateDied):
             self._mark_dead()
 
-    def _recv(self, timeout: float | None):
+    def _recv(self, timeout: float | None) -> ForkedProcess | twire.Exited | None:
+        """One report: the worker it forked, or an exit (its process record updated); None: none came."""
         if not _readable(self.sock.fileno(), timeout):
             return None
         msg, fds, _flags, _addr = socket.recv_fds(self.sock, 256, MAX_FDS)
@@ -247,22 +240,19 @@ class Template:
             for fd in fds:
                 os.close(fd)
             raise TemplateDied("EOF")
-        kind = msg[:1]
-        if kind == b"P":
-            (pid,) = _PID.unpack_from(msg, 1)
-            p = ForkedProcess(self, pid, fds[0])
+        report = twire.decode_report(msg)
+        if isinstance(report, twire.Forked):
+            p = ForkedProcess(self, report.pid, fds[0])
             for fd in fds[1:]:
                 os.close(fd)
-            self.procs[pid] = p
-            return b"P", p
+            self.procs[report.pid] = p
+            return p
         for fd in fds:
             os.close(fd)
-        if kind == b"X":
-            pid, code = _EXIT.unpack_from(msg, 1)
-            done = self.procs.pop(pid, None)
-            if done is not None:
-                done.returncode = code
-        return kind, None
+        done = self.procs.pop(report.pid, None)
+        if done is not None:
+            done.returncode = report.code
+        return report
 
     def _mark_dead(self) -> None:
         if not self.dead:
@@ -306,12 +296,14 @@ def _reap(sock, children: set, learner=None) -> None:
         if learner is not None:
             learner.reaped(pid)  # before the pool hears of the exit: its next fork sees what this worker loaded
         try:
-            sock.send(b"X" + _EXIT.pack(pid, os.waitstatus_to_exitcode(status)))
+            sock.send(twire.exited(pid, os.waitstatus_to_exitcode(status)))
         except OSError:
             pass
 
 
-def _child(req: dict, fds: list[int], closing: list[int], template_pid: int, report_fd: int | None = None) -> None:
+def _child(
+    req: twire.ForkRequest, fds: list[int], closing: list[int], template_pid: int, report_fd: int | None = None
+) -> None:
     """In the forked worker: become an exec'd worker's twin, run it, leave. Never returns.
 
     ``report_fd``: where to write, as it leaves, the installed modules it imported
@@ -327,19 +319,19 @@ def _child(req: dict, fds: list[int], closing: list[int], template_pid: int, rep
         for fd in closing:
             os.close(fd)
         worker._die_with_parent(template_pid)
-        named = dict(zip(req["fds"], fds))
+        named = dict(zip(req.fds, fds))
         for target, name in ((1, "out"), (2, "err")):
             fd = named.pop(name, None)
             if fd is not None:
                 os.dup2(fd, target)
                 os.close(fd)
         os.environ.clear()
-        os.environ.update(req["env"])
+        os.environ.update(req.env)
         try:
-            os.chdir(req["cwd"])
+            os.chdir(req.cwd)
         except OSError:
             pass
-        sys.argv = list(req["argv"])
+        sys.argv = list(req.argv)
         try:
             code = worker.serve(named["conn"], named.get("shm"))
         except SystemExit as e:
@@ -415,7 +407,13 @@ def main(argv=None) -> int:
             msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, MAX_FDS)
             if not msg:
                 break  # the pool closed its end: the run is over
-            req = pickle.loads(msg)
+            try:
+                req = twire.decode_request(msg)
+            except ValueError as e:  # another daisy_nb's pool: it starts its workers by exec
+                sys.stderr.write(f"daisy_nb worker template: {e}\n")
+                for fd in fds:
+                    os.close(fd)
+                break
             learner.preload()
             pipe = learner.pipe()
             pid = os.fork()
@@ -428,7 +426,7 @@ def main(argv=None) -> int:
             for fd in fds:
                 os.close(fd)
             try:
-                socket.send_fds(sock, [b"P" + _PID.pack(pid)], [pidfd])
+                socket.send_fds(sock, [twire.forked(pid)], [pidfd])
             finally:
                 os.close(pidfd)
     except OSError:

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from daisy_nb.block import BlockStatus
+from daisy_nb.errors import WorkerError
 from daisy_nb.runtime.common.failures import record_error
-from daisy_nb.runtime.local import _shm
+from daisy_nb.runtime.local import _shm, wire
 from daisy_nb.runtime.local.blocks import BlockCore, ExitReport
 from daisy_nb.runtime.local.records import BUSY, BlockProcess
 
@@ -72,7 +73,7 @@ class Batches:
             self.timeline.bar(("w", w.wid), tr.tid, t1 - elapsed / 1e9, t1, n, int(np.count_nonzero(st == _FAILED)))
         return actions
 
-    def raised(self, w: BlockProcess, text: str) -> None:
+    def raised(self, w: BlockProcess, error: wire.Raised) -> None:
         """A block raised (status FAILED: none is left running): the worker exits (daisy 2.0's dirty
         exit); blocks it ran count, the rest and a batch sent ahead were never started: given back."""
         tr = w.tr
@@ -87,7 +88,8 @@ class Batches:
             t1 = time.monotonic()
             elapsed = int(w.bufs[k0][_shm.H_ELAPSED]) / 1e9
             self.timeline.bar(("w", w.wid), tr.tid, t1 - elapsed, t1, ran, int(np.count_nonzero(st0 == _FAILED)))
-        record_error(self.s.counters[tr.tid], text, log=w.err_path)
+        structured = WorkerError(error.type, error.message, error.traceback, error.block_id)
+        record_error(self.s.counters[tr.tid], error.text(tr.tid), log=w.err_path, error=structured)
 
     def add_stats(self, w: BlockProcess, k: int, n: int, st, measured=None) -> None:
         """Fold the per-block stats of slot ``k``'s first ``n`` blocks into the task's totals."""

@@ -18,16 +18,10 @@ executes the actions it returns:
 * actions (returned lists): :class:`SendBatch` (write these blocks into that batch slot and
   signal the worker), :class:`Quit` (ask it to leave), :class:`Kill` (end its process).
 
-**Batching.** Per task, the batch size starts at 1 and follows the measured time per
-block so that a batch takes about ``target`` seconds (``PER_WORKER_BATCH_SECS`` per
-worker when that is longer; :func:`daisy_nb.runtime.common.batching.grow_batch`), capped by
-``ceil(ready / workers)`` so that workers share the ready blocks and dependent levels are
-not held back by one worker's batch.
-
-**Prefetch.** While a worker runs a batch, a second one may wait in its other slot, so it
-never idles through the round trip to the scheduler. Only for fast blocks (measured
-faster than ``target``), when no worker of the task waits for work, and when the ready
-blocks cover a running and a queued batch for every worker of the task.
+**Batching and prefetch.** How many blocks a batch holds, and whether a second batch may
+wait in a busy worker's other slot (so it never idles through the round trip to the
+scheduler), is :class:`.sizing.BatchSizing`'s, from the measured time per block; the core
+sends a batch ahead only when no worker of the task waits for work.
 
 **Exits.** A dead worker's finished blocks count, the block it was running fails (an
 attempt; given back on Ctrl-C or when the worker template died), and the blocks of its
@@ -39,7 +33,7 @@ block handed to a block worker is in exactly one batch of one live worker; per t
 the blocks in those batches are the scheduler's processing count (minus what the
 Client side holds, ``held_elsewhere``), unless the task was abandoned; a worker is busy
 exactly when it has batches; no worker is both parked and busy; at most ``slots``
-batches per worker, each in a distinct slot.
+batches per worker, each in a distinct slot; and :meth:`.sizing.BatchSizing.validate`'s.
 """
 
 from __future__ import annotations
@@ -53,12 +47,10 @@ from typing import Any
 import numpy as np
 
 from daisy_nb.block import BlockStatus
-from daisy_nb.runtime.common.batching import grow_batch
-from daisy_nb.runtime.local.exits import ExitFacts, ExitKind, classify_exit
+from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
+from daisy_nb.runtime.local.sizing import BatchSizing, BlockTask
 
 __all__ = ["BlockCore", "BlockTask", "BlockWorker", "Kill", "Quit", "SendBatch", "WorkerState"]
-
-PER_WORKER_BATCH_SECS = 0.002  # batch target floor per running worker (16 workers: 32 ms batches)
 
 _CREATED, _PROCESSING, _SUCCESS, _FAILED = (
     BlockStatus.CREATED,
@@ -104,18 +96,6 @@ class Kill:
 Action = SendBatch | Quit | Kill
 
 
-@dataclass
-class BlockTask:
-    """What the core measures of a task (the batch size, the time per block)."""
-
-    tid: str
-    timeout_ns: int | None = None  # a block's timeout, None: none
-    batch_k: int = 1
-    per_block: float | None = None  # seconds, from the last finished batch (None: not measured yet)
-    block_secs: deque = field(default_factory=lambda: deque(maxlen=64))  # recent times per block
-    t_first_batch: bool = False  # a batch was sent
-
-
 @dataclass(eq=False)
 class BlockWorker:
     """The core's record of one block worker."""
@@ -144,6 +124,7 @@ class ExitReport:
     was_busy: bool
     finished: int
     died_in: int  # blocks of its batches that were running or finished when it died (for the timeline)
+    raised: bool = False  # a block of it raised (its error, recorded already, is the task's last)
 
 
 class BlockCore:
@@ -159,11 +140,14 @@ class BlockCore:
         workers_total: Callable[[], int] | None = None,
     ):
         self.s = scheduler
-        self.target = float(target_secs)
         self.capacity = int(capacity)
         self.slots = int(slots)
-        self._workers_total = workers_total  # every worker process of the run (the batch target's floor)
-        self.tasks: dict[str, BlockTask] = {}
+        self.sizing = BatchSizing(
+            target_secs=target_secs,
+            capacity=capacity,
+            workers_total=workers_total if workers_total is not None else lambda: len(self.workers),
+        )
+        self.tasks: dict[str, BlockTask] = self.sizing.tasks  # what is measured per task (read by the shell)
         self.workers: dict[int, BlockWorker] = {}
         self.of_task: dict[str, set[BlockWorker]] = {}
         self._parked: set[BlockWorker] = set()
@@ -171,9 +155,8 @@ class BlockCore:
 
     # ------------------------------------------------------------------ tasks and workers
     def add_task(self, tid: str, timeout_ns: int | None = None) -> BlockTask:
-        t = self.tasks.get(tid)
-        if t is None:
-            t = self.tasks[tid] = BlockTask(tid, timeout_ns)
+        t, new = self.sizing.add_task(tid, timeout_ns)
+        if new:
             self.of_task[tid] = set()
         return t
 
@@ -235,13 +218,7 @@ class BlockCore:
             )
         w.finished += int(np.count_nonzero(st == _SUCCESS))
         self.s.release_blocks(w.tid, index, st)
-        t = self.tasks[w.tid]
-        t.per_block = elapsed_ns / n / 1e9
-        t.block_secs.append(t.per_block)
-        # many workers: longer batches, so that the scheduler's batches per second stay bounded
-        total = self._workers_total() if self._workers_total is not None else len(self.workers)
-        target = max(self.target, total * PER_WORKER_BATCH_SECS)
-        t.batch_k = grow_batch(t.batch_k, elapsed_ns, n, target, self.capacity)
+        self.sizing.measured(w.tid, elapsed_ns, n)
         if w.queue:  # it runs the batch sent ahead
             return self._prefetch(w) if dispatch else []
         w.state = WorkerState.IDLE
@@ -281,19 +258,8 @@ class BlockCore:
         w.state = WorkerState.DEAD
         self.of_task[w.tid].discard(w)
         self._parked.discard(w)
-        kind = classify_exit(
-            ExitFacts(
-                block_worker=True,
-                returncode=returncode,
-                finished=w.finished,
-                raised=w.raised,
-                timed_out=w.timed_out,
-                expected=w.expected_exit,
-                aborting=self.aborting,
-                orphaned=orphaned,
-            )
-        )
-        return ExitReport(kind, was_busy, w.finished, died_in)
+        kind = classify_worker_exit(w, returncode, block_worker=True, aborting=self.aborting, orphaned=orphaned)
+        return ExitReport(kind, was_busy, w.finished, died_in, w.raised)
 
     def tick(self, now_ns: int, started_ns: Mapping[int, int]) -> list[Action]:
         """Event: the clock. ``started_ns``: for busy workers whose batch has a running block, when it
@@ -374,8 +340,7 @@ class BlockCore:
     # ---------------------------------------------------------------------- decisions
     def _batch_size(self, w: BlockWorker, ready: int) -> int:
         busy = (WorkerState.IDLE, WorkerState.BUSY, WorkerState.PARKED)
-        n = max(1, sum(1 for x in self.of_task[w.tid] if x.state in busy))
-        return max(1, min(self.tasks[w.tid].batch_k, -(-ready // n), self.capacity))
+        return self.sizing.size(w.tid, ready, sum(1 for x in self.of_task[w.tid] if x.state in busy))
 
     def _send(self, w: BlockWorker, max_n: int) -> SendBatch | None:
         b = self.s.acquire_blocks(w.tid, max_n)
@@ -407,23 +372,17 @@ class BlockCore:
 
     def _prefetch(self, w: BlockWorker) -> list[Action]:
         """A second batch behind the one ``w`` runs, if nobody can be held back by it."""
-        t = self.tasks[w.tid]
-        if len(w.queue) >= self.slots or self._abandoned(w.tid) or t.per_block is None or t.per_block > self.target:
-            return []  # slow blocks (one at a time) never wait behind another batch
+        if len(w.queue) >= self.slots or self._abandoned(w.tid):
+            return []
         active = 0
         for x in self.of_task[w.tid]:
             if x.state in (WorkerState.IDLE, WorkerState.PARKED):
                 return []  # a worker waiting for work comes first
             if x.state in (WorkerState.STARTING, WorkerState.BUSY):
                 active += 1
-        k = min(t.batch_k, self.capacity)
-        # ready blocks for a running and a queued batch on every worker: near the end of a task, or
-        # of a level, blocks go to whoever is free instead of queueing behind a batch
-        if self.s.ready_count(w.tid) >= 2 * active * k:
-            sent = self._send(w, k)
-            if sent is not None:
-                return [sent]
-        return []
+        k = self.sizing.ahead(w.tid, self.s.ready_count(w.tid), active)
+        sent = self._send(w, k) if k else None
+        return [sent] if sent is not None else []
 
     def _release_queue(self, w: BlockWorker, statuses: list[np.ndarray], running: int) -> None:
         """Release the batches sent to ``w``, in run order, and forget them: finished blocks count,
@@ -446,6 +405,7 @@ class BlockCore:
     def validate(self, held_elsewhere: Mapping[str, int] | None = None) -> None:
         """Raise ``AssertionError`` if an invariant does not hold (see the module docstring).
         ``held_elsewhere``: per task, blocks handed out by other parts (the Client side)."""
+        self.sizing.validate()
         seen: dict[str, set[int]] = {}
         for wid, w in self.workers.items():
             assert w.wid == wid and w in self.of_task[w.tid], f"worker {wid} not filed under its task"

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Protocol
 
 from daisy_nb.runtime.common.failures import is_job_end
 
-__all__ = ["ExitFacts", "ExitKind", "classify_exit"]
+__all__ = ["ExitFacts", "ExitKind", "WorkerRecord", "classify_exit", "classify_worker_exit"]
 
 
 class ExitKind(enum.Enum):
@@ -62,3 +63,32 @@ def classify_exit(f: ExitFacts) -> ExitKind:
     if is_job_end(f.finished, crashed=f.raised, returncode=f.returncode):
         return ExitKind.JOB_END
     return ExitKind.CRASH
+
+
+class WorkerRecord(Protocol):
+    """What a worker's record knows of its life (the core's ``BlockWorker``, the shell's ``FunctionWorker``)."""
+
+    finished: int
+    raised: bool
+    timed_out: bool
+    expected_exit: bool
+
+
+def classify_worker_exit(
+    w: WorkerRecord, returncode: int, *, block_worker: bool, aborting: bool, orphaned: bool
+) -> ExitKind:
+    """The kind of the exit of the worker ``w`` records (:func:`classify_exit` of its facts; ``lost``:
+    a worker function's job whose client went silent)."""
+    return classify_exit(
+        ExitFacts(
+            block_worker=block_worker,
+            returncode=returncode,
+            finished=w.finished,
+            raised=w.raised,
+            timed_out=w.timed_out,
+            lost=bool(getattr(w, "lost", False)),
+            expected=w.expected_exit,
+            aborting=aborting,
+            orphaned=orphaned,
+        )
+    )

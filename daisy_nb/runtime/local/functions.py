@@ -34,7 +34,7 @@ import time
 from collections.abc import Mapping
 from typing import Protocol
 
-from daisy_nb.runtime.local.exits import ExitFacts, ExitKind, classify_exit
+from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun
 from daisy_nb.runtime.local.records import FunctionWorker, job_text
 
@@ -151,7 +151,7 @@ class Functions:
         """A Client of worker ``wid``'s job released a block: what its job finished (a job end?)."""
         w = self._w(wid, tr)
         if w is not None:
-            w.client_raised = raised
+            w.raised = raised
             if finished:
                 w.finished += 1
 
@@ -241,19 +241,7 @@ class Functions:
         """Worker function ``w``'s process ended with ``rc``: ``(kind, dirty, reason or None)``. One
         that returned on its own is judged by :meth:`function_returned`; one that returned without
         its worker connecting makes the task's next spawn wait (``RESPAWN_AFTER_RETURN_SECS``)."""
-        kind = classify_exit(
-            ExitFacts(
-                block_worker=False,
-                returncode=rc,
-                finished=w.finished,
-                raised=w.client_raised,
-                timed_out=w.timed_out,
-                lost=w.lost,
-                expected=w.expected_exit,
-                aborting=aborting,
-                orphaned=orphaned,
-            )
-        )
+        kind = classify_worker_exit(w, rc, block_worker=False, aborting=aborting, orphaned=orphaned)
         if kind is not ExitKind.RETURNED:
             return kind, kind.dirty, None
         dirty, msg = self.function_returned(w.wid, w.tr, w.acquired, w.connected)

@@ -11,10 +11,10 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   :class:`daisy_nb.runtime.clients.Clients`, which asks and tells ``Functions`` about the
   worker function a connection belongs to (its ``Jobs`` protocol) and is asked
   ``has_client``. What a task asks for (its run record, batch sizing, function
-  serialisation) is :mod:`daisy_nb.runtime.common` and :mod:`.pool_parts`. This module
-  owns the run records, the dispatch across tasks (which task gets a worker,
-  abandonment), the listener and what connecting workers are told (address, secret,
-  timeouts: ``DAISY_CONTEXT``), the main loop, and ``run_pool``. The dashboard and the
+  serialisation) is :mod:`daisy_nb.runtime.common` and :mod:`.pool_parts`. The listener
+  and what connecting workers are told (address, secret, timeouts: ``DAISY_CONTEXT``) are
+  :class:`.listening.Listening`'s. This module owns the run records, the dispatch across
+  tasks (which task gets a worker, abandonment), the main loop, and ``run_pool``. The dashboard and the
   hang alarm read :meth:`_Pool.worker_snapshots` and :meth:`_Pool.running_blocks` (on the
   runtime's thread) and set ``timeline``.
 * **Starting workers.** Up to ``max_workers`` per task, within the ``resources``
@@ -53,8 +53,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import secrets
 import signal
 import threading
 import time
@@ -63,12 +61,11 @@ from daisy_nb import logging as dlog
 from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_abandoned
 from daisy_nb.runtime.common.failures import abandon
 from daisy_nb.runtime.common.run_end import end_run
-from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.local.budget import TaskNeed, plan_spawns
 from daisy_nb.runtime.local.functions import Functions
+from daisy_nb.runtime.local.listening import Listening
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.local.processes import Processes
-from daisy_nb.runtime.net import address, liveness, transport
 from daisy_nb.runtime.net.server import Clients
 from daisy_nb.runtime.snapshot import RunningBlock, WorkerSnapshot
 
@@ -84,8 +81,8 @@ WORKER_FUNCTION_GRACE_SECS = 10.0  # a worker function may clean up after its lo
 
 
 class _Pool:
-    """The main loop over the parts (see the module docstring); owns the run records, the
-    listener and what every connecting worker is told (address, secret, timeouts)."""
+    """The main loop over the parts (see the module docstring); owns the run records and the
+    dispatch across tasks."""
 
     def __init__(self, scheduler, resources, observer, batch_target_secs, host=None, template=None, hang_alarm=None):
         self.s = scheduler
@@ -95,15 +92,8 @@ class _Pool:
         self.observer = observer
         self.trs: dict[str, PoolTaskRun] = {}
         self.interrupted = False
-        self.listener = None
-        self.new_conns: queue.SimpleQueue = queue.SimpleQueue()
-        self.authkey = secrets.token_bytes(32)
-        self.port = 0
-        self.bind_host, advertise = address.resolve_host(host)
-        self.advertise: str = advertise or ""  # detected when the listener starts (None: detect)
-        self.where = ""  # where Client connections go, for messages (see _start_listener)
-        self.host_given = host not in (None, "")
-        self.net = liveness.liveness()  # auth / heartbeat / peer_timeout seconds (DAISY_NB_* env)
+        self.listening = Listening(host, self._wake)  # the listener, the secret, what workers are told
+        self.net = self.listening.net
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
@@ -118,7 +108,7 @@ class _Pool:
             self.functions,
             budget=self.budget,
             batch_target_secs=batch_target_secs,
-            context=self._context,
+            context=self.listening.context,
             observer=observer,
             template=template,  # started early by run._execute, else by the first spawn
         )
@@ -132,6 +122,21 @@ class _Pool:
         )
         self.functions.attach(self.procs, self.tcp)
         self._timeline = None
+
+    @property
+    def authkey(self) -> bytes:
+        """The run's secret (every Client connection authenticates with it)."""
+        return self.listening.authkey
+
+    @property
+    def port(self) -> int:
+        """Where Client connections are accepted (0: not listening)."""
+        return self.listening.port
+
+    @property
+    def listener(self):
+        """The TCP listener (a ``net.transport.Listener``), None until a task's worker function needs it."""
+        return self.listening.listener
 
     # ------------------------------------------------ what the dashboard reads (dashboard/live.py)
     @property
@@ -181,42 +186,13 @@ class _Pool:
             self.trs[tid] = tr
         if any(tr.arity == 0 for tr in self.trs.values()):
             self._start_listener()
-        elif self.host_given:  # no Client will connect, but a host this machine does not have is an error
-            transport.Listener.check_bindable(self.bind_host)
+        else:
+            self.listening.check_host()
 
     def _start_listener(self):
-        def on_conn(conn):  # listener thread: an authenticated connection
-            self.new_conns.put(conn)
-            self._wake()
-
-        self.listener = transport.Listener(self.bind_host, self.authkey, on_conn, self.net)
-        self.port = self.listener.port
-        if not self.advertise:  # no host=, or the wildcard: as daisy 2.0.0 (see address.detect_address)
-            self.advertise = address.detect_address(self.listener)
-        self.where = address.describe(self.bind_host, self.port, self.advertise)
-        self.tcp.listening(self.where)
-        self.functions.listening(self.where)
-        logger.info("daisy_nb scheduler %s", self.where)
-
-    def _context(self, tr: PoolTaskRun, wid: int) -> Context:
-        """What worker ``wid`` of ``tr`` is told (``DAISY_CONTEXT``): where to connect, the timeouts,
-        and, only for a worker function (its programs connect over TCP), the run's secret: a
-        block-function worker never connects, so it never gets it."""
-        base = dlog.get_log_basedir()
-        ctx = Context(
-            hostname=self.advertise,
-            port=self.port,
-            task_id=tr.tid,
-            worker_id=wid,
-            logdir="" if base is None else str(base),
-            resource_tracking=int(tr.track),
-            heartbeat=f"{self.net['heartbeat']:g}",
-            peer_timeout=f"{self.net['peer_timeout']:g}",
-            auth=f"{self.net['auth']:g}",
-        )
-        if tr.arity == 0:
-            ctx["authkey"] = self.authkey.hex()
-        return ctx
+        where = self.listening.start()
+        self.tcp.listening(where)
+        self.functions.listening(where)
 
     def _wake(self):
         fd = self.wake_w
@@ -240,7 +216,7 @@ class _Pool:
             closed = (
                 s.is_abandoned(tid)
                 or s.is_task_done(tid)
-                or tr.crash_cap_reached(s.counters[tid])
+                or tr.restarts.cap_reached(s.counters[tid])
                 or (tr.no_spawn_before > 0 and now < tr.no_spawn_before)
             )
             if closed:
@@ -261,7 +237,7 @@ class _Pool:
             tr = self.trs[tid]
             if self.s.is_abandoned(tid) or self.s.is_task_done(tid) or self.procs.has_workers(tr):
                 continue
-            if tr.crash_cap_reached(self.s.counters[tid]):
+            if tr.restarts.cap_reached(self.s.counters[tid]):
                 self._abandon(tid, ABANDON_RESTARTS)
 
     def _abandon(self, tid: str, reason: str) -> None:
@@ -275,7 +251,7 @@ class _Pool:
         now = time.monotonic_ns()
         self.procs.check_timeouts(now)  # block timeouts; worker functions past their SIGTERM grace
         self.tcp.check_timeouts(now)  # a Client's block timeout ends its worker function
-        if self.listener is not None:
+        if self.listening.listener is not None:
             self.functions.check_unconnected(now / 1e9)  # a task none of whose jobs connect
 
     def _notify(self, what: str) -> None:
@@ -300,8 +276,8 @@ class _Pool:
             if self.interrupted:
                 tcp.drain()  # the releases already readable are recorded; nothing more is handed out
                 raise KeyboardInterrupt("run aborted by SIGINT")
-            while not self.new_conns.empty():
-                tcp.add(self.new_conns.get())
+            for conn in self.listening.accepted():
+                tcp.add(conn)
             done = s.is_done()
             if not done:
                 procs.dispatch_parked()
@@ -389,13 +365,7 @@ class _Pool:
         self.procs.kill_all()
         self.tcp.close_all()  # before waiting: the jobs' clients learn the run ended now
         self.procs.reap_all()
-        if self.listener is not None:
-            self.listener.close()
-        while not self.new_conns.empty():
-            try:
-                self.new_conns.get().close()
-            except OSError:
-                pass
+        self.listening.close()
         self.waitables.close()
         wake_w, self.wake_w = self.wake_w, None
         os.close(wake_w)

@@ -9,7 +9,7 @@ part handed it at construction:
 
 * :class:`PoolTaskRun`: the pool's run record of a task (the shared
   :class:`daisy_nb.runtime.common.taskrun.TaskRun` plus what the pool measures: the time per
-  block, worker slots, when its first worker started, the crashes replaced). A
+  block, worker slots, when its first worker started). A
   record, not a part; block counts are the scheduler's (processing, abandoned);
 * :class:`Waitables`: what the main loop waits on. Each part registers the
   objects it reads (a worker's socket and pidfd; a client connection) with
@@ -40,23 +40,6 @@ class PoolTaskRun(TaskRun):
         self.next_slot = 0  # the next worker's slot number (its log file names)
         self.t_spawned: float | None = None  # monotonic time its first worker started
         self.no_spawn_before = 0.0  # monotonic time: a worker function returned early, the next one waits
-        self.crash_restarts = 0  # crashes replaced (the restart cap counts these; job ends are not crashes)
-
-    def count_spawn(self, counters) -> None:
-        """A worker of this task starts: ``worker_start_count``, and ``worker_restart_count`` as daisy
-        2.0.0 counts it (every replacement after a dirty exit, ``failures > restarts``); a replaced
-        crash also counts toward the cap (:meth:`crash_cap_reached`)."""
-        counters.worker_start_count += 1
-        if counters.worker_failure_count > counters.worker_restart_count:
-            counters.worker_restart_count += 1
-        if counters.worker_failure_count - counters.worker_job_end_count > self.crash_restarts:
-            self.crash_restarts += 1
-
-    def crash_cap_reached(self, counters) -> bool:
-        """A crash that may not be replaced: ``max_worker_restarts`` crashes were replaced already
-        (a worker function's job ends do not count toward the cap, their replacements are restarts)."""
-        crashes = counters.worker_failure_count - counters.worker_job_end_count
-        return crashes > self.crash_restarts and self.crash_restarts >= self.max_restarts
 
 
 def nothing_left(scheduler, tr: TaskRun) -> bool:

@@ -119,4 +119,4 @@ class FunctionWorker(_Process):
         self.connected = False  # a Client of its job said hello
         self.acquired = 0  # blocks its job's clients acquired
         self.finished = 0  # blocks its job's clients finished successfully
-        self.client_raised = False  # its job's last block raised (its exit is a crash)
+        self.raised = False  # its job's last block raised (its exit is a crash)

@@ -7,7 +7,9 @@ Pool -> worker: one pickled setup dict (its ``"wire"`` entry is :data:`VERSION`)
 function bytes, then :data:`Kind.RUN` + slot ("run the batch in shared-memory slot
 ``slot``") or :data:`Kind.QUIT`. Worker -> pool: :data:`Kind.READY`,
 :data:`Kind.DONE` + slot (the statuses are in shared memory), :data:`Kind.RAISED` + slot
-+ traceback (a block raised; the worker exits), and from a 0-argument worker function's
++ a :class:`Raised` (a block raised: its exception's type, message and capped traceback as
+separate fields, so the pool records a structured ``daisy_nb.errors.WorkerError``; the
+worker exits), and from a 0-argument worker function's
 process only :data:`Kind.JOB` + JSON (a job its launcher submitted, ``daisy_nb.launch``).
 
 A worker whose wire version differs from the pool's (another daisy_nb installed since the
@@ -16,6 +18,7 @@ run started) exits with :data:`VERSION_MISMATCH_EXIT` and says so on stderr.
 
 from __future__ import annotations
 
+import struct
 from typing import NamedTuple
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "VERSION_MISMATCH_EXIT",
     "Kind",
     "Message",
+    "Raised",
     "decode",
     "done",
     "job",
@@ -32,7 +36,7 @@ __all__ = [
     "version_error",
 ]
 
-VERSION = 1
+VERSION = 2  # 2: a raised block's type, message and traceback travel as separate fields
 VERSION_MISMATCH_EXIT = 86  # the worker's exit code when the pool speaks another version
 
 
@@ -47,10 +51,27 @@ class Kind:
     JOB = b"J"  # worker function -> pool: its launcher's job report (JSON)
 
 
+class Raised(NamedTuple):
+    """A block that raised, as its worker reports it (:data:`Kind.RAISED`)."""
+
+    type: str  # the exception's class name
+    message: str  # str() of the exception (capped as the traceback is)
+    traceback: str  # the formatted traceback, capped (``runtime/common/run_block.py``)
+    block_id: int  # the block's spatial id
+
+    def text(self, task_id: str) -> str:
+        """The text daisy's logs and ``last_worker_error`` show: ``block (task, id) failed:`` and the traceback."""
+        return f"block {(task_id, self.block_id)} failed:\n{self.traceback}"
+
+
 class Message(NamedTuple):
     kind: bytes
     slot: int  # RUN, DONE, RAISED: the batch slot; else -1
-    text: str  # RAISED: the traceback; JOB: the JSON; else ""
+    text: str  # JOB: the JSON; else ""
+    error: Raised | None = None  # RAISED: what raised
+
+
+_RAISED_HEAD = struct.Struct("<BqIII")  # slot, block id, then the byte lengths of type, message, traceback
 
 
 _RUN = [Kind.RUN + bytes((k,)) for k in range(256)]
@@ -69,8 +90,20 @@ def ready() -> bytes:
     return Kind.READY
 
 
-def raised(slot: int, text: str) -> bytes:
-    return Kind.RAISED + bytes((slot,)) + text.encode("utf-8", "replace")
+def raised(slot: int, error: Raised) -> bytes:
+    fields = [f.encode("utf-8", "replace") for f in (error.type, error.message, error.traceback)]
+    return Kind.RAISED + _RAISED_HEAD.pack(slot, error.block_id, *map(len, fields)) + b"".join(fields)
+
+
+def _decode_raised(msg: bytes) -> Message:
+    slot, block_id, *sizes = _RAISED_HEAD.unpack_from(msg, 1)
+    at, fields = 1 + _RAISED_HEAD.size, []
+    for n in sizes:
+        fields.append(msg[at : at + n].decode("utf-8", "replace"))
+        at += n
+    if at != len(msg):
+        raise ValueError(f"a raised-block message of {len(msg)} bytes whose fields make {at}")
+    return Message(Kind.RAISED, slot, "", Raised(fields[0], fields[1], fields[2], block_id))
 
 
 def job(json_text: str) -> bytes:
@@ -83,7 +116,7 @@ def decode(msg: bytes) -> Message:
     if kind in (Kind.RUN, Kind.DONE):
         return Message(kind, msg[1], "")
     if kind == Kind.RAISED:
-        return Message(kind, msg[1], msg[2:].decode("utf-8", "replace"))
+        return _decode_raised(msg)
     if kind == Kind.JOB:
         return Message(kind, -1, msg[1:].decode("utf-8", "replace"))
     if kind in (Kind.READY, Kind.QUIT):

@@ -23,8 +23,8 @@ With ``resource_tracking`` in the setup, each call is wrapped in
 slot's stats region (``_shm``) before its status: no message per block.
 
 A 1-argument ``process_function(block)`` is called once per block; an exception
-fails that block (traceback to stderr, i.e. the ``.err`` log, and in the ``X``
-frame) and ends the worker with exit code 1 (daisy 2.0's dirty exit; the blocks
+fails that block (traceback to stderr, i.e. the ``.err`` log, and its type, message and
+traceback in a :data:`~daisy_nb.runtime.local.wire.Kind.RAISED` frame) and ends the worker with exit code 1 (daisy 2.0's dirty exit; the blocks
 after it in the batch were never started). A 0-argument worker function is called once, with ``context=`` when it asks
 for it, and runs its own ``daisy_nb.Client()`` loop; raising is a dirty exit.
 
@@ -229,7 +229,7 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
             rs = q[o_rs : o_rs + m].tolist()
             wo = q[o_wo : o_wo + m].tolist()
             ws = q[o_ws : o_ws + m].tolist()
-            err = None  # the traceback of the block that raised
+            err = None  # the block that raised (wire.Raised)
             t0 = mono()
             for i in range(n):
                 j, k = i * nd, (i + 1) * nd
@@ -244,12 +244,12 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 except Exception as e:
                     # daisy 2.0: an exception ends the worker (a dirty exit, counted toward
                     # max_worker_restarts); the blocks after it were never started
-                    from daisy_nb.runtime.common.run_block import cap_traceback, format_exception
+                    from daisy_nb.runtime.common.run_block import cap_traceback, exception_message, format_exception
 
                     tb = format_exception(e)
                     sys.stderr.write(f"block {b.block_id} failed:\n{tb}")
                     sys.stderr.flush()
-                    err = f"block {b.block_id} failed:\n" + cap_traceback(tb)
+                    err = wire.Raised(type(e).__name__, exception_message(e), cap_traceback(tb), sp[i])
                     q[o_st + i] = FAILED
                     break
                 except BaseException:

@@ -1,0 +1,90 @@
+"""How many blocks a block worker's batch holds, and whether one is sent ahead (sans-I/O).
+
+:class:`BatchSizing` is the part of the block workers' decisions (:class:`.blocks.BlockCore`)
+that measures: per task, the time per block of the last finished batch, and from it the
+batch size and whether a second batch may wait behind a running one. Which worker gets
+the batch, parking, quitting and exits stay the core's; it asks this part how many.
+
+**Batching.** Per task, the batch size starts at 1 and follows the measured time per
+block so that a batch takes about ``target`` seconds (``PER_WORKER_BATCH_SECS`` per
+worker when that is longer; :func:`daisy_nb.runtime.common.batching.grow_batch`), capped by
+``ceil(ready / workers)`` so that workers share the ready blocks and dependent levels are
+not held back by one worker's batch.
+
+**Sent ahead (prefetch).** Only for fast blocks (measured faster than ``target``), and only
+when the ready blocks cover a running and a queued batch for every active worker of the
+task (the core also requires that no worker of the task waits for work).
+
+Invariants (:meth:`BatchSizing.validate`): every batch size is between 1 and ``capacity``;
+a measured time per block is not negative.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from daisy_nb.runtime.common.batching import grow_batch
+
+__all__ = ["PER_WORKER_BATCH_SECS", "BatchSizing", "BlockTask"]
+
+PER_WORKER_BATCH_SECS = 0.002  # batch target floor per running worker (16 workers: 32 ms batches)
+
+
+@dataclass
+class BlockTask:
+    """What is measured of a task (the batch size, the time per block) and its block timeout."""
+
+    tid: str
+    timeout_ns: int | None = None  # a block's timeout, None: none
+    batch_k: int = 1
+    per_block: float | None = None  # seconds, from the last finished batch (None: not measured yet)
+    block_secs: deque = field(default_factory=lambda: deque(maxlen=64))  # recent times per block
+    t_first_batch: bool = False  # a batch was sent
+
+
+class BatchSizing:
+    """Batch sizes from measured block times (see the module docstring)."""
+
+    def __init__(self, *, target_secs: float, capacity: int, workers_total: Callable[[], int]):
+        self.target = float(target_secs)
+        self.capacity = int(capacity)
+        self._workers_total = workers_total  # every worker process of the run (the batch target's floor)
+        self.tasks: dict[str, BlockTask] = {}
+
+    def add_task(self, tid: str, timeout_ns: int | None = None) -> tuple[BlockTask, bool]:
+        """The task's record, and whether it is new."""
+        t = self.tasks.get(tid)
+        if t is not None:
+            return t, False
+        t = self.tasks[tid] = BlockTask(tid, timeout_ns)
+        return t, True
+
+    def measured(self, tid: str, elapsed_ns: int, n: int) -> None:
+        """A batch of ``n`` blocks of ``tid`` ran in ``elapsed_ns``: the time per block, the next size."""
+        t = self.tasks[tid]
+        t.per_block = elapsed_ns / n / 1e9
+        t.block_secs.append(t.per_block)
+        # many workers: longer batches, so that the scheduler's batches per second stay bounded
+        target = max(self.target, self._workers_total() * PER_WORKER_BATCH_SECS)
+        t.batch_k = grow_batch(t.batch_k, elapsed_ns, n, target, self.capacity)
+
+    def size(self, tid: str, ready: int, sharing: int) -> int:
+        """The next batch of ``tid`` for one of ``sharing`` workers, with ``ready`` blocks ready."""
+        return max(1, min(self.tasks[tid].batch_k, -(-ready // max(1, sharing)), self.capacity))
+
+    def ahead(self, tid: str, ready: int, active: int) -> int:
+        """The size of a batch sent ahead to a busy worker of ``tid`` (0: none): fast blocks only, and
+        ``ready`` blocks enough for a running and a queued batch on each of the ``active`` workers
+        (near the end of a task, or of a level, blocks go to whoever is free instead)."""
+        t = self.tasks[tid]
+        if t.per_block is None or t.per_block > self.target:
+            return 0  # slow blocks (one at a time) never wait behind another batch
+        k = min(t.batch_k, self.capacity)
+        return k if ready >= 2 * active * k else 0
+
+    def validate(self) -> None:
+        for tid, t in self.tasks.items():
+            assert t.tid == tid and 1 <= t.batch_k <= max(1, self.capacity), f"task {tid}: batch size {t.batch_k}"
+            assert t.per_block is None or t.per_block >= 0, f"task {tid}: time per block {t.per_block}"
