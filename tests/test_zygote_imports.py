@@ -94,6 +94,108 @@ def test_a_later_task_starts_with_what_an_earlier_task_imported(tmp_path):
     assert all(n["inits"] for n in second), notes
 
 
+OVERLAP_BLOCKFNS = """
+import json, os, sys, time
+
+OUT = os.environ["ZI_OUT"]
+
+def first(block):
+    if block.write_roi.offset[0] == 0:
+        with open(os.path.join(OUT, "first.json"), "w") as f:
+            json.dump({"colorsys": "colorsys" in sys.modules}, f)
+        import colorsys  # noqa: F401  (installed: learned after this first batch)
+        return
+    # later blocks: this worker still runs until the second task's worker has started (deadline: 60 s)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(OUT, "second.json")):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the second task's worker never started")
+        time.sleep(0.01)
+
+def second(block):
+    path = os.path.join(OUT, "second.json")
+    if not os.path.exists(path):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"colorsys": "colorsys" in sys.modules}, f)
+        os.replace(tmp, path)
+"""
+
+OVERLAP_RUN = """
+import json
+import daisy_nb as daisy
+from daisy_nb import Roi
+import zi_overlap as f
+a = daisy.Task("first", Roi((0,), (40,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=f.first,
+               read_write_conflict=False, max_workers=1, requires={"cpu": 1})
+b = daisy.Task("second", Roi((0,), (40,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=f.second,
+               read_write_conflict=False, max_workers=1, requires={"cpu": 1}, upstream_tasks=[a])
+ok = daisy.run_blockwise([a, b], resources={"cpu": 2}, progress=False, summary=False)
+print(json.dumps({"ok": ok}))
+"""
+
+
+@pytest.mark.mp
+@pytest.mark.usefixtures("no_leaks")
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not _zygote.available(), reason="no worker template on this platform")
+def test_a_task_started_while_the_previous_one_runs_finds_its_imports(tmp_path):
+    """The first task's worker reports after its first batch, not only as it leaves: the second
+    task's worker, forked while the first task's worker still runs, starts with its imports."""
+    (tmp_path / "zi_overlap.py").write_text(OVERLAP_BLOCKFNS)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DAISY_NB_WORKER_START")}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]), ZI_OUT=str(out))
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(OVERLAP_RUN)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=170,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    # ok: the first task's later blocks saw the second task's worker start while they ran
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"ok": True}, r.stderr[-3000:]
+    assert json.loads((out / "first.json").read_text()) == {"colorsys": False}
+    assert json.loads((out / "second.json").read_text()) == {"colorsys": True}
+
+
+def test_two_reports_and_a_line_cut_between_reads():
+    """A report read in two pieces yields whole names only; the second report names only what is new."""
+    learner = _zygote_imports.Learner()
+    learner.enabled = True
+    r, w = learner.pipe()
+    learner.forked(12345, (r, os.dup(w)))
+    learner.pending.clear()
+    os.write(w, b"zi_not_a_module_a\nzi_not_a_mod")
+    learner.poll()
+    assert learner.pending == ["zi_not_a_module_a"]
+    os.write(w, b"ule_b\n")
+    learner.poll()
+    assert learner.pending == ["zi_not_a_module_a", "zi_not_a_module_b"]
+    os.close(w)
+    learner.reaped(12345)
+    assert learner.pipes == {} and learner.partial == {} and learner.ended == set()
+    learner.preload()  # neither exists: skipped, not raised
+    assert learner.pending == [] and "zi_not_a_module_a" not in learner.preloaded
+
+    r2, w2 = os.pipe()
+    before = set(sys.modules) - {"wave"}
+    rep = _zygote_imports.Reporter(w2, before)
+    rep.send()
+    rep.send()  # nothing new since: nothing written
+    rep.close()
+    data = b""
+    while chunk := os.read(r2, 65536):
+        data += chunk
+    os.close(r2)
+    if "wave" in sys.modules:
+        assert data.split(b"\n").count(b"wave") == 1
+    assert data == b"" or data.endswith(b"\n")
+
+
 def test_only_installed_public_modules_are_learnable(tmp_path):
     roots = _zygote_imports.installed_roots()
     import colorsys
@@ -125,7 +227,7 @@ def test_a_report_round_trip_through_a_pipe():
             sys.modules.pop("wave", None)
             import wave  # noqa: F401
 
-            _zygote_imports.report(pipe[1], before, learner.roots)
+            _zygote_imports.Reporter(pipe[1], before).close()
         except BaseException:  # noqa: BLE001
             code = 1
         os._exit(code)

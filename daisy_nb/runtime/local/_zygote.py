@@ -306,12 +306,19 @@ def _child(
 ) -> None:
     """In the forked worker: become an exec'd worker's twin, run it, leave. Never returns.
 
-    ``report_fd``: where to write, as it leaves, the installed modules it imported
-    (:mod:`._zygote_imports`)."""
+    ``report_fd``: where to write, after its first batch and as it leaves, the installed
+    modules it imported (:mod:`._zygote_imports`)."""
     code = 1
     before = set(sys.modules)
+    reporter = None
     try:
         from daisy_nb.runtime.local import worker
+
+        if report_fd is not None:
+            from daisy_nb.runtime.local import _zygote_imports
+
+            reporter = _zygote_imports.Reporter(report_fd, before)
+            worker.after_first_batch = reporter.send  # the template learns while this task still runs
 
         os.setsid()
         signal.set_wakeup_fd(-1)
@@ -349,10 +356,8 @@ def _child(
             atexit._run_exitfuncs()
         except BaseException:  # noqa: BLE001, S110 - as above
             pass
-        if report_fd is not None:
-            from daisy_nb.runtime.local import _zygote_imports
-
-            _zygote_imports.report(report_fd, before, _zygote_imports.installed_roots())
+        if reporter is not None:
+            reporter.close()
     finally:
         for f in (sys.stdout, sys.stderr):
             try:
@@ -394,7 +399,11 @@ def main(argv=None) -> int:
     me = os.getpid()
     try:
         while True:
-            r, _, _ = select.select([sock.fileno(), wake_r], [], [])
+            reports = learner.watched()
+            r, _, _ = select.select([sock.fileno(), wake_r, *reports], [], [])
+            if any(fd in r for fd in reports):
+                learner.poll()  # a worker's report: import it now, while no fork is asked for
+                learner.preload()
             if wake_r in r:
                 try:
                     while os.read(wake_r, 512):
@@ -414,6 +423,7 @@ def main(argv=None) -> int:
                 for fd in fds:
                     os.close(fd)
                 break
+            learner.poll()  # a report written before the pool asked for this fork
             learner.preload()
             pipe = learner.pipe()
             pid = os.fork()

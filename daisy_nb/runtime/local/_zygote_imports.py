@@ -3,10 +3,13 @@
 A pipeline's tasks run one after another, and each task's block workers are forked from
 the run's template: without this, every worker of every task imports what its block
 functions need (zarr, scipy: ~0.4 s each on the 2-core test machine, 11 workers in the
-demo). So each forked worker, when it leaves, tells the template (one pipe per worker,
-written once at exit, read when the template reaps it) which modules it imported that the
-template does not hold, and the template imports them before it forks the next worker:
-the next task's workers start with them loaded.
+demo). So each forked worker tells the template (one pipe per worker) which modules it
+imported that the template does not hold: once after its first batch of blocks (so a
+task's workers teach the template while they still run: the next task's workers often
+fork before the previous task's workers leave), and once more as it leaves (what it
+imported later). The template reads a report as soon as it arrives and imports the
+modules while it waits for the next fork request: the next task's workers start with
+them loaded.
 
 What a user can rely on:
 
@@ -41,9 +44,9 @@ import sys
 import sysconfig
 import threading
 
-__all__ = ["Learner", "installed_roots"]
+__all__ = ["Learner", "Reporter", "installed_roots"]
 
-MAX_REPORT = 60_000  # bytes a worker writes at exit: under a pipe's buffer, so the write never blocks
+MAX_REPORT = 30_000  # bytes per report, two reports per worker: under a pipe's buffer, so a write never blocks
 
 
 def installed_roots() -> tuple[str, ...]:
@@ -77,6 +80,8 @@ class Learner:
     def __init__(self) -> None:
         self.roots = installed_roots()
         self.pipes: dict[int, int] = {}  # worker pid -> read end of its report pipe
+        self.partial: dict[int, bytes] = {}  # worker pid -> a report's last line, not yet complete
+        self.ended: set[int] = set()  # pids whose pipe is at end of file (nothing more to watch)
         self.pending: list[str] = []  # learned, not yet imported
         self.enabled = _python_threads() == 1
         self.preloaded: list[str] = []  # imported into the template (in order)
@@ -96,25 +101,49 @@ class Learner:
             os.close(pipe[1])
             self.pipes[pid] = pipe[0]
 
-    def reaped(self, pid: int) -> None:
-        """Worker ``pid`` has exited: read what it reported."""
-        fd = self.pipes.pop(pid, None)
-        if fd is None:
-            return
-        data = b""
+    def watched(self) -> list[int]:
+        """Read ends to wait on: those of workers that may still report."""
+        return [fd for pid, fd in self.pipes.items() if pid not in self.ended]
+
+    def poll(self) -> None:
+        """Read what any worker has reported so far (never blocks)."""
+        for pid in list(self.pipes):
+            if pid not in self.ended:
+                self._read(pid)
+
+    def _read(self, pid: int) -> None:
+        fd = self.pipes[pid]
+        data = self.partial.pop(pid, b"")
         try:
             while chunk := os.read(fd, 65536):
                 data += chunk
-        except (BlockingIOError, OSError):
+            self.ended.add(pid)  # end of file: the worker has left (or closed its end)
+        except BlockingIOError:
             pass
-        finally:
-            os.close(fd)
+        except OSError:
+            self.ended.add(pid)
+        cut = data.rfind(b"\n") + 1  # reports end with a newline: a name is whole once it is seen
+        if cut < len(data):
+            self.partial[pid] = data[cut:]
+        self._learn(data[:cut])
+
+    def _learn(self, data: bytes) -> None:
         if self.enabled and data:
             seen = set(self.pending)
             for name in data.decode("utf-8", "replace").split("\n"):
                 if name and name not in sys.modules and name not in seen:
                     self.pending.append(name)
                     seen.add(name)
+
+    def reaped(self, pid: int) -> None:
+        """Worker ``pid`` has exited: read the rest of what it reported."""
+        if pid not in self.pipes:
+            return
+        if pid not in self.ended:
+            self._read(pid)
+        self.partial.pop(pid, None)  # a line cut short (a report over MAX_REPORT): not a name
+        self.ended.discard(pid)
+        os.close(self.pipes.pop(pid))
 
     def preload(self) -> None:
         """Before a fork: import what workers reported (in their import order)."""
@@ -142,22 +171,48 @@ class Learner:
             except OSError:
                 pass
         self.pipes.clear()
+        self.partial.clear()
+        self.ended.clear()
 
 
-def report(fd: int, before: set, roots: tuple[str, ...]) -> None:
-    """In the forked worker, as it leaves: write the learnable modules it imported to ``fd``."""
-    try:
-        names = [
-            n for n, m in list(sys.modules.items()) if n not in before and m is not None and learnable(n, m, roots)
-        ]
-        data = "\n".join(names).encode()[:MAX_REPORT]
-        data = data[: data.rfind(b"\n") + 1] if len(data) == MAX_REPORT else data
-        os.set_blocking(fd, False)
-        os.write(fd, data)
-    except OSError:
-        pass
-    finally:
+class Reporter:
+    """The forked worker's side: what it imported since the fork, sent once after its first
+    batch and once as it leaves (only what the first report did not name)."""
+
+    def __init__(self, fd: int, before: set) -> None:
+        self.fd = fd
+        self.sent = set(before)
+        self.roots: tuple[str, ...] | None = None
+
+    def send(self) -> None:
+        """Write the learnable modules imported since the last report (newline-ended names)."""
+        if self.fd < 0:
+            return
         try:
-            os.close(fd)
+            if self.roots is None:
+                self.roots = installed_roots()
+            names = [
+                n
+                for n, m in list(sys.modules.items())
+                if n not in self.sent and m is not None and learnable(n, m, self.roots)
+            ]
+            self.sent.update(names)
+            if not names:
+                return
+            data = ("\n".join(names) + "\n").encode()
+            if len(data) > MAX_REPORT:
+                data = data[: data.rfind(b"\n", 0, MAX_REPORT) + 1]
+            os.set_blocking(self.fd, False)
+            os.write(self.fd, data)
         except OSError:
             pass
+
+    def close(self) -> None:
+        """As the worker leaves: the last report, then end of file for the template."""
+        self.send()
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1

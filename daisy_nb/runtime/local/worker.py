@@ -40,6 +40,10 @@ import signal
 import struct
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _LIBC: list = []  # the C library, loaded once (a template process loads it for all the workers it forks)
 
@@ -180,6 +184,21 @@ def _tracked(fn, pos: list):
     return call
 
 
+# Called once, as the first batch ends (before its "done" is sent): a worker forked by the template tells
+# it what that batch imported (``_zygote``, ``_zygote_imports``) while this task still runs.
+after_first_batch: Callable[[], None] | None = None
+
+
+def _after_first_batch() -> None:
+    global after_first_batch
+    hook, after_first_batch = after_first_batch, None
+    try:
+        if hook is not None:
+            hook()
+    except Exception:  # noqa: BLE001, S110 - learning is an optimisation: never fail a block for it
+        pass
+
+
 def _run_block_loop(conn, fn, setup: dict) -> int:
     from daisy_nb.block import Block, BlockStatus
     from daisy_nb.runtime.local import _shm, wire
@@ -265,6 +284,8 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
             if err is not None:  # this batch ended with a raising block; the worker exits with 1
                 conn.send_bytes(wire.raised(slot, err))
                 return 1
+            if after_first_batch is not None:  # before "done": the template has the report before any fork it causes
+                _after_first_batch()
             conn.send_bytes(wire.done(slot))
     finally:
         if pos is not None:
