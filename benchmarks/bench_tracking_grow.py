@@ -71,11 +71,11 @@ def worker_make(path: str, blocks: int) -> None:
 
 
 def worker_migrate(path: str, blocks: int) -> None:
-    from daisy_nb.tracking import TrackingStore, _store
+    from daisy_nb.tracking import TrackingStore, _open
 
     _, _, new = geometry(blocks)
     rec: dict = {}
-    real = _store.migrate
+    real = _open.migrate
 
     def timed(p, growth, durable=True):
         flagged = reset_peak()
@@ -93,7 +93,7 @@ def worker_migrate(path: str, blocks: int) -> None:
         )
         return info
 
-    _store.migrate = timed
+    _open.migrate = timed
     from daisy_nb.tracking import _io
 
     marks: dict = {}

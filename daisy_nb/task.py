@@ -134,6 +134,75 @@ def task_errors(task_id: object) -> Iterator[None]:
         raise cls(prefix + msg).with_traceback(e.__traceback__) from None
 
 
+# -- Task's parameters, checked one by one (errors are prefixed with the task by the caller).
+# stacklevel=4: warnings point at the Task(...) call (through __init__ and _configure).
+def _worker_count(max_workers: Any, num_workers: Any) -> int:
+    """``max_workers`` (or its deprecated daisy 1.x name ``num_workers``), default 1."""
+    if num_workers is not None:
+        if max_workers is not None:
+            raise TypeError("pass either max_workers or num_workers (deprecated), not both")
+        warnings.warn("num_workers is deprecated; use max_workers", DeprecationWarning, stacklevel=4)
+        max_workers = num_workers
+    if max_workers is None:  # the default (daisy 1.x compatible Task)
+        max_workers = 1
+    return _int_param(max_workers, "max_workers", 1)
+
+
+def _requires_param(requires: Any) -> dict[str, int]:
+    """``requires``: resource name -> count one worker uses."""
+    if requires is None:
+        requires = {}
+    if not isinstance(requires, dict):
+        raise TypeError(f"requires must be a dict of resource name -> int, got {type(requires).__name__}")
+    for k, v in requires.items():
+        if not isinstance(k, str):
+            raise TypeError(f"requires keys must be str, got {k!r}")
+        _int_param(v, f"requires[{k!r}]", 0)
+    return {k: int(v) for k, v in requires.items()}
+
+
+def _tracking_param(tracking_path: Any, done_marker_path: Any) -> str | Literal[False] | None:
+    """``tracking_path`` (or its deprecated name ``done_marker_path``): a str, None or False."""
+    if done_marker_path is not None:
+        if tracking_path is not None:
+            raise TypeError("pass either tracking_path or done_marker_path (deprecated), not both")
+        warnings.warn("done_marker_path is deprecated; use tracking_path", DeprecationWarning, stacklevel=4)
+        tracking_path = done_marker_path
+    if tracking_path is True:
+        raise TypeError(
+            "tracking_path=True is not a valid value; pass a path, None (use the tracking basedir) or False"
+        )
+    if tracking_path is not None and tracking_path is not False and not isinstance(tracking_path, (str, Path)):
+        raise TypeError(f"tracking_path must be a str, a Path, None or False, got {type(tracking_path).__name__}")
+    return str(tracking_path) if isinstance(tracking_path, Path) else tracking_path
+
+
+def _skip_mask_param(skip_mask: Any, grid_shape: list[int]) -> np.ndarray | None:
+    """``skip_mask`` as a C-contiguous uint8 array of the block grid's shape (nonzero: skip)."""
+    if skip_mask is None:
+        return None
+    import numpy as np
+
+    mask = np.ascontiguousarray(np.asarray(skip_mask) != 0, dtype=np.uint8)
+    if tuple(mask.shape) != tuple(grid_shape):
+        raise ValueError(f"skip_mask must have the task's block grid shape {grid_shape}, got {list(mask.shape)}")
+    return mask
+
+
+def _upstream_param(upstream_tasks: Any) -> list[Task]:
+    """daisy 1.x ``upstream_tasks`` (a Task or a sequence of them), with a DeprecationWarning."""
+    if upstream_tasks is None:
+        return []
+    warnings.warn(
+        "upstream_tasks is deprecated; compose tasks into a Pipeline (a + b)", DeprecationWarning, stacklevel=4
+    )
+    ups = list(upstream_tasks) if isinstance(upstream_tasks, (list, tuple)) else [upstream_tasks]
+    for u in ups:
+        if not isinstance(u, Task):
+            raise TypeError(f"upstream_tasks must contain Tasks, got {type(u).__name__}")
+    return ups
+
+
 class Task:
     """A blockwise task: tile ``total_roi`` into blocks and run a function on each.
 
@@ -286,53 +355,15 @@ class Task:
         if check_function is not None:  # daisy 2.0.0 warns so (its text), pointing to done markers
             warnings.warn(CHECK_FUNCTION_WARNING, UserWarning, stacklevel=3)
 
-        # stacklevel=3: warnings point at the Task(...) call (through __init__)
-        if num_workers is not None:
-            if max_workers is not None:
-                raise TypeError("pass either max_workers or num_workers (deprecated), not both")
-            warnings.warn("num_workers is deprecated; use max_workers", DeprecationWarning, stacklevel=3)
-            max_workers = num_workers
-        if max_workers is None:  # the default (daisy 1.x compatible Task)
-            max_workers = 1
-        self._max_workers = _int_param(max_workers, "max_workers", 1)
+        self._max_workers = _worker_count(max_workers, num_workers)
         self._max_retries = _int_param(max_retries, "max_retries", 0, 255)
         self._max_worker_restarts = _int_param(max_worker_restarts, "max_worker_restarts", 0)
         self._timeout_secs = _timeout_secs(timeout)
         self._timeout = timeout
 
-        if requires is None:
-            requires = {}
-        if not isinstance(requires, dict):
-            raise TypeError(f"requires must be a dict of resource name -> int, got {type(requires).__name__}")
-        for k, v in requires.items():
-            if not isinstance(k, str):
-                raise TypeError(f"requires keys must be str, got {k!r}")
-            _int_param(v, f"requires[{k!r}]", 0)
-        self._requires = {k: int(v) for k, v in requires.items()}
-
-        if done_marker_path is not None:
-            if tracking_path is not None:
-                raise TypeError("pass either tracking_path or done_marker_path (deprecated), not both")
-            warnings.warn("done_marker_path is deprecated; use tracking_path", DeprecationWarning, stacklevel=3)
-            tracking_path = done_marker_path
-        if tracking_path is True:
-            raise TypeError(
-                "tracking_path=True is not a valid value; pass a path, None (use the tracking basedir) or False"
-            )
-        if tracking_path is not None and tracking_path is not False and not isinstance(tracking_path, (str, Path)):
-            raise TypeError(f"tracking_path must be a str, a Path, None or False, got {type(tracking_path).__name__}")
-        self._tracking_path = str(tracking_path) if isinstance(tracking_path, Path) else tracking_path
-
-        self._skip_mask: np.ndarray | None = None
-        if skip_mask is not None:
-            import numpy as np
-
-            mask = np.ascontiguousarray(np.asarray(skip_mask) != 0, dtype=np.uint8)
-            if tuple(mask.shape) != tuple(self.block_grid_shape):
-                raise ValueError(
-                    f"skip_mask must have the task's block grid shape {self.block_grid_shape}, got {list(mask.shape)}"
-                )
-            self._skip_mask = mask
+        self._requires = _requires_param(requires)
+        self._tracking_path = _tracking_param(tracking_path, done_marker_path)
+        self._skip_mask = _skip_mask_param(skip_mask, self.block_grid_shape)
 
         if init_fn is not None and not callable(init_fn):
             raise TypeError(f"init_fn must be callable, got {type(init_fn).__name__}")
@@ -340,16 +371,7 @@ class Task:
         # per-block wall/CPU/RSS/IO measured by the runtimes (daisy_nb.profiling), summed per task
         self.resource_tracking = bool(resource_tracking)
 
-        self._v1_upstream_tasks: list[Task] = []
-        if upstream_tasks is not None:
-            warnings.warn(
-                "upstream_tasks is deprecated; compose tasks into a Pipeline (a + b)", DeprecationWarning, stacklevel=3
-            )
-            ups = list(upstream_tasks) if isinstance(upstream_tasks, (list, tuple)) else [upstream_tasks]
-            for u in ups:
-                if not isinstance(u, Task):
-                    raise TypeError(f"upstream_tasks must contain Tasks, got {type(u).__name__}")
-            self._v1_upstream_tasks = ups
+        self._v1_upstream_tasks: list[Task] = _upstream_param(upstream_tasks)
 
     # -- properties (read-only views of the validated parameters) ----------------------
     @property
@@ -517,46 +539,7 @@ class Task:
         list of Block
             Empty when the task has no tracking store.
         """
-        import numpy as np
-
-        from .tracking import read_tracking
-
-        p = self.resolved_tracking_path()
-        if p is None or not Path(p).exists():
-            return []
-        info = read_tracking(p)
-        mask = (np.asarray(info["failures"]) > 0) & (np.asarray(info["done"]) == 0)
-        cells = np.argwhere(mask)
-        from .graph import BlockwiseDependencyGraph
-
-        g = BlockwiseDependencyGraph(
-            self._task_id,
-            self._read_roi,
-            self._write_roi,
-            self.read_write_conflict,
-            self.fit,
-            total_read_roi=self._total_roi,
-        )
-        out = []
-        lay = self.layout
-        for c in cells:
-            grid = c - lay.id_offset
-            if np.any(grid < 0) or np.any(grid >= lay.grid_shape):
-                continue
-            woff = lay.tw_offset + grid * lay.write_shape
-            from .block import Block
-            from .layout import roi_tuple
-
-            wr = roi_tuple(self._write_roi, "write_roi")
-            fake = Block(
-                self._total_roi,
-                (tuple(int(v) for v in woff - lay.cul), tuple(lay.read_shape.tolist())),
-                (tuple(woff.tolist()), wr[1]),
-                task_id=self._task_id,
-            )
-            row = g.block_row(fake)
-            out.extend(g._blocks([row]))
-        return out
+        return _failed_blocks(self)
 
     # -- composition --------------------------------------------------------------
     def __add__(self, other: Task | Pipeline) -> Pipeline:
@@ -583,6 +566,51 @@ class Task:
 
     def __repr__(self) -> str:
         return f"Task({self._task_id!r}, blocks={self.layout.num_blocks}, fit={self.fit!r}, conflict={self.read_write_conflict})"
+
+
+def _failed_blocks(task: Task) -> list[Block]:
+    """The blocks that ``task``'s tracking store records as failed and not done, rebuilt from
+    their grid cells (:meth:`Task.failed_blocks`)."""
+    import numpy as np
+
+    from .tracking import read_tracking
+
+    p = task.resolved_tracking_path()
+    if p is None or not Path(p).exists():
+        return []
+    info = read_tracking(p)
+    mask = (np.asarray(info["failures"]) > 0) & (np.asarray(info["done"]) == 0)
+    cells = np.argwhere(mask)
+    from .graph import BlockwiseDependencyGraph
+
+    g = BlockwiseDependencyGraph(
+        task.task_id,
+        task.read_roi,
+        task.write_roi,
+        task.read_write_conflict,
+        task.fit,
+        total_read_roi=task.total_roi,
+    )
+    out = []
+    lay = task.layout
+    for c in cells:
+        grid = c - lay.id_offset
+        if np.any(grid < 0) or np.any(grid >= lay.grid_shape):
+            continue
+        woff = lay.tw_offset + grid * lay.write_shape
+        from .block import Block
+        from .layout import roi_tuple
+
+        wr = roi_tuple(task.write_roi, "write_roi")
+        fake = Block(
+            task.total_roi,
+            (tuple(int(v) for v in woff - lay.cul), tuple(lay.read_shape.tolist())),
+            (tuple(woff.tolist()), wr[1]),
+            task_id=task.task_id,
+        )
+        row = g.block_row(fake)
+        out.extend(g._blocks([row]))
+    return out
 
 
 def _coerce(x: object, op: str) -> Pipeline:

@@ -7,7 +7,7 @@ every 0.2 s); the source keeps the last snapshot, a short history of counts for
 blocks/s, and the worker errors it sees appear in the states
 (``last_worker_error``). What an observer does not see is read on request:
 
-* the picture of block states and the blocks under a clicked pixel: the
+* the picture of block states and the blocks under a clicked pixel (:mod:`.block_view`): the
   scheduler's status bytes and geometry tables (read without locks, see
   :mod:`.picture`); ROIs come from the geometry kernels;
 * the workers: the pool hands itself over with ``attach_runtime(pool)``; its
@@ -31,33 +31,18 @@ import threading
 import time
 from collections import OrderedDict, deque
 
-import numpy as np
-
-from daisy_nb.kernels import tables as kt
 from daisy_nb.layout import _id_in_box, block_id_to_grid, inverse_cantor  # noqa: F401  (moved; imported from here before)
 from daisy_nb.progress import _ran, call_observer
 
-from . import picture as pic
+from .block_view import BlockView
 from .timeline import Timeline
 
 __all__ = ["LiveSource", "Tee", "block_id_to_grid", "find_traceback_in_logs"]
 
 # "block 7 failed:" or, with daisy's tuple block ids, "block ('task', 7) failed:"
 _BLOCK_RE = re.compile(r"""^block (?:\((?:'[^'\n]*'|"[^"\n]*"), )?(\d+)\)? failed:""", re.MULTILINE)
-_STATUS_NAMES = {
-    kt.PENDING: "pending",
-    kt.READY: "ready",
-    kt.PROCESSING: "processing",
-    kt.DONE: "done",
-    kt.FAILED: "failed",
-    kt.ORPHANED: "orphaned",
-}
-# the blocks of a clicked pixel listed first: failed, orphaned, processing, ready, pending, done
-_LIST_PRIORITY = np.zeros(len(_STATUS_NAMES), np.int64)
-_LIST_PRIORITY[[kt.FAILED, kt.ORPHANED, kt.PROCESSING, kt.READY, kt.PENDING, kt.DONE]] = np.arange(1, 7)
 WANT_SECS = 3.0  # copy the worker table while a page asked within this many seconds
 MAX_ERRORS = 100
-MAX_LISTED = 12  # blocks described per clicked pixel
 
 
 def find_traceback_in_logs(log_base, task_id: str, block_id: int, max_bytes: int = 4 << 20) -> str | None:
@@ -162,6 +147,37 @@ class _History:
         return max(0.0, (ran - best[1]) / (now - best[0]))
 
 
+class _ErrorLog:
+    """The worker errors a run's snapshots show (``first/last_worker_error``): the last
+    :data:`MAX_ERRORS` for the page, and the tracebacks of the last 1000 failed blocks by id."""
+
+    def __init__(self) -> None:
+        self.errors: deque = deque(maxlen=MAX_ERRORS)
+        self.tracebacks: OrderedDict = OrderedDict()
+        self._seen: dict = {}  # task id -> the last first/last error objects seen
+
+    def take(self, tid: str, st) -> None:
+        """A new snapshot ``st`` of task ``tid``: keep the errors not seen before (caller holds the lock)."""
+        seen = self._seen.setdefault(tid, [None, None])
+        first, last = st.first_worker_error, st.last_worker_error
+        new = []
+        if first is not None and first is not seen[0]:
+            new.append(first)
+        if last is not None and last is not seen[1] and last is not first:
+            new.append(last)
+        seen[0], seen[1] = first, last  # the counters keep an object until the next error replaces it
+        for text in new:
+            if self.errors and self.errors[-1]["task"] == tid and self.errors[-1]["text"] == text:
+                continue
+            m = _BLOCK_RE.match(text)
+            bid = int(m.group(1)) if m else None
+            self.errors.append({"task": tid, "block_id": bid, "text": text, "t": time.time()})
+            if bid is not None:
+                self.tracebacks[(tid, bid)] = text
+                if len(self.tracebacks) > 1000:
+                    self.tracebacks.popitem(last=False)
+
+
 class LiveSource:
     """State of one run for the dashboard (see the module docstring)."""
 
@@ -169,7 +185,7 @@ class LiveSource:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self._pic_lock = threading.Lock()
+        self.view = BlockView()
         self.final_served = threading.Event()  # a page fetched the state after the run ended
         self._reset()
 
@@ -187,19 +203,14 @@ class LiveSource:
         self.history: dict[str, _History] = {}
         self.t_first: dict[str, float] = {}
         self.t_done: dict[str, float] = {}
-        self.errors: deque = deque(maxlen=MAX_ERRORS)
-        self.tracebacks: OrderedDict = OrderedDict()
-        self._seen_err: dict = {}
+        self.error_log = _ErrorLog()
         self.workers: list = []
         self.alarms: dict = {}  # task id -> the hang alarm's last "hang" event, until it resumes
         self.exited: deque = deque(maxlen=20)
         # a page that asked just before this run began (the server starts first) still watches it
         self.wanted_until = getattr(self, "wanted_until", 0.0)
         self.log_base = None
-        self._pics = None
-        self._pics_t = -1e9
-        self._pics_cost = 0.0
-        self._pics_final = False
+        self.view.forget()
         self.timeline = Timeline()
 
     # ------------------------------------------------------------- run plumbing
@@ -207,7 +218,7 @@ class LiveSource:
         """A new run starts on ``scheduler`` (the page then shows this run)."""
         from daisy_nb import logging as dlog
 
-        with self.lock, self._pic_lock:
+        with self.lock, self.view.lock:
             self._reset()
             self.final_served.clear()
             self.scheduler = scheduler
@@ -268,7 +279,6 @@ class LiveSource:
 
     def _take(self, states, now: float) -> None:
         with self.lock:
-            new_err = []
             for tid, st in states.items():
                 h = self.history.get(tid)
                 ran = _ran(st)
@@ -278,24 +288,8 @@ class LiveSource:
                     self.t_first[tid] = now
                 if st.is_done() and tid not in self.t_done:
                     self.t_done[tid] = now
-                seen = self._seen_err.setdefault(tid, [None, None])  # the last first/last error objects
-                first, last = st.first_worker_error, st.last_worker_error
-                if first is not None and first is not seen[0]:
-                    new_err.append((tid, first))
-                if last is not None and last is not seen[1] and last is not first:
-                    new_err.append((tid, last))
-                seen[0], seen[1] = first, last  # the counters keep an object until the next error replaces it
+                self.error_log.take(tid, st)
             self.states, self.t_states = states, now
-            for tid, text in new_err:
-                if self.errors and self.errors[-1]["task"] == tid and self.errors[-1]["text"] == text:
-                    continue
-                m = _BLOCK_RE.match(text)
-                bid = int(m.group(1)) if m else None
-                self.errors.append({"task": tid, "block_id": bid, "text": text, "t": time.time()})
-                if bid is not None:
-                    self.tracebacks[(tid, bid)] = text
-                    if len(self.tracebacks) > 1000:
-                        self.tracebacks.popitem(last=False)
 
     def _copy_workers(self, now: float) -> None:
         """Copy the runtime's worker table (``worker_snapshots()``, typed snapshots built on the
@@ -357,7 +351,7 @@ class LiveSource:
             tasks.append(self._task_json(tid, st, now))
         with self.lock:
             workers = [dict(w) for w in self.workers] + [dict(w) for w in self.exited]
-            errors = list(self.errors)[::-1][:30]
+            errors = list(self.error_log.errors)[::-1][:30]
             alarms = list(self.alarms.values())
         if s is not None:
             rows_by_task: dict = {}
@@ -464,84 +458,15 @@ class LiveSource:
         return self.timeline.to_json(now, self.t_mono, live, max_bars_total)
 
     def pictures(self) -> dict:
-        """``GET /api/pictures``: one picture per task, recomputed at most every
-        ``max(0.5 s, 20 x its cost)`` so that huge grids take at most ~5 % of a core."""
-        s = self.scheduler
-        if s is None:
-            return {"tasks": {}}
-        now = time.monotonic()
-        with self._pic_lock:
-            fresh = self._pics is not None and (self._pics_final or now - self._pics_t < max(0.5, 20 * self._pics_cost))
-            if fresh:
-                return self._pics
-            final = self.finished
-            t0 = time.perf_counter()
-            out = {}
-            for tid in s.task_ids:
-                lay = s.tasks[tid].layout
-                bs = s.block_states(tid)
-                out[tid] = pic.picture(lay.grid_shape, pic.live_slabs(lay, bs.status, bs.preskip))
-            self._pics_cost = time.perf_counter() - t0
-            self._pics_t = time.monotonic()
-            self._pics = {"tasks": out, "t": time.time()}
-            self._pics_final = final
-            return self._pics
+        """``GET /api/pictures`` (see :class:`.block_view.BlockView`)."""
+        return self.view.pictures(self.scheduler, self.finished)
 
     def block(self, query: dict) -> dict:
         """``GET /api/block?task=T&panel=P&r=R&c=C`` (a pixel) or ``?task=T&block_id=ID``."""
-        s = self.scheduler
-        tid = str(query.get("task"))
-        if s is None or tid not in s.tasks:
-            raise KeyError(f"no task {tid!r}")
-        lay = s.tasks[tid].layout
-        if "block_id" in query:
-            g = block_id_to_grid(lay, int(query["block_id"]))
-            boxes = [] if g is None else [(g, tuple(v + 1 for v in g))]
-        else:
-            pl = pic.PictureLayout(lay.grid_shape)
-            boxes = pl.pixel_box(int(query.get("panel", 0)), int(query["r"]), int(query["c"]))
-        parts = []
-        for lo, hi in boxes:
-            n = int(np.prod(np.subtract(hi, lo)))
-            if n <= 0 or n > 4_000_000:
-                continue
-            parts.append(s.rows_in_grid_box(tid, lo, hi)[0])
-        rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        bs = s.block_states(tid)
-        st = bs.status[rows]
-        n_codes = len(_STATUS_NAMES)
-        counts = {_STATUS_NAMES[i]: int(c) for i, c in enumerate(np.bincount(st, minlength=n_codes)[:n_codes]) if c}
-        prio = _LIST_PRIORITY[np.minimum(st, n_codes - 1)]
-        pick = rows[np.argsort(prio, kind="stable")[:MAX_LISTED]]
-        blocks = []
-        if len(pick):
-            d = s.describe(tid, pick)
-            for i, row in enumerate(pick.tolist()):
-                code = int(bs.status[row])
-                bid = int(d.block_id[i])
-                retries = int(bs.retries[row])
-                tb = None
-                if code == kt.FAILED or retries > 0:
-                    with self.lock:
-                        tb = self.tracebacks.get((tid, bid))
-                    if tb is None:
-                        tb = find_traceback_in_logs(self.log_base, tid, bid)
-                blocks.append(
-                    {
-                        "block_id": bid,
-                        "row": int(row),
-                        "status": _STATUS_NAMES.get(code, str(code)),
-                        "skipped": bool(code == kt.DONE and bs.preskip[row]),
-                        "failed_attempts": retries + (1 if code == kt.FAILED else 0),
-                        "read_roi": {"offset": d.read_offset[i].tolist(), "shape": d.read_shape[i].tolist()},
-                        "write_roi": {"offset": d.write_offset[i].tolist(), "shape": d.write_shape[i].tolist()},
-                        "traceback": tb,
-                    }
-                )
-        return {
-            "task": tid,
-            "blocks_in_pixel": len(rows),
-            "counts": counts,
-            "blocks": blocks,
-            "boxes": [[list(map(int, lo)), list(map(int, hi))] for lo, hi in boxes],
-        }
+        return self.view.block(self.scheduler, query, self._traceback)
+
+    def _traceback(self, tid: str, bid: int) -> str | None:
+        """A failed block's traceback: seen in the states, else in the task's worker logs."""
+        with self.lock:
+            tb = self.error_log.tracebacks.get((tid, bid))
+        return find_traceback_in_logs(self.log_base, tid, bid) if tb is None else tb

@@ -53,13 +53,11 @@ from ._files import (
     _FAILURES_DTYPE,
     DONE_ARRAY,
     FAILURES_ARRAY,
-    HASH_ATTRIBUTE,
     _allocate,
     _array_metadata,
     _atomic_write,
     _chunk_path,
     _fsync_dir,
-    _group_metadata,
     _is_canonical,
     _map_chunk,
     _prepare_chunk,
@@ -70,7 +68,7 @@ from ._files import (
     _write_json,
 )
 from ._grid import grid_shape, task_hash
-from ._grow import LAYOUT_ATTRIBUTE, compare, layout_record, migrate, mismatch_message, recover, stored_record
+from ._grow import layout_record
 from ._io import (
     _XFS,
     TrackingWriteError,
@@ -83,6 +81,7 @@ from ._io import (
     step,
     unshare,
 )
+from ._open import load_group
 
 #: Map chunks shared (the default). False holds every array privately and rewrites
 #: whole chunks on flush, the fallback strategy; ``benchmarks/bench_tracking.py``
@@ -467,62 +466,13 @@ class TrackingStore:
         return store
 
     def _load(self, p: Path, h: str, require_hash: bool) -> None:
-        durable = self.durable
-        group_json = p / "zarr.json"
-        recover(p, h)  # a migration a crash interrupted: finished or rolled back
-        if group_json.exists():
-            try:
-                meta = _read_json(group_json)
-            except (OSError, ValueError) as e:
-                raise RuntimeError(f"cannot open block tracking at {p}: {e}") from e
-            if meta.get("node_type") != "group":
-                raise RuntimeError(
-                    f"tracking path {p} exists but is not a zarr group (node_type = "
-                    f"{meta.get('node_type')!r}). A caller-provided tracking store must be a "
-                    "zarr v3 group containing a `done` array of the task's block-grid shape; "
-                    "either build it that way or delete the path so daisy can create it."
-                )
-            attrs = meta.get("attributes") or {}
-            stored = attrs.get(HASH_ATTRIBUTE)
-            if stored != h and (stored is not None or require_hash):
-                rec = stored_record(meta) if stored is not None else None
-                if rec is None:
-                    raise RuntimeError(mismatch_message(p, stored, h, None))
-                growth = compare(rec, self.layout)
-                if isinstance(growth, str):
-                    raise RuntimeError(mismatch_message(p, stored, h, growth))
-                info = migrate(p, growth, durable)
-                info["growth"] = growth
-                self.grown_from = info
-            elif stored is not None:
-                old = stored_record(meta)
-                if old is not None and self.layout is not None and self.layout["read_write_conflict"] is None:
-                    self.layout["read_write_conflict"] = old.get("read_write_conflict")  # keep what is known
-                if attrs.get(LAYOUT_ATTRIBUTE) != self.layout:
-                    self._record_layout(group_json, meta)
-            self._done.load(p, durable)
-            self._failures.load(p, durable)
-        else:
-            if p.exists() and not p.is_dir():
-                raise RuntimeError(f"cannot open block tracking at {p}: not a directory")
-            p.mkdir(parents=True, exist_ok=True)
-            # arrays first, group document last: a directory without the group
-            # document is treated as fresh on the next open
-            self._done.load(p, durable)
-            self._failures.load(p, durable)
-            _write_json(group_json, _group_metadata(h, {LAYOUT_ATTRIBUTE: self.layout}))
+        """Check (or create) the group (:func:`._open.load_group`), then map its arrays."""
 
-    def _record_layout(self, group_json: Path, meta: dict) -> None:
-        """Add (or update) the layout record of a store whose hash matches (daisy 2.0.0's,
-        an older daisy_nb's); best effort: a read-only store stays as it is."""
-        doc = dict(meta)
-        attrs = dict(doc.get("attributes") or {})
-        attrs[LAYOUT_ATTRIBUTE] = self.layout
-        doc["attributes"] = attrs
-        try:
-            _write_json(group_json, doc)
-        except OSError:
-            pass
+        def load_arrays() -> None:
+            self._done.load(p, self.durable)
+            self._failures.load(p, self.durable)
+
+        self.grown_from = load_group(p, h, self.layout, require_hash, self.durable, load_arrays)
 
     # -- arrays ---------------------------------------------------------------
 

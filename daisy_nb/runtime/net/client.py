@@ -123,6 +123,47 @@ def _exit_settings(exit_with_run) -> tuple[bool, float]:
     return exit_with_run, config.EXIT_GRACE_SECS.get()
 
 
+class _ExitWithRun:
+    """Whether, and how, the run's end ends this worker program (see the module docstring).
+
+    Owns the policy only: the client tells it who runs its blocks (:meth:`block_user`), that the
+    run ended normally (:meth:`normal_end`: nothing to do) or was lost (:meth:`run_lost`); it
+    decides whether to interrupt the main thread's block and arms the deadline (``grace``
+    seconds, then ``os._exit(EXIT_CODE)``).
+    """
+
+    def __init__(self, exit_with_run: bool | None) -> None:
+        self.enabled, self.grace = _exit_settings(exit_with_run)
+        self.main_user = False  # its blocks ran in the main thread: the run's end may end the program
+        self.ended = False  # the program's end is under way (or a normal end: nothing to do)
+
+    def block_user(self) -> None:
+        """Called by the thread that asks for a block: the main thread's blocks may be interrupted."""
+        if not self.main_user and threading.current_thread() is threading.main_thread():
+            self.main_user = True
+
+    def normal_end(self) -> None:
+        """No more work (or the client closed by its program): the run's end ends nothing."""
+        self.ended = True
+
+    def run_lost(self, in_block: bool) -> None:
+        """The run is over, not normally: interrupt a running block (``in_block``: seen while
+        the block body runs) and end a program still alive ``grace`` seconds later."""
+        if self.ended or not (self.enabled and self.main_user):
+            return
+        self.ended = True
+        if in_block:
+            handler = signal.getsignal(signal.SIGINT)
+            if callable(handler):  # Python's default handler raises KeyboardInterrupt in the main thread
+                logger.warning("the run ended while a block was running: interrupting it (KeyboardInterrupt)")
+                # to the main thread itself: a signal sent to the process may be taken by this thread,
+                # and the main thread's time.sleep / blocking read would run on to its end
+                main = threading.main_thread().ident
+                if main is not None:
+                    signal.pthread_kill(main, signal.SIGINT)
+        threading.Thread(target=_exit_after, args=(self.grace,), name="daisy_nb-exit", daemon=True).start()
+
+
 def pack_block(index: int, spatial_id: int, ro, rs, wo, ws) -> bytes:
     """A ``BLOCK`` frame (see :func:`daisy_nb.runtime.net.wire.encode_block`)."""
     return wire.encode_block([index, spatial_id, *ro, *rs, *wo, *ws])
@@ -205,9 +246,7 @@ class Client:
     """
 
     def __init__(self, context: Context | None = None, *, exit_with_run: bool | None = None) -> None:
-        self._exit_with_run, self._exit_grace = _exit_settings(exit_with_run)
-        self._main_user = False  # its blocks ran in the main thread: the run's end may end the program
-        self._ended = False  # the program's end is under way (or a normal end: nothing to do)
+        self._exit = _ExitWithRun(exit_with_run)
         if context is None:
             context = Context.from_env()
         from daisy_nb.logging import get_log_basedir, set_log_basedir
@@ -316,27 +355,14 @@ class Client:
         return None
 
     def _lost(self, why: str, interrupt: bool = False) -> None:
-        """The run is over for this client (not a normal end): close; maybe end the program.
+        """The run is over for this client (not a normal end): close; the policy may end the program.
 
         ``interrupt``: seen by the heartbeat thread while the block body runs.
         """
         if self._sock is not None:
             logger.warning("lost the daisy server at %s:%s (%s); " + _ENDED, self.host, self.port, why)
         self._disconnect(give_back=False)
-        if self._ended or not (self._exit_with_run and self._main_user):
-            return
-        self._ended = True
-        if interrupt and self._in_block:
-            handler = signal.getsignal(signal.SIGINT)
-            if callable(handler):  # Python's default handler raises KeyboardInterrupt in the main thread
-                logger.warning("the run ended while a block was running: interrupting it (KeyboardInterrupt)")
-                # to the main thread itself: a signal sent to the process may be taken by this thread,
-                # and the main thread's time.sleep / blocking read would run on to its end
-                main = threading.main_thread().ident
-                if main is not None:
-                    signal.pthread_kill(main, signal.SIGINT)
-        grace = self._exit_grace
-        threading.Thread(target=_exit_after, args=(grace,), name="daisy_nb-exit", daemon=True).start()
+        self._exit.run_lost(interrupt and self._in_block)
 
     def _read(self, wait: bool) -> None:
         """Move the frames that arrived into the inbox; ``wait``: block (up to peer_timeout) for bytes."""
@@ -428,8 +454,7 @@ class Client:
         if self._sock is None:
             yield None
             return
-        if not self._main_user and threading.current_thread() is threading.main_thread():
-            self._main_user = True
+        self._exit.block_user()
         block = self._request()
         if block is None:
             self._disconnect()
@@ -485,7 +510,7 @@ class Client:
             return
         stop.set()
         if give_back:  # a normal end: a goodbye that fails now is no reason to end the program
-            self._ended = True
+            self._exit.normal_end()
         with self._io:
             # goodbye: the scheduler gives back what it sent ahead (never started) and closes
             bye = give_back and self._send(_GOODBYE)
