@@ -29,6 +29,11 @@ from daisy_nb.dashboard import picture as pic
 from daisy_nb.dashboard.live import inverse_cantor
 from daisy_nb.kernels import graph as kg
 
+try:
+    from . import served
+except ImportError:
+    import served
+
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE / "workers"))
 import dashfns  # noqa: E402
@@ -561,18 +566,11 @@ def _tracked_run(tmp_path, monkeypatch):
 @pytest.mark.timeout(120)
 def test_cli_serves_tracking_read_only(tmp_path, monkeypatch):
     st = _tracked_run(tmp_path, monkeypatch)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "daisy_nb", "dashboard", "trk", "--port", "0"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    cmd = [sys.executable, "-m", "daisy_nb", "dashboard", "trk", "--port", "0"]
+    proc, err = served.start(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:
         line = proc.stdout.readline()
-        assert "daisy_nb dashboard (read-only" in line, line + proc.stderr.read()
+        assert "daisy_nb dashboard (read-only" in line, line + err.read_text()
         url = line.split(": ", 1)[1].strip()
         assert url.startswith("http://127.0.0.1:") and "?token=" in url
         with pytest.raises(urllib.error.HTTPError) as e:
@@ -596,8 +594,7 @@ def test_cli_serves_tracking_read_only(tmp_path, monkeypatch):
         assert [(g["type"], g["count"], g["task"]) for g in groups] == [("ValueError", 2, "vol")]
         assert "static/app.js" in get(url)[1].decode()
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0  # ~0.3 s; a deadline for a heavily loaded machine
+        served.stop(proc, err)  # ~0.3 s; a deadline of 60 s for a heavily loaded machine
 
 
 def test_cli_bad_path_exit_code(tmp_path):

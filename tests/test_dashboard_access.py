@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -19,6 +17,11 @@ import pytest
 
 from daisy_nb.dashboard import TOKEN_ENV, Dashboard, resolve_token
 from daisy_nb.dashboard import server as dserver
+
+try:
+    from . import served
+except ImportError:
+    import served
 
 ROOT = Path(__file__).parent.parent
 PATHS = ("", "api/state", "api/pictures", "api/timeline", "api/block?task=x&block_id=1", "static/app.js", "metrics")
@@ -304,26 +307,20 @@ def _tracking(tmp_path):
 
 def _serve(tmp_path, *args, env=None):
     """Start `daisy-nb dashboard trk ARGS`; returns (proc, url)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "daisy_nb", "dashboard", "trk", "--port", "0", *args],
-        cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    cmd = [sys.executable, "-m", "daisy_nb", "dashboard", "trk", "--port", "0", *args]
+    proc, err = served.start(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
     line = proc.stdout.readline()
     if "daisy_nb dashboard (read-only" not in line:
         proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(line + err)
+        proc.wait()
+        proc.stdout.close()
+        raise AssertionError(line + err.read_text())
+    proc.err_path = err
     return proc, line.split(": ", 1)[1].strip()
 
 
 def _stop(proc):
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 0  # ~0.3 s; a deadline for a machine loaded 15-fold (two hogs and more)
-    return proc.stderr.read()
+    return served.stop(proc, proc.err_path)  # ~0.3 s; a deadline of 60 s for a machine loaded 15-fold
 
 
 @pytest.mark.timeout(120)
