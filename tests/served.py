@@ -14,12 +14,27 @@ import tempfile
 from pathlib import Path
 
 
-def start(cmd: list[str], *, cwd: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
-    """Start `cmd` with stdout piped (read its first line) and stderr to a file (nothing can fill a pipe)."""
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def start(
+    cmd: list[str], *, cwd: Path, env: dict[str, str], sigint_ignored: bool = False
+) -> tuple[subprocess.Popen, Path]:
+    """Start `cmd` with stdout piped (read its first line) and stderr to a file (nothing can fill a pipe).
+
+    ``sigint_ignored``: start it as a shell script's background job (`cmd &`) is, SIGINT ignored.
+    """
     fd, err = tempfile.mkstemp(prefix="served-", suffix=".stderr", dir=cwd)
     try:
         proc = subprocess.Popen(
-            cmd, cwd=cwd, env=dict(env, PYTHONFAULTHANDLER="1"), stdout=subprocess.PIPE, stderr=fd, text=True
+            cmd,
+            cwd=cwd,
+            env=dict(env, PYTHONFAULTHANDLER="1"),
+            stdout=subprocess.PIPE,
+            stderr=fd,
+            text=True,
+            preexec_fn=_ignore_sigint if sigint_ignored else None,
         )
     finally:
         os.close(fd)

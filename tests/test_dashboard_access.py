@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -305,10 +306,11 @@ def _tracking(tmp_path):
     assert daisy_nb.run_blockwise([t], multiprocessing=False, progress=False, summary=False)
 
 
-def _serve(tmp_path, *args, env=None):
+def _serve(tmp_path, *args, env=None, sigint_ignored=False):
     """Start `daisy-nb dashboard trk ARGS`; returns (proc, url)."""
     cmd = [sys.executable, "-m", "daisy_nb", "dashboard", "trk", "--port", "0", *args]
-    proc, err = served.start(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    proc, err = served.start(cmd, cwd=tmp_path, env=env, sigint_ignored=sigint_ignored)
     line = proc.stdout.readline()
     if "daisy_nb dashboard (read-only" not in line:
         proc.kill()
@@ -347,6 +349,22 @@ def test_offline_dashboard_token_options(tmp_path):
     finally:
         err = _stop(proc)
     assert "no token" in err  # the warning
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_offline_dashboard_ends_on_a_signal_when_started_in_the_background(tmp_path, sig):
+    """Started as `daisy-nb dashboard trk &` from a script (SIGINT ignored, so Python raises no
+    KeyboardInterrupt), `kill -INT` and `kill -TERM` still end it cleanly with exit code 0."""
+    _tracking(tmp_path)
+    proc, url = _serve(tmp_path, sigint_ignored=True)
+    assert status(url)[0] == 200
+    if sig == signal.SIGINT:
+        _stop(proc)
+    else:
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 0
+        proc.stdout.close()
 
 
 @needs_ipv6

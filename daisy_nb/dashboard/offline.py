@@ -309,6 +309,14 @@ def make_source(args) -> TrackingSource:
     return TrackingSource(targets, args.paths, logs=logs, geometry=geometry)
 
 
+class _Stop(Exception):
+    """SIGINT or SIGTERM: end the offline dashboard."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stop
+
+
 def main(args: argparse.Namespace) -> int:
     """Serve until Ctrl-C (or SIGTERM). Exit code 2 on bad input."""
     import signal
@@ -335,18 +343,21 @@ def main(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"daisy_nb dashboard: error: {e}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    old = signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    # SIGINT is handled as SIGTERM, not left to Python: a process started with SIGINT ignored (a shell
+    # script's background job, `cmd &`) keeps it ignored and gets no KeyboardInterrupt, so `kill -INT`
+    # would not end it. The handler raises (setting an Event from a handler can deadlock on its lock).
+    old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:  # Ctrl-C as soon as the URL is printed ends it as cleanly as later (exit code 0)
         print(
             f"daisy_nb dashboard (read-only, {len(source.targets)} task(s) from block tracking): {dash.url}", flush=True
         )
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
+        while True:
+            time.sleep(3600)
+    except _Stop:
         pass
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
         dash.close()
     return 0
 
