@@ -1247,9 +1247,9 @@ def test_prop_tracking_records_exactly_the_reference_successes(config, seed, fai
 # kernel -> the tests above that compare it (through the Scheduler) with tests/reference/scheduler.py
 SURFACE_TWINS = {
     "step": ("test_prop_per_block_api_lockstep_with_reference", "test_prop_batch_api"),
-    # step's plain-mode twin (what ks.step is without numba) and its views: the same tests in that mode
+    # step's plain-mode twin (what ks.step is without numba, kernels/surface_plain.py): the same tests
+    # in that mode, and tests/test_surface_plain.py in lockstep with the kernel
     "_step_plain": ("test_prop_per_block_api_lockstep_with_reference", "test_prop_batch_api"),
-    "_plain_views": ("test_prop_per_block_api_lockstep_with_reference", "test_prop_batch_api"),
     "fail_block": ("test_prop_per_block_api_lockstep_with_reference", "test_prop_batch_api"),
     "_acquire": ("test_prop_batch_api", "test_golden_cases_match_reference_twin"),
     "_release": ("test_prop_batch_api", "test_golden_cases_match_reference_twin"),
