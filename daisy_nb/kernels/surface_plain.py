@@ -182,6 +182,14 @@ class PlainSurface:
             return len(got)
         return self.release(t, rows.tolist(), codes.tolist(), int(x))
 
+    def acquire_described(self, t: int, max_n: int) -> list[list[int]]:
+        """Up to ``max_n`` ready blocks of task ``t``, each as :meth:`describe` gives it."""
+        describe = self.describe
+        out = []
+        for r in self.acquire(t, max_n):
+            out.append(describe(t, r))
+        return out
+
     # -- the FIFO (kernels: _pop, _push_back, _push_front) ------------------------------------
     def _pop(self, t: int) -> int:
         cnt, c = self.cnt, t * N_CNT
@@ -322,15 +330,19 @@ class PlainSurface:
         tk = self.tasks[t]
         starts = self.lvl_start
         sb = tk.lb + t
-        lo, hi = 0, tk.nlevels - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if starts[sb + mid] <= row:
-                lo = mid
-            else:
-                hi = mid - 1
+        lo = 0
+        if tk.nlevels > 1:
+            hi = tk.nlevels - 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if starts[sb + mid] <= row:
+                    lo = mid
+                else:
+                    hi = mid - 1
         rank = row - starts[sb + lo]
         cnt = self.lvl_cnt[tk.lb + lo]
+        if tk.nd == 1:
+            return lo, [rank % cnt[0]]
         j = [0] * tk.nd
         for d in range(tk.nd - 1, -1, -1):
             rank, j[d] = divmod(rank, cnt[d])
@@ -433,6 +445,14 @@ class PlainSurface:
         tk = self.tasks[t]
         lev, j = self._counter(t, row)
         off = self.lvl_off[tk.lb + lev]
+        if tk.nd == 1:  # most small runs: no loops, no lists but the result
+            g = off[0] + j[0] * tk.period[0]
+            w = tk.ws[0]
+            r0 = tk.tr_off[0] + g * w
+            w0 = tk.tw_off[0] + g * w
+            if tk.shrink:
+                return [row, g + tk.idoff[0], r0, min(tk.rs[0], tk.tr_end[0] - r0), w0, min(w, tk.tw_end[0] - w0)]
+            return [row, g + tk.idoff[0], r0, tk.rs[0], w0, w]
         x, ro, rs, wo, ws = [], [], [], [], []
         for d in range(tk.nd):
             g = off[d] + j[d] * tk.period[d]
