@@ -338,6 +338,11 @@ def main() -> None:
     if args.quick:
         args.workers, args.block_ms, args.blocks_per_worker, args.rounds = [4], [1.0], 50, 1
     note = note_of()
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):  # the other checkouts as installed too (see compile_bytecode)
+        import compileall
+
+        for root in args.also:
+            compileall.compile_dir(os.path.join(root, "daisy_nb"), quiet=1)
     libs: list[tuple[str, str, str, dict | None]] = [("daisy_nb", sys.executable, "daisy_nb", None)]
     libs += [(f"daisy_nb @ {root}", sys.executable, "daisy_nb", {"PYTHONPATH": root}) for root in args.also]
     if args.daisy_python:

@@ -461,6 +461,11 @@ def main() -> int:
     modes = [m for m in a.modes.split(",") if m]
     print(f"# bench_small: whole-process small runs ({U.machine_note()})\n")
     note = U.compile_bytecode()
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):  # the other checkouts as installed too (see compile_bytecode)
+        import compileall
+
+        for root in a.also:
+            compileall.compile_dir(os.path.join(root, "daisy_nb"), quiet=1)
     if note:
         print(note + "\n")
     subprocess.run([sys.executable, "-m", "daisy_nb", "warmup"], env=U.child_env(), check=True, capture_output=True)
