@@ -674,19 +674,13 @@ _plain_cache: PlainSurface | None = None
 
 def _step_plain(b, u8, n_met, op, t, x, y, rows, codes):
     """:func:`step` for plain mode (:class:`surface_plain.PlainSurface` of these buffers)."""
-    global _plain_cache
-    p = _plain_cache
-    if p is None or p.b is not b or p.u8 is not u8 or p.n_met is not n_met:
-        p = _plain_cache = PlainSurface(b, u8, n_met)
-    return p.step(op, t, x, y, rows, codes)
+    return plain_surface(b, u8, n_met).step(op, t, x, y, rows, codes)
 
 
-def plain_surface(b, u8, n_met) -> PlainSurface | None:
-    """The :class:`surface_plain.PlainSurface` of these buffers while plain mode runs ``step``,
-    else None: the Scheduler's list and per-block calls use its list methods directly (no
-    array to fill and read back)."""
-    if step is not PLAIN_STEP[0]:
-        return None
+def plain_surface(b, u8, n_met) -> PlainSurface:
+    """The :class:`surface_plain.PlainSurface` of these buffers, for plain mode (``step is
+    PLAIN_STEP[0]``): the Scheduler's per-block and list calls use its list methods directly
+    (no array to fill and read back)."""
     global _plain_cache
     p = _plain_cache
     if p is None or p.b is not b or p.u8 is not u8 or p.n_met is not n_met:
