@@ -36,7 +36,7 @@ Measured in the driver (the scheduler process), each run its own interpreter:
 Each configuration runs daisy_nb and daisy 2.0.0 back to back (rounds alternate),
 and the best round (lowest CPU per block) is reported, or with ``--pick median`` the median
 one (by whole-process CPU under ``--cold``). ``--also ROOT`` (repeatable) runs another daisy_nb
-checkout in the same rounds, labelled ``@ ROOT``: a before/after under the same load.
+checkout in the same rounds, labelled ``@`` and the directory's name: a before/after under the same load.
 """
 
 from __future__ import annotations
@@ -344,7 +344,10 @@ def main() -> None:
         for root in args.also:
             compileall.compile_dir(os.path.join(root, "daisy_nb"), quiet=1)
     libs: list[tuple[str, str, str, dict | None]] = [("daisy_nb", sys.executable, "daisy_nb", None)]
-    libs += [(f"daisy_nb @ {root}", sys.executable, "daisy_nb", {"PYTHONPATH": root}) for root in args.also]
+    libs += [
+        (f"daisy_nb @ {os.path.basename(os.path.normpath(root))}", sys.executable, "daisy_nb", {"PYTHONPATH": root})
+        for root in args.also
+    ]
     if args.daisy_python:
         libs.append(("daisy 2.0.0", args.daisy_python, "daisy", None))
     # --cold compares whole processes (start-up included); otherwise the run alone

@@ -24,7 +24,7 @@ waits for it with ``os.wait4`` and reports
   from the built Scheduler to the last release, per block (one acquire and one release).
 
 ``--also ROOT`` (repeatable) measures another daisy_nb checkout (e.g. ``main``) in the same pairs,
-its rows labelled ``@ ROOT``: a before/after under the same load.
+its rows labelled ``@`` and the directory's name: a before/after under the same load.
 
 Pairs alternate (daisy first in even pairs, daisy_nb first in odd ones); medians over
 ``--pairs`` pairs. daisy_nb runs in its default mode (``auto``: plain Python kernels for small
@@ -313,7 +313,11 @@ def run_pairs(
     for m in modes:
         runs[f"daisy_nb {m}"] = (sys.executable, "daisy_nb", MODE_ENV[m])
         for root in others:
-            runs[f"daisy_nb {m} @ {root}"] = (sys.executable, "daisy_nb", {**MODE_ENV[m], "PYTHONPATH": root})
+            runs[f"daisy_nb {m} @ {os.path.basename(os.path.normpath(root))}"] = (
+                sys.executable,
+                "daisy_nb",
+                {**MODE_ENV[m], "PYTHONPATH": root},
+            )
     labels = list(runs)
     res: dict[str, list] = {lab: [] for lab in labels}
     for i in range(pairs):
