@@ -48,8 +48,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-# what ks.step is in plain mode (kernels/surface_plain.py): the per-block and list calls then take
-# lists from the plain surface; one identity check keeps the compiled path as it was
+# what ks.step is in plain mode (kernels/surface_plain.py): list calls of several blocks then take
+# lists from the plain surface; one-block calls go through ks.step in both modes, unchanged
 _PLAIN_STEP = ks.PLAIN_STEP[0]
 _PACE_SECS = 1.0  # hand-outs watched before a deferred compile decision (scheduling/pace.py)
 
@@ -477,19 +477,14 @@ class Scheduler(SchedulerViews):
         out = self._one[t]
         nd = self._ndim[t]
         while True:
-            if ks.step is _PLAIN_STEP:
-                v = self._acquire_plain(t)
-                if v is None:
-                    return None
-            else:
-                n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
-                if n <= 0:
-                    if n < 0:
-                        raise RuntimeError("internal error: scratch buffer too small")
-                    return None
-                if self._pace is not None and self._pace.handed_out(1):
-                    self._pace = None
-                v = out.tolist()
+            n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
+            if n <= 0:
+                if n < 0:
+                    raise RuntimeError("internal error: scratch buffer too small")
+                return None
+            if self._pace is not None and self._pace.handed_out(1):
+                self._pace = None
+            v = out.tolist()
             row = v[0]
             block = Block._make(task_id, v[1], (tuple(v[2 : 2 + nd]), tuple(v[2 + nd : 2 + 2 * nd])),
                                 (tuple(v[2 + 2 * nd : 2 + 3 * nd]), tuple(v[2 + 3 * nd :])), row)
@@ -516,21 +511,7 @@ class Scheduler(SchedulerViews):
             row = self.geometry.row_of_block(t, block)
         self._release_one(t, row, code)
 
-    def _acquire_plain(self, t: int) -> list[int] | None:
-        """Plain mode: one ready block of task ``t`` as ``[index, spatial id, *read offset, *read shape,
-        *write offset, *write shape]`` (no precheck), or None; the list itself, no array filled and read back."""
-        p = ks.plain_surface(self._b, self._u8, self.n_met)
-        got = p.acquire(t, 1)
-        if not got:
-            return None
-        if self._pace is not None and self._pace.handed_out(1):
-            self._pace = None
-        return p.describe(t, got[0])
-
     def _release_one(self, t: int, row: int, code: int) -> None:
-        if ks.step is _PLAIN_STEP:
-            self._release_listed(t, [row], [code])
-            return
         n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE_ONE, t, row, code, self._no_rows, self._no_codes)
         if n < 0:
             if n == kt.RC_SCRATCH:
@@ -601,11 +582,6 @@ class Scheduler(SchedulerViews):
         if t is None or max_n <= 0:
             return []
         if self._checks[task_id] is None:
-            if ks.step is _PLAIN_STEP:  # plain mode: described as lists, no arrays built
-                rows = ks.plain_surface(self._b, self._u8, self.n_met).acquire_described(t, max_n)
-                if rows and self._pace is not None and self._pace.handed_out(len(rows)):
-                    self._pace = None
-                return rows
             if max_n == 1:
                 out = self._one[t]
                 n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
@@ -614,6 +590,11 @@ class Scheduler(SchedulerViews):
                 if n and self._pace is not None and self._pace.handed_out(1):
                     self._pace = None
                 return [out.tolist()] if n else []
+            if ks.step is _PLAIN_STEP:  # plain mode: described as lists, no arrays built
+                rows = ks.plain_surface(self._b, self._u8, self.n_met).acquire_described(t, max_n)
+                if rows and self._pace is not None and self._pace.handed_out(len(rows)):
+                    self._pace = None
+                return rows
         b = self.acquire_blocks(task_id, max_n)
         cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)
         return [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
@@ -621,12 +602,12 @@ class Scheduler(SchedulerViews):
     def release_indices(self, task_id: str, index: list[int], status: list[int]) -> None:
         """``release_blocks`` of lists a runtime built (statuses 0, 2, 3: not checked); one block is
         one kernel call, no arrays built."""
-        if ks.step is _PLAIN_STEP:  # plain mode: the lists as they are
-            self._release_listed(self._tindex[task_id], index, status)
-        elif len(index) != 1:
-            self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
-        else:
+        if len(index) == 1:
             self._release_one(self._tindex[task_id], index[0], status[0])
+        elif ks.step is _PLAIN_STEP:  # plain mode: the lists as they are
+            self._release_listed(self._tindex[task_id], index, status)
+        else:
+            self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
 
     def _release_listed(self, t: int, rows: list[int], codes: list[int]) -> None:
         """Plain mode: ``_release_rows`` and the tracking record, on lists, through the plain surface."""

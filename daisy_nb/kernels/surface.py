@@ -674,7 +674,10 @@ _plain_cache: PlainSurface | None = None
 
 def _step_plain(b, u8, n_met, op, t, x, y, rows, codes):
     """:func:`step` for plain mode (:class:`surface_plain.PlainSurface` of these buffers)."""
-    return plain_surface(b, u8, n_met).step(op, t, x, y, rows, codes)
+    p = _plain_cache
+    if p is None or p.b is not b or p.u8 is not u8 or p.n_met is not n_met:
+        p = plain_surface(b, u8, n_met)
+    return p.step(op, t, x, y, rows, codes)
 
 
 def plain_surface(b, u8, n_met) -> PlainSurface:

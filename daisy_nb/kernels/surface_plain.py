@@ -26,6 +26,8 @@ failure, on the arrays), the one-off set-up kernels (seeding, skip flags), and `
 
 from __future__ import annotations
 
+from array import array
+
 from .tables import (
     C_COMPLETED,
     C_GIVEN,
@@ -127,7 +129,7 @@ class PlainSurface:
 
     __slots__ = ("b", "u8", "n_met", "status", "nmet", "retries", "preskip", "queue", "cnt", "tcfg", "tasks",
                  "lvl_off", "lvl_cnt", "lvl_start", "conf_ptr", "conf_jump", "e_uv", "e_up", "e_up_off", "e_dn",
-                 "e_dn_off", "t_in_ptr", "t_in_e", "t_out_ptr", "t_out_e", "geo")  # fmt: skip
+                 "e_dn_off", "t_in_ptr", "t_in_e", "t_out_ptr", "t_out_e", "geo", "_out")  # fmt: skip
 
     def __init__(self, b, u8, n_met) -> None:
         self.b, self.u8, self.n_met = b, u8, n_met  # what the cache compares (by identity)
@@ -162,20 +164,27 @@ class PlainSurface:
         self.t_out_e = views["t_out_e"].tolist()
         info = views["info"].tolist()
         self.tasks = [_Task(t, info, geo, self.t_out_ptr) for t in range(len(info))]
+        self._out: dict[int, tuple] = {}  # id -> (array, its memoryview): the Scheduler's one-block rows
 
     # -- step's dispatch ------------------------------------------------------------------
     def step(self, op, t, x, y, rows, codes) -> int:
         """As ``surface.step`` (same operations, same results), without ``RC_SCRATCH``."""
-        t = int(t)
+        if op == OP_RELEASE_ONE:
+            return self.release(t, (x,), (y,), 0)
         if op == OP_ACQUIRE_ONE:
             got = self.acquire(t, 1)
             if not got:
                 return 0
+            out = self._out.get(id(rows))
+            if out is None or out[0] is not rows:  # a memoryview per output row: a third of a numpy slice's cost
+                if len(self._out) > 64:
+                    self._out.clear()
+                mv = memoryview(rows)
+                out = self._out[id(rows)] = (rows, mv, mv.format)  # int64: "l" on Linux, "q" on Windows
             d = self.describe(t, got[0])
-            rows[: len(d)] = d
+            out[1][: len(d)] = array(out[2], d)
             return 1
-        if op == OP_RELEASE_ONE:
-            return self.release(t, (int(x),), (int(y),), 0)
+        t = int(t)
         if op == OP_ACQUIRE:
             got = self.acquire(t, int(x))
             rows[: len(got)] = got
