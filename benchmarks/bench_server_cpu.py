@@ -363,9 +363,8 @@ def main() -> None:
                     runs[name].append(r)
             for name, *_ in libs:
                 rs = sorted(runs[name], key=lambda r: r[key])
-                rows.append(_row(name, workers, ms, rs[0] if args.pick == "best" else rs[len(rs) // 2]))
-                spread = ", ".join(f"{r[key] * 1e6 / r['n']:.0f}" for r in runs[name])
-                print(f"  {name}: {key} per block over the rounds (µs): {spread}", file=sys.stderr, flush=True)
+                spread = ", ".join(f"{r[key] * 1e6 / r['n']:.0f}" for r in runs[name])  # in the rounds' order
+                rows.append([*_row(name, workers, ms, rs[0] if args.pick == "best" else rs[len(rs) // 2]), spread])
     pick = f"best of {args.rounds}" if args.pick == "best" else f"median of {args.rounds}"
     print(
         f"\nscheduler CPU over TCP: detached Client programs on 127.0.0.1, {args.blocks_per_worker} blocks per "
@@ -386,6 +385,7 @@ def main() -> None:
                 "wall (utilisation)",
                 "jobs CPU/block",
                 "threads",
+                f"CPU/block, {'whole process' if args.cold else 'whole run'}, each round (µs)",
             ],
             rows,
         )
