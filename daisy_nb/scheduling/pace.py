@@ -13,7 +13,7 @@ rate, in plain Python until then.
 Those costs were measured before the plain step became ``kernels/surface_plain.py``; since,
 ``benchmarks/bench_small.py --calibrate`` gives about half (batch API) to a third (per-block
 API) of them, so :data:`US_BLOCK` overestimates the plain work and a run between ~16k and
-~40k 1-D blocks compiles sooner than it must. Kept until recalibrated on a quiet machine:
+~30k 1-D blocks compiles sooner than it must. Kept until recalibrated on a quiet machine:
 the tests of the decision's thresholds are written against these constants.
 """
 
