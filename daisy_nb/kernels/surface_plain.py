@@ -4,7 +4,8 @@ Plain mode (small runs, ``kernels/_jit.py``) ran ``step``'s kernels as Python fu
 Scheduler's numpy arrays. Each ``arr[i]`` there costs 100-150 ns and yields a numpy scalar whose
 arithmetic costs as much again, and the kernels pass a dozen arrays per call: a block acquired
 and released one by one took ~50 µs (1-D) to ~135 µs (3-D, conflicts), against daisy 2.0.0's
-~14 µs. :class:`PlainSurface` does the same work on the same buffers, reading
+~14 µs. :class:`PlainSurface` (the state and what acquiring and releasing do to it) and
+:class:`PlainBlocks` (where the blocks are) do the same work on the same buffers, reading
 
 * the tables (geometry, levels, conflict jumps, task edges: written once, when the Scheduler is
   built) as nested Python lists (~25 ns a read), and
@@ -77,7 +78,7 @@ from .tables import (
     U8_STATUS,
 )
 
-__all__ = ["PlainSurface", "cantor"]
+__all__ = ["PlainBlocks", "PlainSurface", "cantor"]
 
 
 def cantor(x: list[int]) -> int:
@@ -127,9 +128,8 @@ class PlainSurface:
     ``step``'s arguments after the buffers and returns what it returns.
     """
 
-    __slots__ = ("b", "u8", "n_met", "status", "nmet", "retries", "preskip", "queue", "cnt", "tcfg", "tasks",
-                 "lvl_off", "lvl_cnt", "lvl_start", "conf_ptr", "conf_jump", "e_uv", "e_up", "e_up_off", "e_dn",
-                 "e_dn_off", "t_in_ptr", "t_in_e", "t_out_ptr", "t_out_e", "geo", "_out")  # fmt: skip
+    __slots__ = ("b", "u8", "n_met", "status", "nmet", "retries", "preskip", "queue", "cnt", "tcfg", "tasks", "blocks",
+                 "describe", "_out")  # fmt: skip
 
     def __init__(self, b, u8, n_met) -> None:
         self.b, self.u8, self.n_met = b, u8, n_met  # what the cache compares (by identity)
@@ -147,23 +147,9 @@ class PlainSurface:
         self.queue = memoryview(views["queue"])
         self.cnt = memoryview(views["cnt"].reshape(-1))  # flat: t * N_CNT + column
         self.tcfg = memoryview(views["tcfg"].reshape(-1))  # flat: t * N_CFG + column
-        self.geo = geo = views["geo"].tolist()
-        self.lvl_off = views["lvl_off"].tolist()
-        self.lvl_cnt = views["lvl_cnt"].tolist()
-        self.lvl_start = views["lvl_start"].tolist()
-        self.conf_ptr = views["conf_ptr"].tolist()
-        self.conf_jump = views["conf_jump"].tolist()
-        self.e_uv = views["e_uv"].tolist()
-        self.e_up = views["e_up"].tolist()
-        self.e_up_off = views["e_up_off"].tolist()
-        self.e_dn = views["e_dn"].tolist()
-        self.e_dn_off = views["e_dn_off"].tolist()
-        self.t_in_ptr = views["t_in_ptr"].tolist()
-        self.t_in_e = views["t_in_e"].tolist()
-        self.t_out_ptr = views["t_out_ptr"].tolist()
-        self.t_out_e = views["t_out_e"].tolist()
-        info = views["info"].tolist()
-        self.tasks = [_Task(t, info, geo, self.t_out_ptr) for t in range(len(info))]
+        self.blocks = PlainBlocks(views)
+        self.tasks = self.blocks.tasks
+        self.describe = self.blocks.describe  # [row, spatial id, *ro, *rs, *wo, *ws] of a row
         self._out: dict[int, tuple] = {}  # id -> (array, its memoryview): the Scheduler's one-block rows
 
     # -- step's dispatch ------------------------------------------------------------------
@@ -309,32 +295,63 @@ class PlainSurface:
             return
         status, nmet, tcfg, tasks = self.status, self.nmet, self.tcfg, self.tasks
         ready = []
-        for v, vrow, vlev, vj in self._downstream(t, row):
+        blocks = self.blocks
+        for v, vrow, vlev, vj in blocks.downstream(t, row):
             gi = tasks[v].base + vrow
             if status[gi] != PENDING or tcfg[v * N_CFG + F_STATE] != RUNNING:
                 continue
             rem = nmet[gi]
             if rem == 0:
-                rem = self._n_upstream(v, vlev, vj) + 1
+                rem = blocks.n_upstream(v, vlev, vj) + 1
             rem -= 1
             nmet[gi] = rem
             if rem == 1:
                 ready.append((v, vrow, vlev, vj))
         if len(ready) > 1:  # daisy's order: by task, then spatial id (a stable sort, as the kernel's)
-            ready.sort(key=self._order_key)
+            ready.sort(key=blocks.order_key)
         cnt = self.cnt
         for v, vrow, _, _ in ready:
             status[tasks[v].base + vrow] = READY
             self._push_back(v, vrow)
             cnt[v * N_CNT + C_READY] += 1
 
-    def _order_key(self, entry: tuple) -> tuple[int, int]:
+
+class PlainBlocks:
+    """Where the blocks of a pipeline are, from the packed tables as Python lists (read only): a
+    row's level and counter, its ids and ROIs, its downstream blocks and upstream count.
+
+    The kernels' geometry (``graph.row_to_counter``, ``graph.describe_rows_into``,
+    ``surface._down_lj``, ``surface._n_up_lj``) for :class:`PlainSurface`, which owns the state.
+    """
+
+    __slots__ = ("tasks", "lvl_off", "lvl_cnt", "lvl_start", "conf_ptr", "conf_jump", "e_uv", "e_up", "e_up_off",
+                 "e_dn", "e_dn_off", "t_in_ptr", "t_in_e", "t_out_ptr", "t_out_e")  # fmt: skip
+
+    def __init__(self, views: dict) -> None:
+        self.lvl_off = views["lvl_off"].tolist()
+        self.lvl_cnt = views["lvl_cnt"].tolist()
+        self.lvl_start = views["lvl_start"].tolist()
+        self.conf_ptr = views["conf_ptr"].tolist()
+        self.conf_jump = views["conf_jump"].tolist()
+        self.e_uv = views["e_uv"].tolist()
+        self.e_up = views["e_up"].tolist()
+        self.e_up_off = views["e_up_off"].tolist()
+        self.e_dn = views["e_dn"].tolist()
+        self.e_dn_off = views["e_dn_off"].tolist()
+        self.t_in_ptr = views["t_in_ptr"].tolist()
+        self.t_in_e = views["t_in_e"].tolist()
+        self.t_out_ptr = views["t_out_ptr"].tolist()
+        self.t_out_e = views["t_out_e"].tolist()
+        info, geo = views["info"].tolist(), views["geo"].tolist()
+        self.tasks = [_Task(t, info, geo, self.t_out_ptr) for t in range(len(info))]
+
+    def order_key(self, entry: tuple) -> tuple[int, int]:
         v, _, vlev, vj = entry
         tk = self.tasks[v]
         off = self.lvl_off[tk.lb + vlev]
         return v, cantor([off[d] + vj[d] * tk.period[d] + tk.idoff[d] for d in range(tk.nd)])
 
-    def _counter(self, t: int, row: int) -> tuple[int, list[int]]:
+    def counter(self, t: int, row: int) -> tuple[int, list[int]]:
         """Level and in-level counter of ``row`` (graph.row_to_counter)."""
         tk = self.tasks[t]
         starts = self.lvl_start
@@ -357,12 +374,12 @@ class PlainSurface:
             rank, j[d] = divmod(rank, cnt[d])
         return lo, j
 
-    def _downstream(self, t: int, row: int) -> list[tuple]:
+    def downstream(self, t: int, row: int) -> list[tuple]:
         """(task, row, level, counter) of every downstream block of ``row``: intra-task in the
         conflict offsets' order, then per downstream task (``_down_lj``)."""
         tk = self.tasks[t]
         nd, lb = tk.nd, tk.lb
-        lev, j = self._counter(t, row)
+        lev, j = self.counter(t, row)
         out = []
         if lev + 1 < tk.nlevels:
             ncnt = self.lvl_cnt[lb + lev + 1]
@@ -419,7 +436,7 @@ class PlainSurface:
                         pos[d] = lo[d]
         return out
 
-    def _n_upstream(self, t: int, lev: int, j: list[int]) -> int:
+    def n_upstream(self, t: int, lev: int, j: list[int]) -> int:
         """Upstream blocks (intra-task and of every upstream task) of the block at ``lev``, ``j`` (``_n_up_lj``)."""
         tk = self.tasks[t]
         nd, lb = tk.nd, tk.lb
@@ -452,7 +469,7 @@ class PlainSurface:
     def describe(self, t: int, row: int) -> list[int]:
         """``[row, spatial id, *read offset, *read shape, *write offset, *write shape]`` of ``row``."""
         tk = self.tasks[t]
-        lev, j = self._counter(t, row)
+        lev, j = self.counter(t, row)
         off = self.lvl_off[tk.lb + lev]
         if tk.nd == 1:  # most small runs: no loops, no lists but the result
             g = off[0] + j[0] * tk.period[0]
