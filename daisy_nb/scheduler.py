@@ -605,6 +605,9 @@ class Scheduler(SchedulerViews):
         if len(index) == 1:
             self._release_one(self._tindex[task_id], index[0], status[0])
         elif ks.step is _PLAIN_STEP:  # plain mode: the lists as they are
+            bad = [c for c in status if c != kt.R_GIVE_BACK and c != kt.R_SUCCESS and c != kt.R_FAILED]
+            if bad:  # as release_blocks, which the compiled path calls
+                raise ValueError(f"unexpected status for released blocks: {sorted(set(bad))}")
             self._release_listed(self._tindex[task_id], index, status)
         else:
             self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))

@@ -1416,3 +1416,16 @@ def test_processing_count_and_abandonment_are_read_from_the_scheduler():
     assert s.is_abandoned("a") and s.is_abandoned("b")
     assert s.abandon_reason("a") == "too many crashes" and s.abandon_reason("b") == "upstream task abandoned"
     assert s.processing_count("a") == 0
+
+
+def test_release_indices_refuses_a_status_as_release_blocks_does():
+    """Several blocks through the list API (plain mode: straight to the plain surface) are checked
+    as the batch API checks them: 1 or 4 is not a release status."""
+    s = daisy.Scheduler(daisy.Task("t", Roi((0,), (4,)), Roi((0,), (1,)), Roi((0,), (1,)), tracking_path=False))
+    rows = [r[0] for r in s.acquire_described("t", 2)]
+    for bad in (1, 4):
+        with pytest.raises(ValueError, match="unexpected status"):
+            s.release_indices("t", rows, [2, bad])
+    assert s.processing_count("t") == 2
+    s.release_indices("t", rows, [2, 2])
+    assert s.processing_count("t") == 0 and s.counts("t").completed == 2
