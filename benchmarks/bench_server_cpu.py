@@ -34,7 +34,9 @@ Measured in the driver (the scheduler process), each run its own interpreter:
   from the same 2 cores.
 
 Each configuration runs daisy_nb and daisy 2.0.0 back to back (rounds alternate),
-and the best round (lowest CPU per block) is reported.
+and the best round (lowest CPU per block) is reported, or with ``--pick median`` the median
+one (by whole-process CPU under ``--cold``). ``--also ROOT`` (repeatable) runs another daisy_nb
+checkout in the same rounds, labelled ``@`` and the directory's name: a before/after under the same load.
 """
 
 from __future__ import annotations
@@ -255,14 +257,16 @@ def micro(n: int = 20000) -> dict:
     return out
 
 
-def run_one(python: str, lib: str, workers: int, block_ms: float, per_worker: int) -> dict:
+def run_one(python: str, lib: str, workers: int, block_ms: float, per_worker: int, env: dict | None = None) -> dict:
     import _util
 
     with tempfile.TemporaryDirectory() as d:  # daisy's logs land in the cwd
         old = tempfile.tempdir
         tempfile.tempdir = d
         try:
-            r = _util.spawn(python, os.path.abspath(__file__), [lib, workers, block_ms, per_worker], timeout=1800)
+            r = _util.spawn(
+                python, os.path.abspath(__file__), [lib, workers, block_ms, per_worker], env_extra=env, timeout=1800
+            )
         finally:
             tempfile.tempdir = old
     if r["completed"] != r["n"]:
@@ -300,6 +304,19 @@ def main() -> None:
         help="no kernel warm-up in the driver before the clock: the compile decision as a user's script meets "
         "it (the 'whole process' column counts every import and start-up from the interpreter's start)",
     )
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="ROOT",
+        help="another daisy_nb checkout (its root directory) run in the same rounds (before/after)",
+    )
+    ap.add_argument(
+        "--pick",
+        choices=("best", "median"),
+        default="best",
+        help="which round to report: the lowest CPU per block, or the median one (odd --rounds)",
+    )
     ap.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.cold:
@@ -321,24 +338,37 @@ def main() -> None:
     if args.quick:
         args.workers, args.block_ms, args.blocks_per_worker, args.rounds = [4], [1.0], 50, 1
     note = note_of()
-    libs = [("daisy_nb", sys.executable, "daisy_nb")]
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):  # the other checkouts as installed too (see compile_bytecode)
+        import compileall
+
+        for root in args.also:
+            compileall.compile_dir(os.path.join(root, "daisy_nb"), quiet=1)
+    libs: list[tuple[str, str, str, dict | None]] = [("daisy_nb", sys.executable, "daisy_nb", None)]
+    libs += [
+        (f"daisy_nb @ {os.path.basename(os.path.normpath(root))}", sys.executable, "daisy_nb", {"PYTHONPATH": root})
+        for root in args.also
+    ]
     if args.daisy_python:
-        libs.append(("daisy 2.0.0", args.daisy_python, "daisy"))
+        libs.append(("daisy 2.0.0", args.daisy_python, "daisy", None))
+    # --cold compares whole processes (start-up included); otherwise the run alone
+    key = "cpu_process" if args.cold else "cpu"
     rows = []
     for workers in args.workers:
         for ms in args.block_ms:
-            best: dict[str, dict] = {}
+            runs: dict[str, list[dict]] = {name: [] for name, *_ in libs}
             for _ in range(args.rounds):
-                for name, py, lib in libs:
-                    r = run_one(py, lib, workers, ms, args.blocks_per_worker)
+                for name, py, lib, env in libs:
+                    r = run_one(py, lib, workers, ms, args.blocks_per_worker, env)
                     print(f"  {name}, {workers} workers, {ms:g} ms: {r}", file=sys.stderr, flush=True)
-                    if name not in best or r["cpu"] < best[name]["cpu"]:
-                        best[name] = r
-            for name, _, _ in libs:
-                rows.append(_row(name, workers, ms, best[name]))
+                    runs[name].append(r)
+            for name, *_ in libs:
+                rs = sorted(runs[name], key=lambda r: r[key])
+                spread = ", ".join(f"{r[key] * 1e6 / r['n']:.0f}" for r in runs[name])  # in the rounds' order
+                rows.append([*_row(name, workers, ms, rs[0] if args.pick == "best" else rs[len(rs) // 2]), spread])
+    pick = f"best of {args.rounds}" if args.pick == "best" else f"median of {args.rounds}"
     print(
         f"\nscheduler CPU over TCP: detached Client programs on 127.0.0.1, {args.blocks_per_worker} blocks per "
-        f"worker, best of {args.rounds} round(s)\n{note}\n"
+        f"worker, {pick} round(s){' (by whole-process CPU, --cold)' if args.cold else ''}\n{note}\n"
     )
     print(
         _util.table(
@@ -355,6 +385,7 @@ def main() -> None:
                 "wall (utilisation)",
                 "jobs CPU/block",
                 "threads",
+                f"CPU/block, {'whole process' if args.cold else 'whole run'}, each round (µs)",
             ],
             rows,
         )

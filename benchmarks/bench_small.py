@@ -20,7 +20,11 @@ waits for it with ``os.wait4`` and reports
   ``ru_maxrss`` would count its parent's pages);
 * **scheduler only** (``sched`` rows): the same N blocks through ``Scheduler.acquire_block`` /
   ``release_block`` in one process, no workers: the scheduler side's own fixed and per-block
-  cost, wall and peak memory of that whole process.
+  cost, wall and peak memory of that whole process; **CPU per block**: the process's CPU time
+  from the built Scheduler to the last release, per block (one acquire and one release).
+
+``--also ROOT`` (repeatable) measures another daisy_nb checkout (e.g. ``main``) in the same pairs,
+its rows labelled ``@`` and the directory's name: a before/after under the same load.
 
 Pairs alternate (daisy first in even pairs, daisy_nb first in odd ones); medians over
 ``--pairs`` pairs. daisy_nb runs in its default mode (``auto``: plain Python kernels for small
@@ -130,6 +134,8 @@ def child_sched(lib: str, n: int) -> dict:
     )
     t1 = time.time()
     s = daisy.Scheduler([task]) if lib == "daisy_nb" else daisy.Scheduler(task)
+    t_built = time.time()
+    c0 = time.process_time()
     done = 0
     first = None
     while True:
@@ -145,6 +151,9 @@ def child_sched(lib: str, n: int) -> dict:
         "done": done,
         "t_first": first,
         "t_setup": t1 - t0,
+        # acquire_block + release_block alone (CPU, from the built Scheduler to the last release)
+        "cpu_block": (time.process_time() - c0) / max(done, 1),
+        "t_loop": time.time() - t_built,
         "t_total": time.time() - t0,
         "sched_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "numba": "numba" in sys.modules,
@@ -289,17 +298,32 @@ def measure(python: str, args: list[str], env_extra: dict | None = None) -> dict
 MODE_ENV = {"auto": {}, "python": {"DAISY_NB_JIT": "0"}, "numba": {"DAISY_NB_JIT": "1"}}
 
 
-def run_pairs(daisy_python: str | None, kind: str, n: int, workers: int, pairs: int, modes: list[str]) -> dict:
-    """Alternating pairs: returns {label: [result, ...]}."""
-    labels = (["daisy"] if daisy_python else []) + [f"daisy_nb {m}" for m in modes]
+def run_pairs(
+    daisy_python: str | None,
+    kind: str,
+    n: int,
+    workers: int,
+    pairs: int,
+    modes: list[str],
+    others: list[str] = (),  # type: ignore[assignment]
+) -> dict:
+    """Alternating pairs: returns {label: [result, ...]}. ``others``: further daisy_nb checkouts
+    (their root directories), each run in every mode beside this one (``--also``)."""
+    runs = {"daisy": (daisy_python, "daisy", {})} if daisy_python else {}
+    for m in modes:
+        runs[f"daisy_nb {m}"] = (sys.executable, "daisy_nb", MODE_ENV[m])
+        for root in others:
+            runs[f"daisy_nb {m} @ {os.path.basename(os.path.normpath(root))}"] = (
+                sys.executable,
+                "daisy_nb",
+                {**MODE_ENV[m], "PYTHONPATH": root},
+            )
+    labels = list(runs)
     res: dict[str, list] = {lab: [] for lab in labels}
     for i in range(pairs):
         order = labels if i % 2 == 0 else labels[::-1]
         for lab in order:
-            if lab == "daisy":
-                py, lib, env = daisy_python, "daisy", {}
-            else:
-                py, lib, env = sys.executable, "daisy_nb", MODE_ENV[lab.split()[1]]
+            py, lib, env = runs[lab]
             args = [kind, lib, n, workers] if kind == "run" else [kind, lib, n]
             res[lab].append(measure(py, args, env))
     return res
@@ -355,7 +379,7 @@ def report(kind: str, n: int, res: dict) -> list[list]:
                     mib(peak),
                     ratio,
                     secs(med(rs, "t_first")),
-                    "–",
+                    "–" if med(rs, "cpu_block") is None else f"{med(rs, 'cpu_block') * 1e6:.1f} µs",
                     "–",
                     "yes" if any(r["numba"] for r in rs) else "no",
                 ]
@@ -413,6 +437,13 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--modes", default="auto,python,numba", help="daisy_nb modes: auto, python (DAISY_NB_JIT=0), numba")
     ap.add_argument("--no-sched", action="store_true", help="skip the scheduler-only rows")
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="ROOT",
+        help="another daisy_nb checkout (its root directory) measured in the same pairs (before/after)",
+    )
     ap.add_argument("--calibrate", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--worker", nargs=argparse.REMAINDER)
@@ -434,6 +465,11 @@ def main() -> int:
     modes = [m for m in a.modes.split(",") if m]
     print(f"# bench_small: whole-process small runs ({U.machine_note()})\n")
     note = U.compile_bytecode()
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):  # the other checkouts as installed too (see compile_bytecode)
+        import compileall
+
+        for root in a.also:
+            compileall.compile_dir(os.path.join(root, "daisy_nb"), quiet=1)
     if note:
         print(note + "\n")
     subprocess.run([sys.executable, "-m", "daisy_nb", "warmup"], env=U.child_env(), check=True, capture_output=True)
@@ -451,16 +487,16 @@ def main() -> int:
     ]
     rows = []
     for n in sizes:
-        rows += report("run", n, run_pairs(a.daisy_python, "run", n, a.workers, a.pairs, modes))
+        rows += report("run", n, run_pairs(a.daisy_python, "run", n, a.workers, a.pairs, modes, a.also))
     print(f"### run_blockwise, {a.workers} workers, no-op blocks, {a.pairs} alternating pairs\n")
     print(U.table(headers, rows))
     if not a.no_sched:
         rows = []
         for n in sizes:
-            rows += report("sched", n, run_pairs(a.daisy_python, "sched", n, a.workers, a.pairs, modes))
+            rows += report("sched", n, run_pairs(a.daisy_python, "sched", n, a.workers, a.pairs, modes, a.also))
         print(f"\n### Scheduler only (acquire_block/release_block in one process, no workers), {a.pairs} pairs\n")
         print(
-            U.table(headers[:7] + ["", "", "numba loaded"], rows).replace(
+            U.table(headers[:7] + ["CPU per block (acquire + release)", "", "numba loaded"], rows).replace(
                 "| first block |", "| first block handed out |"
             )
         )

@@ -48,6 +48,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+# what ks.step is in plain mode (kernels/surface_plain.py): list calls of several blocks then take
+# lists from the plain surface; one-block calls go through ks.step in both modes, unchanged
+_PLAIN_STEP = ks.PLAIN_STEP[0]
 _PACE_SECS = 1.0  # hand-outs watched before a deferred compile decision (scheduling/pace.py)
 
 
@@ -578,14 +581,20 @@ class Scheduler(SchedulerViews):
         t = self._tindex.get(task_id)
         if t is None or max_n <= 0:
             return []
-        if max_n == 1 and self._checks[task_id] is None:
-            out = self._one[t]
-            n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
-            if n < 0:
-                raise RuntimeError("internal error: scratch buffer too small")
-            if n and self._pace is not None and self._pace.handed_out(1):
-                self._pace = None
-            return [out.tolist()] if n else []
+        if self._checks[task_id] is None:
+            if max_n == 1:
+                out = self._one[t]
+                n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
+                if n < 0:
+                    raise RuntimeError("internal error: scratch buffer too small")
+                if n and self._pace is not None and self._pace.handed_out(1):
+                    self._pace = None
+                return [out.tolist()] if n else []
+            if ks.step is _PLAIN_STEP:  # plain mode: described as lists, no arrays built
+                rows = ks.plain_surface(self._b, self._u8, self.n_met).acquire_described(t, max_n)
+                if rows and self._pace is not None and self._pace.handed_out(len(rows)):
+                    self._pace = None
+                return rows
         b = self.acquire_blocks(task_id, max_n)
         cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)
         return [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
@@ -593,10 +602,29 @@ class Scheduler(SchedulerViews):
     def release_indices(self, task_id: str, index: list[int], status: list[int]) -> None:
         """``release_blocks`` of lists a runtime built (statuses 0, 2, 3: not checked); one block is
         one kernel call, no arrays built."""
-        if len(index) != 1:
-            self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
-        else:
+        if len(index) == 1:
             self._release_one(self._tindex[task_id], index[0], status[0])
+        elif ks.step is _PLAIN_STEP:  # plain mode: the lists as they are
+            bad = [c for c in status if c != kt.R_GIVE_BACK and c != kt.R_SUCCESS and c != kt.R_FAILED]
+            if bad:  # as release_blocks, which the compiled path calls
+                raise ValueError(f"unexpected status for released blocks: {sorted(set(bad))}")
+            self._release_listed(self._tindex[task_id], index, status)
+        else:
+            self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
+
+    def _release_listed(self, t: int, rows: list[int], codes: list[int]) -> None:
+        """Plain mode: ``_release_rows`` and the tracking record, on lists, through the plain surface."""
+        p = ks.plain_surface(self._b, self._u8, self.n_met)
+        start = 0
+        while True:
+            n = p.release(t, rows, codes, start)
+            if n >= 0:
+                break
+            start = kt.failed_at(n)  # this block failed for good: orphan its dependents, go on after it
+            self._fail(t, rows[start])
+            start += 1
+        if self.tracking:
+            self._tracking.record(t, np.array(rows, np.int64), np.array(codes, np.uint8))
 
     # -- abandonment, the dependency graph, the tracking stores ----------------------------
     def abandon_task(self, task_id: str, reason: str) -> list[str]:

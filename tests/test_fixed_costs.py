@@ -111,7 +111,9 @@ _DEFERRED = """
     # a short look at the rate: most of the work is still ahead when the decision is taken, however
     # fast this machine's plain kernels hand the first blocks out
     scheduler._PACE_SECS = 0.02
-    n = 20_000  # work between the price and twice it: the decision waits for the hand-out rate
+    # work between the price and twice it: the decision waits for the hand-out rate; near twice, so
+    # that most of it is still ahead after the first moments (plain batches hand out ~5k blocks/20 ms)
+    n = 30_000
     assert _jit.COMPILE_AT <= n * (scheduler._US_BLOCK + scheduler._US_PER_DOWNSTREAM) < 2 * _jit.COMPILE_AT
     s = daisy.Scheduler([daisy.Task("s", Roi((0,), (n,)), Roi((0,), (1,)), Roi((0,), (1,)), read_write_conflict=False)])
     at_init = "numba" in sys.modules

@@ -579,6 +579,71 @@ def test_prop_batch_api(config, seed, fail_p, give_back_p, skip_p):
     assert_consistent(nb_states(sched))
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(
+    pipeline_configs(max_ndim=3),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0.0, 0.2, 0.4]),
+    st.sampled_from([0.0, 0.3]),
+)
+def test_prop_list_api_lockstep_with_reference(config, seed, fail_p, give_back_p):
+    """The list API (``acquire_described``/``release_indices``, what the TCP server calls; in plain
+    mode ``kernels/surface_plain.py`` end to end): the blocks of the reference in its order,
+    described as the batch API describes them, given-back blocks next, counters as the reference's."""
+    rng = random.Random(seed)
+    sched = daisy.Scheduler(nb_pipeline(config))
+    ref = ref_scheduler(config)
+    tids = list(config["tasks"])
+    in_flight: dict[str, list[list[int]]] = {tid: [] for tid in tids}
+    for _ in range(20_000):
+        n_in = sum(len(v) for v in in_flight.values())
+        if n_in and rng.random() < 0.5:
+            tid = rng.choice([t for t in tids if in_flight[t]])
+            fl = in_flight[tid]
+            rng.shuffle(fl)
+            k = rng.randint(1, len(fl))
+            chunk, in_flight[tid] = fl[:k], fl[k:]
+            status = []
+            for _ in chunk:
+                x = rng.random()
+                status.append(0 if x < give_back_p else (3 if x < give_back_p + fail_p else 2))
+            sched.release_indices(tid, [r[0] for r in chunk], status)
+            gave_back = []
+            for r, st_ in zip(chunk, status):
+                if st_ == 0:
+                    gave_back.append(r[1])
+                else:
+                    ref.release_block(tid, r[1], st_ == 2)
+            if gave_back:
+                _ref_give_back(ref, tid, gave_back)
+        else:
+            got_any = False
+            for tid in tids if not n_in else [rng.choice(tids)]:
+                n = rng.randint(1, 4)
+                rows = sched.acquire_described(tid, n)
+                want = []
+                for _ in range(n):
+                    sid = ref.acquire_block(tid)
+                    if sid is None:
+                        break
+                    want.append(sid)
+                assert [r[1] for r in rows] == want
+                if rows:
+                    d = sched.describe(tid, [r[0] for r in rows])
+                    cols = (d.block_id, d.read_offset, d.read_shape, d.write_offset, d.write_shape)
+                    assert [r[1:] for r in rows] == [
+                        [sid, *ro, *rs, *wo, *ws] for sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))
+                    ]
+                    in_flight[tid] += rows
+                    got_any = True
+            if not got_any and not n_in:
+                break
+        assert nb_states(sched) == ref.states()
+    else:
+        pytest.fail("run did not end")
+    assert_consistent(nb_states(sched))
+
+
 def test_batch_give_back_comes_next_in_order():
     """Blocks given back (status 0) are handed out next, in their order, even while
     root blocks are still waiting, and cost no attempt (the runtime gives back the
@@ -1247,9 +1312,10 @@ def test_prop_tracking_records_exactly_the_reference_successes(config, seed, fai
 # kernel -> the tests above that compare it (through the Scheduler) with tests/reference/scheduler.py
 SURFACE_TWINS = {
     "step": ("test_prop_per_block_api_lockstep_with_reference", "test_prop_batch_api"),
-    # step's plain-mode twin (what ks.step is without numba) and its views: the same tests in that mode
+    # step's plain-mode twin (what ks.step is without numba, kernels/surface_plain.py): the same tests
+    # in that mode, and tests/test_surface_plain.py in lockstep with the kernel
     "_step_plain": ("test_prop_per_block_api_lockstep_with_reference", "test_prop_batch_api"),
-    "_plain_views": ("test_prop_per_block_api_lockstep_with_reference", "test_prop_batch_api"),
+    "plain_surface": ("test_prop_per_block_api_lockstep_with_reference", "test_prop_list_api_lockstep_with_reference"),
     "fail_block": ("test_prop_per_block_api_lockstep_with_reference", "test_prop_batch_api"),
     "_acquire": ("test_prop_batch_api", "test_golden_cases_match_reference_twin"),
     "_release": ("test_prop_batch_api", "test_golden_cases_match_reference_twin"),
@@ -1350,3 +1416,16 @@ def test_processing_count_and_abandonment_are_read_from_the_scheduler():
     assert s.is_abandoned("a") and s.is_abandoned("b")
     assert s.abandon_reason("a") == "too many crashes" and s.abandon_reason("b") == "upstream task abandoned"
     assert s.processing_count("a") == 0
+
+
+def test_release_indices_refuses_a_status_as_release_blocks_does():
+    """Several blocks through the list API (plain mode: straight to the plain surface) are checked
+    as the batch API checks them: 1 or 4 is not a release status."""
+    s = daisy.Scheduler(daisy.Task("t", Roi((0,), (4,)), Roi((0,), (1,)), Roi((0,), (1,)), tracking_path=False))
+    rows = [r[0] for r in s.acquire_described("t", 2)]
+    for bad in (1, 4):
+        with pytest.raises(ValueError, match="unexpected status"):
+            s.release_indices("t", rows, [2, bad])
+    assert s.processing_count("t") == 2
+    s.release_indices("t", rows, [2, 2])
+    assert s.processing_count("t") == 0 and s.counts("t").completed == 2

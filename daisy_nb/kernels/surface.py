@@ -33,6 +33,7 @@ import numpy as np
 
 from ._jit import flat_kernel, inline_kernel, kernel, plain_twin
 from .graph import cantor, describe_rows_into, grid_to_row, row_level, row_to_counter
+from .surface_plain import PlainSurface
 from .tables import (
     C_COMPLETED,
     C_FAILED,
@@ -663,55 +664,34 @@ def step(b, u8, n_met, op, t, x, y, rows, codes):
 
 
 # -- step in plain Python ---------------------------------------------------------------
-# Plain mode (small runs, see _jit) runs the same helpers as Python functions, where the 25
-# views ``step`` rebuilds per call cost about half of a per-block call (~60 of ~120 µs per
-# block handed out and released one by one). The twin builds them once per buffer, from the
-# header the same way, and dispatches as ``step`` does (keep the two dispatches identical;
-# the kernel tests run in both modes). One entry: the buffers of the last Scheduler that
-# stepped stay referenced until another one steps.
-_plain_cache: tuple = (None, None, None)
-
-
-def _plain_views(b, u8, n_met) -> tuple:
-    from .tables import PACKED_INT64
-
-    views = {}
-    for k, s in enumerate(PACKED_INT64):
-        v = b[b[4 * k] : b[4 * k + 1]]
-        if s.ndim > 1:
-            v = v.reshape((-1, *(int(d) for d in b[4 * k + 2 : 4 * k + 1 + s.ndim])))
-        views[s.name] = v
-    N = int(b[P_N])
-    T = tuple(views[s.name] for s in PACKED_INT64 if s.group == "T")
-    S = (u8[U8_STATUS * N : (U8_STATUS + 1) * N], n_met, u8[U8_RETRIES * N : (U8_RETRIES + 1) * N],
-         u8[U8_PRESKIP * N : (U8_PRESKIP + 1) * N], views["queue"], views["cnt"], views["tcfg"])
-    W = tuple(views[n] for n in ("scr", "buf_t", "buf_row", "buf_id", "buf_lev", "buf_j"))
-    return (b, u8, n_met, T, S, W, views["row1"], u8[U8_CODE1 * N : U8_CODE1 * N + 1])
+# Plain mode (small runs, see _jit) runs step as surface_plain.PlainSurface: the same work on
+# the same buffers, with Python lists and memoryviews where these kernels, run as Python, pay
+# for numpy scalars (~50 of ~55 µs per block acquired and released one by one, 1-D; see that
+# module). One entry: the buffers of the last Scheduler that stepped stay referenced until
+# another one steps. The kernel's own body stays reachable as _STEP[0] (tests compare the two).
+_plain_cache: PlainSurface | None = None
 
 
 def _step_plain(b, u8, n_met, op, t, x, y, rows, codes):
-    """:func:`step` for plain mode: the same dispatch on views built once per buffer."""
+    """:func:`step` for plain mode (:class:`surface_plain.PlainSurface` of these buffers)."""
+    p = _plain_cache
+    if p is None or p.b is not b or p.u8 is not u8 or p.n_met is not n_met:
+        p = plain_surface(b, u8, n_met)
+    return p.step(op, t, x, y, rows, codes)
+
+
+def plain_surface(b, u8, n_met) -> PlainSurface:
+    """The :class:`surface_plain.PlainSurface` of these buffers, for plain mode (``step is
+    PLAIN_STEP[0]``): the Scheduler's per-block and list calls use its list methods directly
+    (no array to fill and read back)."""
     global _plain_cache
-    c = _plain_cache
-    if c[0] is not b or c[1] is not u8 or c[2] is not n_met:
-        c = _plain_cache = _plain_views(b, u8, n_met)
-    T, S, W = c[3], c[4], c[5]
-    if op == OP_ACQUIRE or op == OP_ACQUIRE_ONE:
-        n = _acquire(T, S, W, t, x if op == OP_ACQUIRE else 1, rows)
-        if op == OP_ACQUIRE or n != 1:
-            return n
-        geo, info, lvl_off, lvl_cnt, lvl_start = T[:5]
-        nd = info[t, I_NDIM]
-        describe_rows_into(geo, info, lvl_off, lvl_cnt, lvl_start, t, rows[:1], rows[1:2], rows[2 : 2 + nd].reshape((1, nd)),
-                           rows[2 + 2 * nd : 2 + 3 * nd].reshape((1, nd)), rows[2 + nd : 2 + 2 * nd].reshape((1, nd)),
-                           rows[2 + 3 * nd : 2 + 4 * nd].reshape((1, nd)), W[0][:2])
-        return 1
-    if op == OP_RELEASE_ONE:
-        one, code = c[6], c[7]
-        one[0] = x
-        code[0] = y
-        return _release(T, S, W, t, one, code, 0)
-    return _release(T, S, W, t, rows, codes, x)
+    p = _plain_cache
+    if p is None or p.b is not b or p.u8 is not u8 or p.n_met is not n_met:
+        p = _plain_cache = PlainSurface(b, u8, n_met)
+    return p
 
 
+# the kernel and its twin out of _jit's reach, as graph._LOOP and graph.PLAIN_DESCRIBE
+_STEP = (step,)
+PLAIN_STEP = (_step_plain,)
 step = plain_twin(step, _step_plain)

@@ -9,6 +9,12 @@ Clients (~0.5 s of plain kernels) no longer pay numba's ~0.6 s. When the work is
 the price and twice it, whether compiling pays depends on how fast blocks are handed
 out (``_jit.compile_pays``): decided after the first ``secs`` of hand-outs from their
 rate, in plain Python until then.
+
+Those costs were measured before the plain step became ``kernels/surface_plain.py``; since,
+``benchmarks/bench_small.py --calibrate`` gives about half (batch API) to a third (per-block
+API) of them, so :data:`US_BLOCK` overestimates the plain work and a run between ~16k and
+~30k 1-D blocks compiles sooner than it must. Kept until recalibrated on a quiet machine:
+the tests of the decision's thresholds are written against these constants.
 """
 
 from __future__ import annotations
