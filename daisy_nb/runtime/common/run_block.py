@@ -60,4 +60,3 @@ def format_exception(e: BaseException) -> str:
     from daisy_nb import logging as dlog
 
     return dlog.format_traceback(type(e), e, e.__traceback__)
-
