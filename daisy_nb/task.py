@@ -3,8 +3,8 @@
 Everything a task needs is validated at construction, with errors that name the
 parameter and the task (daisy 2.0 accepts bad input here and panics later): its geometry
 and run options by its base, :class:`daisy_nb.task_params.TaskParams` (their checks and
-read-only properties); its id, its functions (also when set) and its upstream tasks here. Pipelines are validated
-(duplicate task ids, cycles) when they are scheduled or run.
+read-only properties); its id, its functions (also when set) and its upstream tasks here.
+Pipelines are validated (duplicate task ids, cycles) when they are scheduled or run.
 """
 
 from __future__ import annotations

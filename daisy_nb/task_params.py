@@ -36,9 +36,10 @@ DEFAULT_BLOCK_TIMEOUT_SECS = 600.0
 class TaskParams:
     """A task's geometry and run options, checked once, and their read-only views.
 
-    The base of :class:`daisy_nb.Task`, which documents each parameter and builds this
-    part first (see the module docstring). Deprecated names warn with ``stacklevel=4``:
-    at the ``Task(...)`` call, through this ``__init__`` and ``Task.__init__``.
+    The base of :class:`daisy_nb.Task`, which documents each parameter; ``Task.__init__``
+    checks the task id, the geometry (building ``layout``) and the functions, then calls this
+    (see the module docstring). Deprecated names warn with ``stacklevel=4``: at the
+    ``Task(...)`` call, through this ``__init__`` and ``Task.__init__``.
 
     Parameters
     ----------
@@ -47,7 +48,9 @@ class TaskParams:
         ``write_roi``, ``read_write_conflict`` and ``fit``).
     total_roi, read_roi, write_roi : funlib.geometry.Roi
         As given to the Task.
-    max_workers, num_workers, max_retries, max_worker_restarts, timeout, requires, tracking_path, done_marker_path, skip_mask
+    max_workers, num_workers, max_retries, max_worker_restarts, timeout : object
+        The Task's parameters of these names, unchecked.
+    requires, tracking_path, done_marker_path, skip_mask : object
         The Task's parameters of these names, unchecked.
     """
 
