@@ -1,8 +1,10 @@
 """``Task`` and ``Pipeline``: what a user describes (daisy 2.0.0's API, plus 1.x aliases).
 
-Everything a task needs is validated here, at construction, with errors that name
-the parameter (daisy 2.0 accepts bad input here and panics later). Pipelines are
-validated (duplicate task ids, cycles) when they are scheduled or run.
+Everything a task needs is validated at construction, with errors that name the
+parameter and the task (daisy 2.0 accepts bad input here and panics later): its geometry
+and run options by its base, :class:`daisy_nb.task_params.TaskParams` (their checks and
+read-only properties); its id, its functions (also when set) and its upstream tasks here.
+Pipelines are validated (duplicate task ids, cycles) when they are scheduled or run.
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ import copy as _copy
 import datetime
 import heapq
 import inspect
-import math
-import numbers
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 from .layout import BlockLayout
+from .task_params import DEFAULT_BLOCK_TIMEOUT_SECS, TaskParams, init_fn_param
 
 if TYPE_CHECKING:
-    import numpy as np
     import numpy.typing as npt
     from funlib.geometry import Roi
 
@@ -53,8 +53,6 @@ __all__ = [
     "function_arity",
     "task_errors",
 ]
-
-DEFAULT_BLOCK_TIMEOUT_SECS = 600.0
 
 
 def function_arity(fn: object, name: str = "process_function") -> int:
@@ -86,30 +84,6 @@ def function_arity(fn: object, name: str = "process_function") -> int:
     return 0
 
 
-def _timeout_secs(timeout: object) -> float:
-    if timeout is None:
-        return DEFAULT_BLOCK_TIMEOUT_SECS
-    if isinstance(timeout, datetime.timedelta):
-        secs = timeout.total_seconds()
-    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        secs = float(timeout)
-    else:
-        raise TypeError(f"timeout must be a number of seconds, a timedelta or None, got {type(timeout).__name__}")
-    if not math.isfinite(secs) or secs <= 0:
-        raise ValueError(f"timeout must be positive and finite (seconds), got {timeout!r}")
-    return secs
-
-
-def _int_param(value: object, name: str, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    v = int(value)
-    if v < lo or (hi is not None and v > hi):
-        rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-        raise ValueError(f"{name} must be {rng}, got {v}")
-    return v
-
-
 Tasks = Union["Task", "Pipeline", Sequence["Task"]]
 """What ``run_blockwise``, ``Scheduler`` and ``Server.run_blockwise`` take: a Pipeline, a
 Task, or a list of tasks (daisy 1.x form, upstream tasks followed)."""
@@ -134,67 +108,13 @@ def task_errors(task_id: object) -> Iterator[None]:
         raise cls(prefix + msg).with_traceback(e.__traceback__) from None
 
 
-# -- Task's parameters, checked one by one (errors are prefixed with the task by the caller).
-# stacklevel=4: warnings point at the Task(...) call (through __init__ and _configure).
-def _worker_count(max_workers: Any, num_workers: Any) -> int:
-    """``max_workers`` (or its deprecated daisy 1.x name ``num_workers``), default 1."""
-    if num_workers is not None:
-        if max_workers is not None:
-            raise TypeError("pass either max_workers or num_workers (deprecated), not both")
-        warnings.warn("num_workers is deprecated; use max_workers", DeprecationWarning, stacklevel=4)
-        max_workers = num_workers
-    if max_workers is None:  # the default (daisy 1.x compatible Task)
-        max_workers = 1
-    return _int_param(max_workers, "max_workers", 1)
-
-
-def _requires_param(requires: Any) -> dict[str, int]:
-    """``requires``: resource name -> count one worker uses."""
-    if requires is None:
-        requires = {}
-    if not isinstance(requires, dict):
-        raise TypeError(f"requires must be a dict of resource name -> int, got {type(requires).__name__}")
-    for k, v in requires.items():
-        if not isinstance(k, str):
-            raise TypeError(f"requires keys must be str, got {k!r}")
-        _int_param(v, f"requires[{k!r}]", 0)
-    return {k: int(v) for k, v in requires.items()}
-
-
-def _tracking_param(tracking_path: Any, done_marker_path: Any) -> str | Literal[False] | None:
-    """``tracking_path`` (or its deprecated name ``done_marker_path``): a str, None or False."""
-    if done_marker_path is not None:
-        if tracking_path is not None:
-            raise TypeError("pass either tracking_path or done_marker_path (deprecated), not both")
-        warnings.warn("done_marker_path is deprecated; use tracking_path", DeprecationWarning, stacklevel=4)
-        tracking_path = done_marker_path
-    if tracking_path is True:
-        raise TypeError(
-            "tracking_path=True is not a valid value; pass a path, None (use the tracking basedir) or False"
-        )
-    if tracking_path is not None and tracking_path is not False and not isinstance(tracking_path, (str, Path)):
-        raise TypeError(f"tracking_path must be a str, a Path, None or False, got {type(tracking_path).__name__}")
-    return str(tracking_path) if isinstance(tracking_path, Path) else tracking_path
-
-
-def _skip_mask_param(skip_mask: Any, grid_shape: list[int]) -> np.ndarray | None:
-    """``skip_mask`` as a C-contiguous uint8 array of the block grid's shape (nonzero: skip)."""
-    if skip_mask is None:
-        return None
-    import numpy as np
-
-    mask = np.ascontiguousarray(np.asarray(skip_mask) != 0, dtype=np.uint8)
-    if tuple(mask.shape) != tuple(grid_shape):
-        raise ValueError(f"skip_mask must have the task's block grid shape {grid_shape}, got {list(mask.shape)}")
-    return mask
-
-
 def _upstream_param(upstream_tasks: Any) -> list[Task]:
-    """daisy 1.x ``upstream_tasks`` (a Task or a sequence of them), with a DeprecationWarning."""
+    """daisy 1.x ``upstream_tasks`` (a Task or a sequence of them), with a DeprecationWarning
+    pointing at the ``Task(...)`` call."""
     if upstream_tasks is None:
         return []
     warnings.warn(
-        "upstream_tasks is deprecated; compose tasks into a Pipeline (a + b)", DeprecationWarning, stacklevel=4
+        "upstream_tasks is deprecated; compose tasks into a Pipeline (a + b)", DeprecationWarning, stacklevel=3
     )
     ups = list(upstream_tasks) if isinstance(upstream_tasks, (list, tuple)) else [upstream_tasks]
     for u in ups:
@@ -203,7 +123,7 @@ def _upstream_param(upstream_tasks: Any) -> list[Task]:
     return ups
 
 
-class Task:
+class Task(TaskParams):
     """A blockwise task: tile ``total_roi`` into blocks and run a function on each.
 
     Signature and defaults of daisy 2.0.0's ``Task``; ``num_workers=`` and
@@ -316,153 +236,35 @@ class Task:
             check_task_id(task_id)
         self._task_id = task_id
         with task_errors(task_id):
-            self._configure(
-                total_roi, read_roi, write_roi, process_function, check_function, read_write_conflict, fit,
-                max_workers, max_retries, timeout, tracking_path, requires, max_worker_restarts, skip_mask,
-                num_workers, upstream_tasks, done_marker_path, resource_tracking, init_fn,
+            # checked in this order: the geometry, the functions, the run options (TaskParams)
+            layout = BlockLayout(total_roi, read_roi, write_roi, read_write_conflict, fit)
+            self._process_function: Callable[..., object] | None = None
+            self._arity: int | None = None
+            self.process_function = process_function
+            self.check_function = check_function
+            if check_function is not None:  # daisy 2.0.0 warns so (its text), pointing to done markers
+                warnings.warn(CHECK_FUNCTION_WARNING, UserWarning, stacklevel=2)
+            super().__init__(
+                layout, total_roi, read_roi, write_roi, max_workers=max_workers, num_workers=num_workers,
+                max_retries=max_retries, max_worker_restarts=max_worker_restarts, timeout=timeout,
+                requires=requires, tracking_path=tracking_path, done_marker_path=done_marker_path,
+                skip_mask=skip_mask,
             )  # fmt: skip
+            self.init_fn = init_fn_param(init_fn)
+            # per-block wall/CPU/RSS/IO measured by the runtimes (daisy_nb.profiling), summed per task
+            self.resource_tracking = bool(resource_tracking)
+            self._v1_upstream_tasks: list[Task] = _upstream_param(upstream_tasks)
 
-    def _configure(
-        self,
-        total_roi: Any,
-        read_roi: Any,
-        write_roi: Any,
-        process_function: Any,
-        check_function: Any,
-        read_write_conflict: Any,
-        fit: Any,
-        max_workers: Any,
-        max_retries: Any,
-        timeout: Any,
-        tracking_path: Any,
-        requires: Any,
-        max_worker_restarts: Any,
-        skip_mask: Any,
-        num_workers: Any,
-        upstream_tasks: Any,
-        done_marker_path: Any,
-        resource_tracking: Any,
-        init_fn: Any,
-    ) -> None:
-        """``__init__``'s checks and fields (errors are prefixed with the task there)."""
-        self.layout = BlockLayout(total_roi, read_roi, write_roi, read_write_conflict, fit)
-        self._total_roi, self._read_roi, self._write_roi = total_roi, read_roi, write_roi
-
-        self._process_function: Callable[..., object] | None = None
-        self._arity: int | None = None
-        self.process_function = process_function
-        self.check_function = check_function
-        if check_function is not None:  # daisy 2.0.0 warns so (its text), pointing to done markers
-            warnings.warn(CHECK_FUNCTION_WARNING, UserWarning, stacklevel=3)
-
-        self._max_workers = _worker_count(max_workers, num_workers)
-        self._max_retries = _int_param(max_retries, "max_retries", 0, 255)
-        self._max_worker_restarts = _int_param(max_worker_restarts, "max_worker_restarts", 0)
-        self._timeout_secs = _timeout_secs(timeout)
-        self._timeout = timeout
-
-        self._requires = _requires_param(requires)
-        self._tracking_path = _tracking_param(tracking_path, done_marker_path)
-        self._skip_mask = _skip_mask_param(skip_mask, self.block_grid_shape)
-
-        if init_fn is not None and not callable(init_fn):
-            raise TypeError(f"init_fn must be callable, got {type(init_fn).__name__}")
-        self.init_fn = init_fn
-        # per-block wall/CPU/RSS/IO measured by the runtimes (daisy_nb.profiling), summed per task
-        self.resource_tracking = bool(resource_tracking)
-
-        self._v1_upstream_tasks: list[Task] = _upstream_param(upstream_tasks)
-
-    # -- properties (read-only views of the validated parameters) ----------------------
+    # -- what the Task adds to its parameters (TaskParams: the geometry and run options) ------
     @property
     def task_id(self) -> str:
         """The task's name (``task_id=``)."""
         return self._task_id
 
     @property
-    def total_roi(self) -> Roi:
-        """The total read ROI (``total_roi=``), as given."""
-        return self._total_roi
-
-    @property
-    def read_roi(self) -> Roi:
-        """One block's read ROI template (``read_roi=``), as given."""
-        return self._read_roi
-
-    @property
-    def write_roi(self) -> Roi:
-        """One block's write ROI template (``write_roi=``), as given."""
-        return self._write_roi
-
-    @property
-    def fit(self) -> str:
-        """``"valid"``, ``"overhang"`` or ``"shrink"`` (``fit=``)."""
-        return self.layout.fit
-
-    @property
-    def read_write_conflict(self) -> bool:
-        """Whether overlapping blocks are kept from running at the same time (``read_write_conflict=``)."""
-        return self.layout.read_write_conflict
-
-    @property
-    def max_workers(self) -> int:
-        """Worker processes for this task (``max_workers=``, default 1)."""
-        return self._max_workers
-
-    @property
-    def num_workers(self) -> int:
-        """daisy 1.x name of :attr:`max_workers`."""
-        return self._max_workers
-
-    @property
-    def max_retries(self) -> int:
-        """How often a failed block is tried again (``max_retries=``)."""
-        return self._max_retries
-
-    @property
-    def max_worker_restarts(self) -> int:
-        """Worker restarts allowed before the task is abandoned (``max_worker_restarts=``)."""
-        return self._max_worker_restarts
-
-    @property
-    def timeout_secs(self) -> float:
-        """The block timeout in seconds (``timeout=`` converted; 600 when it was None)."""
-        return self._timeout_secs
-
-    @property
-    def timeout(self) -> float | datetime.timedelta | None:
-        """``timeout=`` as given (None: the default of :attr:`timeout_secs`)."""
-        return self._timeout
-
-    @property
-    def requires(self) -> dict[str, int]:
-        """Resources one worker uses (``requires=``); a copy."""
-        return dict(self._requires)
-
-    @property
-    def tracking_path(self) -> str | Literal[False] | None:
-        """``tracking_path=`` (a Path given becomes a str); see :meth:`resolved_tracking_path`."""
-        return self._tracking_path
-
-    @property
-    def done_marker_path(self) -> str | Literal[False] | None:
-        """Deprecated name of :attr:`tracking_path`."""
-        return self._tracking_path
-
-    @property
-    def skip_mask(self) -> np.ndarray | None:
-        """``skip_mask=`` as a contiguous uint8 array of shape :attr:`block_grid_shape`, or None."""
-        return self._skip_mask
-
-    @property
     def upstream_tasks(self) -> list[Task]:
         """The tasks given with the deprecated ``upstream_tasks=``; a copy."""
         return list(self._v1_upstream_tasks)
-
-    @property
-    def block_grid_shape(self) -> list[int]:
-        """Blocks per axis (daisy 2.0 wheel's ``block_grid_shape``)."""
-        return self.layout.block_grid_shape
 
     @property
     def process_function(self) -> Callable[..., object] | None:
@@ -514,7 +316,7 @@ class Task:
         """
         from .tracking import resolve_tracking_path
 
-        return resolve_tracking_path(self._task_id, self._tracking_path)
+        return resolve_tracking_path(self._task_id, self.tracking_path)
 
     def reset(self) -> str | None:
         """Delete this task's block tracking, so that the next run does every block again.

@@ -76,7 +76,7 @@ if mode in ("unreachable", "unreachable_fails"):
 else:
     client = daisy_nb.Client(ctx)
 if client.connected:
-    seen["peer"] = client._sock.getpeername()[0]
+    seen["peer"] = client._conn.sock.getpeername()[0]
 with open(os.path.join(out, f"prog_{os.getpid()}.json"), "w") as f:
     json.dump(seen, f)
 if mode == "unreachable_fails":

@@ -68,7 +68,7 @@ def client_loop_reporting_nodelay():
     import daisy_nb
 
     client = daisy_nb.Client()
-    s = socket.socket(fileno=os.dup(client._sock.fileno()))
+    s = socket.socket(fileno=os.dup(client._conn.sock.fileno()))
     nodelay = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     s.close()
     while True:

@@ -1,7 +1,6 @@
-"""Running one block: calling the block function, classifying its status, capping its traceback.
+"""What a block that ran ends as, seen by every runtime: its status codes and its traceback.
 
-* :func:`call_block`: ``fn(block)`` with the status it ends in (done, or failed: it
-  set ``block.status = FAILED`` or raised) and the formatted traceback of what it raised;
+* ``PROCESSING``, ``DONE``, ``FAILED``: block statuses as the Scheduler's release takes them;
 * :func:`cap_traceback`: the last 50 lines / 8 KiB of a traceback, the size that
   travels to the scheduler and into the summary (the wheel's cap);
 * :func:`exception_message`: an exception's message, capped as a traceback is;
@@ -18,7 +17,6 @@ __all__ = [
     "FAILED",
     "TB_CAP_BYTES",
     "TB_CAP_LINES",
-    "call_block",
     "cap_traceback",
     "exception_message",
     "format_exception",
@@ -62,18 +60,3 @@ def format_exception(e: BaseException) -> str:
     from daisy_nb import logging as dlog
 
     return dlog.format_traceback(type(e), e, e.__traceback__)
-
-
-def call_block(fn, block) -> tuple[int, str | None]:
-    """Run ``fn(block)``: ``(DONE, None)``, ``(FAILED, None)`` when it set ``block.status =
-    FAILED``, or ``(FAILED, traceback)`` when it raised an ``Exception`` (formatted, not capped).
-
-    ``block`` is marked processing first, as daisy does before calling the function.
-    ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``) propagates.
-    """
-    block._status = PROCESSING
-    try:
-        fn(block)
-    except Exception as e:  # the user's block failed: its traceback is the result
-        return FAILED, format_exception(e)
-    return (FAILED if block._status == FAILED else DONE), None

@@ -142,7 +142,7 @@ class _Pool:
     @property
     def workers(self) -> dict:
         """The worker processes (read-only; on the runtime's thread)."""
-        return self.procs.workers
+        return self.procs.roster.workers
 
     @property
     def clients(self) -> dict:
@@ -225,7 +225,7 @@ class _Pool:
             needs.append(
                 TaskNeed(tid, s.ready_count(tid), procs.alive(tr), procs.waiting(tr), tr.max_workers, tr.requires)
             )
-        plan = plan_spawns(needs, procs.budget, SPAWN_BURST)
+        plan = plan_spawns(needs, procs.roster.budget, SPAWN_BURST)
         for tid in plan.free_for:
             procs.free_parked_for(self.trs[tid])
         for tid in plan.start:
@@ -325,7 +325,7 @@ class _Pool:
                 else:
                     readable.append(x)
             if readable or tcp.quiet_over():  # every readable connection in one pass (one scheduler call per task)
-                tcp.on_readable(readable, quiet=not procs.block_workers)  # may leave them unread a while
+                tcp.on_readable(readable, quiet=not procs.roster.block_workers)  # may leave them unread a while
             now = time.monotonic()
             if now >= next_checks:  # the scans over every worker and connection, a few times a second
                 next_checks = now + CHECK_SECS

@@ -1,11 +1,12 @@
 """The pool's worker processes, seen from the scheduler process: the shell around the decisions.
 
 A part of the pool (:mod:`daisy_nb.runtime.local.pool`): every method runs in the pool's main
-loop. :class:`Processes` owns every worker process (a record of :mod:`.records` per
-kind: :class:`.records.BlockProcess`, :class:`.records.FunctionWorker`): starting them,
-their messages, signalling them, their exits and reaping; the ``resources`` budget in
-use; and through its :class:`.starter.Starter` the worker template and the workers'
-process groups. The block workers' decisions (who gets which batch, prefetch, parking,
+loop. :class:`Processes` owns every worker process's life (a record of :mod:`.records`
+per kind: :class:`.records.BlockProcess`, :class:`.records.FunctionWorker`): starting
+them, their messages, signalling them, their exits and reaping; and through its
+:class:`.starter.Starter` the worker template and the workers' process groups. Which
+workers there are (by id and task), the ``resources`` they hold and how they look to
+observers is its :class:`.roster.Roster`'s. The block workers' decisions (who gets which batch, prefetch, parking,
 timeouts, what an exit counts as) are :class:`.blocks.BlockCore`'s, fed and carried out
 by :class:`.block_workers.BlockWorkers` (their batches in shared memory, the core's
 actions); what a dirty exit is reported as is :mod:`.diagnosis`'s. A 0-argument worker
@@ -38,7 +39,6 @@ from typing import Any
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.local import _zygote, ending, wire
 from daisy_nb.runtime.local.block_workers import BlockWorkers
-from daisy_nb.runtime.local.budget import Budget
 from daisy_nb.runtime.local.diagnosis import report_dirty_exit
 from daisy_nb.runtime.local.ending import TERM_GRACE_SECS  # (re-exported: its old home)
 from daisy_nb.runtime.local.exits import ExitKind
@@ -51,12 +51,12 @@ from daisy_nb.runtime.local.records import (
     PARKED,
     QUITTING,
     STARTING,
-    STATE_NAMES,
     BlockProcess,
     FunctionWorker,
     WorkerView,
     job_text,
 )
+from daisy_nb.runtime.local.roster import Roster, Worker
 from daisy_nb.runtime.local.starter import Starter
 
 __all__ = ["BUSY", "DEAD", "IDLE", "PARKED", "QUITTING", "STARTING", "TERM_GRACE_SECS", "Processes", "job_text"]
@@ -64,8 +64,6 @@ __all__ = ["BUSY", "DEAD", "IDLE", "PARKED", "QUITTING", "STARTING", "TERM_GRACE
 logger = logging.getLogger("daisy")
 
 EXIT_CODE_SECS = 5.0  # a worker whose pidfd said "exited": its code arrives within this
-
-Worker = BlockProcess | FunctionWorker
 
 
 class Processes:
@@ -87,21 +85,17 @@ class Processes:
         self.s = scheduler
         self.waitables = waitables
         self.functions = functions
-        self.budget = Budget(budget)  # the run's resources and what the live workers hold
         self._make_context = context
         self.observer = observer
-        self.workers: dict[int, Worker] = {}
-        self.of_task: dict[str, set[Worker]] = {}  # task id -> its workers
+        self.roster = Roster(budget)  # which workers there are, the resources they hold
         self.blocks = BlockWorkers(
             scheduler,
             batch_target_secs=batch_target_secs,
-            workers=self.workers,
+            workers=self.roster.workers,
             kill=self._kill,
             workers_total=self.count,
         )
-        self.block_workers = 0  # workers of block-function tasks not reaped yet
         self.starter = Starter(tasks, template)  # tasks: whether the template preloads the Client
-        self.next_wid = 0
         self.aborting = False
         self.timeline: Any = None  # a dashboard.timeline.Timeline, or None (no dashboard or report)
 
@@ -114,15 +108,9 @@ class Processes:
         self.aborting = True
         self.blocks.abort()
 
-    def _workers_of(self, tr: PoolTaskRun) -> set[Worker]:
-        ws = self.of_task.get(tr.tid)
-        if ws is None:
-            ws = self.of_task[tr.tid] = set()
-        return ws
-
     def has_workers(self, tr: PoolTaskRun) -> bool:
         """``tr`` has a worker process (in any state but reaped)."""
-        return bool(self._workers_of(tr))
+        return bool(self.roster.of(tr))
 
     def waiting(self, tr: PoolTaskRun) -> int:
         """``tr``'s workers that are starting or waiting for work."""
@@ -130,20 +118,17 @@ class Processes:
 
     def alive(self, tr: PoolTaskRun) -> int:
         """``tr``'s workers that count toward ``max_workers``."""
-        if tr.arity:
-            return self.blocks.alive(tr.tid)
-        return sum(1 for w in self._workers_of(tr) if w.state != QUITTING)
+        return self.blocks.alive(tr.tid) if tr.arity else self.roster.functions_alive(tr)
 
     def count(self) -> int:
         """Worker processes not reaped yet."""
-        return len(self.workers)
+        return len(self.roster)
 
     def free_parked_for(self, tr: PoolTaskRun) -> None:
         """A parked worker of another task must not hold budget a task with ready work needs."""
-        for w in list(self.workers.values()):
-            if w.tr is not tr and w.state == PARKED and set(w.tr.requires) & set(tr.requires):
-                self.blocks.quit(w.wid)
-                return
+        w = self.roster.parked_holding(tr)
+        if w is not None:
+            self.blocks.quit(w.wid)
 
     def dispatch_parked(self) -> None:
         self.blocks.dispatch_parked()
@@ -152,9 +137,7 @@ class Processes:
         """Every task is done: workers waiting for work quit, workers still there ``elapsed``
         seconds after the end past their grace (block workers, worker functions) are ended."""
         self.blocks.drain()
-        if not self.workers:
-            return
-        for w in list(self.workers.values()):
+        for w in self.roster:
             grace = block_grace if w.block_worker else function_grace
             if elapsed > grace:
                 self._stop(w)
@@ -165,40 +148,23 @@ class Processes:
         if tr.arity:
             self.blocks.end_task(tr.tid)
             return
-        for w in list(self._workers_of(tr)):
+        for w in list(self.roster.of(tr)):
             self._stop(w)
             self._kill(w)
 
     def running_blocks(self) -> list:
         """The block each block worker runs, for the hang alarm: ``(task id, block rows, label, pid,
         started or None)``."""
-        return self.blocks.batches.running_blocks(self.workers.values())
+        return self.blocks.batches.running_blocks(self.roster)
 
     def snapshot(self) -> list[WorkerView]:
         """Every worker process now, for the dashboard and the hang alarm (on the runtime's thread)."""
-        out = []
-        for w in list(self.workers.values()):
-            row, since = self.blocks.batches.current_block(w) if isinstance(w, BlockProcess) else (None, None)
-            out.append(
-                WorkerView(
-                    wid=w.wid,
-                    task=w.tr.tid,
-                    kind="block" if w.block_worker else "function",
-                    pid=int(w.proc.pid) if w.proc is not None else None,
-                    state=STATE_NAMES.get(w.state, str(w.state)),
-                    row=row,
-                    since=since,
-                    t_spawn=w.t_spawn,
-                    job=job_text(w.job),
-                )
-            )
-        return out
+        return self.roster.views(self.blocks.batches.current_block)
 
     # ------------------------------------------------------------------ start
     def spawn(self, tr: PoolTaskRun) -> None:
         tr.restarts.started(self.s.counters[tr.tid])  # the restart rule (common/failures.py)
-        wid = self.next_wid
-        self.next_wid += 1
+        wid = self.roster.new_wid()
         w: Worker
         if tr.arity:
             w = BlockProcess(wid, tr, tr.next_slot, self.blocks.add(wid, tr))
@@ -207,14 +173,11 @@ class Processes:
         tr.next_slot += 1
         if tr.t_spawned is None:
             tr.t_spawned = w.t_spawn
-        self.budget.take(tr.requires)
         self.starter.start(w, self._make_context(tr, wid))
         if w.pidfd is not None:
             self.waitables.add(w.pidfd, "pidfd", w)
         self.waitables.add(w.conn, "w", w)  # a worker function's: job reports only
-        self.workers[wid] = w
-        self.block_workers += w.block_worker
-        self._workers_of(tr).add(w)
+        self.roster.add(w)
         if self.timeline is not None:  # the dashboard's worker timeline (dashboard/timeline.py)
             self.timeline.worker(
                 ("w", wid), tr.tid, "worker" if tr.arity else "job", f"worker {wid}", w.proc.pid, None, w.t_spawn
@@ -238,7 +201,7 @@ class Processes:
     def on_readable(self, w, obj) -> None:
         """``w``'s socket is readable: one message per wake-up, or its end."""
         try:
-            if self.workers.get(w.wid) is w:
+            if self.roster.is_current(w):
                 self._on_worker_msg(w, obj.recv_bytes())
         except (EOFError, OSError):
             self.waitables.discard(obj)  # the pidfd (or poll_exits) reports the exit
@@ -258,15 +221,15 @@ class Processes:
     # --------------------------------------------------------------- the clock
     def poll_exits(self) -> None:
         """Workers without a pidfd: ask their process."""
-        for w in list(self.workers.values()):
+        for w in self.roster:
             if w.pidfd is None and w.proc.poll() is not None:
                 self.on_exit(w)
 
     def check_timeouts(self, now: int) -> None:
         """Block timeouts (from ``cur``/``cur_start_ns`` in shared memory: time queued does not
         count), and worker functions past their SIGTERM grace."""
-        self.blocks.tick(now, self.workers.values())
-        ending.term_overdue(self.workers.values(), now / 1e9)
+        self.blocks.tick(now, self.roster)
+        ending.term_overdue(self.roster, now / 1e9)
 
     # ------------------------------------------------------------------- exits
     def _returncode(self, w) -> int:
@@ -279,7 +242,7 @@ class Processes:
 
     def on_exit(self, w: Worker) -> None:
         """A worker process ended: account for its batches, classify the exit, clean up."""
-        if self.workers.get(w.wid) is not w:
+        if not self.roster.is_current(w):
             return
         rc = self._returncode(w)
         orphan = bool(getattr(w.proc, "orphaned", False))  # died with the worker template: not its fault
@@ -321,8 +284,7 @@ class Processes:
         )
 
     def _forget(self, w) -> None:
-        """``w`` has ended: its descriptors, shared memory and budget go."""
-        tr = w.tr
+        """``w`` has ended: its descriptors, shared memory and place in the roster (its budget) go."""
         if isinstance(w, FunctionWorker):
             w.state = DEAD
         for obj in (w.conn, w.pidfd):
@@ -338,16 +300,13 @@ class Processes:
             w.bufs = w.fbufs = None
             w.shm.close()
             w.shm = None
-        self._workers_of(tr).discard(w)
-        self.block_workers -= w.block_worker
-        self.workers.pop(w.wid, None)
-        self.budget.give(tr.requires)
+        self.roster.remove(w)
 
     # -------------------------------------------------------------- the run's end
     def kill_all(self) -> None:
         """End every worker (block workers: SIGKILL; worker functions: SIGTERM, SIGKILL after a grace)."""
         self.blocks.stop_all()
-        for w in list(self.workers.values()):
+        for w in self.roster:
             if isinstance(w, FunctionWorker):
                 w.expected_exit = True
             self._kill(w)
@@ -356,7 +315,7 @@ class Processes:
         """After :meth:`kill_all`: every worker reaped within one deadline (worker functions after
         their SIGTERM grace), the template closed, the process groups killed, shared memory unlinked.
         Every worker was signalled at once, so waiting for them in turn costs the slowest one."""
-        ending.reap(self.workers, self.on_exit, self._give_up)
+        ending.reap(self.roster.workers, self.on_exit, self._give_up)
         self.starter.close()
 
     def _give_up(self, w) -> None:
@@ -366,10 +325,8 @@ class Processes:
 
     # --------------------------------------------- a worker function's jobs (the Client side asks)
     def function_worker(self, wid: int, tr: PoolTaskRun | None = None) -> FunctionWorker | None:
-        w = self.workers.get(wid)
-        if not isinstance(w, FunctionWorker) or (tr is not None and w.tr is not tr):
-            return None
-        return w
+        """Worker function ``wid`` (of ``tr``, when given), if it runs."""
+        return self.roster.function_worker(wid, tr)
 
     def died_with_template(self, wid: int) -> bool:
         """Worker ``wid`` was forked by the run's template, and the template has died (taking it along)."""
@@ -377,7 +334,7 @@ class Processes:
 
     def is_worker(self, wid: int) -> bool:
         """Worker ``wid`` runs (the timeline row of its Clients)."""
-        return wid in self.workers
+        return wid in self.roster.workers
 
     def end_function(self, w: FunctionWorker) -> None:
         """End worker function ``w`` (SIGTERM, then SIGKILL after the grace)."""

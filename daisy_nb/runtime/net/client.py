@@ -3,7 +3,9 @@
 ``Client()`` reads ``DAISY_CONTEXT`` (put in the environment of every worker
 process by the pool, inherited by programs the worker launches, also on other
 machines: ``run_blockwise(host=...)``), connects to the scheduler over TCP and
-hands out one block per ``acquire_block()``.
+hands out one block per ``acquire_block()``. This module is the block protocol and the
+run's end as a worker program sees them; the connection under it (frames in and out,
+heartbeats, silence, the close) is a :class:`~daisy_nb.runtime.net.connection.Connection`.
 
 Protocol (details in :mod:`daisy_nb.runtime.net.transport` and :mod:`daisy_nb.runtime.net.wire`):
 
@@ -76,21 +78,19 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import select
 import signal
-import socket
 import sys
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from daisy_nb import config
 from daisy_nb.block import Block, BlockStatus
 from daisy_nb.runtime.common.run_block import cap_traceback, format_exception
-from daisy_nb.runtime.net import frames, liveness, transport, wire
+from daisy_nb.runtime.net import liveness, transport, wire
+from daisy_nb.runtime.net.connection import Connection
 from daisy_nb.runtime.net.context import Context
 
 __all__ = ["Client"]
@@ -107,11 +107,7 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()  # connected clients (closed at exit)
 _ENDED = "assuming the run has ended — this worker will exit without processing blocks"
 EXIT_CODE = 130  # a program ended by its run's end (128 + SIGINT: "interrupted")
 EXIT_GRACE_SECS = config.EXIT_GRACE_SECS.default
-_PING, _ACQUIRE, _GOODBYE = (
-    wire.encode_ping(),
-    wire.encode_acquire(),
-    wire.encode_goodbye(),
-)  # after the run ended, before a program still alive ends itself
+_ACQUIRE, _GOODBYE = wire.encode_acquire(), wire.encode_goodbye()
 
 
 def _exit_settings(exit_with_run) -> tuple[bool, float]:
@@ -268,18 +264,13 @@ class Client:
         timeouts = liveness.liveness(context)
         self._beat = timeouts["heartbeat"]
         self._peer = timeouts["peer_timeout"]
-        self._sock: socket.socket | None = None
-        self._sess: frames.Session | None = None  # the socket and its frame codec
-        self._lock = threading.Lock()  # one sender at a time: this thread and the heartbeat
-        self._io = threading.RLock()  # reading the socket / the inbox: this thread, or the heartbeat's give-back
+        self._conn: Connection | None = None  # None: the scheduler was not reached
         self._stop = threading.Event()
-        self._inbox: deque = deque()  # frames read and not used yet: a block sent ahead
         self._in_block = False
         self._owed = False  # a request (A, or an R: "done, and the next one") is not answered yet
-        self._t_idle = self._last_send = self._last_recv = time.monotonic()
+        self._t_idle = t0 = time.monotonic()
         try:
-            self._sess = transport.connect(self.host, self.port, secret, timeouts)
-            self._sock = self._sess.sock
+            self._conn = Connection(transport.connect(self.host, self.port, secret, timeouts), self._peer, t0)
         except wire.ProtocolVersionError as e:  # another daisy_nb release: loud, never "the run has ended"
             logger.error("%s", e)
             raise
@@ -289,8 +280,6 @@ class Client:
         except OSError as e:
             logger.warning("daisy server at %s:%s is not reachable (%s); " + _ENDED, self.host, self.port, e)
             return
-        self._poll = select.poll()
-        self._poll.register(self._sock, select.POLLIN)
         if self._send(pack_hello(self.task_id, self.worker_id)):
             _LIVE.add(self)
             ref = weakref.ref(self)  # the thread must not keep the client alive
@@ -300,103 +289,65 @@ class Client:
     def connected(self) -> bool:
         """Whether this client is connected to its scheduler (False if it was not reachable, or
         after the last block, or once the run ended)."""
-        return self._sock is not None
+        return self._conn is not None and self._conn.is_open
 
-    # ------------------------------------------------------------- transport
+    # ------------------------------------------------------------- the connection, watched
     def _send(self, payload: bytes) -> bool:
-        with self._lock:
-            sess = self._sess
-            if sess is None:
-                return False
-            try:
-                sess.send(payload)
-                self._last_send = time.monotonic()
-                return True
-            except OSError as e:
-                err = e
-        self._lost(f"sending failed: {err}")
-        return False
+        """One frame to the scheduler; False when closed, or when sending failed (the run is lost)."""
+        if self._conn is None:
+            return False
+        try:
+            return self._conn.send(payload)
+        except OSError as e:
+            self._lost(f"sending failed: {e}")
+            return False
 
     def _tick(self) -> None:
         """Heartbeat thread, a few times a second: watch the connection (the run's end is seen
         while a block runs too), give back a block sent ahead if this worker stopped asking for
         blocks, and tell the scheduler it lives (also while a block runs)."""
-        now = time.monotonic()
-        if self._io.acquire(blocking=False):  # holding _io: this thread is not inside _request
+        conn, now = self._conn, time.monotonic()
+        if conn is None:
+            return
+        if conn.reading.acquire(blocking=False):  # holding it: the client's thread is not inside _request
             try:
                 if not self._in_block and now - self._t_idle > GIVE_BACK_SECS:
                     self._give_back()
-                why = self._watch(now)
+                why = conn.watch(now)
             finally:
-                self._io.release()
+                conn.reading.release()
             if why is not None:
                 self._lost(why, interrupt=self._in_block)
                 return
-        if now - self._last_send < self._beat:
-            return
-        with self._lock:
-            if self._sess is not None:
-                try:
-                    self._sess.send(_PING)
-                    self._last_send = time.monotonic()
-                except OSError:
-                    pass  # the main thread finds out on its next send or receive
-
-    def _watch(self, now: float) -> str | None:
-        """Why the connection is over (closed, broken, silent), or None (caller holds ``_io``)."""
-        if self._sock is None:
-            return None
-        try:
-            self._read(False)
-        except (EOFError, OSError) as e:
-            return str(e) or type(e).__name__
-        if now - self._last_recv > self._peer:
-            return f"no word from it for {self._peer:g} s"
-        return None
+        conn.ping_if_due(now, self._beat)
 
     def _lost(self, why: str, interrupt: bool = False) -> None:
         """The run is over for this client (not a normal end): close; the policy may end the program.
 
         ``interrupt``: seen by the heartbeat thread while the block body runs.
         """
-        if self._sock is not None:
+        if self.connected:
             logger.warning("lost the daisy server at %s:%s (%s); " + _ENDED, self.host, self.port, why)
         self._disconnect(give_back=False)
         self._exit.run_lost(interrupt and self._in_block)
 
-    def _read(self, wait: bool) -> None:
-        """Move the frames that arrived into the inbox; ``wait``: block (up to peer_timeout) for bytes."""
-        sock, sess = self._sock, self._sess
-        if sock is None or sess is None:
-            raise EOFError("disconnected")
-        if sess.broken is not None:  # a frame failed its check: never read past it
-            raise frames.FrameError(sess.broken)
-        if not wait and not self._poll.poll(0):
-            return
-        data = sock.recv(65536)
-        if not data:
-            raise EOFError("the scheduler closed the connection")
-        self._last_recv = time.monotonic()
-        # a frame that fails its check raises FrameError (a ConnectionError): a lost connection
-        try:
-            msgs = [wire.decode_server(m) for m in sess.feed(data)]
-        except wire.WireError as e:  # authentic but not ours: as a lost connection
-            raise ConnectionError(f"unexpected frame from the scheduler ({e})") from None
-        self._inbox.extend(m for m in msgs if m is not wire.PING)
-
-    def _request(self):
-        with self._io:
-            if self._sock is None:
+    def _request(self) -> Block | None:
+        """The next block: one sent ahead, or the answer to a request (one is sent unless owed)."""
+        conn = self._conn
+        if conn is None:
+            return None
+        with conn.reading:
+            if not conn.is_open:
                 return None
             try:
-                self._read(False)  # a block sent ahead is used without asking
-                if not self._owed and not any(isinstance(m, wire.BlockRow) for m in self._inbox):
+                conn.read(False)  # a block sent ahead is used without asking
+                if not self._owed and not any(isinstance(m, wire.BlockRow) for m in conn.inbox):
                     if not self._send(_ACQUIRE):
                         return None
                     self._owed = True
                 while True:
-                    while self._inbox:
-                        msg = self._inbox.popleft()
+                    while conn.inbox:
+                        msg = conn.inbox.popleft()
                         if isinstance(msg, wire.BlockRow):  # the answer, or a block sent ahead (it answers)
                             self._owed = False
                             return block_of(msg, self.task_id)
@@ -404,7 +355,7 @@ class Client:
                             self._owed = False
                             return None
                         raise ConnectionError(f"unexpected message {msg!r}")
-                    self._read(True)
+                    conn.read(True)
             except TimeoutError:
                 self._lost(f"no word from it for {self._peer:g} s")
             except (EOFError, OSError) as e:
@@ -413,15 +364,18 @@ class Client:
 
     def _give_back(self) -> None:
         """Return the blocks sent ahead that this worker will not start (the scheduler does not count them)."""
-        with self._io:
-            if self._sock is None:
+        conn = self._conn
+        if conn is None:
+            return
+        with conn.reading:
+            if not conn.is_open:
                 return
             try:
-                self._read(False)
+                conn.read(False)
             except (EOFError, OSError):
                 return
-            for msg in [m for m in self._inbox if isinstance(m, wire.BlockRow)]:
-                self._inbox.remove(msg)
+            for msg in [m for m in conn.inbox if isinstance(m, wire.BlockRow)]:
+                conn.inbox.remove(msg)
                 self._owed = False  # that block answered the request: asking again takes an ACQUIRE
                 self._send(wire.encode_give_back(msg.block))
 
@@ -451,7 +405,7 @@ class Client:
         ...     if block is not None:
         ...         process(block)
         """
-        if self._sock is None:
+        if not self.connected:
             yield None
             return
         self._exit.block_user()
@@ -511,23 +465,16 @@ class Client:
         stop.set()
         if give_back:  # a normal end: a goodbye that fails now is no reason to end the program
             self._exit.normal_end()
-        with self._io:
-            # goodbye: the scheduler gives back what it sent ahead (never started) and closes
-            bye = give_back and self._send(_GOODBYE)
-            with self._lock:
-                sock, self._sock, self._sess = self._sock, None, None
-        if sock is None:
+        conn = self._conn
+        if conn is None:
             return
-        try:
-            if bye:  # read to its close: closing with unread bytes would reset the connection, and
-                sock.shutdown(socket.SHUT_WR)  # a reset can discard our last release and the goodbye
-                sock.settimeout(min(self._peer, 5.0))
-                while sock.recv(65536):
-                    pass
-        except OSError:
-            pass
-        finally:
-            sock.close()
+        was_open = conn.is_open
+        # goodbye: the scheduler gives back what it sent ahead (never started) and closes
+        err = conn.close(_GOODBYE if give_back else None)
+        if err is not None and was_open:
+            logger.warning(
+                "lost the daisy server at %s:%s (%s); " + _ENDED, self.host, self.port, f"sending failed: {err}"
+            )
 
     def __del__(self) -> None:
         try:
