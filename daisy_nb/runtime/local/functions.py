@@ -14,8 +14,12 @@ about it. :class:`Functions` is the narrow interface between the two sides:
   ``job_log``, ``job_label``, ``job_pid``, ``job_lost`` (its client went silent: ended),
   ``job_timed_out`` (its block timed out: ended), ``died_with_template``, ``is_worker``,
   ``has_workers``;
-* it asks the server one thing: ``has_client(wid, tr)`` (a connection of worker ``wid``
-  is open).
+* it asks the server two things: ``has_client(wid, tr)`` (a connection of worker ``wid``
+  is open) and ``parked_clients(tr)`` (connections of ``tr`` waiting for a block);
+* the pool asks ``waiting(tr)``: the worker functions of ``tr`` that could take a ready
+  block without a new one being started (not connected yet, or their client parked), so
+  that worker functions are started in proportion to the ready blocks: one retry at a
+  task's tail starts one job, a downstream task with three ready blocks three.
 
 daisy 2.0.0's diagnoses (a worker function must block until its worker exits):
 
@@ -32,7 +36,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun
@@ -91,10 +95,13 @@ class Server(Protocol):
     """What :class:`Functions` asks the TCP server."""
 
     def has_client(self, wid: int, tr: PoolTaskRun) -> bool: ...
+    def parked_clients(self, tr: PoolTaskRun) -> int: ...
 
 
 class _Procs(Protocol):
     """What :class:`Functions` asks the processes shell."""
+
+    of_task: Mapping[str, Any]  # task id -> its worker processes
 
     def function_worker(self, wid: int, tr: PoolTaskRun | None = None) -> FunctionWorker | None: ...
     def is_worker(self, wid: int) -> bool: ...
@@ -127,6 +134,19 @@ class Functions:
     def _w(self, wid: int, tr: PoolTaskRun | None = None) -> FunctionWorker | None:
         assert self.procs is not None, "Functions.attach was not called"
         return self.procs.function_worker(wid, tr)
+
+    def waiting(self, tr: PoolTaskRun) -> int:
+        """``tr``'s worker functions that can take a ready block without a new one being started: those
+        whose job has not connected yet (starting, or queued in a batch system) and the connections
+        waiting for a block (parked, as at a task's tail). A job that connected and holds blocks, or
+        was told to end, does not wait."""
+        assert self.procs is not None and self.server is not None
+        starting = sum(
+            1
+            for w in self.procs.of_task.get(tr.tid, ())
+            if isinstance(w, FunctionWorker) and not (w.connected or w.expected_exit)
+        )
+        return starting + self.server.parked_clients(tr)
 
     # ------------------------------------------------------------ what the server calls
     def job_connected(self, wid: int, tr: PoolTaskRun) -> bool:

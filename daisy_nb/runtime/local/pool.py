@@ -222,9 +222,8 @@ class _Pool:
             if closed:
                 needs.append(TaskNeed(tid, 0, 0, 0, 0, closed=True))
                 continue
-            needs.append(
-                TaskNeed(tid, s.ready_count(tid), procs.alive(tr), procs.waiting(tr), tr.max_workers, tr.requires)
-            )
+            waiting = procs.waiting(tr) if tr.arity else self.functions.waiting(tr)  # jobs not connected, parked
+            needs.append(TaskNeed(tid, s.ready_count(tid), procs.alive(tr), waiting, tr.max_workers, tr.requires))
         plan = plan_spawns(needs, procs.budget, SPAWN_BURST)
         for tid in plan.free_for:
             procs.free_parked_for(self.trs[tid])
