@@ -60,6 +60,7 @@ class FakeJobs:
         self.timed_out_keeps = timed_out_keeps
         self.results: list[tuple] = []
         self.lost: list[int] = []
+        self.released: list[int] = []  # told that no block is left
         self.acquired = 0
 
     def is_worker(self, wid):
@@ -70,6 +71,9 @@ class FakeJobs:
 
     def job_acquired(self, wid):
         self.acquired += 1
+
+    def job_released(self, wid):
+        self.released.append(wid)
 
     def job_result(self, wid, tr, *, raised, finished):
         self.results.append((wid, tr.tid, raised, finished))
@@ -328,6 +332,7 @@ def test_at_the_tail_every_client_that_asks_is_told_to_end_when_no_retry_can_com
     h = _at_tail_with_three_clients(retries=0)
     for c in (2, 3, 4):
         assert h.inbox[c][-1] is wire.NO_MORE
+    assert sorted(h.jobs.released) == [2, 3, 4]  # their worker functions' returns are clean ends
     assert not h.core.parked and list(h.core.conns[1].held) == h.blocks(1)  # the straggler runs on
 
 

@@ -97,6 +97,7 @@ class Jobs(Protocol):
     def job_connected(self, wid: int, tr: Any) -> bool: ...
     def returned(self, wid: int) -> bool: ...
     def job_acquired(self, wid: int) -> None: ...
+    def job_released(self, wid: int) -> None: ...
     def job_result(self, wid: int, tr: Any, *, raised: bool, finished: bool) -> None: ...
     def job_log(self, wid: int) -> str | None: ...
     def job_label(self, wid: int) -> str | None: ...
@@ -110,7 +111,9 @@ class Jobs(Protocol):
 class Conn:
     """One connection as the core sees it (the dashboard reads ``wid`` and ``held``)."""
 
-    __slots__ = ("cid", "held", "last_seen", "last_sent", "parked", "peer", "t_free_ns", "tl_key", "tr", "wid")
+    __slots__ = (
+        "cid", "ended", "held", "last_seen", "last_sent", "parked", "peer", "t_free_ns", "tl_key", "tr", "wid",
+    )  # fmt: skip
 
     def __init__(self, cid: Hashable, peer: Any, now_ns: int):
         self.cid = cid
@@ -119,6 +122,7 @@ class Conn:
         self.wid = -1
         self.held: dict[int, int] = {}  # block index -> when sent (ns), in the order sent
         self.parked = False
+        self.ended = False  # told that no block is left (NO_MORE): it leaves
         self.last_seen = self.last_sent = now_ns  # heartbeats
         self.t_free_ns = now_ns  # when its previous block ended (block time estimates)
         self.tl_key: Any = None  # its row in the dashboard's timeline
@@ -175,6 +179,11 @@ class _Connections:
     def holding(self) -> bool:
         """Some client holds a block."""
         return any(cc.held for cc in self.conns.values())
+
+    def idle_clients(self, tr) -> int:
+        """Connections of ``tr`` that would take a ready block now: they said hello, hold none and were
+        not told to end (parked, or not asked yet). One pass over the connections."""
+        return sum(1 for cc in self.conns.values() if cc.tr is tr and not cc.held and not cc.ended)
 
     def lost(self, cid: Hashable) -> None:
         """The connection ended (end of stream, a failed send, a malformed frame): dropped."""
@@ -571,6 +580,8 @@ class HandOut(_Timers):
                 if done and not self._stays(cc, tr):  # the task's tail: told to end (net/tail.py)
                     self._park(cc, False)
                     self._out.append(Send(cc.cid, _NO_MORE))
+                    cc.ended = True
+                    self.jobs.job_released(cc.wid)
                 else:
                     self._park(cc, True)
 
