@@ -592,7 +592,7 @@ class HandOut(_Timers):
         kept = self.parked.get(tr, {})
         held = self.conns.values()
         return self.tail.stays(
-            tr.tid, len(kept) - (cc in kept), lambda: [i for c in held if c.tr is tr for i in c.held]
+            tr.tid, len(kept) - (cc in kept), lambda: (i for c in held if c.tr is tr for i in c.held)
         )
 
     def _send_block(self, cc: Conn, row: list[int], now_ns: int) -> None:
