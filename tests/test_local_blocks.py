@@ -6,7 +6,9 @@ workers at any point (holding a running and a prefetched batch, mid-batch, befor
 were ready), lets blocks time out, abandons a task; after every step
 :meth:`BlockCore.validate` checks the invariants (every block in exactly one batch of
 one worker; per task, the blocks in batches are the scheduler's processing count; busy
-exactly when holding batches; parked never busy). Plus the decisions the end-to-end
+exactly when holding batches; parked never busy); once the parked workers tried again,
+none is parked at its task's tail (``blocks.check_tail``) and ready blocks (retries) no
+waiting worker takes make the spawn plan start one. Plus the decisions the end-to-end
 tests used to observe by monkeypatching ``Processes._send_batch`` (prefetch of fast
 blocks, none of slow ones, what a death with two batches gives back).
 """

@@ -12,6 +12,12 @@ connection; held equals the scheduler's processing count; parked connections hol
 nothing), plus what the clients saw: nothing is sent after a close, no block is held by
 two clients, a block sent is one the scheduler handed out.
 
+A second machine (``TailMachine``) plays well-behaved clients whose jobs die, so that runs
+reach a task's tail: once the parked clients were served, at most one client per task is
+kept there and only while a block in flight could still need a retry
+(``net/tail.check_tail``), no client stays parked while blocks are ready, and ready blocks
+no parked client takes make the spawn plan start a worker function.
+
 Also the decisions the end-to-end tests used to observe by wrapping private methods
 (``Clients._on_client_msg``, ``_send_block``): a release is a request, a failure is not,
 blocks go ahead after the first, a request crossing a block on its way is answered by
