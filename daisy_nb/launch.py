@@ -107,6 +107,7 @@ class Launcher:
         self.command = list(command)
         self.env = env
         self.job_id: str | None = None
+        self._submit_told = False  # the "submitted" report went out (a SIGTERM may land before it)
 
     def __repr__(self) -> str:
         return f"daisy_nb.launch.{self.scheduler}({shlex.join(self.command)!r})"
@@ -122,6 +123,7 @@ class Launcher:
     # ------------------------------------------------------------------ run
     def __call__(self):
         self.job_id = None
+        self._submit_told = False
         in_main = threading.current_thread() is threading.main_thread()
         if in_main:
             old_term = signal.signal(signal.SIGTERM, _raise_ended)
@@ -186,6 +188,7 @@ class Launcher:
                 self._echo(line + b"\n")
         if self.job_id is not None:
             self._report("submitted")
+            self._submit_told = True
             if buf:
                 self._echo(bytes(buf))
                 buf.clear()
@@ -234,6 +237,9 @@ class Launcher:
             sys.stderr.write(f"daisy_nb.launch: {self.scheduler}: ended before the job id was known\n")
             self._stop(proc)
             return
+        if not self._submit_told:  # ended between reading the id and reporting it: every job is reported
+            self._report("submitted")
+            self._submit_told = True
         try:
             r = subprocess.run(
                 [*self.cancel, self.job_id],

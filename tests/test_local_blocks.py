@@ -6,7 +6,9 @@ workers at any point (holding a running and a prefetched batch, mid-batch, befor
 were ready), lets blocks time out, abandons a task; after every step
 :meth:`BlockCore.validate` checks the invariants (every block in exactly one batch of
 one worker; per task, the blocks in batches are the scheduler's processing count; busy
-exactly when holding batches; parked never busy). Plus the decisions the end-to-end
+exactly when holding batches; parked never busy); once the parked workers tried again,
+none is parked at its task's tail (``blocks.check_tail``) and ready blocks (retries) no
+waiting worker takes make the spawn plan start one. Plus the decisions the end-to-end
 tests used to observe by monkeypatching ``Processes._send_batch`` (prefetch of fast
 blocks, none of slow ones, what a death with two batches gives back).
 """
@@ -20,7 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import daisy_nb
 from daisy_nb.block import BlockStatus
-from daisy_nb.runtime.local.blocks import BlockCore, Kill, Quit, SendBatch, WorkerState
+from daisy_nb.runtime.local.blocks import BlockCore, Kill, Quit, SendBatch, WorkerState, check_tail
+from daisy_nb.runtime.local.budget import Budget, TaskNeed, plan_spawns
 from daisy_nb.runtime.local.exits import ExitKind
 
 CAPACITY = 64
@@ -66,7 +69,12 @@ class CoreMachine(RuleBasedStateMachine):
         self.next_wid = 0
         self.now = 0
 
-    @initialize(n=st.integers(1, 300), conflict=st.booleans(), retries=st.integers(0, 2), second=st.booleans())
+    @initialize(
+        n=st.one_of(st.integers(1, 8), st.integers(1, 300)),  # small tasks reach their tail in a few steps
+        conflict=st.booleans(),
+        retries=st.integers(0, 2),
+        second=st.booleans(),
+    )
     def start(self, n, conflict, retries, second):
         self.s = scheduler(n, conflict, retries, second)
         self.core = BlockCore(self.s, target_secs=0.01, capacity=CAPACITY)
@@ -193,9 +201,19 @@ class CoreMachine(RuleBasedStateMachine):
             assert self.core.workers[a.wid].timed_out
 
     @rule()
+    @precondition(lambda self: self.s is not None and self.core.workers)
+    def every_started_worker_ready(self):
+        """The workers that were starting are ready together (as a burst of forks is), then the pool's turn."""
+        for wid in self.live():
+            if self.core.workers[wid].state == WorkerState.STARTING:
+                self.apply(self.core.ready(wid))
+        self.parked_try_again()
+
+    @rule()
     @precondition(lambda self: self.s is not None)
     def parked_try_again(self):
         self.apply(self.core.dispatch_parked())
+        check_settled(self.core)
 
     @rule()
     @precondition(lambda self: self.s is not None and self.s.is_done())
@@ -222,6 +240,26 @@ class CoreMachine(RuleBasedStateMachine):
                 assert len(cw.queue) == len(self.w[wid].order)
                 for (k, index), k2 in zip(cw.queue, self.w[wid].order):
                     assert k == k2 and len(index) == len(self.w[wid].slots[k])
+
+
+def check_settled(core: BlockCore) -> None:
+    """Once the parked workers tried again (the pool does it every turn of its loop): none is parked at
+    its task's tail (it quit), and a ready block (a retry) is never left without a worker: a waiting
+    worker takes it, or the spawn plan starts one."""
+    check_tail(core)
+    s = core.s
+    for tid in s.task_ids:
+        if core.nothing_left(tid) and core.of_task.get(tid):
+            event("workers at a task's tail")
+        if s.is_abandoned(tid) or s.is_task_done(tid):
+            continue
+        if core.nothing_left(tid) and any(w.state == WorkerState.PARKED for w in core.of_task.get(tid, ())):
+            raise AssertionError(f"task {tid!r}: a worker parked at its tail")  # check_tail's, said plainly
+        ready, alive, waiting = s.ready_count(tid), core.alive(tid), core.waiting(tid)
+        if ready and not waiting and alive < 4:
+            event("a ready block and no waiting worker")
+            plan = plan_spawns([TaskNeed(tid, ready, alive, waiting, 4)], Budget({}), 4)
+            assert plan.start, f"task {tid!r}: {ready} ready blocks and no worker started for them"
 
 
 TestCoreMachine = CoreMachine.TestCase
@@ -330,6 +368,31 @@ def test_timeout_kills_only_a_block_running_too_long():
     assert core.tick(10**9, {0: 10**9 - 600_000_000, 1: 10**9}) == [Kill(0)]
     assert core.tick(2 * 10**9, {0: 0}) == []  # killed once
     assert s.counters["a"].timeout_reclaim_count == 1
+
+
+def test_at_the_tail_a_worker_quits_and_a_retry_gets_a_new_one():
+    """A worker with nothing to take while the last block runs quits (its slot is free); when the
+    worker running that block dies, the spawn plan starts a worker for its retry, which gets it."""
+    s = scheduler(2, retries=1)
+    core = BlockCore(s, target_secs=0.01, capacity=CAPACITY)
+    core.add_task("a")
+    core.add(0, "a")
+    core.add(1, "a")
+    core.ready(0)
+    core.ready(1)  # one block each
+    ok = np.full(1, BlockStatus.SUCCESS, np.uint8)
+    assert core.batch_done(0, ok, 50_000_000) == [Quit(0)]  # the tail: it quits, no parking
+    check_tail(core)
+    assert core.alive("a") == 1 and core.waiting("a") == 0  # only the straggler's worker counts
+    core.exited(1, [np.full(1, BlockStatus.PROCESSING, np.uint8)], -9)  # dies in its block
+    core.exited(0, [], 0)
+    core.validate()
+    assert s.ready_count("a") == 1 and core.alive("a") == 0  # the retry, and no worker
+    plan = plan_spawns([TaskNeed("a", s.ready_count("a"), core.alive("a"), core.waiting("a"), 2)], Budget({}), 4)
+    assert plan.start == ["a"]  # one worker, for the one retry
+    core.add(2, "a")
+    (send,) = core.ready(2)
+    assert isinstance(send, SendBatch) and send.blocks.index.tolist() == [1]
 
 
 def test_bad_statuses_from_a_worker_raise():

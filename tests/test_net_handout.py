@@ -12,6 +12,12 @@ connection; held equals the scheduler's processing count; parked connections hol
 nothing), plus what the clients saw: nothing is sent after a close, no block is held by
 two clients, a block sent is one the scheduler handed out.
 
+A second machine (``TailMachine``) plays well-behaved clients whose jobs die, so that runs
+reach a task's tail: once the parked clients were served, at most one client per task is
+kept there and only while a block in flight could still need a retry
+(``net/tail.check_tail``), no client stays parked while blocks are ready, and ready blocks
+no parked client takes make the spawn plan start a worker function.
+
 Also the decisions the end-to-end tests used to observe by wrapping private methods
 (``Clients._on_client_msg``, ``_send_block``): a release is a request, a failure is not,
 blocks go ahead after the first, a request crossing a block on its way is answered by
@@ -24,13 +30,15 @@ from collections import deque
 
 import pytest
 from funlib.geometry import Roi
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import daisy_nb
+from daisy_nb.runtime.local.budget import Budget, TaskNeed, plan_spawns
 from daisy_nb.runtime.net import wire
 from daisy_nb.runtime.net.handout import QUIET_MAX_SECS, Close, HandOut, Send
+from daisy_nb.runtime.net.tail import at_tail, check_tail
 from daisy_nb.scheduler import Scheduler
 
 MS = 1_000_000  # ns
@@ -58,6 +66,7 @@ class FakeJobs:
         self.timed_out_keeps = timed_out_keeps
         self.results: list[tuple] = []
         self.lost: list[int] = []
+        self.released: list[int] = []  # told that no block is left
         self.acquired = 0
 
     def is_worker(self, wid):
@@ -68,6 +77,9 @@ class FakeJobs:
 
     def job_acquired(self, wid):
         self.acquired += 1
+
+    def job_released(self, wid):
+        self.released.append(wid)
 
     def job_result(self, wid, tr, *, raised, finished):
         self.results.append((wid, tr.tid, raised, finished))
@@ -308,7 +320,85 @@ def test_a_hello_for_a_returned_worker_function_abandons_the_task():
     assert h.abandoned == ["a", "b"] and 1 in h.closed
 
 
-# ------------------------------------------------------------------ the state machine
+# ------------------------------------------------------------------ the task's tail (net/tail.py)
+def _at_tail_with_three_clients(retries):
+    """Clients 1-3 of ``a`` (4 blocks): 1 keeps its block (the straggler), 2 and 3 ask at the tail."""
+    h = Harness(n_a=4, n_b=1, retries=retries)
+    for c in (1, 2, 3):
+        h.open(c)
+        h.frames((c, [wire.encode_hello("a", c), REQ]))
+    h.open(4)
+    h.frames((4, [wire.encode_hello("a", 4), REQ]))  # the fourth block
+    h.frames((4, [rel(h.blocks(4)[0])]))  # no block left: nothing ready, nothing pending
+    h.frames((2, [rel(h.blocks(2)[0])]), (3, [rel(h.blocks(3)[0])]))
+    return h
+
+
+def test_at_the_tail_every_client_that_asks_is_told_to_end_when_no_retry_can_come():
+    h = _at_tail_with_three_clients(retries=0)
+    for c in (2, 3, 4):
+        assert h.inbox[c][-1] is wire.NO_MORE
+    assert sorted(h.jobs.released) == [2, 3, 4]  # their worker functions' returns are clean ends
+    assert not h.core.parked and list(h.core.conns[1].held) == h.blocks(1)  # the straggler runs on
+
+
+def test_at_the_tail_one_client_is_kept_and_takes_the_retry_of_a_block_that_fails():
+    h = _at_tail_with_three_clients(retries=1)
+    told = [c for c in (2, 3, 4) if h.inbox[c][-1] is wire.NO_MORE]
+    (kept,) = [c for c in (2, 3, 4) if h.core.conns.get(c) is not None and h.core.conns[c].parked]
+    assert len(told) == 2 and kept not in told
+    h.core.serve_parked(h.now)  # nothing changed: it stays, and is told nothing
+    h.run()
+    assert h.core.conns[kept].parked and h.inbox[kept][-1] is not wire.NO_MORE
+    (straggler,) = h.blocks(1)
+    h.core.lost(1)  # its job dies: the block fails, a retry is due
+    h.run()
+    assert h.s.ready_count("a") == 1
+    h.core.serve_parked(h.now)  # the kept client takes it at once: no job has to be started for it
+    h.run()
+    h.core.validate()
+    assert h.blocks(kept)[-1] == straggler and not h.core.conns[kept].parked
+    h.frames((kept, [rel(straggler)]))
+    assert h.s.task_states["a"].completed_count == 4 and h.inbox[kept][-1] is wire.NO_MORE
+
+
+@pytest.mark.parametrize("how", ["finishes", "fails_for_good"])
+def test_the_kept_client_is_told_to_end_once_no_retry_can_come(how):
+    h = _at_tail_with_three_clients(retries=1)
+    (kept,) = [c for c, cc in h.core.conns.items() if cc.parked]
+    (straggler,) = h.blocks(1)
+    if how == "fails_for_good":  # its retry runs on client 1 again: on its last attempt, nobody is kept for it
+        h.frames((1, [rel(straggler, 3)]))
+        assert h.blocks(1)[-1] == straggler
+    h.core.serve_parked(h.now)
+    h.run()
+    assert (kept in h.core.conns and h.core.conns[kept].parked) == (how == "finishes")
+    h.frames((1, [rel(straggler, 2 if how == "finishes" else 3)]))
+    h.core.serve_parked(h.now)
+    h.run()
+    assert not h.core.parked and h.inbox[kept][-1] is wire.NO_MORE
+
+
+# ------------------------------------------------------------------ the state machines
+def check_settled(h: Harness) -> None:
+    """After the parked clients were served (the pool does it every turn of its loop): at a task's
+    tail at most one client is kept, and only while a retry can come; a ready block (a retry) is
+    never left without a worker: no client stays parked while blocks are ready, and the spawn plan
+    starts a worker function for ready blocks no parked client takes."""
+    if h.core.stopped:
+        return
+    check_tail(h.core, h.trs)
+    for tid, tr in h.trs.items():
+        if at_tail(h.s, tid) and h.core.parked.get(tr):
+            event("a client kept at a task's tail")
+        parked = len(h.core.parked.get(tr, ()))
+        if h.s.is_abandoned(tid) or h.s.ready_count(tid) == 0:
+            continue
+        assert parked == 0, f"task {tid!r}: {parked} clients parked while blocks are ready"
+        plan = plan_spawns([TaskNeed(tid, h.s.ready_count(tid), 0, parked, 4)], Budget({}), 4)
+        assert plan.start, f"task {tid!r}: ready blocks and no worker started for them"
+
+
 CIDS = st.integers(0, 5)
 
 
@@ -392,6 +482,7 @@ class HandOutMachine(RuleBasedStateMachine):
     def serve_parked(self):
         self.h.core.serve_parked(self.h.now)
         self.h.run()
+        check_settled(self.h)
 
     @rule(tid=st.sampled_from(["a", "b"]))
     def abandon(self, tid):
@@ -431,5 +522,64 @@ class HandOutMachine(RuleBasedStateMachine):
 
 TestHandOutMachine = HandOutMachine.TestCase
 TestHandOutMachine.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+class TailMachine(RuleBasedStateMachine):
+    """Well-behaved clients (a hello, then a request or the release of the block they run), jobs that
+    die, blocks that fail: runs that reach a task's tail, where clients are told to end or kept."""
+
+    @initialize(n_a=st.integers(1, 8), n_b=st.integers(1, 3), retries=st.integers(0, 2))
+    def setup(self, n_a, n_b, retries):
+        self.h = Harness(n_a, n_b, retries)
+        self.next_cid = 0
+
+    def _live(self):
+        return sorted(self.h.core.conns)
+
+    @precondition(lambda self: self.next_cid < 6)
+    @rule()
+    def open(self):
+        self.h.open(self.next_cid)
+        self.next_cid += 1
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data())
+    def a_pass(self, data):
+        live = self._live()
+        chosen = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True))
+        pairs = []
+        for c in chosen:
+            cc = self.h.core.conns[c]
+            if cc.tr is None:
+                pairs.append((c, [wire.encode_hello(data.draw(st.sampled_from(["a", "b"])), c), REQ]))
+            elif cc.held:
+                pairs.append((c, [rel(next(iter(cc.held)), data.draw(st.sampled_from([2, 2, 3])))]))
+            elif not cc.parked:
+                pairs.append((c, [REQ]))
+        if pairs:
+            self.h.frames(*pairs)
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data())
+    def job_dies(self, data):
+        self.h.core.lost(data.draw(st.sampled_from(self._live())))
+        self.h.run()
+
+    @rule()
+    def serve_parked(self):
+        self.h.core.serve_parked(self.h.now)
+        self.h.run()
+        check_settled(self.h)
+
+    @invariant()
+    def valid(self):
+        if hasattr(self, "h"):
+            self.h.core.validate()
+
+
+TestTailMachine = TailMachine.TestCase
+TestTailMachine.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

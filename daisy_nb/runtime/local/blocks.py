@@ -23,6 +23,15 @@ wait in a busy worker's other slot (so it never idles through the round trip to 
 scheduler), is :class:`.sizing.BatchSizing`'s, from the measured time per block; the core
 sends a batch ahead only when no worker of the task waits for work.
 
+**The tail.** A worker with nothing to take while every block its task has left is in
+flight (no ready and no pending block: the task's tail) quits at once, freeing its slot
+and its share of ``resources`` for the next task's workers, instead of staying parked.
+None is kept for a retry, as the TCP hand-out keeps one job
+(``daisy_nb/runtime/net/tail.py``): a local worker is forked in milliseconds, so when a
+block fails at the tail the pool's spawn plan (:func:`.budget.plan_spawns`, for ready
+blocks no waiting worker can take) starts one for its retry. :func:`check_tail` is that
+invariant once the parked workers have tried again (:meth:`BlockCore.dispatch_parked`).
+
 **Exits.** A dead worker's finished blocks count, the block it was running fails (an
 attempt; given back on Ctrl-C or when the worker template died), and the blocks of its
 batches it never started are given back (status 0). Its exit is classified by
@@ -50,7 +59,17 @@ from daisy_nb.block import BlockStatus
 from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
 from daisy_nb.runtime.local.sizing import BatchSizing, BlockTask
 
-__all__ = ["BlockCore", "BlockTask", "BlockWorker", "Kill", "Quit", "SendBatch", "WorkerState"]
+__all__ = [
+    "BlockCore",
+    "BlockTask",
+    "BlockWorker",
+    "Kill",
+    "Quit",
+    "SendBatch",
+    "WorkerState",
+    "check_invariants",
+    "check_tail",
+]
 
 _CREATED, _PROCESSING, _SUCCESS, _FAILED = (
     BlockStatus.CREATED,
@@ -405,30 +424,45 @@ class BlockCore:
     def validate(self, held_elsewhere: Mapping[str, int] | None = None) -> None:
         """Raise ``AssertionError`` if an invariant does not hold (see the module docstring).
         ``held_elsewhere``: per task, blocks handed out by other parts (the Client side)."""
-        self.sizing.validate()
-        seen: dict[str, set[int]] = {}
-        for wid, w in self.workers.items():
-            assert w.wid == wid and w in self.of_task[w.tid], f"worker {wid} not filed under its task"
-            assert w.state != WorkerState.DEAD, f"worker {wid} dead but kept"
-            if not self.s.is_abandoned(w.tid):
-                busy = w.state == WorkerState.BUSY
-                assert busy == bool(w.queue), f"worker {wid}: {w.state.name} with {len(w.queue)} batches"
-            assert (w in self._parked) <= (w.state == WorkerState.PARKED), f"worker {wid} parked and {w.state.name}"
-            assert len(w.queue) <= self.slots, f"worker {wid} holds {len(w.queue)} batches"
-            assert len({k for k, _ in w.queue}) == len(w.queue), f"worker {wid}: two batches in one slot"
-            rows = seen.setdefault(w.tid, set())
-            for _, index in w.queue:
-                assert 0 < len(index) <= self.capacity, f"worker {wid}: a batch of {len(index)} blocks"
-                for r in index.tolist():
-                    assert r not in rows, f"block {r} of task {w.tid} in two batches"
-                    rows.add(r)
-        for tid, ws in self.of_task.items():
-            for w in ws:
-                assert self.workers.get(w.wid) is w, f"task {tid} lists worker {w.wid}, which is gone"
-            if self.s.is_abandoned(tid):
-                continue
-            here = len(seen.get(tid, ()))
-            other = (held_elsewhere or {}).get(tid, 0)
-            assert here + other == self.s.processing_count(tid), (
-                f"task {tid}: {here} blocks in batches + {other} elsewhere, scheduler says {self.s.processing_count(tid)}"
-            )
+        check_invariants(self, held_elsewhere)
+
+
+def check_invariants(core: BlockCore, held_elsewhere: Mapping[str, int] | None = None) -> None:
+    """:meth:`BlockCore.validate`: every block in one batch of one live worker, batches equal to the
+    scheduler's processing count, busy exactly when holding batches, parked never busy."""
+    core.sizing.validate()
+    seen: dict[str, set[int]] = {}
+    for wid, w in core.workers.items():
+        assert w.wid == wid and w in core.of_task[w.tid], f"worker {wid} not filed under its task"
+        assert w.state != WorkerState.DEAD, f"worker {wid} dead but kept"
+        if not core.s.is_abandoned(w.tid):
+            busy = w.state == WorkerState.BUSY
+            assert busy == bool(w.queue), f"worker {wid}: {w.state.name} with {len(w.queue)} batches"
+        assert (w in core._parked) <= (w.state == WorkerState.PARKED), f"worker {wid} parked and {w.state.name}"
+        assert len(w.queue) <= core.slots, f"worker {wid} holds {len(w.queue)} batches"
+        assert len({k for k, _ in w.queue}) == len(w.queue), f"worker {wid}: two batches in one slot"
+        rows = seen.setdefault(w.tid, set())
+        for _, index in w.queue:
+            assert 0 < len(index) <= core.capacity, f"worker {wid}: a batch of {len(index)} blocks"
+            for r in index.tolist():
+                assert r not in rows, f"block {r} of task {w.tid} in two batches"
+                rows.add(r)
+    for tid, ws in core.of_task.items():
+        for w in ws:
+            assert core.workers.get(w.wid) is w, f"task {tid} lists worker {w.wid}, which is gone"
+        if core.s.is_abandoned(tid):
+            continue
+        here = len(seen.get(tid, ()))
+        other = (held_elsewhere or {}).get(tid, 0)
+        assert here + other == core.s.processing_count(tid), (
+            f"task {tid}: {here} blocks in batches + {other} elsewhere, scheduler says {core.s.processing_count(tid)}"
+        )
+
+
+def check_tail(core: BlockCore) -> None:
+    """Raise ``AssertionError`` if a worker is parked at its task's tail (nothing ready or pending:
+    it should have quit), once the parked workers have tried again (:meth:`BlockCore.dispatch_parked`)."""
+    s = core.s
+    for tid in {w.tid for w in core.workers.values() if w.state == WorkerState.PARKED}:
+        if s.ready_count(tid) == 0 and core.nothing_left(tid):
+            raise AssertionError(f"task {tid!r}: workers {core.parked_of(tid)} parked at its tail")

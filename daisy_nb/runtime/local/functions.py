@@ -9,13 +9,18 @@ about it. :class:`Functions` is the narrow interface between the two sides:
 
 * the server calls (the ``Jobs`` protocol; names kept stable): ``job_connected(wid, tr)``
   (a Client said hello for worker ``wid``: False if no such worker function runs),
+  ``job_released(wid)`` (its Client was told no block is left: its return is clean),
   ``returned(wid)`` (worker ``wid``'s function had returned on its own: a connection
   for it now is daisy 2.0.0's "did not wait" error), ``job_acquired``, ``job_result``,
   ``job_log``, ``job_label``, ``job_pid``, ``job_lost`` (its client went silent: ended),
   ``job_timed_out`` (its block timed out: ended), ``died_with_template``, ``is_worker``,
   ``has_workers``;
-* it asks the server one thing: ``has_client(wid, tr)`` (a connection of worker ``wid``
-  is open).
+* it asks the server two things: ``has_client(wid, tr)`` (a connection of worker ``wid``
+  is open) and ``idle_clients(tr)`` (connections of ``tr`` that would take a block now);
+* the pool asks ``waiting(tr)``: the worker functions of ``tr`` that could take a ready
+  block without a new one being started (not connected yet, or their client idle), so
+  that worker functions are started in proportion to the ready blocks: one retry at a
+  task's tail starts one job, a downstream task with three ready blocks three.
 
 daisy 2.0.0's diagnoses (a worker function must block until its worker exits):
 
@@ -32,7 +37,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun
@@ -91,10 +96,13 @@ class Server(Protocol):
     """What :class:`Functions` asks the TCP server."""
 
     def has_client(self, wid: int, tr: PoolTaskRun) -> bool: ...
+    def idle_clients(self, tr: PoolTaskRun) -> int: ...
 
 
 class _Procs(Protocol):
     """What :class:`Functions` asks the processes shell."""
+
+    of_task: Mapping[str, Any]  # task id -> its worker processes
 
     def function_worker(self, wid: int, tr: PoolTaskRun | None = None) -> FunctionWorker | None: ...
     def is_worker(self, wid: int) -> bool: ...
@@ -114,6 +122,7 @@ class Functions:
         self.server: Server | None = None
         self.where = ""  # where the scheduler listens and what it advertises (for the diagnoses)
         self.returned_wids: set[int] = set()  # worker functions that returned on their own
+        self.released_wids: set[int] = set()  # worker functions whose Client was told no block is left
         self.connected_tids: set[str] = set()  # tasks a Client has said hello for
         self.warned: set[tuple[str, str]] = set()  # (task id, kind) of the diagnoses logged once
 
@@ -128,6 +137,19 @@ class Functions:
         assert self.procs is not None, "Functions.attach was not called"
         return self.procs.function_worker(wid, tr)
 
+    def waiting(self, tr: PoolTaskRun) -> int:
+        """``tr``'s worker functions that can take a ready block without a new one being started: those
+        whose job has not connected yet (starting, or queued in a batch system) and the connections
+        that would take one now (parked, as at a task's tail, or connected and not asked yet). A job
+        that holds blocks, or was told to end, does not wait."""
+        assert self.procs is not None and self.server is not None
+        starting = sum(
+            1
+            for w in self.procs.of_task.get(tr.tid, ())
+            if isinstance(w, FunctionWorker) and not (w.connected or w.expected_exit)
+        )
+        return starting + self.server.idle_clients(tr)
+
     # ------------------------------------------------------------ what the server calls
     def job_connected(self, wid: int, tr: PoolTaskRun) -> bool:
         """A Client said hello for worker ``wid`` of ``tr``: False if no such worker function runs."""
@@ -141,6 +163,11 @@ class Functions:
     def returned(self, wid: int) -> bool:
         """Worker ``wid``'s function had returned on its own (a connection for it comes too late)."""
         return wid in self.returned_wids
+
+    def job_released(self, wid: int) -> None:
+        """A Client of worker ``wid`` was told that no block is left for it (``NO_MORE``, also at its
+        task's tail): its function returning is a clean end, even if a retry became ready since."""
+        self.released_wids.add(wid)
 
     def job_acquired(self, wid: int) -> None:
         w = self._w(wid)
@@ -223,7 +250,7 @@ class Functions:
                     MUST_BLOCK,
                 )
             return False, None
-        if acquired or self.s.ready_count(tr.tid) == 0:
+        if acquired or wid in self.released_wids or self.s.ready_count(tr.tid) == 0:
             return False, None
         if connected:
             return True, (

@@ -222,9 +222,12 @@ class _Pool:
             if closed:
                 needs.append(TaskNeed(tid, 0, 0, 0, 0, closed=True))
                 continue
-            needs.append(
-                TaskNeed(tid, s.ready_count(tid), procs.alive(tr), procs.waiting(tr), tr.max_workers, tr.requires)
-            )
+            ready, alive = s.ready_count(tid), procs.alive(tr)
+            if tr.arity:
+                waiting = procs.waiting(tr)
+            else:  # jobs not connected yet, idle clients (a scan: only when a worker may be started)
+                waiting = self.functions.waiting(tr) if ready and alive < tr.max_workers else 0
+            needs.append(TaskNeed(tid, ready, alive, waiting, tr.max_workers, tr.requires))
         plan = plan_spawns(needs, procs.roster.budget, SPAWN_BURST)
         for tid in plan.free_for:
             procs.free_parked_for(self.trs[tid])

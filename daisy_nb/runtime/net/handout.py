@@ -32,6 +32,12 @@ already on its way is answered by that block. A block waiting behind is given ba
 uncounted (``GIVE_BACK``, ``GOODBYE``); when a connection drops, the block it was running
 fails (an attempt) and the one behind it goes back (status 0).
 
+**Parking and the tail.** A connection that asks while its task has no ready block waits
+(parked) while blocks are still to come (pending, waiting for upstream blocks); once every
+block the task has left is in flight (its tail), it is told to end (``NO_MORE``), except
+one kept parked while a block in flight could still need a retry
+(:class:`daisy_nb.runtime.net.tail.TailKeep`, which says why one).
+
 **Quiet time.** After a pass in which every connection that asked ends up holding two
 blocks and none is parked, the connections may stay unread for a quarter of the task's
 (shortest) mean block time, at most ``QUIET_MAX_SECS`` (:attr:`HandOut.quiet_secs`): the
@@ -40,7 +46,9 @@ frames that arrive meanwhile are taken in one pass (the shell waits on that dead
 Invariants (:meth:`HandOut.validate`): every block handed out is held by exactly one
 connection (or released); per task, the blocks held equal the scheduler's processing
 count; a parked connection holds nothing and is registered as parked exactly once; at
-most two blocks per connection; the client counts match the connections.
+most two blocks per connection; the client counts match the connections. Once the parked
+connections were served, at most one per task is parked at its tail, and only while a retry
+can come (:func:`daisy_nb.runtime.net.tail.check_tail`).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from typing import Any, NamedTuple, Protocol
 from daisy_nb.errors import WorkerError
 from daisy_nb.runtime.common.failures import record_error, record_worker_error
 from daisy_nb.runtime.net import wire
+from daisy_nb.runtime.net.tail import TailKeep
 
 __all__ = ["AHEAD_EMA", "QUIET_FRACTION", "QUIET_MAX_SECS", "Close", "Conn", "HandOut", "Jobs", "Send"]
 
@@ -88,6 +97,7 @@ class Jobs(Protocol):
     def job_connected(self, wid: int, tr: Any) -> bool: ...
     def returned(self, wid: int) -> bool: ...
     def job_acquired(self, wid: int) -> None: ...
+    def job_released(self, wid: int) -> None: ...
     def job_result(self, wid: int, tr: Any, *, raised: bool, finished: bool) -> None: ...
     def job_log(self, wid: int) -> str | None: ...
     def job_label(self, wid: int) -> str | None: ...
@@ -101,7 +111,9 @@ class Jobs(Protocol):
 class Conn:
     """One connection as the core sees it (the dashboard reads ``wid`` and ``held``)."""
 
-    __slots__ = ("cid", "held", "last_seen", "last_sent", "parked", "peer", "t_free_ns", "tl_key", "tr", "wid")
+    __slots__ = (
+        "cid", "ended", "held", "last_seen", "last_sent", "parked", "peer", "t_free_ns", "tl_key", "tr", "wid",
+    )  # fmt: skip
 
     def __init__(self, cid: Hashable, peer: Any, now_ns: int):
         self.cid = cid
@@ -110,6 +122,7 @@ class Conn:
         self.wid = -1
         self.held: dict[int, int] = {}  # block index -> when sent (ns), in the order sent
         self.parked = False
+        self.ended = False  # told that no block is left (NO_MORE): it leaves
         self.last_seen = self.last_sent = now_ns  # heartbeats
         self.t_free_ns = now_ns  # when its previous block ended (block time estimates)
         self.tl_key: Any = None  # its row in the dashboard's timeline
@@ -134,7 +147,8 @@ class _Pass:
 
 
 class _Connections:
-    """The connection table (part of :class:`HandOut`): opened, lost, dropped, and what they held."""
+    """The connection table (part of :class:`HandOut`): opened, who each is (its hello), lost,
+    dropped, and what they held."""
 
     conns: dict[Hashable, Conn]
     trs: Mapping[str, Any]
@@ -143,10 +157,17 @@ class _Connections:
     n_clients: dict[str, int]
     timeline: Any
     aborting: bool
+    tail: TailKeep
     _batch: _Pass | None
     _out: list[Send | Close]
+    connected_tids: set[str]
+    _too_late: Callable[[Conn], str | None] | None
+    _abandon: Callable[[str, str], None]
 
     def _park(self, cc: Conn, on: bool) -> None:
+        raise NotImplementedError  # HandOut's
+
+    def _release_pass(self, batch: _Pass) -> None:
         raise NotImplementedError  # HandOut's
 
     def opened(self, cid: Hashable, peer: Any, now_ns: int) -> None:
@@ -158,6 +179,11 @@ class _Connections:
     def holding(self) -> bool:
         """Some client holds a block."""
         return any(cc.held for cc in self.conns.values())
+
+    def idle_clients(self, tr) -> int:
+        """Connections of ``tr`` that would take a ready block now: they said hello, hold none and were
+        not told to end (parked, or not asked yet). One pass over the connections."""
+        return sum(1 for cc in self.conns.values() if cc.tr is tr and not cc.held and not cc.ended)
 
     def lost(self, cid: Hashable) -> None:
         """The connection ended (end of stream, a failed send, a malformed frame): dropped."""
@@ -192,6 +218,45 @@ class _Connections:
         for cc in list(self.conns.values()):
             self._drop(cc)
 
+    # ------------------------------------------------------------------ who it is
+    def _hello(self, cc: Conn, msg: wire.Hello, now_ns: int) -> None:
+        if cc.tr is not None:  # one hello per connection
+            self._drop(cc)
+            return
+        tr = self.trs.get(msg.task_id)
+        if tr is None:
+            self._drop(cc)
+            return
+        cc.tr, cc.wid = tr, msg.worker_id
+        tid = tr.tid
+        self.n_clients[tid] = self.n_clients.get(tid, 0) + 1
+        self.connected_tids.add(tid)
+        if not self.jobs.job_connected(cc.wid, tr):  # not the job of a running worker function
+            late = None if self._too_late is None else self._too_late(cc)
+            if late is not None and not (self.s.is_abandoned(tid) or self.s.is_task_done(tid)):
+                self._connected_too_late(cc, late)
+        tl = self.timeline
+        if tl is not None:  # the row of its worker function (its job), or its own if that has one
+            taken = any(c.tl_key == ("w", cc.wid) for c in self.conns.values() if c is not cc)
+            if self.jobs.is_worker(cc.wid) and not taken:
+                cc.tl_key = ("w", cc.wid)
+            else:
+                cc.tl_key = ("c", cc.wid, now_ns)  # unique (an id() could be reused)
+                tl.worker(cc.tl_key, tid, "client", f"client of worker {cc.wid}", None, self.jobs.job_label(cc.wid))
+
+    def _connected_too_late(self, cc: Conn, msg: str) -> None:
+        """A Client said hello for a worker function that had returned (``msg``: the diagnosis):
+        daisy 2.0.0 stops the run here (a RuntimeError); daisy_nb abandons the task, which
+        ``run_blockwise`` raises."""
+        tr = cc.tr
+        logger.error("task %r: %s", tr.tid, msg)
+        record_error(self.s.counters[tr.tid], msg)
+        if self._batch is not None:  # blocks released earlier in this pass were done before it ended
+            self._release_pass(self._batch)
+        from daisy_nb.progress import ABANDON_NOT_WAITING
+
+        self._abandon(tr.tid, ABANDON_NOT_WAITING)
+
     # ------------------------------------------------------------------ drops
     def _release_held(self, cc: Conn, fail_running: bool = True) -> None:
         """The block ``cc`` runs fails (an attempt); blocks behind it were never started: given back.
@@ -205,6 +270,7 @@ class _Connections:
             st[0] = 3
         cc.held.clear()
         self.s.release_indices(cc.tr.tid, idx, st)
+        self.tail.touch(cc.tr.tid)
 
     def _drop(self, cc: Conn) -> None:
         if cc.parked:
@@ -306,6 +372,7 @@ class HandOut(_Timers):
         self.client_block_secs: dict[str, float] = {}  # task id -> mean block time of its clients
         self.connected_tids: set[str] = set()  # tasks a Client has said hello for
         self.parked: dict[Any, dict[Conn, None]] = {}  # task run -> connections waiting, oldest first
+        self.tail = TailKeep(scheduler)  # which connection stays parked at a task's tail (net/tail.py)
         self.quiet_secs = 0.0  # how long the connections may go unread after the last pass
         self.aborting = False  # blocks cut short are given back, not failed
         self.stopped = False  # no more blocks handed out (Ctrl-C)
@@ -362,7 +429,9 @@ class HandOut(_Timers):
             return
         batch = _Pass()
         for tr, ccs in self.parked.items():
-            if ccs and (self.s.ready_count(tr.tid) > 0 or self._nothing_left(tr)):
+            if ccs and (
+                self.s.ready_count(tr.tid) > 0 or (self._nothing_left(tr) and self.tail.rejudge(tr.tid, len(ccs)))
+            ):
                 batch.want.update(ccs)
         if batch.want:
             self._serve(batch, now_ns)
@@ -396,44 +465,6 @@ class HandOut(_Timers):
             self._drop(cc)  # it reads until we close
         else:
             raise TypeError(f"not a client message: {msg!r}")
-
-    def _hello(self, cc: Conn, msg: wire.Hello, now_ns: int) -> None:
-        if cc.tr is not None:  # one hello per connection
-            self._drop(cc)
-            return
-        tr = self.trs.get(msg.task_id)
-        if tr is None:
-            self._drop(cc)
-            return
-        cc.tr, cc.wid = tr, msg.worker_id
-        tid = tr.tid
-        self.n_clients[tid] = self.n_clients.get(tid, 0) + 1
-        self.connected_tids.add(tid)
-        if not self.jobs.job_connected(cc.wid, tr):  # not the job of a running worker function
-            late = None if self._too_late is None else self._too_late(cc)
-            if late is not None and not (self.s.is_abandoned(tid) or self.s.is_task_done(tid)):
-                self._connected_too_late(cc, late)
-        tl = self.timeline
-        if tl is not None:  # the row of its worker function (its job), or its own if that has one
-            taken = any(c.tl_key == ("w", cc.wid) for c in self.conns.values() if c is not cc)
-            if self.jobs.is_worker(cc.wid) and not taken:
-                cc.tl_key = ("w", cc.wid)
-            else:
-                cc.tl_key = ("c", cc.wid, now_ns)  # unique (an id() could be reused)
-                tl.worker(cc.tl_key, tid, "client", f"client of worker {cc.wid}", None, self.jobs.job_label(cc.wid))
-
-    def _connected_too_late(self, cc: Conn, msg: str) -> None:
-        """A Client said hello for a worker function that had returned (``msg``: the diagnosis):
-        daisy 2.0.0 stops the run here (a RuntimeError); daisy_nb abandons the task, which
-        ``run_blockwise`` raises."""
-        tr = cc.tr
-        logger.error("task %r: %s", tr.tid, msg)
-        record_error(self.s.counters[tr.tid], msg)
-        if self._batch is not None:  # blocks released earlier in this pass were done before it ended
-            self._release_pass(self._batch)
-        from daisy_nb.progress import ABANDON_NOT_WAITING
-
-        self._abandon(tr.tid, ABANDON_NOT_WAITING)
 
     def _finished(self, cc: Conn, tr, index: int, status: int, stats, batch: _Pass, now_ns: int, raised=False):
         sent = cc.held.pop(index, None)
@@ -491,6 +522,7 @@ class HandOut(_Timers):
     def _release_pass(self, batch: _Pass) -> None:
         for tr, (idx, st) in batch.releases.items():
             self.s.release_indices(tr.tid, idx, st)
+            self.tail.touch(tr.tid)
         batch.releases.clear()
 
     def _quiet(self, batch: _Pass) -> float:
@@ -535,6 +567,7 @@ class HandOut(_Timers):
                     tr.t_first = now_ns / 1e9
                 for cc, row in zip(group, rows):
                     self._send_block(cc, row, now_ns)
+                self.tail.touch(tr.tid)
                 self.counts["sent"] += k
                 if ahead:
                     self.counts["ahead"] += k
@@ -544,11 +577,23 @@ class HandOut(_Timers):
                 continue
             done = self._nothing_left(tr)
             for cc in group[k:]:
-                if done:
+                if done and not self._stays(cc, tr):  # the task's tail: told to end (net/tail.py)
                     self._park(cc, False)
                     self._out.append(Send(cc.cid, _NO_MORE))
+                    cc.ended = True
+                    self.jobs.job_released(cc.wid)
                 else:
                     self._park(cc, True)
+
+    def _stays(self, cc: Conn, tr) -> bool:
+        """At ``tr``'s tail: ``cc`` stays parked, kept for a retry (else it is told to end)."""
+        if self.s.is_abandoned(tr.tid):
+            return False
+        kept = self.parked.get(tr, {})
+        held = self.conns.values()
+        return self.tail.stays(
+            tr.tid, len(kept) - (cc in kept), lambda: (i for c in held if c.tr is tr for i in c.held)
+        )
 
     def _send_block(self, cc: Conn, row: list[int], now_ns: int) -> None:
         cc.held[row[0]] = now_ns

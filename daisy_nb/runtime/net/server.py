@@ -27,7 +27,8 @@ Called by the pool: ``add``, ``on_readable`` (its waitables), ``wait_timeout``,
 ``running_blocks``, ``drop_task`` (abandonment), ``drain`` (Ctrl-C), ``close_all``
 (the run's end), ``listening``, ``abort``, ``attach_timeline``; by the worker
 functions' side (:mod:`daisy_nb.runtime.local.functions`, which owns daisy 2.0.0's
-diagnoses of worker functions that do not wait): ``has_client``. What it asks and
+diagnoses of worker functions that do not wait, and their spawn count): ``has_client``,
+``idle_clients``. What it asks and
 tells about a connection's worker function goes to :class:`Jobs` (that side); a task
 to abandon (a worker that connected too late) goes to the pool's ``abandon`` callback.
 """
@@ -112,6 +113,10 @@ class Clients:
     def has_client(self, wid: int, tr: PoolTaskRun) -> bool:
         """A connection of worker ``wid`` of ``tr`` is open (asked by the worker functions' diagnoses)."""
         return any(cc.wid == wid and cc.tr is tr for cc in self.core.conns.values())
+
+    def idle_clients(self, tr: PoolTaskRun) -> int:
+        """Connections of ``tr`` that would take a ready block now (asked by the worker functions' spawn count)."""
+        return self.core.idle_clients(tr)
 
     def holding(self) -> bool:
         """Some client holds a block."""
