@@ -37,7 +37,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun
@@ -102,8 +102,7 @@ class Server(Protocol):
 class _Procs(Protocol):
     """What :class:`Functions` asks the processes shell."""
 
-    of_task: Mapping[str, Any]  # task id -> its worker processes
-
+    def function_workers(self, tr: PoolTaskRun) -> list[FunctionWorker]: ...
     def function_worker(self, wid: int, tr: PoolTaskRun | None = None) -> FunctionWorker | None: ...
     def is_worker(self, wid: int) -> bool: ...
     def has_workers(self, tr: PoolTaskRun) -> bool: ...
@@ -143,11 +142,7 @@ class Functions:
         that would take one now (parked, as at a task's tail, or connected and not asked yet). A job
         that holds blocks, or was told to end, does not wait."""
         assert self.procs is not None and self.server is not None
-        starting = sum(
-            1
-            for w in self.procs.of_task.get(tr.tid, ())
-            if isinstance(w, FunctionWorker) and not (w.connected or w.expected_exit)
-        )
+        starting = sum(1 for w in self.procs.function_workers(tr) if not (w.connected or w.expected_exit))
         return starting + self.server.idle_clients(tr)
 
     # ------------------------------------------------------------ what the server calls

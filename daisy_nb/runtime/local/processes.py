@@ -324,6 +324,10 @@ class Processes:
         self._forget(w)
 
     # --------------------------------------------- a worker function's jobs (the Client side asks)
+    def function_workers(self, tr: PoolTaskRun) -> list[FunctionWorker]:
+        """``tr``'s worker functions (their processes)."""
+        return [w for w in self.roster.of(tr) if isinstance(w, FunctionWorker)]
+
     def function_worker(self, wid: int, tr: PoolTaskRun | None = None) -> FunctionWorker | None:
         """Worker function ``wid`` (of ``tr``, when given), if it runs."""
         return self.roster.function_worker(wid, tr)
