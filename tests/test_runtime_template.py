@@ -247,3 +247,59 @@ def test_bad_input_to_run_blockwise_leaves_no_template_behind(out, problem, erro
         daisy_nb.run_blockwise(tasks, progress=False, summary=False)
     assert harness.children() == before  # the early template was ended (no_leaks checks again)
     assert not list(out.iterdir())
+
+
+END_CHILDREN = """
+import os, signal, sys, time
+from daisy_nb.runtime.local import _zygote
+
+out = sys.argv[1]
+def child(ignore_term):
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()  # as a forked worker: its own session
+        if ignore_term:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:
+            def on_term(*a):
+                open(os.path.join(out, "term_%d" % os.getpid()), "w").close()  # a launcher's cancel
+                os._exit(0)
+            signal.signal(signal.SIGTERM, on_term)
+        open(os.path.join(out, "up_%d" % os.getpid()), "w").close()
+        while True:
+            time.sleep(1)
+    return pid
+
+kids = {child(False), child(True)}
+while len([f for f in os.listdir(out) if f.startswith("up_")]) < 2:
+    time.sleep(0.01)
+t0 = time.monotonic()
+left = set(kids)
+_zygote._end_children(left)
+print(sorted(kids), round(time.monotonic() - t0, 2), sorted(left))
+"""
+
+
+def test_workers_left_when_the_pool_closes_get_sigterm_and_a_grace_before_sigkill(tmp_path):
+    """A run's process killed: the template may see its socket close before its own death signal. The
+    workers it still has are ended as the pool ends them: SIGTERM (a launcher cancels its job), a grace,
+    SIGKILL for one that ignores it; all reaped."""
+    from daisy_nb.runtime.local.ending import TERM_GRACE_SECS
+
+    script = tmp_path / "end.py"
+    script.write_text(END_CHILDREN)
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(HERE.parent)),
+    )
+    assert r.returncode == 0, r.stderr
+    pids = [int(x) for x in r.stdout.split("]")[0].strip("[").split(",")]
+    took = float(r.stdout.split("]")[1].split()[0])
+    assert r.stdout.strip().endswith("[]")  # both reaped
+    termed = [p for p in pids if (tmp_path / f"term_{p}").exists()]
+    assert len(termed) == 1  # the one that handles SIGTERM had it (and left on its own)
+    assert took >= TERM_GRACE_SECS - 0.1  # the other one was given the grace before its SIGKILL
+    assert not any(harness.pid_alive(p) for p in pids)

@@ -367,6 +367,46 @@ def _child(
         os._exit(code & 0xFF)  # as an interpreter would: sys.exit(-1) is 255
 
 
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _reap_until(children: set[int], deadline: float) -> None:
+    while children and time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            return
+        if pid:
+            children.discard(pid)
+        else:
+            time.sleep(0.02)
+
+
+def _end_children(children: set[int]) -> None:
+    """Workers still alive when the pool's end closed (normally none: the pool ends its workers
+    first; some when the run's process was killed and this template saw the socket close before
+    its own death signal). As the pool ends them: SIGTERM to each one's process group, a grace in
+    which a launcher cancels its job, then SIGKILL. A block worker ends on the SIGTERM at once."""
+    if not children:
+        return
+    from daisy_nb.runtime.local.ending import TERM_GRACE_SECS  # only on this path: the template stays light
+
+    for pid in children:
+        _signal_group(pid, signal.SIGTERM)
+    _reap_until(children, time.monotonic() + TERM_GRACE_SECS)
+    for pid in children:
+        _signal_group(pid, signal.SIGKILL)
+    _reap_until(children, time.monotonic() + 2)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool ends the run
@@ -442,21 +482,7 @@ def main(argv=None) -> int:
     except OSError:
         pass
     finally:
-        for pid in list(children):  # normally none: the pool ends its workers before closing
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        deadline = time.monotonic() + 2
-        while children and time.monotonic() < deadline:
-            try:
-                pid, _ = os.waitpid(-1, 0)
-                children.discard(pid)
-            except ChildProcessError:
-                break
+        _end_children(children)
     return 0
 
 
