@@ -275,7 +275,14 @@ while len([f for f in os.listdir(out) if f.startswith("up_")]) < 2:
     time.sleep(0.01)
 t0 = time.monotonic()
 left = set(kids)
-_zygote._end_children(left)
+try:
+    _zygote._end_children(left)
+finally:  # whatever happened, no child outlives the test
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 print(sorted(kids), round(time.monotonic() - t0, 2), sorted(left))
 """
 
