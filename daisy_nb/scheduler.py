@@ -31,6 +31,7 @@ from .scheduling.pace import US_BLOCK as _US_BLOCK  # noqa: F401  (the cost mode
 from .scheduling.pace import US_PER_DOWNSTREAM as _US_PER_DOWNSTREAM  # noqa: F401
 from .scheduling.pace import CompilePace
 from .scheduling.prechecks import Prechecks
+from .scheduling.start import flag_skips, seed_ready
 from .scheduling.tracking import PipelineTracking
 from .task import Pipeline, Task, as_pipeline
 from .tracking import TrackingStore
@@ -382,7 +383,7 @@ class Scheduler(SchedulerViews):
 
         # state: packed into one int64 and one uint8 buffer (see kernels/surface.py);
         # the attributes below are views into them
-        e, p, cap, maxnd = geo.e, geo.tptr, geo.down_cap, tt.geo.shape[2]
+        cap, maxnd = geo.down_cap, tt.geo.shape[2]
         tables = geo.kernel_tables()
         shapes = {name: a.shape for name, a in tables.items()}
         shapes.update(queue=(max(N, 1),), cnt=(T, kt.N_CNT), tcfg=(T, kt.N_CFG), buf_t=(cap,), buf_row=(cap,),
@@ -406,23 +407,8 @@ class Scheduler(SchedulerViews):
         self._tracking = PipelineTracking(geo, block_tracking)
         self.tracking: dict[str, TrackingStore] = self._tracking.stores
         self._tracking.flag_done(self.preskip)
-        for t, tid in enumerate(order):
-            mask = self.tasks[tid].skip_mask
-            if mask is not None:
-                lay = geo.layouts[t]
-                ks.flag_grid_cells(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, t, mask.reshape(-1),
-                                   lay.grid_shape, np.zeros(lay.ndim, np.int64), self.preskip, np.uint8(2))
-
-        # roots: source tasks hand out level 0 lazily; downstream tasks start with the
-        # level-0 blocks that have no upstream block at all (daisy never runs them)
-        for t in range(T):
-            lay = geo.layouts[t]
-            if not geo.up_tasks[t]:
-                self.cnt[t, kt.C_ROOTS_LEFT] = lay.num_roots
-                self.cnt[t, kt.C_READY] = lay.num_roots
-            elif lay.num_roots and geo.may_have_free_blocks(t):
-                ks.seed_free_blocks(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
-                                    e[1], e[2], p[0], p[1], self.status, self.queue, self.cnt, t)
+        flag_skips(geo, {tid: self.tasks[tid].skip_mask for tid in order}, self.preskip)
+        seed_ready(geo, self.cnt, self.status, self.queue)  # scheduling/start.py
         self._dependency_graph: DependencyGraph | None = None
         # one-block buffers and bound values reused by the per-block API (each
         # allocation or lookup costs about as much as the kernel call itself)
@@ -452,14 +438,20 @@ class Scheduler(SchedulerViews):
         return n
 
     def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
+        b, u8, met = self._b, self._u8, self.n_met
+        self._released(t, rows, lambda start: ks.step(b, u8, met, kt.OP_RELEASE, t, start, 0, rows, codes))
+
+    def _released(self, t: int, rows, release) -> None:
+        """``release(start)`` until every row is released: a block that failed for good (its
+        ``max_retries`` used up) stops the release; its dependents are orphaned, then it goes on."""
         start = 0
         while True:
-            n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE, t, start, 0, rows, codes)
+            n = release(start)
             if n >= 0:
                 return
             if n == kt.RC_SCRATCH:
                 raise RuntimeError("internal error: scratch buffer too small")
-            start = kt.failed_at(n)  # this block failed for good: orphan its dependents, go on after it
+            start = kt.failed_at(n)
             self._fail(t, int(rows[start]))
             start += 1
 
@@ -615,14 +607,7 @@ class Scheduler(SchedulerViews):
     def _release_listed(self, t: int, rows: list[int], codes: list[int]) -> None:
         """Plain mode: ``_release_rows`` and the tracking record, on lists, through the plain surface."""
         p = ks.plain_surface(self._b, self._u8, self.n_met)
-        start = 0
-        while True:
-            n = p.release(t, rows, codes, start)
-            if n >= 0:
-                break
-            start = kt.failed_at(n)  # this block failed for good: orphan its dependents, go on after it
-            self._fail(t, rows[start])
-            start += 1
+        self._released(t, rows, lambda start: p.release(t, rows, codes, start))
         if self.tracking:
             self._tracking.record(t, np.array(rows, np.int64), np.array(codes, np.uint8))
 
