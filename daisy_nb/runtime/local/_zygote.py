@@ -397,11 +397,9 @@ def _end_children(children: set[int]) -> None:
     which a launcher cancels its job, then SIGKILL. A block worker ends on the SIGTERM at once."""
     if not children:
         return
-    from daisy_nb.runtime.local.ending import TERM_GRACE_SECS  # only on this path: the template stays light
-
     for pid in children:
         _signal_group(pid, signal.SIGTERM)
-    _reap_until(children, time.monotonic() + TERM_GRACE_SECS)
+    _reap_until(children, time.monotonic() + twire.TERM_GRACE_SECS)
     for pid in children:
         _signal_group(pid, signal.SIGKILL)
     _reap_until(children, time.monotonic() + 2)

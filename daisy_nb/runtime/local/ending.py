@@ -22,12 +22,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from daisy_nb.runtime.local.records import DEAD, FunctionWorker
+from daisy_nb.runtime.local.template_wire import TERM_GRACE_SECS
 
 __all__ = ["REAP_SECS", "TERM_GRACE_SECS", "kill", "reap", "sigkill", "term_overdue"]
 
 logger = logging.getLogger("daisy")
 
-TERM_GRACE_SECS = 3.0  # a worker function's SIGTERM -> SIGKILL (a launcher cancels its job meanwhile)
 REAP_SECS = 5.0  # the run's end: every worker gone within this (worker functions: after their grace)
 
 

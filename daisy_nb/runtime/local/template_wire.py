@@ -23,6 +23,10 @@ import pickle
 import struct
 from typing import NamedTuple
 
+# a worker function's SIGTERM -> SIGKILL (a launcher cancels its job meanwhile): the pool's
+# (``ending``) and, for workers still alive when the pool's end closes, the template's
+TERM_GRACE_SECS = 3.0
+
 __all__ = [
     "VERSION",
     "Exited",
