@@ -267,11 +267,13 @@ def child(ignore_term):
             signal.signal(signal.SIGTERM, on_term)
         open(os.path.join(out, "up_%d" % os.getpid()), "w").close()
         while True:
-            time.sleep(1)
+            signal.pause()  # a worker at work, until a signal ends it
     return pid
 
 kids = {child(False), child(True)}
+deadline = time.monotonic() + 30
 while len([f for f in os.listdir(out) if f.startswith("up_")]) < 2:
+    assert time.monotonic() < deadline, "the children did not start"
     time.sleep(0.01)
 t0 = time.monotonic()
 left = set(kids)
