@@ -91,7 +91,9 @@ def test_a_straggler_that_fails_at_the_tail_is_retried_on_the_kept_job(out, monk
     assert st.worker_start_count == JOBS  # the kept job took the retry: nobody new
     assert st.worker_failure_count == 1  # the straggler's job
     ends = ended(out)
-    assert pid in ends and ends[pid][1] >= 2  # the kept job had run blocks before the retry
+    # the retry ran on a job that ended normally; on a busy machine the kept job may have
+    # started only after every block was handed out, so it may have run the retry alone
+    assert pid in ends and ends[pid][1] >= 1
 
 
 def test_two_stragglers_that_fail_at_the_tail_start_one_job_between_them(out, monkeypatch):
