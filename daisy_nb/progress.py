@@ -191,7 +191,9 @@ class TqdmObserver:
 
 class JsonProgressObserver:
     """One JSON line per task per event (``start``/``progress``/``finish``), daisy 2.0's schema
-    plus ``job_ends`` (``worker_job_end_count``: the ``failures`` that were job ends, not crashes).
+    plus ``job_ends`` (``worker_job_end_count``: the ``failures`` that were job ends, not crashes)
+    and ``job_secs_held``/``job_secs_busy`` (worker-seconds the task's workers were held, and
+    those its blocks ran: :class:`~daisy_nb.profiling.JobSeconds`).
 
     The hang alarm's events (:mod:`daisy_nb.hang`) are lines too: ``{"t", "event":
     "hang" | "resumed", "task", "stalled_secs", ...}`` (a ``hang`` line names the
@@ -238,6 +240,8 @@ class JsonProgressObserver:
                 "restarts": int(st.worker_restart_count),
                 "failures": int(st.worker_failure_count),
                 "job_ends": int(getattr(st, "worker_job_end_count", 0)),
+                "job_secs_held": round(float(getattr(st, "job_seconds_held", 0.0)), 3),
+                "job_secs_busy": round(float(getattr(st, "job_seconds_busy", 0.0)), 3),
             }
             self._sink.write(json.dumps(line) + "\n")
         try:

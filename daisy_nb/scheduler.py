@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -25,6 +26,7 @@ from .block import Block, BlockStatus
 from .kernels import graph as kg
 from .kernels import surface as ks
 from .kernels import tables as kt
+from .profiling import JobSeconds
 from .scheduling.geometry import PipelineGeometry
 from .scheduling.geometry import edge_tables as _edge_tables  # noqa: F401  (daisy_nb.plan imports it here)
 from .scheduling.pace import US_BLOCK as _US_BLOCK  # noqa: F401  (the cost model, as tests read it)
@@ -131,6 +133,7 @@ class WorkerCounters:
         self.timeout_reclaim_count = 0
         self.first_worker_error = None
         self.last_worker_error = None
+        self.job_seconds = JobSeconds()  # worker-seconds held and busy (daisy_nb extension)
 
 
 class TaskState:
@@ -161,6 +164,9 @@ class TaskState:
         Whether a block was handed out; whether the task was abandoned.
     worker_failure_count, worker_restart_count, worker_start_count, timeout_reclaim_count : int
         Worker counts of the runtimes.
+    job_seconds_held, job_seconds_busy : float
+        Worker-seconds the task's workers were held, and those its blocks ran (daisy_nb extension;
+        :class:`~daisy_nb.profiling.JobSeconds`).
     """
 
     def __init__(
@@ -190,6 +196,8 @@ class TaskState:
         self.first_worker_error = counters.first_worker_error
         self.last_worker_error = counters.last_worker_error
         self.error_groups = counters.error_groups  # the live groups (daisy_nb extension): .as_list()
+        self.job_seconds_held = counters.job_seconds.held(time.monotonic())
+        self.job_seconds_busy = counters.job_seconds.busy
         self.abandoned = bool(abandoned)
         self.abandon_reason = abandon_reason
         self.timeout_secs = timeout_secs

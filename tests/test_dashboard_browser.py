@@ -210,6 +210,9 @@ def test_page_of_a_running_pipeline(tmp_path, monkeypatch):
         assert shown["failed"] == st.failed_count == 1
         assert shown["total"] == st.total_block_count
         assert shown["remaining"] == 0
+    # each task card says what its workers were held, and how much of it ran blocks
+    held = [t for t in final.text if " held, " in t and t.endswith("% busy")]
+    assert len(held) == 2, held
 
 
 def test_page_with_token_on_another_address():

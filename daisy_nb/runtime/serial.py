@@ -90,7 +90,9 @@ def run_serial(scheduler, *, progress=True, summary: bool = True, hang_alarm=Non
                 finally:
                     unbind(prev)
                     cur.clear()
-                    tr.block_secs.append(time.monotonic() - t0)
+                    secs = time.monotonic() - t0
+                    tr.block_secs.append(secs)
+                    scheduler.counters[tid].job_seconds.ran(secs)
                 if block.status != BlockStatus.FAILED:
                     block.status = BlockStatus.SUCCESS
                 scheduler.release_block(block)

@@ -119,6 +119,18 @@ def client_loop():
             mark(block)
 
 
+def client_loop_slow():
+    """A Client loop over ``slow_mark`` blocks (~50 ms each)."""
+    import daisy_nb.runtime.client as c
+
+    client = c.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            slow_mark(block)
+
+
 def client_loop_with_context(*, context):
     import daisy_nb.runtime.client as c
 

@@ -123,6 +123,12 @@ function renderTask(t, mode) {
     counts.append(el("span", { class: "c muted", text: `${(100 * t.completed / t.total).toFixed(1)} %` }));
   }
   if (t.worker_restarts) counts.append(el("span", { class: "c muted", text: `♻ ${t.worker_restarts} restarts` }));
+  if (t.job_secs_held) {  // worker-seconds held and busy: what a cluster bills, and how much of it ran blocks
+    const busy = Math.min(t.job_secs_busy || 0, t.job_secs_held);
+    counts.append(el("span", { class: "c muted job-secs",
+                               title: "worker-seconds the task's workers were held, and the share that ran blocks",
+                               text: `⏱ ${fmtSecs(t.job_secs_held)} held, ${(100 * busy / t.job_secs_held).toFixed(0)} % busy` }));
+  }
   drawChart(n.querySelector(".rate-chart"), t.rate_history || []);
 }
 

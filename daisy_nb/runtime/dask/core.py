@@ -286,6 +286,7 @@ class Submission:
         if ran:
             tr.batch_k = grow_batch(tr.batch_k, result["elapsed_ns"], ran, self.target, self.max_batch)
             tr.block_secs.append(result["elapsed_ns"] / ran / 1e9)
+            c.job_seconds.ran(result["elapsed_ns"] / 1e9)
         return out
 
     def erred(self, bid: int, name: str, detail: str) -> None:

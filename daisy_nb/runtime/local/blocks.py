@@ -238,6 +238,7 @@ class BlockCore:
         w.finished += int(np.count_nonzero(st == _SUCCESS))
         self.s.release_blocks(w.tid, index, st)
         self.sizing.measured(w.tid, elapsed_ns, n)
+        self.s.counters[w.tid].job_seconds.ran(elapsed_ns / 1e9)
         if w.queue:  # it runs the batch sent ahead
             return self._prefetch(w) if dispatch else []
         w.state = WorkerState.IDLE

@@ -33,6 +33,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -178,6 +179,7 @@ class Processes:
             self.waitables.add(w.pidfd, "pidfd", w)
         self.waitables.add(w.conn, "w", w)  # a worker function's: job reports only
         self.roster.add(w)
+        self.s.counters[tr.tid].job_seconds.started(w, w.t_spawn)  # held until _forget
         if self.timeline is not None:  # the dashboard's worker timeline (dashboard/timeline.py)
             self.timeline.worker(
                 ("w", wid), tr.tid, "worker" if tr.arity else "job", f"worker {wid}", w.proc.pid, None, w.t_spawn
@@ -301,6 +303,7 @@ class Processes:
             w.shm.close()
             w.shm = None
         self.roster.remove(w)
+        self.s.counters[w.tr.tid].job_seconds.ended(w, time.monotonic())
 
     # -------------------------------------------------------------- the run's end
     def kill_all(self) -> None:

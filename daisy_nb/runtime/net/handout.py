@@ -478,6 +478,7 @@ class HandOut(_Timers):
         secs = (now_ns - max(sent, cc.t_free_ns)) / 1e9
         cc.t_free_ns = now_ns
         tr.block_secs.append(secs)
+        self.s.counters[tr.tid].job_seconds.ran(secs)
         old = self.client_block_secs.get(tr.tid)
         self.client_block_secs[tr.tid] = secs if old is None else old + AHEAD_EMA * (secs - old)
         if self.timeline is not None and cc.tl_key is not None:
