@@ -101,6 +101,11 @@ class FakeJobs:
     def has_workers(self, tr):
         return True
 
+    start_secs = None  # how long a job takes to start (None: not measured yet)
+
+    def job_start_secs(self, tid):
+        return self.start_secs
+
 
 def make_tasks(n_a: int, n_b: int, retries: int):
     """``a`` (n_a blocks) and ``b`` downstream of it (its blocks wait: parking)."""
@@ -362,6 +367,51 @@ def test_at_the_tail_one_client_is_kept_and_takes_the_retry_of_a_block_that_fail
     assert h.s.task_states["a"].completed_count == 4 and h.inbox[kept][-1] is wire.NO_MORE
 
 
+def test_a_downstream_task_keeps_only_as_many_clients_as_blocks_can_still_come():
+    """``b`` waits on one straggler of ``a``: of its three clients, one stays parked for the one
+    pending block, the others are told to end; the one kept takes the block once it is ready."""
+    h = Harness(n_a=3, n_b=3, retries=0)
+    for c in (1, 2):
+        h.open(c)
+    h.frames((1, [HELLO_A, REQ]), (2, [wire.encode_hello("a", 2), REQ]))
+    (straggler,) = h.blocks(1)
+    while h.inbox[2][-1] is not wire.NO_MORE:  # client 2 runs a's other blocks; a's tail ends it
+        h.frames((2, [rel(h.blocks(2)[-1])]))
+    for c in (3, 4, 5):
+        h.open(c)
+    h.frames(*[(c, [wire.encode_hello("b", c), REQ]) for c in (3, 4, 5)])
+    busy = [c for c in (3, 4, 5) if h.blocks(c)]
+    (waiting,) = [c for c in (3, 4, 5) if not h.blocks(c)]
+    assert len(busy) == 2 and h.core.conns[waiting].parked
+    h.frames(*[(c, [rel(h.blocks(c)[0])]) for c in busy])  # done, and asking again: b has one pending block
+    assert all(h.inbox[c][-1] is wire.NO_MORE for c in busy)
+    assert h.core.conns[waiting].parked
+    h.core.serve_parked(h.now)  # nothing changed: the kept client waits on
+    h.run()
+    assert h.core.conns[waiting].parked and not h.blocks(waiting)
+    h.frames((1, [rel(straggler)]))  # the straggler is done: b's last block is ready
+    h.core.serve_parked(h.now)
+    h.run()
+    assert len(h.blocks(waiting)) == 1 and not h.core.conns[waiting].parked
+
+
+def test_the_kept_client_waits_no_longer_than_a_job_takes_to_start():
+    """Ski rental: kept for a retry that may never come, a client is told to end once it has waited
+    as long as a new job takes to start (here 2 s); before that, it stays."""
+    h = _at_tail_with_three_clients(retries=1)
+    h.jobs.start_secs = 2.0
+    (kept,) = [c for c, cc in h.core.conns.items() if cc.parked]
+    h.now += 1_900 * MS
+    h.core.serve_parked(h.now)
+    h.run()
+    assert h.core.conns[kept].parked
+    h.now += 200 * MS
+    h.core.serve_parked(h.now)
+    h.run()
+    assert not h.core.parked and h.inbox[kept][-1] is wire.NO_MORE
+    assert kept in h.jobs.released  # its worker function's return is a clean end
+
+
 @pytest.mark.parametrize("how", ["finishes", "fails_for_good"])
 def test_the_kept_client_is_told_to_end_once_no_retry_can_come(how):
     h = _at_tail_with_three_clients(retries=1)
@@ -387,7 +437,7 @@ def check_settled(h: Harness) -> None:
     starts a worker function for ready blocks no parked client takes."""
     if h.core.stopped:
         return
-    check_tail(h.core, h.trs)
+    check_tail(h.core, h.trs, h.now)
     for tid, tr in h.trs.items():
         if at_tail(h.s, tid) and h.core.parked.get(tr):
             event("a client kept at a task's tail")
@@ -530,10 +580,17 @@ class TailMachine(RuleBasedStateMachine):
     """Well-behaved clients (a hello, then a request or the release of the block they run), jobs that
     die, blocks that fail: runs that reach a task's tail, where clients are told to end or kept."""
 
-    @initialize(n_a=st.integers(1, 8), n_b=st.integers(1, 3), retries=st.integers(0, 2))
-    def setup(self, n_a, n_b, retries):
+    @initialize(
+        n_a=st.integers(1, 8), n_b=st.integers(1, 3), retries=st.integers(0, 2), start=st.sampled_from([None, 0.5])
+    )
+    def setup(self, n_a, n_b, retries, start):
         self.h = Harness(n_a, n_b, retries)
+        self.h.jobs.start_secs = start  # a job takes this long to start: a kept one waits no longer
         self.next_cid = 0
+
+    @rule(ms=st.integers(1, 400))
+    def time_passes(self, ms):
+        self.h.now += ms * MS
 
     def _live(self):
         return sorted(self.h.core.conns)

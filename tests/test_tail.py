@@ -2,7 +2,8 @@
 
 A task is at its tail when every block it has left is in flight. A job that asks for a
 block then is told to end (its program and worker function return), except one kept
-while a block in flight could still need a retry (``daisy_nb/runtime/net/tail.py``);
+while a block in flight could still need a retry, for at most as long as a job takes to
+start (``daisy_nb/runtime/net/tail.py``);
 a block that fails at the tail is retried to success, on the kept job or on one job
 started for it. The jobs are ``tests/workers/tailprog.py`` programs that their worker
 functions (``tests/workers/tailfns.py``) run and wait for, as ``sbatch --wait`` would;
@@ -28,9 +29,14 @@ N = 14  # blocks
 JOBS = 4  # worker functions (max_workers)
 
 
-def run(fn, retries, monkeypatch, ends):
-    """Run the task; the stragglers' first attempts wait until ``ends`` other jobs have ended."""
+QUEUE_SECS = 3.0  # each job's time in the queue: a kept job waits that long at most (net/tail.py)
+
+
+def run(fn, retries, monkeypatch, ends, queue=QUEUE_SECS):
+    """Run the task; the stragglers' first attempts wait until ``ends`` other jobs have ended; each
+    job starts after ``queue`` seconds."""
     monkeypatch.setenv("TAIL_ENDS", str(ends))
+    monkeypatch.setenv("TAIL_QUEUE_SECS", str(queue))
     task = daisy_nb.Task(
         "t",
         Roi((0,), (10 * N,)),
@@ -77,6 +83,17 @@ def test_jobs_end_while_the_last_straggler_runs(out, monkeypatch, retries):
     before = [pid for pid, (t, _) in ends.items() if t < t_done]
     # while the straggler ran, every other job ended, but the one kept for a retry
     assert len(before) == JOBS - 1 - kept, (before, ends, t_done)
+
+
+def test_the_kept_job_ends_once_it_waited_as_long_as_a_job_takes_to_start(out, monkeypatch):
+    """Jobs that start at once (no queue): the one kept for a retry ends while the straggler still
+    runs, once it has waited as long as a job took to start; nobody is started again."""
+    st = run(tailfns.one_straggler, 2, monkeypatch, ends=JOBS - 1, queue=0.0)
+    assert st.completed_count == N and st.failed_count == 0
+    _, _, saw = (out / "straggler_0").read_text().split()
+    assert saw == "True", "the kept job did not end while the straggler ran"
+    assert st.worker_start_count == JOBS and st.worker_failure_count == 0
+    assert len(ended(out)) == JOBS
 
 
 def test_a_straggler_that_fails_at_the_tail_is_retried_on_the_kept_job(out, monkeypatch):

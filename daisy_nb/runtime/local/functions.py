@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -47,6 +49,7 @@ __all__ = ["MUST_BLOCK", "Functions", "job_report"]
 
 logger = logging.getLogger("daisy")
 
+START_SAMPLES = 16  # job starts kept per task for job_start_secs
 RESPAWN_AFTER_RETURN_SECS = 1.0  # a worker function that returned without its worker: the next one waits
 
 MUST_BLOCK = (
@@ -124,6 +127,8 @@ class Functions:
         self.released_wids: set[int] = set()  # worker functions whose Client was told no block is left
         self.connected_tids: set[str] = set()  # tasks a Client has said hello for
         self.warned: set[tuple[str, str]] = set()  # (task id, kind) of the diagnoses logged once
+        # task id -> recent times from a worker function's start to its Client's hello (job_start_secs)
+        self.start_secs: dict[str, deque[float]] = {}
 
     def attach(self, procs: _Procs, server: Server) -> None:
         self.procs, self.server = procs, server
@@ -152,8 +157,16 @@ class Functions:
         w = self._w(wid, tr)
         if w is None:
             return False
+        if not w.connected:
+            self.start_secs.setdefault(tr.tid, deque(maxlen=START_SAMPLES)).append(time.monotonic() - w.t_spawn)
         w.connected = True
         return True
+
+    def job_start_secs(self, tid: str) -> float | None:
+        """How long a job of ``tid`` takes to start: the median time from its worker function's start
+        to its Client's hello (submission, queue, start-up), over its last jobs; None before the first."""
+        xs = self.start_secs.get(tid)
+        return statistics.median(xs) if xs else None
 
     def returned(self, wid: int) -> bool:
         """Worker ``wid``'s function had returned on its own (a connection for it comes too late)."""

@@ -33,10 +33,11 @@ uncounted (``GIVE_BACK``, ``GOODBYE``); when a connection drops, the block it wa
 fails (an attempt) and the one behind it goes back (status 0).
 
 **Parking and the tail.** A connection that asks while its task has no ready block waits
-(parked) while blocks are still to come (pending, waiting for upstream blocks); once every
-block the task has left is in flight (its tail), it is told to end (``NO_MORE``), except
-one kept parked while a block in flight could still need a retry
-(:class:`daisy_nb.runtime.net.tail.TailKeep`, which says why one).
+(parked) while a block can still come for it: at most as many wait as the task has pending
+blocks (waiting for upstream blocks). The others are told to end (``NO_MORE``); so is every
+one once every block the task has left is in flight (its tail), except one kept parked
+while a block in flight could still need a retry (:class:`daisy_nb.runtime.net.tail.TailKeep`,
+which says why one).
 
 **Quiet time.** After a pass in which every connection that asked ends up holding two
 blocks and none is parked, the connections may stay unread for a quarter of the task's
@@ -47,8 +48,8 @@ Invariants (:meth:`HandOut.validate`): every block handed out is held by exactly
 connection (or released); per task, the blocks held equal the scheduler's processing
 count; a parked connection holds nothing and is registered as parked exactly once; at
 most two blocks per connection; the client counts match the connections. Once the parked
-connections were served, at most one per task is parked at its tail, and only while a retry
-can come (:func:`daisy_nb.runtime.net.tail.check_tail`).
+connections were served, a task with no ready block has at most its pending blocks plus one
+parked, the one more only while a retry can come (:func:`daisy_nb.runtime.net.tail.check_tail`).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class Jobs(Protocol):
     def job_timed_out(self, wid: int, tr: Any) -> bool: ...
     def died_with_template(self, wid: int) -> bool: ...
     def has_workers(self, tr: Any) -> bool: ...
+    def job_start_secs(self, tid: str) -> float | None: ...
 
 
 class Conn:
@@ -372,7 +374,8 @@ class HandOut(_Timers):
         self.client_block_secs: dict[str, float] = {}  # task id -> mean block time of its clients
         self.connected_tids: set[str] = set()  # tasks a Client has said hello for
         self.parked: dict[Any, dict[Conn, None]] = {}  # task run -> connections waiting, oldest first
-        self.tail = TailKeep(scheduler)  # which connection stays parked at a task's tail (net/tail.py)
+        # which connections stay parked when no block is ready, and for how long (net/tail.py)
+        self.tail = TailKeep(scheduler, start_secs=jobs.job_start_secs)
         self.quiet_secs = 0.0  # how long the connections may go unread after the last pass
         self.aborting = False  # blocks cut short are given back, not failed
         self.stopped = False  # no more blocks handed out (Ctrl-C)
@@ -430,7 +433,8 @@ class HandOut(_Timers):
         batch = _Pass()
         for tr, ccs in self.parked.items():
             if ccs and (
-                self.s.ready_count(tr.tid) > 0 or (self._nothing_left(tr) and self.tail.rejudge(tr.tid, len(ccs)))
+                self.s.ready_count(tr.tid) > 0
+                or self.tail.rejudge(tr.tid, len(ccs), lambda ccs=ccs: (now_ns - min(c.t_free_ns for c in ccs)) / 1e9)
             ):
                 batch.want.update(ccs)
         if batch.want:
@@ -540,11 +544,6 @@ class HandOut(_Timers):
                 secs = min(secs, self.client_block_secs.get(cc.tr.tid, 0.0))
         return secs * QUIET_FRACTION
 
-    def _nothing_left(self, tr) -> bool:
-        """Every block ``tr`` has left is handed out already (or it was abandoned)."""
-        s, tid = self.s, tr.tid
-        return s.is_abandoned(tid) or s.remaining_count(tid) - s.processing_count(tid) <= 0
-
     def _hand_out(self, ccs: dict[Conn, None], ahead: bool, now_ns: int) -> None:
         """One acquisition per task for ``ccs`` (each gets one block, in order); the rest get
         ``NO_MORE`` if their task has nothing left, else wait (parked). ``ahead``: only while the
@@ -576,9 +575,8 @@ class HandOut(_Timers):
                 continue
             if self.stopped:  # Ctrl-C: they get nothing; the run's end closes them
                 continue
-            done = self._nothing_left(tr)
             for cc in group[k:]:
-                if done and not self._stays(cc, tr):  # the task's tail: told to end (net/tail.py)
+                if not self._stays(cc, tr, now_ns):  # no block can come for it: told to end (net/tail.py)
                     self._park(cc, False)
                     self._out.append(Send(cc.cid, _NO_MORE))
                     cc.ended = True
@@ -586,14 +584,16 @@ class HandOut(_Timers):
                 else:
                     self._park(cc, True)
 
-    def _stays(self, cc: Conn, tr) -> bool:
-        """At ``tr``'s tail: ``cc`` stays parked, kept for a retry (else it is told to end)."""
-        if self.s.is_abandoned(tr.tid):
-            return False
+    def _stays(self, cc: Conn, tr, now_ns: int) -> bool:
+        """No block of ``tr`` is ready: ``cc`` stays parked, for a pending block or a retry (else it
+        is told to end)."""
         kept = self.parked.get(tr, {})
         held = self.conns.values()
         return self.tail.stays(
-            tr.tid, len(kept) - (cc in kept), lambda: (i for c in held if c.tr is tr for i in c.held)
+            tr.tid,
+            len(kept) - (cc in kept),
+            lambda: (i for c in held if c.tr is tr for i in c.held),
+            (now_ns - cc.t_free_ns) / 1e9,
         )
 
     def _send_block(self, cc: Conn, row: list[int], now_ns: int) -> None:

@@ -1,4 +1,15 @@
-"""A task's tail on the TCP hand-out: which of its jobs end and which one stays, without I/O.
+"""Which jobs of a task with no ready block end and which stay, on the TCP hand-out, without I/O.
+
+**Waiting for upstream blocks.** A ``Client`` that asks while its task has no ready block
+waits (parked) for one, but only while a block could come for it: at most as many of the
+task's jobs wait as it has **pending** blocks (waiting for upstream blocks, or for
+neighbours in flight). Every block the task will ever hand out from now on is ready,
+pending or a retry of one in flight, so a job beyond those can only idle; it is told to
+end. Two chained tasks whose upstream task waits on one straggler: the downstream task
+keeps one job for the one block that waits on the straggler, and its other jobs end,
+where daisy holds them all until the straggler is done. When the pending blocks become
+ready, the waiting jobs take them; a block no waiting job can take makes the pool start a
+worker function (its spawn plan, as for a retry).
 
 A task is at its **tail** when no block of it is ready and none is pending (waiting for
 upstream blocks): every block it has left is in flight. A ``Client`` that asks for a
@@ -9,7 +20,14 @@ job (a GPU, on a cluster) idle while the last, slowest blocks run.
 **One job stays** per task (``KEEP_AT_TAIL``), parked, while a block in flight could still
 need a retry (its failed attempts are fewer than the task's ``max_retries``), and it is
 told to end as soon as none can (the last retryable block finished, or failed for good,
-or the task was abandoned). When a block fails at the tail, the kept job takes its
+or the task was abandoned), **or once it has waited as long as a new job takes to start**
+(the task's measured time from a worker function's start to its Client's hello:
+submission, queue, start-up). That is the ski-rental rule: a job kept idle for a retry
+that may never come costs at most what starting one for it would have cost in waiting,
+so a long straggler's tail does not hold a second job for its whole length (without it,
+two chained tasks with a 2 s straggler each held 8 job-seconds more than daisy, whose jobs
+all end). Until a job of the task has started there is no measure, and the job stays
+while a retry can come. When a block fails at the tail, the kept job takes its
 retry at once instead of a new job waiting in the batch system's queue; a second
 failure at the same moment (or one after the kept job has gone) is served by the pool's
 spawn plan, which starts one worker function per ready block that no waiting job can
@@ -34,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["KEEP_AT_TAIL", "TailKeep", "at_tail", "check_tail"]
+__all__ = ["KEEP_AT_TAIL", "TailKeep", "at_tail", "check_tail", "pending_count"]
 
 KEEP_AT_TAIL = 1  # jobs of a task kept parked at its tail while a retry could need one
 
@@ -42,6 +60,11 @@ KEEP_AT_TAIL = 1  # jobs of a task kept parked at its tail while a retry could n
 def at_tail(s, tid: str) -> bool:
     """No block of ``tid`` is ready or pending: what it has left is in flight (or it was abandoned)."""
     return s.is_abandoned(tid) or (s.ready_count(tid) == 0 and s.remaining_count(tid) - s.processing_count(tid) <= 0)
+
+
+def pending_count(s, tid: str) -> int:
+    """Blocks of ``tid`` neither ready, in flight nor finished: waiting for upstream blocks or neighbours."""
+    return max(0, s.remaining_count(tid) - s.processing_count(tid) - s.ready_count(tid))
 
 
 def retry_possible(s, tid: str, held: Iterable[int]) -> bool:
@@ -56,39 +79,77 @@ def retry_possible(s, tid: str, held: Iterable[int]) -> bool:
 class TailKeep:
     """Whether a job that asks at its task's tail stays parked (see the module docstring)."""
 
-    def __init__(self, scheduler, keep: int = KEEP_AT_TAIL):
+    def __init__(
+        self, scheduler, keep: int = KEEP_AT_TAIL, start_secs: Callable[[str], float | None] = lambda tid: None
+    ):
         if keep < 0:
             raise ValueError(f"keep must be >= 0, got {keep}")
         self.s = scheduler
         self.keep = keep
+        self.start_secs = start_secs  # task id -> how long a new job takes to start (None: not known)
         self._changed: set[str] = set()  # tasks whose blocks in flight changed since their kept job was judged
 
     def touch(self, tid: str) -> None:
         """Blocks of ``tid`` were released or acquired: a kept job of it is judged again."""
         self._changed.add(tid)
 
-    def stays(self, tid: str, kept_others: int, held: Callable[[], Iterable[int]]) -> bool:
-        """A job of ``tid`` asks at its tail: True if it stays parked. ``kept_others``: the task's
-        other parked jobs; ``held``: the rows of ``tid`` in flight (asked only when it matters)."""
-        if kept_others >= self.keep:
+    def waited_enough(self, tid: str, waited_secs: float) -> bool:
+        """A job of ``tid`` kept for a retry has waited as long as a new one takes to start."""
+        limit = self.start_secs(tid)
+        return limit is not None and waited_secs >= limit
+
+    def stays(self, tid: str, kept_others: int, held: Callable[[], Iterable[int]], waited_secs: float = 0.0) -> bool:
+        """A job of ``tid`` asks while no block of it is ready: True if it stays parked, for a pending
+        block or (at the tail) a retry. ``kept_others``: the task's other parked jobs; ``held``: the
+        rows of ``tid`` in flight (asked only when it matters); ``waited_secs``: how long this job
+        has been without a block."""
+        if self.s.is_abandoned(tid):
+            return False
+        pending = pending_count(self.s, tid)
+        if kept_others < pending:
+            return True
+        if kept_others >= pending + self.keep or self.waited_enough(tid, waited_secs):
             return False
         self._changed.discard(tid)
         return retry_possible(self.s, tid, held())
 
-    def rejudge(self, tid: str, n_parked: int) -> bool:
-        """``tid`` is at its tail with ``n_parked`` parked jobs: judge them again (more than are
-        kept, its blocks in flight changed since they were judged, or none is left in flight)?"""
-        return n_parked > self.keep or tid in self._changed or self.s.processing_count(tid) == 0
+    def rejudge(self, tid: str, n_parked: int, waited: Callable[[], float] = lambda: 0.0) -> bool:
+        """No block of ``tid`` is ready and ``n_parked`` of its jobs are parked, the longest waiting
+        for ``waited()`` seconds (asked only when it matters): judge them again? Yes when more are parked than pending blocks and a
+        kept one can use, or when the one kept for a retry may no longer be needed (blocks in
+        flight changed since it was judged, none is left in flight, or it has waited long enough)."""
+        if self.s.is_abandoned(tid):
+            return True
+        pending = pending_count(self.s, tid)
+        if n_parked <= pending:
+            return False
+        return (
+            n_parked > pending + self.keep
+            or tid in self._changed
+            or self.s.processing_count(tid) == 0
+            or self.waited_enough(tid, waited())
+        )
 
 
-def check_tail(core: Any, trs: Mapping[str, Any]) -> None:
-    """Raise ``AssertionError`` unless, at every task's tail, at most ``keep`` connections are parked,
-    and only while a block in flight could still need a retry (after ``serve_parked``)."""
+def check_tail(core: Any, trs: Mapping[str, Any], now_ns: int | None = None) -> None:
+    """Raise ``AssertionError`` unless, for every task with no ready block, at most its pending blocks
+    plus ``keep`` connections are parked, and more than its pending blocks only while a block in
+    flight could still need a retry and (given ``now_ns``, the time of the ``serve_parked`` just
+    done) the longest waiting has waited less than a job takes to start."""
     s = core.s
     for tid, tr in trs.items():
         ccs = core.parked.get(tr, {})
-        if not ccs or not at_tail(s, tid):
+        if not ccs or s.is_abandoned(tid) or s.ready_count(tid) > 0:
             continue
-        assert len(ccs) <= core.tail.keep, f"task {tid!r}: {len(ccs)} connections parked at its tail"
-        held = [i for cc in core.conns.values() if cc.tr is tr for i in cc.held]
-        assert retry_possible(s, tid, held), f"task {tid!r}: a connection kept at its tail, but no retry can come"
+        pending = pending_count(s, tid)
+        assert len(ccs) <= pending + core.tail.keep, (
+            f"task {tid!r}: {len(ccs)} connections parked for {pending} pending block(s)"
+        )
+        if len(ccs) > pending:
+            held = [i for cc in core.conns.values() if cc.tr is tr for i in cc.held]
+            assert retry_possible(s, tid, held), f"task {tid!r}: a connection kept for a retry, but no retry can come"
+            if now_ns is not None:
+                waited = (now_ns - min(cc.t_free_ns for cc in ccs)) / 1e9
+                assert not core.tail.waited_enough(tid, waited), (
+                    f"task {tid!r}: a connection kept for a retry after waiting {waited:.3f} s, as long as a job takes to start"
+                )
