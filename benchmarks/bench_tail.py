@@ -1,0 +1,279 @@
+"""What cluster jobs cost at a task's tail: job-seconds held per second of work, daisy_nb vs daisy 2.0.0.
+
+    python benchmarks/bench_tail.py --daisy-python /work/venv-daisy2/bin/python [--quick] [--rounds N]
+
+Issue #27's cluster scenario: two chained tasks (block ``i`` of ``b`` reads what block ``i``
+of ``a`` wrote), each with ``--jobs`` worker functions (8) that submit a job with ``sbatch
+--wait`` (the fake of ``tests/workers/fakebatch.py`` on ``PATH``: every job in its own
+session, after a queue delay of ``--queue`` seconds) and wait for it, as daisy users write
+them; each job runs a ``Client`` loop. 240 blocks per task of ``time.sleep`` with durations
+drawn per block from a fixed seed, lognormal (median 80 ms, sigma 0.5), 1% of them stragglers
+25x longer (``--no-stragglers``: none), ``max_retries=2`` (daisy's default).
+
+Every job program writes, when it ends, when it started and ended (``time.monotonic``: one
+clock for the machine) and the seconds its blocks slept. Reported per library, medians over
+the rounds (which alternate the libraries, so that load bursts hit both):
+
+* **busy / held**: the blocks' seconds over the job-seconds held, each job from its program's
+  start to its end (what a cluster bills, without the queue); 1.0 is no idle job;
+* **job-seconds held** and **jobs** started;
+* **makespan / bound**: ``run_blockwise``'s wall time over its lower bound, the largest of
+  the longest chain (``a_i + b_i``), each task's work over its jobs, and all the work over
+  every job; start-up (submitting, queueing, the job's imports) is above the bound;
+* daisy_nb's own account (``TaskState.job_seconds_held``/``busy``, the JSON observer's
+  ``job_secs_held``/``job_secs_busy``), which counts a job from its worker function's start,
+  queue included.
+
+``--quick``: 48 blocks per task, 4 jobs, one round, daisy_nb only unless ``--daisy-python``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+FAKEBATCH = os.path.join(ROOT, "tests", "workers", "fakebatch.py")
+MEDIAN_SECS = 0.08
+SIGMA = 0.5
+STRAGGLER_SHARE = 0.01
+STRAGGLER_FACTOR = 25.0
+
+
+def duration(task_id: str, sid: int, stragglers: bool) -> float:
+    """Block ``sid`` of ``task_id``'s sleep: the same for both libraries and every round."""
+    rng = random.Random(f"{task_id}:{sid}")
+    d = MEDIAN_SECS * math.exp(SIGMA * rng.gauss(0.0, 1.0))
+    if rng.random() < STRAGGLER_SHARE and stragglers:
+        d *= STRAGGLER_FACTOR
+    return d
+
+
+# ---------------------------------------------------------------- in the children
+def job(lib: str, out: str, stragglers: bool) -> None:
+    """The job program: a Client loop; ``job_<pid>`` says when it ran and what its blocks slept."""
+    t0 = time.monotonic()
+    if lib == "daisy":
+        import daisy
+    else:
+        import daisy_nb as daisy
+    client = daisy.Client()
+    slept = 0.0
+    n = 0
+    task_id = "-"
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            task_id = block.block_id[0]
+            d = duration(task_id, block.block_id[1], stragglers)
+            time.sleep(d)
+            slept += d
+            n += 1
+    with open(os.path.join(out, f"job_{os.getpid()}"), "w") as f:
+        f.write(f"{t0} {time.monotonic()} {slept} {n} {task_id if n else '-'}\n")
+
+
+def sbatch_wait() -> None:
+    """Worker function: the job through ``sbatch --wait``, as a daisy user writes it."""
+    argv = os.environ["BENCH_TAIL_JOB"].split("\n")
+    subprocess.run(["sbatch", "--parsable", "--wait", "--wrap", shlex.join(argv)], check=True, stdin=subprocess.DEVNULL)
+
+
+def driver(lib: str, out: str, blocks: int, jobs: int, stragglers: bool) -> None:
+    sys.path.insert(0, HERE)
+    import bench_tail  # the worker function must be importable by reference in the workers
+
+    if lib == "daisy":
+        import daisy
+        from funlib.geometry import Roi
+    else:
+        import daisy_nb as daisy
+        from daisy_nb import Roi
+    argv = [sys.executable, os.path.abspath(__file__), "--job", lib, out, str(int(stragglers))]
+    os.environ["BENCH_TAIL_JOB"] = "\n".join(argv)
+
+    def task(tid, upstream):
+        return daisy.Task(
+            tid,
+            Roi((0,), (blocks,)),
+            Roi((0,), (1,)),
+            Roi((0,), (1,)),
+            process_function=bench_tail.sbatch_wait,
+            read_write_conflict=False,
+            max_workers=jobs,
+            max_retries=2,
+            upstream_tasks=upstream,
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # upstream_tasks: both libraries take it
+        a = task("a", None)
+        b = task("b", [a])
+    kw: dict = {}
+    obs_path = os.path.join(out, "..", "observer.jsonl")
+    if lib != "daisy":
+        from daisy_nb.progress import JsonProgressObserver
+
+        kw["progress"] = JsonProgressObserver(path=obs_path)
+    else:
+        kw["progress"] = False
+    t0 = time.monotonic()
+    ok = daisy.run_blockwise([a, b], host="127.0.0.1", **kw)
+    wall = time.monotonic() - t0
+    own = {}
+    if lib != "daisy":
+        with open(obs_path) as f:
+            for line in f:
+                x = json.loads(line)
+                if x.get("event") == "finish":
+                    own[x["task"]] = (x["job_secs_held"], x["job_secs_busy"])
+    print("RESULT " + json.dumps({"ok": bool(ok), "wall": wall, "own": own}), flush=True)
+
+
+# ------------------------------------------------------------------ in the parent
+def one(python: str, lib: str, blocks: int, jobs: int, stragglers: bool, queue: float, verbose: bool) -> dict:
+    import _util
+
+    with tempfile.TemporaryDirectory() as d:
+        out, state, bin_dir = (os.path.join(d, x) for x in ("out", "state", "bin"))
+        for x in (out, state, bin_dir):
+            os.mkdir(x)
+        for role in ("sbatch", "scancel"):
+            p = os.path.join(bin_dir, role)
+            with open(p, "w") as f:
+                f.write(f'#!/bin/sh\nexec {sys.executable} {FAKEBATCH} {role} "$@"\n')
+            os.chmod(p, 0o755)
+        env = _util.child_env(
+            {
+                "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+                "FAKEBATCH_DIR": state,
+                "FAKEBATCH_QUEUE_SECS": str(queue),
+            }
+        )
+        if lib == "daisy":  # daisy 2.0.0 from its own environment, nothing of this checkout
+            env.pop("PYTHONPATH", None)
+        r = subprocess.run(
+            [python, os.path.abspath(__file__), "--driver", lib, out, str(blocks), str(jobs), str(int(stragglers))],
+            env=env,
+            cwd=d,  # daisy's logs land in the cwd
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        res = None
+        for line in reversed(r.stdout.splitlines()):
+            if line.startswith("RESULT "):
+                res = json.loads(line[7:])
+                break
+        if res is None or not res["ok"]:
+            raise RuntimeError(f"{lib}: the run failed (rc {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+        held = busy = 0.0
+        spans = []
+        for name in os.listdir(out):
+            if name.startswith("job_"):
+                with open(os.path.join(out, name)) as f:
+                    t0, t1, slept, n, tid = f.read().split()
+                held += float(t1) - float(t0)
+                busy += float(slept)
+                spans.append((float(t0), float(t1), float(slept), int(n), tid))
+        res.update(held=held, busy=busy, jobs=len(spans))
+        if verbose:  # every job: when it ran (from the first job's start), its blocks and their seconds
+            first = min(s[0] for s in spans)
+            print(f"{lib}: makespan {res['wall']:.2f} s")
+            for t0, t1, slept, n, tid in sorted(spans):
+                print(f"  task {tid}: {t0 - first:6.2f} -> {t1 - first:6.2f} s, {n:3d} blocks, {slept:6.2f} s busy")
+        return res
+
+
+def bound(blocks: int, jobs: int, stragglers: bool) -> tuple[float, float]:
+    """The work (block-seconds) and the makespan's lower bound (module docstring)."""
+    da = [duration("a", i, stragglers) for i in range(blocks)]
+    db = [duration("b", i, stragglers) for i in range(blocks)]
+    work = sum(da) + sum(db)
+    chain = max(x + y for x, y in zip(da, db))
+    return work, max(chain, sum(da) / jobs, sum(db) / jobs, work / (2 * jobs))
+
+
+def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--job":
+        job(sys.argv[2], sys.argv[3], bool(int(sys.argv[4])))
+        return
+    if len(sys.argv) == 7 and sys.argv[1] == "--driver":
+        driver(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), bool(int(sys.argv[6])))
+        return
+    import argparse
+    import statistics
+
+    sys.path.insert(0, HERE)
+    import _util
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--daisy-python", default=None, help="a python with daisy==2.0.0 installed")
+    ap.add_argument("--quick", action="store_true", help="48 blocks per task, 4 jobs, one round (smoke run)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 1 with --quick)")
+    ap.add_argument("--jobs", type=int, default=None, help="jobs per task (default 8; 4 with --quick)")
+    ap.add_argument("--queue", type=float, default=0.2, help="the fake batch system's queue delay (s)")
+    ap.add_argument("--no-stragglers", action="store_true", help="no 25x stragglers")
+    ap.add_argument("--verbose", action="store_true", help="print every job's span, blocks and busy seconds")
+    args = ap.parse_args()
+    blocks, jobs = (48, 4) if args.quick else (240, 8)
+    jobs = args.jobs or jobs
+    rounds = args.rounds or (1 if args.quick else 3)
+    stragglers = not args.no_stragglers
+    cases = [("daisy_nb", sys.executable, "daisy_nb")]
+    if args.daisy_python:
+        cases.append(("daisy 2.0.0", args.daisy_python, "daisy"))
+    res: dict[str, list[dict]] = {c[0]: [] for c in cases}
+    for _ in range(rounds):
+        for name, python, lib in cases:
+            res[name].append(one(python, lib, blocks, jobs, stragglers, args.queue, args.verbose))
+    work, lower = bound(blocks, jobs, stragglers)
+
+    def med(vals, f="{:.3f}"):
+        return f.format(statistics.median(vals)) + " (" + ", ".join(f.format(v) for v in vals) + ")"
+
+    print(
+        f"\nTwo chained tasks, {blocks} blocks each, {jobs} sbatch --wait jobs per task (queue {args.queue:g} s), "
+        f"lognormal blocks (median {MEDIAN_SECS * 1e3:.0f} ms, sigma {SIGMA:g})"
+        + (f", {STRAGGLER_SHARE:.0%} stragglers x{STRAGGLER_FACTOR:g}" if stragglers else ", no stragglers")
+        + f"; {work:.1f} s of work, makespan bound {lower:.2f} s; {rounds} round(s), medians (per round)\n"
+        + _util.machine_note()
+        + "\n"
+    )
+    rows = []
+    for name, _, _ in cases:
+        rs = res[name]
+        own = "–"
+        if rs[0]["own"]:
+            eff = [sum(b for _, b in r["own"].values()) / max(1e-9, sum(h for h, _ in r["own"].values())) for r in rs]
+            own = med(eff)
+        rows.append(
+            [
+                name,
+                med([r["busy"] / r["held"] for r in rs]),
+                med([r["held"] for r in rs], "{:.1f}"),
+                med([r["jobs"] for r in rs], "{:.0f}"),
+                med([r["wall"] / lower for r in rs], "{:.2f}"),
+                own,
+            ]
+        )
+    print(
+        _util.table(
+            ["library", "busy / held", "job-seconds held", "jobs", "makespan / bound", "daisy_nb's own busy / held"],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
