@@ -54,8 +54,9 @@ parked, the one more only while a retry can come (:func:`daisy_nb.runtime.net.ta
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from daisy_nb.errors import WorkerError
@@ -108,6 +109,11 @@ class Jobs(Protocol):
     def died_with_template(self, wid: int) -> bool: ...
     def has_workers(self, tr: Any) -> bool: ...
     def job_start_secs(self, tid: str) -> float | None: ...
+
+
+def _waited(ccs: Iterable[Conn], now_ns: int) -> float:
+    """Seconds the longest waiting of ``ccs`` has been without a block."""
+    return (now_ns - min(c.t_free_ns for c in ccs)) / 1e9
 
 
 class Conn:
@@ -434,7 +440,7 @@ class HandOut(_Timers):
         for tr, ccs in self.parked.items():
             if ccs and (
                 self.s.ready_count(tr.tid) > 0
-                or self.tail.rejudge(tr.tid, len(ccs), lambda ccs=ccs: (now_ns - min(c.t_free_ns for c in ccs)) / 1e9)
+                or self.tail.rejudge(tr.tid, len(ccs), functools.partial(_waited, ccs, now_ns))
             ):
                 batch.want.update(ccs)
         if batch.want:
