@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from array import array
 
+from ..block import cantor_of_ints
 from .tables import (
     C_COMPLETED,
     C_GIVEN,
@@ -78,21 +79,7 @@ from .tables import (
     U8_STATUS,
 )
 
-__all__ = ["PlainBlocks", "PlainSurface", "cantor"]
-
-
-def cantor(x: list[int]) -> int:
-    """daisy's Cantor number of the grid index ``x`` (shifted by the ID offset), in Python ints:
-    the step-wise product ``kernels/block_id.py: cantor`` writes out for up to 4 axes."""
-    s = x[0]
-    total = s
-    for n in range(2, len(x) + 1):
-        s += x[n - 1]
-        c = 1
-        for i in range(1, n + 1):
-            c = c * (s + i - 1) // i
-        total += c
-    return total
+__all__ = ["PlainBlocks", "PlainSurface"]
 
 
 class _Task:
@@ -349,7 +336,7 @@ class PlainBlocks:
         v, _, vlev, vj = entry
         tk = self.tasks[v]
         off = self.lvl_off[tk.lb + vlev]
-        return v, cantor([off[d] + vj[d] * tk.period[d] + tk.idoff[d] for d in range(tk.nd)])
+        return v, cantor_of_ints([off[d] + vj[d] * tk.period[d] + tk.idoff[d] for d in range(tk.nd)])
 
     def counter(self, t: int, row: int) -> tuple[int, list[int]]:
         """Level and in-level counter of ``row`` (graph.row_to_counter)."""
@@ -471,7 +458,7 @@ class PlainBlocks:
         tk = self.tasks[t]
         lev, j = self.counter(t, row)
         off = self.lvl_off[tk.lb + lev]
-        if tk.nd == 1:  # most small runs: no loops, no lists but the result
+        if tk.nd == 1:  # most small runs: no loops, no lists but the result; one axis's Cantor number is its index
             g = off[0] + j[0] * tk.period[0]
             w = tk.ws[0]
             r0 = tk.tr_off[0] + g * w
@@ -494,4 +481,4 @@ class PlainBlocks:
             else:
                 rs.append(tk.rs[d])
                 ws.append(w)
-        return [row, cantor(x), *ro, *rs, *wo, *ws]
+        return [row, cantor_of_ints(x), *ro, *rs, *wo, *ws]
