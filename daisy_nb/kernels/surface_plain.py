@@ -65,7 +65,6 @@ from .tables import (
     OP_ACQUIRE_ONE,
     OP_RELEASE_ONE,
     P_N,
-    PACKED_INT64,
     PENDING,
     PROCESSING,
     R_FAILED,
@@ -74,9 +73,8 @@ from .tables import (
     RC_FAILED_AT,
     READY,
     RUNNING,
-    U8_PRESKIP,
-    U8_RETRIES,
-    U8_STATUS,
+    groups,
+    unpack_int64,
 )
 
 __all__ = ["PlainBlocks", "PlainSurface"]
@@ -120,20 +118,15 @@ class PlainSurface:
 
     def __init__(self, b, u8, n_met) -> None:
         self.b, self.u8, self.n_met = b, u8, n_met  # what the cache compares (by identity)
-        views = {}
-        for k, s in enumerate(PACKED_INT64):
-            v = b[b[4 * k] : b[4 * k + 1]]
-            if s.ndim > 1:
-                v = v.reshape((-1, *(int(d) for d in b[4 * k + 2 : 4 * k + 1 + s.ndim])))
-            views[s.name] = v
-        n = int(b[P_N])
-        self.status = memoryview(u8[U8_STATUS * n : (U8_STATUS + 1) * n])
-        self.retries = memoryview(u8[U8_RETRIES * n : (U8_RETRIES + 1) * n])
-        self.preskip = memoryview(u8[U8_PRESKIP * n : (U8_PRESKIP + 1) * n])
-        self.nmet = memoryview(n_met)
-        self.queue = memoryview(views["queue"])
-        self.cnt = memoryview(views["cnt"].reshape(-1))  # flat: t * N_CNT + column
-        self.tcfg = memoryview(views["tcfg"].reshape(-1))  # flat: t * N_CFG + column
+        views = unpack_int64(b)
+        status, nmet, retries, preskip, queue, cnt, tcfg = groups(views, u8, n_met, int(b[P_N]))[1]
+        self.status = memoryview(status)
+        self.retries = memoryview(retries)
+        self.preskip = memoryview(preskip)
+        self.nmet = memoryview(nmet)
+        self.queue = memoryview(queue)
+        self.cnt = memoryview(cnt.reshape(-1))  # flat: t * N_CNT + column
+        self.tcfg = memoryview(tcfg.reshape(-1))  # flat: t * N_CFG + column
         self.blocks = PlainBlocks(views)
         self.tasks = self.blocks.tasks
         self.describe = self.blocks.describe  # [row, spatial id, *ro, *rs, *wo, *ws] of a row
