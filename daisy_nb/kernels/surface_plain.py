@@ -72,6 +72,7 @@ from .tables import (
     R_SUCCESS,
     RC_FAILED_AT,
     READY,
+    RETRIES_MAX,
     RUNNING,
     groups,
     unpack_int64,
@@ -240,7 +241,7 @@ class PlainSurface:
             if code == R_FAILED:
                 if retries[gi] >= self.tcfg[t * N_CFG + F_MAX_RETRIES]:
                     return RC_FAILED_AT - i
-                if retries[gi] < 255:
+                if retries[gi] < RETRIES_MAX:
                     retries[gi] += 1
                 status[gi] = READY
                 self._push_back(t, r)

@@ -33,6 +33,8 @@ FIT_VALID, FIT_OVERHANG, FIT_SHRINK = range(3)
 
 # -- block status (status byte per block)
 PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED = range(6)
+# -- failed attempts per block: one byte (u8), so the count stops here and no task may allow more
+RETRIES_MAX = 255
 # -- release codes (one per released block; SUCCESS and FAILED are daisy's BlockStatus values)
 R_GIVE_BACK, R_SUCCESS, R_FAILED, R_SKIPPED = 0, 2, 3, 4
 # -- per-task counters and queue pointers: columns of ``cnt``
