@@ -84,12 +84,13 @@ __all__ = ["PlainBlocks", "PlainSurface"]
 class _Task:
     """One task's constants, read once from the tables (attributes are faster than table reads)."""
 
-    __slots__ = ("nd", "lb", "nlevels", "base", "nt", "shrink", "period", "idoff", "tr_off", "tr_end", "tw_off",
+    __slots__ = ("nd", "lb", "sb", "nlevels", "base", "nt", "shrink", "period", "idoff", "tr_off", "tr_end", "tw_off",
                  "tw_end", "rs", "ws", "lone")  # fmt: skip
 
     def __init__(self, t: int, info: list, geo: list, t_out_ptr: list) -> None:
         nd = self.nd = info[t][I_NDIM]
-        self.lb = info[t][I_LEVEL_BASE]
+        self.lb = info[t][I_LEVEL_BASE]  # into lvl_off, lvl_cnt
+        self.sb = self.lb + t  # into lvl_start, conf_ptr: one extra entry per task (layout.pack_layouts)
         self.nlevels = info[t][I_NLEVELS]
         self.base = info[t][I_BLOCK_BASE]
         self.nt = info[t][I_NBLOCKS]
@@ -336,7 +337,7 @@ class PlainBlocks:
         """Level and in-level counter of ``row`` (graph.row_to_counter)."""
         tk = self.tasks[t]
         starts = self.lvl_start
-        sb = tk.lb + t
+        sb = tk.sb
         lo = 0
         if tk.nlevels > 1:
             hi = tk.nlevels - 1
@@ -359,14 +360,14 @@ class PlainBlocks:
         """(task, row, level, counter) of every downstream block of ``row``: intra-task in the
         conflict offsets' order, then per downstream task (``_down_lj``)."""
         tk = self.tasks[t]
-        nd, lb = tk.nd, tk.lb
+        nd, lb, sb = tk.nd, tk.lb, tk.sb
         lev, j = self.counter(t, row)
         out = []
         if lev + 1 < tk.nlevels:
             ncnt = self.lvl_cnt[lb + lev + 1]
-            st = self.lvl_start[lb + t + lev + 1]
+            st = self.lvl_start[sb + lev + 1]
             jumps = self.conf_jump
-            for c in range(self.conf_ptr[lb + t + lev + 1], self.conf_ptr[lb + t + lev + 2]):
+            for c in range(self.conf_ptr[sb + lev + 1], self.conf_ptr[sb + lev + 2]):
                 jump = jumps[c]
                 rank = 0
                 jn = [0] * nd
@@ -386,7 +387,7 @@ class PlainBlocks:
                 e = self.t_out_e[k]
                 v = self.e_uv[e][1]
                 vt = self.tasks[v]
-                vnd, vlb, vperiod = vt.nd, vt.lb, vt.period
+                vnd, vlb, vsb, vperiod = vt.nd, vt.lb, vt.sb, vt.period
                 dn_off = self.e_dn_off[e]
                 lo = [0] * vnd
                 hi = [0] * vnd
@@ -409,7 +410,7 @@ class PlainBlocks:
                         jd = (pos[d] - voff[d]) // vperiod[d]
                         jn[d] = jd
                         rank = rank * vcnt[d] + jd
-                    out.append((v, self.lvl_start[vlb + v + vlev] + rank, vlev, jn))
+                    out.append((v, self.lvl_start[vsb + vlev] + rank, vlev, jn))
                     for d in range(vnd - 1, -1, -1):
                         pos[d] += 1
                         if pos[d] < hi[d]:
@@ -420,12 +421,12 @@ class PlainBlocks:
     def n_upstream(self, t: int, lev: int, j: list[int]) -> int:
         """Upstream blocks (intra-task and of every upstream task) of the block at ``lev``, ``j`` (``_n_up_lj``)."""
         tk = self.tasks[t]
-        nd, lb = tk.nd, tk.lb
+        nd, lb, sb = tk.nd, tk.lb, tk.sb
         n = 0
         if lev > 0:
             pcnt = self.lvl_cnt[lb + lev - 1]
             jumps = self.conf_jump
-            for c in range(self.conf_ptr[lb + t + lev], self.conf_ptr[lb + t + lev + 1]):
+            for c in range(self.conf_ptr[sb + lev], self.conf_ptr[sb + lev + 1]):
                 jump = jumps[c]
                 for d in range(nd):
                     jj = j[d] + jump[d]
