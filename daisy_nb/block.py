@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     RoiLike = Roi | tuple[tuple[int, ...], tuple[int, ...]]
 
-__all__ = ["Block", "BlockStatus", "cantor_number"]
+__all__ = ["Block", "BlockStatus", "cantor_number", "cantor_of_ints"]
 
 
 class BlockStatus:
@@ -67,8 +67,16 @@ def cantor_number(index: Iterable[int]) -> int:
     ``id = x0 + sum_{n=2..N} C(S_n + n - 1, n)`` with ``S_n = x0 + ... + x_{n-1}``.
     """
     x = [int(v) for v in index]
-    if not x:
-        return 0
+    return cantor_of_ints(x) if x else 0
+
+
+def cantor_of_ints(x: list[int]) -> int:
+    """:func:`cantor_number` of a non-empty list of Python ints, taken as they are.
+
+    For callers that hold plain ints already (the plain-mode ready surface,
+    ``kernels/surface_plain.py``, once per block described): converting them again
+    would cost as much as the arithmetic.
+    """
     total = x[0]
     s = x[0]
     for n in range(2, len(x) + 1):

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from .kernels.tables import RETRIES_MAX
 from .layout import BlockLayout
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ class TaskParams:
         self.layout = layout
         self._total_roi, self._read_roi, self._write_roi = total_roi, read_roi, write_roi
         self._max_workers = _worker_count(max_workers, num_workers)
-        self._max_retries = _int_param(max_retries, "max_retries", 0, 255)
+        self._max_retries = _int_param(max_retries, "max_retries", 0, RETRIES_MAX)
         self._max_worker_restarts = _int_param(max_worker_restarts, "max_worker_restarts", 0)
         self._timeout_secs = _timeout_secs(timeout)
         self._timeout = timeout

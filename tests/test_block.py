@@ -7,10 +7,12 @@ from itertools import product
 
 import pytest
 from funlib.geometry import Roi as FunlibRoi
+from hypothesis import given
+from hypothesis import strategies as st
 
 import daisy_nb
 from daisy_nb import Block, BlockStatus, BlockwiseDependencyGraph, Roi
-from daisy_nb.block import cantor_number
+from daisy_nb.block import cantor_number, cantor_of_ints
 
 try:
     from .reference import block_spatial_id, cantor
@@ -86,6 +88,12 @@ def test_spatial_id_exact_beyond_2_53(x, exact):
     b = Block(Roi((0,) * len(x), one), Roi(x, one), Roi(x, one), task_id="t")
     assert b.block_id == ("t", exact)
     assert cantor_number(x) == exact
+
+
+@given(st.lists(st.integers(0, 2**12), min_size=1, max_size=6))
+def test_cantor_of_ints_matches_the_reference(x):
+    """The arithmetic the plain-mode surface calls directly on its lists (no int conversion)."""
+    assert cantor_of_ints(x) == cantor_number(x) == cantor(tuple(x))
 
 
 def test_equality_and_hash_by_block_id():

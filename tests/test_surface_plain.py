@@ -22,7 +22,6 @@ import daisy_nb.kernels.surface as ks
 import daisy_nb.kernels.tables as kt
 from daisy_nb import Roi
 from daisy_nb.kernels import _jit
-from daisy_nb.kernels.surface_plain import cantor
 
 
 def _scheduler(config) -> daisy.Scheduler:
@@ -147,13 +146,6 @@ def test_plain_step_lockstep_with_kernel(config, seed, fail_p):
             break
     for side in sides:
         assert side.s.is_done()
-
-
-@given(st.lists(st.integers(0, 2**12), min_size=1, max_size=6))
-def test_plain_cantor_matches_the_reference(x):
-    from reference.block_id import cantor as reference_cantor
-
-    assert cantor(x) == reference_cantor(tuple(x))
 
 
 def test_plain_step_is_what_plain_mode_runs():

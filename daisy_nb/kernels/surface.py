@@ -99,6 +99,7 @@ from .tables import (
     RC_FAILED_AT,
     RC_SCRATCH,
     READY,
+    RETRIES_MAX,
     RUNNING,
     U8_CODE1,
     U8_PRESKIP,
@@ -448,7 +449,7 @@ def _release(T, S, W, t, rows, codes, start):
             if retries[gi] >= tcfg[t, F_MAX_RETRIES]:
                 return RC_FAILED_AT - i
             else:
-                if retries[gi] < 255:
+                if retries[gi] < RETRIES_MAX:
                     retries[gi] += 1
                 status[gi] = READY
                 _push_back(queue, cnt, info, t, r)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from array import array
 
+from ..block import cantor_of_ints
 from .tables import (
     C_COMPLETED,
     C_GIVEN,
@@ -64,7 +65,6 @@ from .tables import (
     OP_ACQUIRE_ONE,
     OP_RELEASE_ONE,
     P_N,
-    PACKED_INT64,
     PENDING,
     PROCESSING,
     R_FAILED,
@@ -72,38 +72,25 @@ from .tables import (
     R_SUCCESS,
     RC_FAILED_AT,
     READY,
+    RETRIES_MAX,
     RUNNING,
-    U8_PRESKIP,
-    U8_RETRIES,
-    U8_STATUS,
+    groups,
+    unpack_int64,
 )
 
-__all__ = ["PlainBlocks", "PlainSurface", "cantor"]
-
-
-def cantor(x: list[int]) -> int:
-    """daisy's Cantor number of the grid index ``x`` (shifted by the ID offset), in Python ints:
-    the step-wise product ``kernels/block_id.py: cantor`` writes out for up to 4 axes."""
-    s = x[0]
-    total = s
-    for n in range(2, len(x) + 1):
-        s += x[n - 1]
-        c = 1
-        for i in range(1, n + 1):
-            c = c * (s + i - 1) // i
-        total += c
-    return total
+__all__ = ["PlainBlocks", "PlainSurface"]
 
 
 class _Task:
     """One task's constants, read once from the tables (attributes are faster than table reads)."""
 
-    __slots__ = ("nd", "lb", "nlevels", "base", "nt", "shrink", "period", "idoff", "tr_off", "tr_end", "tw_off",
+    __slots__ = ("nd", "lb", "sb", "nlevels", "base", "nt", "shrink", "period", "idoff", "tr_off", "tr_end", "tw_off",
                  "tw_end", "rs", "ws", "lone")  # fmt: skip
 
     def __init__(self, t: int, info: list, geo: list, t_out_ptr: list) -> None:
         nd = self.nd = info[t][I_NDIM]
-        self.lb = info[t][I_LEVEL_BASE]
+        self.lb = info[t][I_LEVEL_BASE]  # into lvl_off, lvl_cnt
+        self.sb = self.lb + t  # into lvl_start, conf_ptr: one extra entry per task (layout.pack_layouts)
         self.nlevels = info[t][I_NLEVELS]
         self.base = info[t][I_BLOCK_BASE]
         self.nt = info[t][I_NBLOCKS]
@@ -133,20 +120,15 @@ class PlainSurface:
 
     def __init__(self, b, u8, n_met) -> None:
         self.b, self.u8, self.n_met = b, u8, n_met  # what the cache compares (by identity)
-        views = {}
-        for k, s in enumerate(PACKED_INT64):
-            v = b[b[4 * k] : b[4 * k + 1]]
-            if s.ndim > 1:
-                v = v.reshape((-1, *(int(d) for d in b[4 * k + 2 : 4 * k + 1 + s.ndim])))
-            views[s.name] = v
-        n = int(b[P_N])
-        self.status = memoryview(u8[U8_STATUS * n : (U8_STATUS + 1) * n])
-        self.retries = memoryview(u8[U8_RETRIES * n : (U8_RETRIES + 1) * n])
-        self.preskip = memoryview(u8[U8_PRESKIP * n : (U8_PRESKIP + 1) * n])
-        self.nmet = memoryview(n_met)
-        self.queue = memoryview(views["queue"])
-        self.cnt = memoryview(views["cnt"].reshape(-1))  # flat: t * N_CNT + column
-        self.tcfg = memoryview(views["tcfg"].reshape(-1))  # flat: t * N_CFG + column
+        views = unpack_int64(b)
+        status, nmet, retries, preskip, queue, cnt, tcfg = groups(views, u8, n_met, int(b[P_N]))[1]
+        self.status = memoryview(status)
+        self.retries = memoryview(retries)
+        self.preskip = memoryview(preskip)
+        self.nmet = memoryview(nmet)
+        self.queue = memoryview(queue)
+        self.cnt = memoryview(cnt.reshape(-1))  # flat: t * N_CNT + column
+        self.tcfg = memoryview(tcfg.reshape(-1))  # flat: t * N_CFG + column
         self.blocks = PlainBlocks(views)
         self.tasks = self.blocks.tasks
         self.describe = self.blocks.describe  # [row, spatial id, *ro, *rs, *wo, *ws] of a row
@@ -260,7 +242,7 @@ class PlainSurface:
             if code == R_FAILED:
                 if retries[gi] >= self.tcfg[t * N_CFG + F_MAX_RETRIES]:
                     return RC_FAILED_AT - i
-                if retries[gi] < 255:
+                if retries[gi] < RETRIES_MAX:
                     retries[gi] += 1
                 status[gi] = READY
                 self._push_back(t, r)
@@ -349,13 +331,13 @@ class PlainBlocks:
         v, _, vlev, vj = entry
         tk = self.tasks[v]
         off = self.lvl_off[tk.lb + vlev]
-        return v, cantor([off[d] + vj[d] * tk.period[d] + tk.idoff[d] for d in range(tk.nd)])
+        return v, cantor_of_ints([off[d] + vj[d] * tk.period[d] + tk.idoff[d] for d in range(tk.nd)])
 
     def counter(self, t: int, row: int) -> tuple[int, list[int]]:
         """Level and in-level counter of ``row`` (graph.row_to_counter)."""
         tk = self.tasks[t]
         starts = self.lvl_start
-        sb = tk.lb + t
+        sb = tk.sb
         lo = 0
         if tk.nlevels > 1:
             hi = tk.nlevels - 1
@@ -378,14 +360,14 @@ class PlainBlocks:
         """(task, row, level, counter) of every downstream block of ``row``: intra-task in the
         conflict offsets' order, then per downstream task (``_down_lj``)."""
         tk = self.tasks[t]
-        nd, lb = tk.nd, tk.lb
+        nd, lb, sb = tk.nd, tk.lb, tk.sb
         lev, j = self.counter(t, row)
         out = []
         if lev + 1 < tk.nlevels:
             ncnt = self.lvl_cnt[lb + lev + 1]
-            st = self.lvl_start[lb + t + lev + 1]
+            st = self.lvl_start[sb + lev + 1]
             jumps = self.conf_jump
-            for c in range(self.conf_ptr[lb + t + lev + 1], self.conf_ptr[lb + t + lev + 2]):
+            for c in range(self.conf_ptr[sb + lev + 1], self.conf_ptr[sb + lev + 2]):
                 jump = jumps[c]
                 rank = 0
                 jn = [0] * nd
@@ -405,7 +387,7 @@ class PlainBlocks:
                 e = self.t_out_e[k]
                 v = self.e_uv[e][1]
                 vt = self.tasks[v]
-                vnd, vlb, vperiod = vt.nd, vt.lb, vt.period
+                vnd, vlb, vsb, vperiod = vt.nd, vt.lb, vt.sb, vt.period
                 dn_off = self.e_dn_off[e]
                 lo = [0] * vnd
                 hi = [0] * vnd
@@ -428,7 +410,7 @@ class PlainBlocks:
                         jd = (pos[d] - voff[d]) // vperiod[d]
                         jn[d] = jd
                         rank = rank * vcnt[d] + jd
-                    out.append((v, self.lvl_start[vlb + v + vlev] + rank, vlev, jn))
+                    out.append((v, self.lvl_start[vsb + vlev] + rank, vlev, jn))
                     for d in range(vnd - 1, -1, -1):
                         pos[d] += 1
                         if pos[d] < hi[d]:
@@ -439,12 +421,12 @@ class PlainBlocks:
     def n_upstream(self, t: int, lev: int, j: list[int]) -> int:
         """Upstream blocks (intra-task and of every upstream task) of the block at ``lev``, ``j`` (``_n_up_lj``)."""
         tk = self.tasks[t]
-        nd, lb = tk.nd, tk.lb
+        nd, lb, sb = tk.nd, tk.lb, tk.sb
         n = 0
         if lev > 0:
             pcnt = self.lvl_cnt[lb + lev - 1]
             jumps = self.conf_jump
-            for c in range(self.conf_ptr[lb + t + lev], self.conf_ptr[lb + t + lev + 1]):
+            for c in range(self.conf_ptr[sb + lev], self.conf_ptr[sb + lev + 1]):
                 jump = jumps[c]
                 for d in range(nd):
                     jj = j[d] + jump[d]
@@ -471,7 +453,7 @@ class PlainBlocks:
         tk = self.tasks[t]
         lev, j = self.counter(t, row)
         off = self.lvl_off[tk.lb + lev]
-        if tk.nd == 1:  # most small runs: no loops, no lists but the result
+        if tk.nd == 1:  # most small runs: no loops, no lists but the result; one axis's Cantor number is its index
             g = off[0] + j[0] * tk.period[0]
             w = tk.ws[0]
             r0 = tk.tr_off[0] + g * w
@@ -494,4 +476,4 @@ class PlainBlocks:
             else:
                 rs.append(tk.rs[d])
                 ws.append(w)
-        return [row, cantor(x), *ro, *rs, *wo, *ws]
+        return [row, cantor_of_ints(x), *ro, *rs, *wo, *ws]

@@ -12,7 +12,7 @@ constants.
   one buffer and the byte arrays in another (see ``kernels/surface.py``). The table
   :data:`PACKED_INT64` declares them (name, dimensions, group); the slot numbers
   ``P_*`` that the kernels use, the buffer's header and the Python-side views
-  (:func:`pack_int64`) are all derived from it, so the two sides cannot disagree.
+  (:func:`pack_int64`, :func:`unpack_int64`) are all derived from it, so the two sides cannot disagree.
 * The operations of ``surface.step`` (``OP_*``) and its result codes (``RC_*``).
 """
 
@@ -33,6 +33,8 @@ FIT_VALID, FIT_OVERHANG, FIT_SHRINK = range(3)
 
 # -- block status (status byte per block)
 PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED = range(6)
+# -- failed attempts per block: one byte (u8), so the count stops here and no task may allow more
+RETRIES_MAX = 255
 # -- release codes (one per released block; SUCCESS and FAILED are daisy's BlockStatus values)
 R_GIVE_BACK, R_SUCCESS, R_FAILED, R_SKIPPED = 0, 2, 3, 4
 # -- per-task counters and queue pointers: columns of ``cnt``
@@ -161,6 +163,21 @@ def pack_int64(tables: dict, shapes: dict, n_blocks: int) -> tuple[np.ndarray, d
         views[s.name] = v
     b[P_N] = n_blocks
     return b, views
+
+
+def unpack_int64(b: np.ndarray) -> dict:
+    """A view per slot of a buffer :func:`pack_int64` made, read back from its header.
+
+    For code that keeps only the buffer (plain mode's ``surface_plain.PlainSurface``);
+    ``surface.step`` reads the same header inside the kernel.
+    """
+    views = {}
+    for k, s in enumerate(PACKED_INT64):
+        v = b[b[4 * k] : b[4 * k + 1]]
+        if s.ndim > 1:
+            v = v.reshape((-1, *(int(d) for d in b[4 * k + 2 : 4 * k + 1 + s.ndim])))
+        views[s.name] = v
+    return views
 
 
 def pack_u8(n_blocks: int) -> np.ndarray:
