@@ -113,7 +113,7 @@ _DEFERRED = """
     scheduler._PACE_SECS = 0.02
     # work between the price and twice it: the decision waits for the hand-out rate; near twice, so
     # that most of it is still ahead after the first moments (plain batches hand out ~5k blocks/20 ms)
-    n = 30_000
+    n = 125_000
     assert _jit.COMPILE_AT <= n * (scheduler._US_BLOCK + scheduler._US_PER_DOWNSTREAM) < 2 * _jit.COMPILE_AT
     s = daisy.Scheduler([daisy.Task("s", Roi((0,), (n,)), Roi((0,), (1,)), Roi((0,), (1,)), read_write_conflict=False)])
     at_init = "numba" in sys.modules

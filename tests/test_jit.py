@@ -217,7 +217,7 @@ def test_a_warm_cache_says_nothing(tmp_path):
         import daisy_nb as daisy
         from daisy_nb import Roi
         from daisy_nb.kernels import _jit
-        s = daisy.Scheduler([daisy.Task("s", Roi((0,), (100000,)), Roi((0,), (1,)), Roi((0,), (1,)))])
+        s = daisy.Scheduler([daisy.Task("s", Roi((0,), (200000,)), Roi((0,), (1,)), Roi((0,), (1,)))])
         b = s.acquire_blocks("s", 10)
         print(_jit.compiled(), _jit.cache_is_warm())
     """,

@@ -1,20 +1,17 @@
 """When compiling the kernels pays: :class:`CompilePace`, the Scheduler's one decision about itself.
 
-Compiled kernels pay off only for enough work (``kernels/_jit.py``): a block costs the
-plain-Python kernels ~20 µs (batch API) to ~40 µs (per-block API; the plain twin of
-``kernels.surface.step`` builds its views once) plus ~7 µs per entry of its downstream
-list (measured 1-D to 3-D, 1-3 tasks), so from ~4k blocks (3-D, conflicts, two tasks)
-to ~16k (1-D, one task) the scheduler compiles: 12,800 blocks handed out one by one to
-Clients (~0.5 s of plain kernels) no longer pay numba's ~0.6 s. When the work is between
-the price and twice it, whether compiling pays depends on how fast blocks are handed
-out (``_jit.compile_pays``): decided after the first ``secs`` of hand-outs from their
-rate, in plain Python until then.
-
-Those costs were measured before the plain step became ``kernels/surface_plain.py``; since,
-``benchmarks/bench_small.py --calibrate`` gives about half (batch API) to a third (per-block
-API) of them, so :data:`US_BLOCK` overestimates the plain work and a run between ~16k and
-~30k 1-D blocks compiles sooner than it must. Kept until recalibrated on a quiet machine:
-the tests of the decision's thresholds are written against these constants.
+Compiled kernels pay off only for enough work (``kernels/_jit.py``): what they save per
+block is the plain-Python kernels' cost (``kernels/surface_plain.py``) minus the compiled
+kernels' own, about 7 µs plus 2 µs per entry of the block's downstream list
+(``benchmarks/bench_small.py --calibrate``, batch API: a 1-D task 11.7 µs plain against
+~2.7 compiled; two 3-D tasks with conflicts, ~27 entries a block, 73 µs against ~12). So
+a 1-D task compiles from ~67k blocks (from ~133k when its blocks come slowly), two 3-D
+tasks with conflicts from ~10k; 12,800 blocks handed out one by one to Clients never pay
+numba's ~0.6 s. When the work is between the price and twice it, whether compiling pays
+depends on how fast blocks are handed out (``_jit.compile_pays``): decided after the first
+``secs`` of hand-outs from their rate, in plain Python until then. (Before the plain
+kernels became ``surface_plain.py`` the weights were 30 and 7 µs, the plain cost of the
+older twin: a 100k-block 1-D run then loaded numba and took 1.94 s against 1.75 s plain.)
 """
 
 from __future__ import annotations
@@ -25,18 +22,20 @@ from daisy_nb.kernels import _jit
 
 __all__ = ["US_BLOCK", "US_PER_DOWNSTREAM", "CompilePace", "plain_work_us"]
 
-US_BLOCK, US_PER_DOWNSTREAM = 30, 7  # plain-Python kernel cost of one block (see the module docstring)
+US_BLOCK, US_PER_DOWNSTREAM = 7, 2  # what compiling saves per block, and per downstream entry (module docstring)
 
 
 def plain_work_us(blocks: int, entries: int) -> float:
-    """Microseconds of plain-Python kernel work of a run of ``blocks`` blocks whose downstream
-    lists (task edges and conflicts) hold ``entries`` entries in all: what the compile decision
-    (``kernels/_jit.py``) weighs. Every release touches at least its own entry.
+    """Microseconds that compiled kernels would save on a run of ``blocks`` blocks whose downstream
+    lists (task edges and conflicts) hold ``entries`` entries in all: the plain-Python work the
+    compile decision (``kernels/_jit.py``) weighs against numba's price. Every release touches
+    at least its own entry.
 
     The entries are counted over all blocks, not as the longest list times the blocks: one
     block reading a whole volume (a reduction, the demo's ``resolve``) has every block of the
     next task downstream, and charging that list to every block made the demo's 717 blocks
-    look like 0.65 s of plain work (its 5,332 blocks at 32³ like 37 s), so it loaded numba."""
+    look like 0.65 s of plain work (its 5,332 blocks at 32³ like 37 s, with the older weights), so it
+    loaded numba."""
     return blocks * US_BLOCK + US_PER_DOWNSTREAM * max(blocks, entries)
 
 
