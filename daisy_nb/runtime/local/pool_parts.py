@@ -36,7 +36,7 @@ class PoolTaskRun(TaskRun):
     def __init__(self, task):
         super().__init__(task)
         self.timeout_ns = None if self.timeout is None else int(self.timeout * 1e9)
-        self.per_block: float | None = None  # seconds, from the last finished batch (None: not measured yet)
+        self.per_block: float | None = None  # seconds, typical of the last batches (None: not measured yet)
         self.next_slot = 0  # the next worker's slot number (its log file names)
         self.t_spawned: float | None = None  # monotonic time its first worker started
         self.no_spawn_before = 0.0  # monotonic time: a worker function returned early, the next one waits

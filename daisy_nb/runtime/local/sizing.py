@@ -5,8 +5,11 @@ that measures: per task, the time per block of the last finished batch, and from
 batch size and whether a second batch may wait behind a running one. Which worker gets
 the batch, parking, quitting and exits stay the core's; it asks this part how many.
 
-**Batching.** Per task, the batch size starts at 1 and follows the measured time per
-block so that a batch takes about ``target`` seconds (``PER_WORKER_BATCH_SECS`` per
+**Batching.** Per task, the batch size starts at 1 and follows the typical time per
+block (the median over the last ``TYPICAL_OF`` batches: one batch that held a straggler
+does not shrink the next ones to single blocks, nor does a batch of quick ones grow them
+into batches that a straggler then holds hostage; a lasting change of speed is followed
+after half of them) so that a batch takes about ``target`` seconds (``PER_WORKER_BATCH_SECS`` per
 worker when that is longer; :func:`daisy_nb.runtime.common.batching.grow_batch`), capped by
 ``ceil(ready / workers)`` so that workers share the ready blocks and dependent levels are
 not held back by one worker's batch.
@@ -21,6 +24,8 @@ a measured time per block is not negative.
 
 from __future__ import annotations
 
+import itertools
+import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +35,7 @@ from daisy_nb.runtime.common.batching import grow_batch
 __all__ = ["PER_WORKER_BATCH_SECS", "BatchSizing", "BlockTask"]
 
 PER_WORKER_BATCH_SECS = 0.002  # batch target floor per running worker (16 workers: 32 ms batches)
+TYPICAL_OF = 5  # batches whose median time per block sizes the next batch
 
 
 @dataclass
@@ -39,7 +45,7 @@ class BlockTask:
     tid: str
     timeout_ns: int | None = None  # a block's timeout, None: none
     batch_k: int = 1
-    per_block: float | None = None  # seconds, from the last finished batch (None: not measured yet)
+    per_block: float | None = None  # seconds, typical of the last batches (None: not measured yet)
     block_secs: deque = field(default_factory=lambda: deque(maxlen=64))  # recent times per block
     t_first_batch: bool = False  # a batch was sent
 
@@ -64,8 +70,10 @@ class BatchSizing:
     def measured(self, tid: str, elapsed_ns: int, n: int) -> None:
         """A batch of ``n`` blocks of ``tid`` ran in ``elapsed_ns``: the time per block, the next size."""
         t = self.tasks[tid]
-        t.per_block = elapsed_ns / n / 1e9
-        t.block_secs.append(t.per_block)
+        t.block_secs.append(elapsed_ns / n / 1e9)
+        k = min(TYPICAL_OF, len(t.block_secs))
+        t.per_block = statistics.median(itertools.islice(reversed(t.block_secs), k))
+        elapsed_ns = int(t.per_block * 1e9 * n)  # the batch as it would have run at the typical speed
         # many workers: longer batches, so that the scheduler's batches per second stay bounded
         target = max(self.target, self._workers_total() * PER_WORKER_BATCH_SECS)
         t.batch_k = grow_batch(t.batch_k, elapsed_ns, n, target, self.capacity)
