@@ -57,6 +57,24 @@ def emit(result: dict) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def fake_batch_env(folder: str, extra: dict | None = None) -> dict:
+    """A child environment whose ``sbatch`` and ``scancel`` are the fakes of
+    ``tests/workers/fakebatch.py`` (jobs run on this machine, each in its own session), with their
+    state in ``folder/state`` and the commands in ``folder/bin``; ``extra`` is added."""
+    state, bin_dir = os.path.join(folder, "state"), os.path.join(folder, "bin")
+    os.makedirs(state, exist_ok=True)
+    os.makedirs(bin_dir, exist_ok=True)
+    fake = os.path.join(ROOT, "tests", "workers", "fakebatch.py")
+    for role in ("sbatch", "scancel"):
+        p = os.path.join(bin_dir, role)
+        with open(p, "w") as f:
+            f.write(f'#!/bin/sh\nexec {sys.executable} {fake} {role} "$@"\n')
+        os.chmod(p, 0o755)
+    env = {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "FAKEBATCH_DIR": state}
+    env.update(extra or {})
+    return child_env(env)
+
+
 # -- memory ---------------------------------------------------------------------------
 def _status_kb(key: str) -> int:
     with open("/proc/self/status") as f:

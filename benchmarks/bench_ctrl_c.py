@@ -34,7 +34,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-FAKEBATCH = os.path.join(ROOT, "tests", "workers", "fakebatch.py")
 
 
 # ---------------------------------------------------------------- in the children
@@ -113,17 +112,9 @@ def one(python: str, lib: str, how: str, secs: float, jobs: int) -> dict:
     import _util
 
     with tempfile.TemporaryDirectory() as d:
-        out, state, bin_dir = (os.path.join(d, x) for x in ("out", "state", "bin"))
-        for x in (out, state, bin_dir):
-            os.mkdir(x)
-        for role in ("sbatch", "scancel"):
-            p = os.path.join(bin_dir, role)
-            with open(p, "w") as f:
-                f.write(f'#!/bin/sh\nexec {sys.executable} {FAKEBATCH} {role} "$@"\n')
-            os.chmod(p, 0o755)
-        env = _util.child_env(
-            {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "FAKEBATCH_DIR": state, "PYTHONUNBUFFERED": "1"}
-        )
+        out = os.path.join(d, "out")
+        os.mkdir(out)
+        env = _util.fake_batch_env(d, {"PYTHONUNBUFFERED": "1"})
         if lib == "daisy":  # daisy 2.0.0 from its own environment, nothing of this checkout
             env.pop("PYTHONPATH", None)
         drv = subprocess.Popen(

@@ -42,7 +42,6 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-FAKEBATCH = os.path.join(ROOT, "tests", "workers", "fakebatch.py")
 MEDIAN_SECS = 0.08
 SIGMA = 0.5
 STRAGGLER_SHARE = 0.01
@@ -145,21 +144,9 @@ def one(python: str, lib: str, blocks: int, jobs: int, stragglers: bool, queue: 
     import _util
 
     with tempfile.TemporaryDirectory() as d:
-        out, state, bin_dir = (os.path.join(d, x) for x in ("out", "state", "bin"))
-        for x in (out, state, bin_dir):
-            os.mkdir(x)
-        for role in ("sbatch", "scancel"):
-            p = os.path.join(bin_dir, role)
-            with open(p, "w") as f:
-                f.write(f'#!/bin/sh\nexec {sys.executable} {FAKEBATCH} {role} "$@"\n')
-            os.chmod(p, 0o755)
-        env = _util.child_env(
-            {
-                "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-                "FAKEBATCH_DIR": state,
-                "FAKEBATCH_QUEUE_SECS": str(queue),
-            }
-        )
+        out = os.path.join(d, "out")
+        os.mkdir(out)
+        env = _util.fake_batch_env(d, {"FAKEBATCH_QUEUE_SECS": str(queue)})
         if lib == "daisy":  # daisy 2.0.0 from its own environment, nothing of this checkout
             env.pop("PYTHONPATH", None)
         r = subprocess.run(
