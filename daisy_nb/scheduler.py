@@ -52,9 +52,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-# what ks.step is in plain mode (kernels/surface_plain.py): list calls of several blocks then take
-# lists from the plain surface; one-block calls go through ks.step in both modes, unchanged
-_PLAIN_STEP = ks.PLAIN_STEP[0]
 _PACE_SECS = 1.0  # hand-outs watched before a deferred compile decision (scheduling/pace.py)
 
 
@@ -586,46 +583,6 @@ class Scheduler(SchedulerViews):
         if bad.any():
             raise ValueError(f"unexpected status for released blocks: {sorted(set(codes[bad].tolist()))}")
         self._release_rows(t, rows, codes)
-        self._record(t, rows, codes)
-
-    # -- list API (the TCP path: a few blocks per call, frames built from plain ints) ------
-    def acquire_described(self, task_id: str, max_n: int) -> list[list[int]]:
-        """Up to ``max_n`` ready blocks of ``task_id`` as flat lists ``[index, spatial id, *read offset,
-        *read shape, *write offset, *write shape]`` (the batch API's order and prechecks); one block
-        is one kernel call into a preallocated row, no arrays built (``runtime/net/handout.py``)."""
-        t = self._tindex.get(task_id)
-        if t is None or max_n <= 0:
-            return []
-        if self._checks[task_id] is None:
-            if max_n == 1:
-                row = self._acquire_one(t)
-                return [] if row is None else [row]
-            if ks.step is _PLAIN_STEP:  # plain mode: described as lists, no arrays built
-                rows = self._plain_surface().acquire_described(t, max_n)
-                if rows:
-                    self._handed_out(len(rows))
-                return rows
-        b = self.acquire_blocks(task_id, max_n)
-        cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)
-        return [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
-
-    def release_indices(self, task_id: str, index: list[int], status: list[int]) -> None:
-        """``release_blocks`` of lists a runtime built (statuses 0, 2, 3: not checked); one block is
-        one kernel call, no arrays built."""
-        if len(index) == 1:
-            self._release_one(self._tindex[task_id], index[0], status[0])
-        elif ks.step is _PLAIN_STEP:  # plain mode: the lists as they are
-            bad = [c for c in status if c != kt.R_GIVE_BACK and c != kt.R_SUCCESS and c != kt.R_FAILED]
-            if bad:  # as release_blocks, which the compiled path calls
-                raise ValueError(f"unexpected status for released blocks: {sorted(set(bad))}")
-            self._release_listed(self._tindex[task_id], index, status)
-        else:
-            self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
-
-    def _release_listed(self, t: int, rows: list[int], codes: list[int]) -> None:
-        """Plain mode: ``_release_rows`` and the tracking record, on lists, through the plain surface."""
-        p = self._plain_surface()
-        self._released(t, rows, lambda start: p.release(t, rows, codes, start))
         self._record(t, rows, codes)
 
     # -- abandonment, the dependency graph, the tracking stores ----------------------------
