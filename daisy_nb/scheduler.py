@@ -41,6 +41,7 @@ from .tracking import TrackingStore
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from .kernels.surface_plain import PlainSurface
     from .task import Tasks
 
 __all__ = [
@@ -51,9 +52,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-# what ks.step is in plain mode (kernels/surface_plain.py): list calls of several blocks then take
-# lists from the plain surface; one-block calls go through ks.step in both modes, unchanged
-_PLAIN_STEP = ks.PLAIN_STEP[0]
 _PACE_SECS = 1.0  # hand-outs watched before a deferred compile decision (scheduling/pace.py)
 
 
@@ -427,9 +425,6 @@ class Scheduler(SchedulerViews):
         self._no_codes = np.zeros(1, np.uint8)
 
     # -- kernel calls ---------------------------------------------------------------
-    def _t(self, task_id) -> int | None:
-        return self._tindex.get(task_id)
-
     def _task_of(self, block: Block) -> int:
         """The task number of ``block``; raises if it belongs to no task of this pipeline."""
         t = self._tindex.get(block._task_id)
@@ -441,9 +436,30 @@ class Scheduler(SchedulerViews):
         n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE, t, max_n, 0, out, self._no_codes)
         if n < 0:
             raise RuntimeError("internal error: scratch buffer too small")
+        self._handed_out(n)
+        return n
+
+    def _acquire_one(self, t: int) -> list[int] | None:
+        """Task ``t``'s next ready block, one kernel call into a preallocated row: ``[row, spatial id,
+        *read offset, *read shape, *write offset, *write shape]``, or None if none is ready."""
+        out = self._one[t]
+        n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
+        if n <= 0:
+            if n < 0:
+                raise RuntimeError("internal error: scratch buffer too small")
+            return None
+        if self._pace is not None:  # checked here: the per-block path makes no call once it is decided
+            self._handed_out(1)
+        return out.tolist()
+
+    def _handed_out(self, n: int) -> None:
+        """``n`` more blocks went out: the deferred compile decision counts them until it is taken."""
         if self._pace is not None and self._pace.handed_out(n):
             self._pace = None
-        return n
+
+    def _plain_surface(self) -> PlainSurface:
+        """The plain surface over this scheduler's state (plain mode only: ``ks.step`` is its step)."""
+        return ks.plain_surface(self._b, self._u8, self.n_met)
 
     def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
         b, u8, met = self._b, self._u8, self.n_met
@@ -474,25 +490,16 @@ class Scheduler(SchedulerViews):
         if t is None:
             return None
         check = self._checks[task_id]
-        out = self._one[t]
         nd = self._ndim[t]
         while True:
-            n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
-            if n <= 0:
-                if n < 0:
-                    raise RuntimeError("internal error: scratch buffer too small")
+            v = self._acquire_one(t)
+            if v is None:
                 return None
-            if self._pace is not None and self._pace.handed_out(1):
-                self._pace = None
-            v = out.tolist()
             row = v[0]
             block = Block._make(task_id, v[1], (tuple(v[2 : 2 + nd]), tuple(v[2 + nd : 2 + 2 * nd])),
                                 (tuple(v[2 + 2 * nd : 2 + 3 * nd]), tuple(v[2 + 3 * nd :])), row)
             if check is not None and self._prechecks.done(task_id, block):
-                rows = np.full(1, row, np.int64)
-                codes = np.full(1, kt.R_SKIPPED, np.uint8)
-                self._release_rows(t, rows, codes)
-                self._tracking.record(t, rows, codes)
+                self._release_one(t, row, kt.R_SKIPPED)  # done already: completed, recorded as done
                 continue
             return block
 
@@ -517,13 +524,18 @@ class Scheduler(SchedulerViews):
             if n == kt.RC_SCRATCH:
                 raise RuntimeError("internal error: scratch buffer too small")
             self._fail(t, row)
-        if self.tracking:
+        if self.tracking:  # checked here: the per-block path builds no lists without a store
             self._tracking.record(t, np.full(1, row, np.int64), np.full(1, code, np.uint8))
+
+    def _record(self, t: int, rows: npt.ArrayLike, codes: npt.ArrayLike) -> None:
+        """Block tracking of task ``t``'s released ``rows`` and ``codes`` (lists or arrays, built only for a store)."""
+        if self.tracking:
+            self._tracking.record(t, np.asarray(rows, np.int64), np.asarray(codes, np.uint8))
 
     # -- batch API (runtimes) ---------------------------------------------------------
     def acquire_blocks(self, task_id: str, max_n: int) -> BlockBatch:
         """Up to ``max_n`` ready blocks of ``task_id`` as arrays (same order and prechecks)."""
-        t = self._t(task_id)
+        t = self._tindex.get(task_id)
         if t is None or max_n <= 0:
             return self._batch(task_id, 0, _EMPTY)
         check = self.tasks[task_id].check_function
@@ -539,7 +551,7 @@ class Scheduler(SchedulerViews):
             if skip.any():
                 codes = np.full(int(skip.sum()), kt.R_SKIPPED, np.uint8)
                 self._release_rows(t, rows[skip], codes)
-                self._tracking.record(t, rows[skip], codes)
+                self._record(t, rows[skip], codes)
             kept.append(rows[~skip])
             need = max_n - sum(len(k) for k in kept)
             if not skip.any() or need <= 0:
@@ -560,7 +572,7 @@ class Scheduler(SchedulerViews):
     def release_blocks(self, task_id: str, index: npt.ArrayLike, status: npt.ArrayLike) -> None:
         """Release many blocks: ``status`` per block is SUCCESS (2), FAILED (3), or
         CREATED (0: never started, given back to the front of the queue uncounted)."""
-        t = self._t(task_id)
+        t = self._tindex.get(task_id)
         if t is None:
             raise ValueError(f"unknown task {task_id!r}")
         rows = np.ascontiguousarray(index, dtype=np.int64)
@@ -571,53 +583,7 @@ class Scheduler(SchedulerViews):
         if bad.any():
             raise ValueError(f"unexpected status for released blocks: {sorted(set(codes[bad].tolist()))}")
         self._release_rows(t, rows, codes)
-        self._tracking.record(t, rows, codes)
-
-    # -- list API (the TCP path: a few blocks per call, frames built from plain ints) ------
-    def acquire_described(self, task_id: str, max_n: int) -> list[list[int]]:
-        """Up to ``max_n`` ready blocks of ``task_id`` as flat lists ``[index, spatial id, *read offset,
-        *read shape, *write offset, *write shape]`` (the batch API's order and prechecks); one block
-        is one kernel call into a preallocated row, no arrays built (``runtime/net/handout.py``)."""
-        t = self._tindex.get(task_id)
-        if t is None or max_n <= 0:
-            return []
-        if self._checks[task_id] is None:
-            if max_n == 1:
-                out = self._one[t]
-                n = ks.step(self._b, self._u8, self.n_met, kt.OP_ACQUIRE_ONE, t, 0, 0, out, self._no_codes)
-                if n < 0:
-                    raise RuntimeError("internal error: scratch buffer too small")
-                if n and self._pace is not None and self._pace.handed_out(1):
-                    self._pace = None
-                return [out.tolist()] if n else []
-            if ks.step is _PLAIN_STEP:  # plain mode: described as lists, no arrays built
-                rows = ks.plain_surface(self._b, self._u8, self.n_met).acquire_described(t, max_n)
-                if rows and self._pace is not None and self._pace.handed_out(len(rows)):
-                    self._pace = None
-                return rows
-        b = self.acquire_blocks(task_id, max_n)
-        cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)
-        return [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
-
-    def release_indices(self, task_id: str, index: list[int], status: list[int]) -> None:
-        """``release_blocks`` of lists a runtime built (statuses 0, 2, 3: not checked); one block is
-        one kernel call, no arrays built."""
-        if len(index) == 1:
-            self._release_one(self._tindex[task_id], index[0], status[0])
-        elif ks.step is _PLAIN_STEP:  # plain mode: the lists as they are
-            bad = [c for c in status if c != kt.R_GIVE_BACK and c != kt.R_SUCCESS and c != kt.R_FAILED]
-            if bad:  # as release_blocks, which the compiled path calls
-                raise ValueError(f"unexpected status for released blocks: {sorted(set(bad))}")
-            self._release_listed(self._tindex[task_id], index, status)
-        else:
-            self.release_blocks(task_id, np.array(index, np.int64), np.array(status, np.uint8))
-
-    def _release_listed(self, t: int, rows: list[int], codes: list[int]) -> None:
-        """Plain mode: ``_release_rows`` and the tracking record, on lists, through the plain surface."""
-        p = ks.plain_surface(self._b, self._u8, self.n_met)
-        self._released(t, rows, lambda start: p.release(t, rows, codes, start))
-        if self.tracking:
-            self._tracking.record(t, np.array(rows, np.int64), np.array(codes, np.uint8))
+        self._record(t, rows, codes)
 
     # -- abandonment, the dependency graph, the tracking stores ----------------------------
     def abandon_task(self, task_id: str, reason: str) -> list[str]:
@@ -631,16 +597,11 @@ class Scheduler(SchedulerViews):
             tid = self.task_ids[t]
             c = self.cnt[t]
             c[kt.C_ORPHANED] += max(0, self._nblocks[t] - c[kt.C_COMPLETED] - c[kt.C_FAILED] - c[kt.C_ORPHANED])
-            c[kt.C_READY] = 0
-            c[kt.C_PROC] = 0
-            c[kt.C_ROOTS_LEFT] = 0
-            c[kt.C_QLEN] = 0
-            c[kt.C_GIVEN] = 0
+            c[[kt.C_READY, kt.C_PROC, kt.C_ROOTS_LEFT, kt.C_QLEN, kt.C_GIVEN]] = 0  # nothing ready, queued or in flight
             self.tcfg[t, kt.F_STATE] = kt.ABANDONED
             self._abandon_reason[tid] = why
             out.append(tid)
-            for d in self.geometry.down_tasks[t]:
-                stack.append((d, "upstream task abandoned"))
+            stack.extend((d, "upstream task abandoned") for d in self.geometry.down_tasks[t])
         return out
 
     @property

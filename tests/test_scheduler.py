@@ -32,6 +32,7 @@ from strategies import pipeline_configs, ref_graph
 
 import daisy_nb as daisy
 from daisy_nb import BlockStatus, Roi
+from daisy_nb.scheduling.listed import ListedCalls
 from daisy_nb.tracking import read_tracking
 
 GOLDEN = json.loads(gzip.open(Path(__file__).parent / "data" / "scheduler_golden.json.gz").read())["cases"]
@@ -587,11 +588,12 @@ def test_prop_batch_api(config, seed, fail_p, give_back_p, skip_p):
     st.sampled_from([0.0, 0.3]),
 )
 def test_prop_list_api_lockstep_with_reference(config, seed, fail_p, give_back_p):
-    """The list API (``acquire_described``/``release_indices``, what the TCP server calls; in plain
+    """The list API (``ListedCalls.acquire``/``release``, what the TCP server calls; in plain
     mode ``kernels/surface_plain.py`` end to end): the blocks of the reference in its order,
     described as the batch API describes them, given-back blocks next, counters as the reference's."""
     rng = random.Random(seed)
     sched = daisy.Scheduler(nb_pipeline(config))
+    listed = ListedCalls(sched)
     ref = ref_scheduler(config)
     tids = list(config["tasks"])
     in_flight: dict[str, list[list[int]]] = {tid: [] for tid in tids}
@@ -607,7 +609,7 @@ def test_prop_list_api_lockstep_with_reference(config, seed, fail_p, give_back_p
             for _ in chunk:
                 x = rng.random()
                 status.append(0 if x < give_back_p else (3 if x < give_back_p + fail_p else 2))
-            sched.release_indices(tid, [r[0] for r in chunk], status)
+            listed.release(tid, [r[0] for r in chunk], status)
             gave_back = []
             for r, st_ in zip(chunk, status):
                 if st_ == 0:
@@ -620,7 +622,7 @@ def test_prop_list_api_lockstep_with_reference(config, seed, fail_p, give_back_p
             got_any = False
             for tid in tids if not n_in else [rng.choice(tids)]:
                 n = rng.randint(1, 4)
-                rows = sched.acquire_described(tid, n)
+                rows = listed.acquire(tid, n)
                 want = []
                 for _ in range(n):
                     sid = ref.acquire_block(tid)
@@ -1418,14 +1420,15 @@ def test_processing_count_and_abandonment_are_read_from_the_scheduler():
     assert s.processing_count("a") == 0
 
 
-def test_release_indices_refuses_a_status_as_release_blocks_does():
+def test_listed_release_refuses_a_status_as_release_blocks_does():
     """Several blocks through the list API (plain mode: straight to the plain surface) are checked
     as the batch API checks them: 1 or 4 is not a release status."""
     s = daisy.Scheduler(daisy.Task("t", Roi((0,), (4,)), Roi((0,), (1,)), Roi((0,), (1,)), tracking_path=False))
-    rows = [r[0] for r in s.acquire_described("t", 2)]
+    listed = ListedCalls(s)
+    rows = [r[0] for r in listed.acquire("t", 2)]
     for bad in (1, 4):
         with pytest.raises(ValueError, match="unexpected status"):
-            s.release_indices("t", rows, [2, bad])
+            listed.release("t", rows, [2, bad])
     assert s.processing_count("t") == 2
-    s.release_indices("t", rows, [2, 2])
+    listed.release("t", rows, [2, 2])
     assert s.processing_count("t") == 0 and s.counts("t").completed == 2

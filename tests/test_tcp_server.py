@@ -4,8 +4,8 @@ their time, quiet time between passes, and the list API behind it.
 
 Real worker programs (0-argument worker functions running ``daisy_nb.Client`` loops over
 TCP on 127.0.0.1) and real tracking stores; the frames a run exchanges are the counts of its
-hand-out core (``HandOut.counts``), the scheduler calls counted by wrapping the Scheduler's
-public list API. The decisions themselves are tested without processes in test_net_handout.py.
+hand-out core (``HandOut.counts``), the scheduler calls counted by wrapping its list API
+(``ListedCalls``). The decisions themselves are tested without processes in test_net_handout.py.
 """
 
 import os
@@ -27,6 +27,7 @@ import daisy_nb  # noqa: E402
 from daisy_nb.runtime.local.pool_parts import Waitables  # noqa: E402
 from daisy_nb.runtime.net import server as clients_mod  # noqa: E402
 from daisy_nb.scheduler import Scheduler  # noqa: E402
+from daisy_nb.scheduling.listed import ListedCalls  # noqa: E402
 from daisy_nb.tracking import read_tracking  # noqa: E402
 
 
@@ -76,30 +77,30 @@ class _Seen(dict):
 @pytest.fixture
 def counted(monkeypatch):
     """Frames received by kind, blocks sent (and how many ahead), passes (the core's own counts) and
-    scheduler calls (wrapping the Scheduler's public list API)."""
+    scheduler calls (wrapping the list API, ``ListedCalls``)."""
     from daisy_nb.runtime.net.handout import HandOut
 
     cores: list = []
     calls = {"release_calls": 0, "acquire_calls": 0, "released": 0}
-    release, acquire = Scheduler.release_indices, Scheduler.acquire_described
+    release, acquire = ListedCalls.release, ListedCalls.acquire
 
     class Counted(HandOut):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             cores.append(self)
 
-    def release_indices(self, task_id, index, status):
+    def counted_release(self, task_id, index, status):
         calls["release_calls"] += 1
         calls["released"] += len(index)
         return release(self, task_id, index, status)
 
-    def acquire_described(self, task_id, max_n):
+    def counted_acquire(self, task_id, max_n):
         calls["acquire_calls"] += 1
         return acquire(self, task_id, max_n)
 
     monkeypatch.setattr(clients_mod, "HandOut", Counted)
-    monkeypatch.setattr(Scheduler, "release_indices", release_indices)
-    monkeypatch.setattr(Scheduler, "acquire_described", acquire_described)
+    monkeypatch.setattr(ListedCalls, "release", counted_release)
+    monkeypatch.setattr(ListedCalls, "acquire", counted_acquire)
     return _Seen(cores, calls)
 
 
@@ -180,14 +181,15 @@ def _scheduler(n, conflict, check=None):
     script=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 3)), min_size=1, max_size=40),
 )
 def test_the_list_api_runs_as_the_batch_api(n, conflict, script):
-    """``acquire_described``/``release_indices`` (what the TCP path calls) hand out and release
+    """``ListedCalls.acquire``/``release`` (what the TCP path calls) hand out and release
     exactly as ``acquire_blocks``/``release_blocks``: same blocks, ROIs, order and counters."""
     a, b = _scheduler(n, conflict), _scheduler(n, conflict)
+    listed = ListedCalls(b)
     held_a: list[int] = []
     held_b: list[int] = []
     for k, code_pick in script:
         ba = a.acquire_blocks("t", k)
-        rows = b.acquire_described("t", k)
+        rows = listed.acquire("t", k)
         cols = (ba.index, ba.spatial_id, ba.read_offset, ba.read_shape, ba.write_offset, ba.write_shape)
         expect = [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
         assert rows == expect
@@ -198,7 +200,7 @@ def test_the_list_api_runs_as_the_batch_api(n, conflict, script):
             idx, held_a, held_b = held_a[:m], held_a[m:], held_b[m:]
             code = (0, 2, 3, 2)[code_pick]
             a.release_blocks("t", np.array(idx, np.int64), np.full(len(idx), code, np.uint8))
-            b.release_indices("t", idx, [code] * len(idx))
+            listed.release("t", idx, [code] * len(idx))
         sa, sb = (dict(vars(x.task_states["t"])) for x in (a, b))
         assert sa.pop("error_groups").total == sb.pop("error_groups").total and sa == sb
         assert a.ready_count("t") == b.ready_count("t") and a.remaining_count("t") == b.remaining_count("t")
@@ -212,7 +214,7 @@ def test_the_list_api_prechecks_with_the_check_function():
         return block.block_id[1] % 2 == 0  # even ids are done already
 
     s = _scheduler(4, False, check)
-    rows = s.acquire_described("t", 1)
+    rows = ListedCalls(s).acquire("t", 1)
     assert rows and rows[0][1] % 2 == 1 and seen  # the first not-done block, after the checks
     ref = _scheduler(4, False, check)
     assert rows[0][0] == int(ref.acquire_blocks("t", 1).index[0])

@@ -14,14 +14,15 @@ failed its integrity check), :meth:`HandOut.serve_parked`, :meth:`HandOut.heartb
 and :meth:`HandOut.check_timeouts` (the clock moved), :meth:`HandOut.drop_task`
 (abandonment), :meth:`HandOut.stop` (Ctrl-C: no more blocks handed out),
 :meth:`HandOut.close_all` (the run's end). The scheduler is the real one, called through
-its list API (``acquire_described``, ``release_indices``) once per task and pass. What
-the core asks or tells about a connection's worker function goes to the pool's
-:class:`Jobs` (its worker-function part); a task to abandon to the ``abandon`` callback.
+its list API (:class:`daisy_nb.scheduling.listed.ListedCalls`: ``acquire``, ``release``)
+once per task and pass. What the core asks or tells about a connection's worker function
+goes to the pool's :class:`Jobs` (its worker-function part); a task to abandon to the
+``abandon`` callback.
 
 **One pass per wake-up, batched.** The frames of every readable connection are taken in
-order, but what they ask of the scheduler is collected: the pass ends with one
-``release_indices`` per task for every block released, failed or given back, then one
-``acquire_described`` per task for every connection that waits for a block. A release is
+order, but what they ask of the scheduler is collected: the pass ends with one list
+``release`` per task for every block released, failed or given back, then one list
+``acquire`` per task for every connection that waits for a block. A release is
 also a request ("done, and the next one"), so a worker's loop costs one frame each way
 per block; ``ACQUIRE`` asks only where no release did.
 
@@ -63,6 +64,7 @@ from daisy_nb.errors import WorkerError
 from daisy_nb.runtime.common.failures import record_error, record_worker_error
 from daisy_nb.runtime.net import wire
 from daisy_nb.runtime.net.tail import TailKeep
+from daisy_nb.scheduling.listed import ListedCalls
 
 __all__ = ["AHEAD_EMA", "QUIET_FRACTION", "QUIET_MAX_SECS", "Close", "Conn", "HandOut", "Jobs", "Send"]
 
@@ -162,6 +164,7 @@ class _Connections:
     trs: Mapping[str, Any]
     jobs: Jobs
     s: Any
+    listed: ListedCalls
     n_clients: dict[str, int]
     timeline: Any
     aborting: bool
@@ -277,7 +280,7 @@ class _Connections:
         if fail_running and not (self.aborting or self.jobs.died_with_template(cc.wid)):
             st[0] = 3
         cc.held.clear()
-        self.s.release_indices(cc.tr.tid, idx, st)
+        self.listed.release(cc.tr.tid, idx, st)
         self.tail.touch(cc.tr.tid)
 
     def _drop(self, cc: Conn) -> None:
@@ -369,6 +372,7 @@ class HandOut(_Timers):
         connected_too_late: Callable[[Conn], str | None] | None = None,
     ):
         self.s = scheduler
+        self.listed = ListedCalls(scheduler)  # its hand-out and release as lists (scheduling/listed.py)
         self.trs = tasks  # the run records by task id (a hello names its task)
         self.jobs = jobs
         self._abandon = abandon
@@ -532,7 +536,7 @@ class HandOut(_Timers):
 
     def _release_pass(self, batch: _Pass) -> None:
         for tr, (idx, st) in batch.releases.items():
-            self.s.release_indices(tr.tid, idx, st)
+            self.listed.release(tr.tid, idx, st)
             self.tail.touch(tr.tid)
         batch.releases.clear()
 
@@ -567,7 +571,7 @@ class HandOut(_Timers):
                     ready = max(0, ready - 2 * self.n_clients.get(tr.tid, 1) + 1)
                 k = min(len(group), ready)
             if k > 0:
-                rows = s.acquire_described(tr.tid, k)
+                rows = self.listed.acquire(tr.tid, k)
                 k = len(rows)
                 if k and tr.t_first is None:
                     tr.t_first = now_ns / 1e9

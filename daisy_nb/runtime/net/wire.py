@@ -184,7 +184,7 @@ NO_MORE = _Bare(Kind.NO_MORE)
 
 
 class BlockRow(NamedTuple):
-    """A block as the scheduler sends it (``Scheduler.acquire_described``'s row)."""
+    """A block as the scheduler sends it (a row of ``ListedCalls.acquire``, ``scheduling/listed.py``)."""
 
     block: int  # the block's index (the scheduler's row)
     spatial_id: int
@@ -301,7 +301,7 @@ def decode_client(msg: bytes) -> ClientMessage:
 
 # ------------------------------------------------------------------ scheduler -> client
 def encode_block(row: list[int]) -> bytes:
-    """A ``BLOCK`` frame of a flat ``[index, spatial id, *ro, *rs, *wo, *ws]`` (``Scheduler.acquire_described``)."""
+    """A ``BLOCK`` frame of a flat ``[index, spatial id, *ro, *rs, *wo, *ws]`` (``ListedCalls.acquire``)."""
     nd = (len(row) - 2) // 4
     return Kind.BLOCK + struct.pack(f"<{3 + 4 * nd}q", row[0], row[1], nd, *row[2:])
 
