@@ -354,7 +354,7 @@ class Scheduler(SchedulerViews):
     release (retries, permanent failures, orphans), abandonment. What it decides from it
     has homes of its own (:mod:`daisy_nb.scheduling`): where the blocks are
     (:attr:`geometry`), the tasks' block tracking on disk, when compiling pays, and the
-    read-only views observers take (:class:`~daisy_nb.scheduling.views.SchedulerViews`).
+    read-only views observers take (:class:`SchedulerViews`, above).
 
     Parameters
     ----------

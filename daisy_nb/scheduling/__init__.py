@@ -1,10 +1,12 @@
 """The parts of :class:`daisy_nb.Scheduler` that decide nothing about blocks (``daisy_nb/scheduler.py``
-holds the decisions: hand-out, release, prechecks, abandonment):
+holds the decisions: hand-out, release, abandonment; and the read-only views observers take,
+``SchedulerViews``):
 
 * :mod:`.geometry`: where a pipeline's blocks are (packed tables, rows, ids, ROIs, the task DAG);
-* :mod:`.views`: what observers read of a run (counts, per-row states, task snapshots);
 * :mod:`.tracking`: the block tracking stores of a pipeline's tasks (done markers on disk);
-* :mod:`.pace`: when compiling the kernels pays, from the work expected and the hand-out rate.
+* :mod:`.pace`: when compiling the kernels pays, from the work expected and the hand-out rate;
+* :mod:`.start`: the state before the first hand-out (skip masks flagged, each task's ready blocks);
+* :mod:`.prechecks`: the tasks' ``check_function`` calls before a hand-out;
 * :mod:`.listed`: the hand-out and release as lists of ints, what the TCP runtime holds and calls.
 
 Part of the core: imports nothing from ``daisy_nb.runtime`` or ``daisy_nb.dashboard``.
