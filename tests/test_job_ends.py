@@ -107,6 +107,17 @@ def test_crash_loop_still_abandons_after_the_cap(out, fn):
     assert len(files(out, "crash")) == 3 and st.completed_count == 0
 
 
+@pytest.mark.parametrize("fn", [walltime.crash_block, walltime.crash_job], ids=["block_function", "worker_function"])
+def test_workers_crashing_together_restart_no_more_than_the_cap(out, fn):
+    """4 workers that all die at their first block, nearly together: a pass of the pool may want to
+    replace several at once, but never past the cap (daisy 2.0.0: exactly max_worker_restarts
+    restarts; daisy's own suite checks it 5 times in a row, as here)."""
+    for _ in range(5):
+        st = run(make_task("c", 20, fn, max_workers=4, max_worker_restarts=2, max_retries=0))
+        assert st.abandoned and st.is_done()
+        assert st.worker_restart_count == 2, (st.worker_failure_count, st.worker_start_count)
+
+
 def test_job_ends_do_not_hide_a_crash_loop_that_follows(out):
     """5 job ends, then every job dies at its first block: the crashes alone exhaust the cap."""
     st = run(make_task("m", 60, walltime.ends_then_crash_job, max_workers=1, max_worker_restarts=2, max_retries=5))

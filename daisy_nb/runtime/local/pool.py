@@ -232,7 +232,12 @@ class _Pool:
         for tid in plan.free_for:
             procs.free_parked_for(self.trs[tid])
         for tid in plan.start:
-            procs.spawn(self.trs[tid])
+            tr = self.trs[tid]
+            # the plan may start several of a task's workers in one pass: each replacement of a
+            # crash is one of the cap's, so the cap is asked again before each (as daisy starts them)
+            if tr.restarts.cap_reached(s.counters[tid]):
+                continue
+            procs.spawn(tr)
         self.more_spawns = plan.more
 
     def _check_abandon(self) -> None:
