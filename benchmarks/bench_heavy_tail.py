@@ -350,7 +350,11 @@ def main() -> None:
             f"{w} ({DESCRIPTION[w]}): {len(b['ids']):,} blocks, {b['levels']} level(s), {b['work']:.1f} block-seconds, "
             f"longest chain {b['chain']:.2f} s, ideal {b['ideal']:.2f} s"
             + (f", {b['failing']} blocks fail once" if w == "W5" else "")
-            + (f", {b['long']} blocks over {MEDIAN_SECS * STRAGGLER_FACTOR / 4:.2f} s" if w == "W2" else "")
+            + (
+                f", {b['long']} stragglers (blocks over {MEDIAN_SECS * STRAGGLER_FACTOR / 4:.2f} s)"
+                if w == "W2"
+                else ""
+            )
         )
     rows = []
     for w in workloads:
