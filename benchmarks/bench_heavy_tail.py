@@ -1,0 +1,401 @@
+"""The local worker pool on heavy-tailed blocks: makespan over its ideal, daisy_nb vs daisy 2.0.0.
+
+    python benchmarks/bench_heavy_tail.py --daisy-python /work/venv-daisy2/bin/python [--quick] [--rounds N] [--only W1,W2]
+
+Issue #27's workloads on the local pool (``run_blockwise`` spawning ``max_workers`` worker
+processes on this machine, no cluster). Every block is a ``time.sleep``, so the figures are
+the scheduler's and the pool's, not the CPU's. A block's duration is drawn from
+``random.Random("<task id>:<block id>")``, so both libraries sleep the same seconds in every
+round: lognormal, median 20 ms, sigma 0.5 (mean 22.7 ms). The block function is
+:func:`sleep_block` of this module; both libraries' workers import it by reference.
+
+* **W1**: one 1-D task of 8,000 one-unit blocks, ``read_write_conflict=False``, 32 workers.
+* **W2**: W1 plus stragglers: 0.3% of the blocks (drawn per block) sleep 60x longer.
+* **W5**: W1 where 1% of the blocks (drawn per block) fail on their first attempt, after
+  sleeping: the block function sets ``block.status = FAILED`` (both libraries take that as
+  a failure without raising; in daisy 2.0.0 a raised exception also ends the worker
+  process). Whether an attempt is the first is an ``O_EXCL`` marker file per block, shared by
+  all workers. ``max_retries=2`` (in every workload; daisy's default).
+* **W3**: one 3-D task of 20³ blocks (write 4³, context 1, ``read_write_conflict=True``):
+  8 levels of 1,000 blocks, each block after its neighbours of the levels before.
+
+Both libraries run with ``block_tracking=False``, ``progress=False``, ``summary=False``,
+``host="127.0.0.1"``, in a fresh temporary working directory per run (daisy 2.0.0 writes its
+worker logs there). daisy 2.0.0 runs under ``--daisy-python`` without this checkout on its
+path; daisy_nb children load their kernels (``warmup()``) before the clock.
+
+Reported per workload and library, medians over the rounds (each round runs every workload
+with both libraries, the library that goes first alternating between rounds), with the
+per-round values:
+
+* **makespan**: the wall time of ``run_blockwise`` in the child, after its imports (the
+  workers' start-up is inside);
+* **ideal**: max(block-seconds / workers, the longest dependency chain), block-seconds
+  including the failed first attempts; for independent blocks the chain is the longest
+  block (twice its sleep if it fails once); for W3 the heaviest path through the
+  dependency graph (daisy_nb's ``BlockwiseDependencyGraph``, whose block ids and
+  dependencies are daisy's);
+* **makespan / ideal**;
+* **CPU seconds** (user + system) during ``run_blockwise``: the driver process's own (the
+  scheduler, and for daisy 2.0.0 its server threads), and its reaped descendants' (the
+  workers, and daisy_nb's worker template, which forks them), from ``getrusage``.
+
+Every worker process appends one line per attempt (block id, outcome) to its own file; the
+parent checks that every block of the task ran exactly once per attempt the workload
+prescribes (once, or a failed attempt then a successful one for W5's failing blocks), that
+no other block ran, and counts the worker processes that ran blocks.
+
+``--quick``: 800 blocks (W3: 9³), 8 workers, one round, W1 only unless ``--only``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TASK_ID = "heavy"
+MEDIAN_SECS = 0.02
+SIGMA = 0.5
+STRAGGLER_SHARE = 0.003
+STRAGGLER_FACTOR = 60.0
+FAIL_SHARE = 0.01
+MAX_RETRIES = 2
+ALL_WORKLOADS = ("W1", "W2", "W5", "W3")
+DESCRIPTION = {
+    "W1": "1-D, independent",
+    "W2": f"W1 + {STRAGGLER_SHARE:.1%} stragglers x{STRAGGLER_FACTOR:g}",
+    "W5": f"W1, {FAIL_SHARE:.0%} fail once",
+    "W3": "3-D, conflict, 8 levels",
+}
+
+
+def draw(task_id: str, block_id: int, workload: str) -> tuple[float, bool]:
+    """Block ``block_id``'s sleep and whether its first attempt fails: the same for both libraries."""
+    rng = random.Random(f"{task_id}:{block_id}")
+    d = MEDIAN_SECS * math.exp(SIGMA * rng.gauss(0.0, 1.0))
+    straggler = rng.random() < STRAGGLER_SHARE
+    fails = rng.random() < FAIL_SHARE
+    if straggler and workload == "W2":
+        d *= STRAGGLER_FACTOR
+    return d, fails and workload == "W5"
+
+
+# ---------------------------------------------------------------- in the workers
+_worker: dict = {}
+
+
+def _worker_state() -> dict:
+    """This worker process's configuration (``BENCH_HEAVY_TAIL``) and its attempt log, opened once."""
+    if not _worker:
+        cfg = json.loads(os.environ["BENCH_HEAVY_TAIL"])
+        if cfg["lib"] == "daisy":
+            from daisy import BlockStatus
+        else:
+            from daisy_nb import BlockStatus
+        _worker.update(cfg, failed=BlockStatus.FAILED)
+        # line-buffered: every attempt is on disk before its block is released
+        _worker["log"] = open(os.path.join(cfg["out"], f"ran_{os.getpid()}"), "a", buffering=1)  # noqa: SIM115
+    return _worker
+
+
+def sleep_block(block) -> None:
+    """The block function: sleep the block's duration; fail the first attempt of W5's chosen blocks."""
+    w = _worker_state()
+    task_id, block_id = block.block_id
+    d, fails = draw(task_id, block_id, w["workload"])
+    time.sleep(d)
+    if fails:
+        try:  # the first attempt creates the block's marker; a retry finds it
+            os.close(os.open(os.path.join(w["out"], f"attempt_{block_id}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            fails = False
+    w["log"].write(f"{block_id} {'F' if fails else 'S'}\n")
+    if fails:
+        block.status = w["failed"]
+
+
+# ---------------------------------------------------------------- in the children
+def geometry(workload: str, blocks: int):
+    """(total, read, write) ROIs as tuples of (offset, shape), and read_write_conflict."""
+    if workload == "W3":
+        k = max(2, round(blocks ** (1 / 3)))
+        return ((-1,) * 3, (4 * k + 2,) * 3), ((-1,) * 3, (6,) * 3), ((0,) * 3, (4,) * 3), True
+    return ((0,), (blocks,)), ((0,), (1,)), ((0,), (1,)), False
+
+
+def driver(lib: str, workload: str, out: str, blocks: int, workers: int) -> None:
+    """One ``run_blockwise`` of the workload; prints its wall time and the task's counts."""
+    sys.path.insert(0, HERE)
+    import _util
+    import bench_heavy_tail  # by reference: the workers import the block function from this module
+
+    if lib == "daisy":
+        import daisy
+        from funlib.geometry import Roi
+    else:
+        _util.warm_daisy_nb()
+        import daisy_nb as daisy
+        from daisy_nb import Roi
+    os.environ["BENCH_HEAVY_TAIL"] = json.dumps({"lib": lib, "workload": workload, "out": out})
+    total, read, write, conflict = geometry(workload, blocks)
+    task = daisy.Task(
+        TASK_ID,
+        Roi(*total),
+        Roi(*read),
+        Roi(*write),
+        process_function=bench_heavy_tail.sleep_block,
+        read_write_conflict=conflict,
+        max_workers=workers,
+        max_retries=MAX_RETRIES,
+    )
+    own0, reaped0 = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    t0 = time.monotonic()
+    states = daisy.run_blockwise(
+        task, progress=False, block_tracking=False, return_states=True, host="127.0.0.1", summary=False
+    )
+    wall = time.monotonic() - t0
+    own1, reaped1 = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    s = states[TASK_ID]
+    _util.emit(
+        {
+            "wall": wall,
+            "cpu_driver": own1.ru_utime + own1.ru_stime - own0.ru_utime - own0.ru_stime,
+            "cpu_workers": reaped1.ru_utime + reaped1.ru_stime - reaped0.ru_utime - reaped0.ru_stime,
+            "total": s.total_block_count,
+            "completed": s.completed_count,
+            "failed": s.failed_count,
+            "orphaned": s.orphaned_count,
+            "skipped": s.skipped_count,
+        }
+    )
+
+
+def bound(workload: str, blocks: int, workers: int) -> None:
+    """The task's block ids and the makespan's ideal (module docstring), from daisy_nb's graph."""
+    sys.path.insert(0, ROOT)
+    import numpy as np
+
+    from daisy_nb import Roi
+    from daisy_nb.graph import BlockwiseDependencyGraph
+
+    sys.path.insert(0, HERE)
+    import _util
+
+    total, read, write, conflict = geometry(workload, blocks)
+    g = BlockwiseDependencyGraph(TASK_ID, Roi(*read), Roi(*write), conflict, "valid", total_read_roi=Roi(*total))
+    a = g.to_arrays()
+    ids = a.block_id.tolist()
+    cost = np.empty(len(ids))
+    n_fail = n_long = 0
+    for row, bid in enumerate(ids):
+        d, fails = draw(TASK_ID, bid, workload)
+        cost[row] = 2 * d if fails else d  # a failed first attempt sleeps too, before its retry
+        n_fail += fails
+        n_long += d > MEDIAN_SECS * STRAGGLER_FACTOR / 4
+    finish = np.zeros(len(ids))
+    for row in np.argsort(a.level, kind="stable").tolist():  # upstream blocks are on lower levels
+        up = a.upstream_indices[a.upstream_indptr[row] : a.upstream_indptr[row + 1]]
+        finish[row] = cost[row] + (finish[up].max() if len(up) else 0.0)
+    work = float(cost.sum())
+    chain = float(finish.max())
+    _util.emit(
+        {
+            "ids": ids,
+            "levels": int(a.level.max()) + 1,
+            "work": work,
+            "chain": chain,
+            "ideal": max(work / workers, chain),
+            "failing": n_fail,
+            "long": n_long,
+        }
+    )
+
+
+# ------------------------------------------------------------------ in the parent
+def check_attempts(out: str, ids: list[int], workload: str) -> tuple[int, int, list[str]]:
+    """Attempts and worker processes seen in the logs; problems found (module docstring)."""
+    seen: dict[int, list[str]] = {}
+    procs = 0
+    for name in os.listdir(out):
+        if name.startswith("ran_"):
+            procs += 1
+            with open(os.path.join(out, name)) as f:
+                for line in f:
+                    bid, outcome = line.split()
+                    seen.setdefault(int(bid), []).append(outcome)
+    problems = []
+    expected = set(ids)
+    for bid in ids:
+        want = ["F", "S"] if draw(TASK_ID, bid, workload)[1] else ["S"]
+        got = sorted(seen.get(bid, []))
+        if got != want:
+            problems.append(f"block {bid}: attempts {got}, expected {want}")
+    problems += [f"block {bid} is not in the task but ran" for bid in seen if bid not in expected]
+    return sum(len(v) for v in seen.values()), procs, problems
+
+
+def one(python: str, lib: str, workload: str, blocks: int, workers: int, ids: list[int]) -> dict:
+    """One run in a fresh child and a fresh working directory; its result plus the attempt check."""
+    import _util
+
+    with tempfile.TemporaryDirectory(prefix="bench_heavy_tail_") as d:
+        out = os.path.join(d, "out")
+        os.mkdir(out)
+        env = _util.child_env()
+        if lib == "daisy":  # daisy 2.0.0 from its own environment, nothing of this checkout
+            env.pop("PYTHONPATH", None)
+        cmd = [python, os.path.abspath(__file__), "--driver", lib, workload, out, str(blocks), str(workers)]
+        r = subprocess.run(cmd, env=env, cwd=d, capture_output=True, text=True, timeout=1800)
+        res = None
+        for line in reversed(r.stdout.splitlines()):
+            if line.startswith("RESULT "):
+                res = json.loads(line[7:])
+                break
+        if res is None:
+            raise RuntimeError(
+                f"{lib} {workload}: the run failed (rc {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+            )
+        res["attempts"], res["procs"], res["problems"] = check_attempts(out, ids, workload)
+        if res["completed"] != len(ids) or res["failed"] or res["orphaned"] or res["skipped"]:
+            res["problems"].append(
+                f"counts: {res['completed']} completed of {res['total']}, {res['failed']} failed, "
+                f"{res['orphaned']} orphaned, {res['skipped']} skipped"
+            )
+        return res
+
+
+def main() -> None:
+    if len(sys.argv) == 7 and sys.argv[1] == "--driver":
+        driver(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+        return
+    if len(sys.argv) == 5 and sys.argv[1] == "--bound":
+        bound(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return
+    import argparse
+
+    sys.path.insert(0, HERE)
+    import _util
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--daisy-python", default=None, help="a python with daisy==2.0.0 installed")
+    ap.add_argument("--quick", action="store_true", help="800 blocks, 8 workers, one round, W1 (smoke run)")
+    ap.add_argument("--only", default=None, help="workloads, comma-separated (default W1,W2,W5,W3; W1 with --quick)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 1 with --quick)")
+    ap.add_argument("--blocks", type=int, default=None, help="blocks per task (default 8,000; 800 with --quick)")
+    ap.add_argument("--workers", type=int, default=None, help="max_workers (default 32; 8 with --quick)")
+    args = ap.parse_args()
+    blocks = args.blocks or (800 if args.quick else 8000)
+    workers = args.workers or (8 if args.quick else 32)
+    rounds = args.rounds or (1 if args.quick else 3)
+    workloads = args.only.split(",") if args.only else (["W1"] if args.quick else list(ALL_WORKLOADS))
+    unknown = [w for w in workloads if w not in ALL_WORKLOADS]
+    if unknown:
+        ap.error(f"unknown workloads {unknown}; choose from {','.join(ALL_WORKLOADS)}")
+    note = _util.compile_bytecode()
+    libs = [("daisy_nb", sys.executable, "daisy_nb")]
+    if args.daisy_python:
+        libs.append(("daisy 2.0.0", args.daisy_python, "daisy"))
+    start_note = _util.machine_note()
+
+    bounds: dict[str, dict] = {}
+    for w in workloads:  # the bound child is run directly (its arguments are not spawn's ``--worker`` form)
+        r = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--bound", w, str(blocks), str(workers)],
+            env=_util.child_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+        if not line:
+            raise RuntimeError(f"bound {w} failed (rc {r.returncode}):\n{r.stderr[-4000:]}")
+        bounds[w] = json.loads(line[-1][7:])
+
+    res: dict[tuple[str, str], list[dict]] = {(w, name): [] for w in workloads for name, _, _ in libs}
+    for rnd in range(rounds):
+        order = libs if rnd % 2 == 0 else libs[::-1]
+        for w in workloads:
+            for name, python, lib in order:
+                r = one(python, lib, w, blocks, workers, bounds[w]["ids"])
+                res[w, name].append(r)
+                print(
+                    f"round {rnd + 1} {w} {name}: {r['wall']:.2f} s, {r['attempts']} attempts, "
+                    f"{r['procs']} worker processes" + (f", PROBLEMS: {r['problems'][:5]}" if r["problems"] else ""),
+                    flush=True,
+                )
+
+    def med(vals: list[float], f: str = "{:.2f}") -> str:
+        if len(vals) == 1:
+            return f.format(vals[0])
+        return f.format(statistics.median(vals)) + " (" + ", ".join(f.format(v) for v in vals) + ")"
+
+    print(
+        f"\nLocal pool, {workers} workers, lognormal sleep blocks (median {MEDIAN_SECS * 1e3:.0f} ms, "
+        f"sigma {SIGMA:g}), max_retries={MAX_RETRIES}; {rounds} round(s), medians (per round)\n"
+        f"at the start: {start_note}\nat the end:   {_util.machine_note()}" + (f"\n{note}" if note else "") + "\n"
+    )
+    for w in workloads:
+        b = bounds[w]
+        print(
+            f"{w} ({DESCRIPTION[w]}): {len(b['ids']):,} blocks, {b['levels']} level(s), {b['work']:.1f} block-seconds, "
+            f"longest chain {b['chain']:.2f} s, ideal {b['ideal']:.2f} s"
+            + (f", {b['failing']} blocks fail once" if w == "W5" else "")
+            + (
+                f", {b['long']} stragglers (blocks over {MEDIAN_SECS * STRAGGLER_FACTOR / 4:.2f} s)"
+                if w == "W2"
+                else ""
+            )
+        )
+    rows = []
+    for w in workloads:
+        ideal = bounds[w]["ideal"]
+        for name, _, _ in [*libs, *([("daisy 2.0.0", None, None)] if not args.daisy_python else [])]:
+            rs = res.get((w, name), [])
+            if not rs:
+                rows.append([w, name, "–", f"{ideal:.2f} s", "–", "–", "–", "–"])
+                continue
+            bad = sum(len(r["problems"]) for r in rs)
+            rows.append(
+                [
+                    w,
+                    name,
+                    med([r["wall"] for r in rs]) + " s",
+                    f"{ideal:.2f} s",
+                    med([r["wall"] / ideal for r in rs]),
+                    med([r["cpu_driver"] for r in rs], "{:.1f}")
+                    + " / "
+                    + med([r["cpu_workers"] for r in rs], "{:.1f}"),
+                    f"{rs[0]['attempts']:,} " + ("ok" if not bad else f"**{bad} problems**"),
+                    "/".join(sorted({str(r["procs"]) for r in rs})),
+                ]
+            )
+    print()
+    print(
+        _util.table(
+            [
+                "workload",
+                "library",
+                "makespan",
+                "ideal",
+                "makespan / ideal",
+                "CPU s: driver / workers",
+                "attempts (check)",
+                "worker processes",
+            ],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
