@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -269,9 +270,13 @@ def test_launcher_jobs_that_keep_failing_abandon_the_task_and_leave_no_job(batch
     st = _states(text)["launch"]
     assert st["abandoned"] and st["abandon_reason"] == ABANDON_RESTARTS, text
     assert st["completed"] == 0 and st["orphaned"] == 4 and st["worker_restarts"] == 1, text
-    # its error says what happened: it never had a block, and no job connected
+    # its error says what happened: the job failed by itself (sacct), it never had a block, no job connected
     err = st["first_worker_error"].splitlines()[0]
-    assert err.startswith("daisy worker process exited with code 1 (no worker of this task has connected"), err
+    assert re.match(
+        r"daisy worker process exited with code 1: its slurm job \d+ ended FAILED \(exit code 3\) "
+        r"\(no worker of this task has connected",
+        err,
+    ), err
     ids = _ids(state)
     assert len(ids) == st["worker_failures"] == 3, (ids, text)  # 2 workers, 1 restart: one job each
     assert all((state / f"{jid}.rc").read_text() == "3" for jid in ids)
