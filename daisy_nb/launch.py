@@ -22,6 +22,16 @@ list), waits for the job and returns as ``subprocess.run(check=True)`` would: a
 ``CompletedProcess``, or ``CalledProcessError`` when the job (``sbatch --wait``'s and
 ``bsub -K``'s exit status) failed.
 
+**Why a job died.** When a SLURM or LSF job fails, the launcher asks the batch system
+why (``sacct``, else ``scontrol show job``; ``bjobs -l``; at most
+``CAUSE_TIMEOUT_SECS`` each) and says it: the exception is a :class:`JobFailed` (a
+``CalledProcessError``) whose ``.cause`` is a :class:`Cause` (``TIMEOUT``,
+``OUT_OF_MEMORY``, ``PREEMPTED``, ``NODE_FAIL``, ``CANCELLED``, ``FAILED``), its message
+``SLURM job 1234 ended: OUT_OF_MEMORY (used 15.8 GiB of 16 GiB requested)``; the job
+report carries it (``cause``), so the ``.err`` log line, the JSON observer's ``job``
+line and the dashboard's worker list show it. A query that fails or finds nothing adds
+nothing (``.cause`` is None). See docs/how-to/ctrl-c-and-jobs.md.
+
 **Never leaked.** ``sbatch --wait`` does not cancel its job when it is interrupted,
 so the launcher does: when the worker function is ended — the run is over (Ctrl-C,
 abandonment, an exception), the worker is restarted, or the driver is killed (the
@@ -48,10 +58,12 @@ import subprocess
 import sys
 import threading
 import time
+from typing import NamedTuple
 
-__all__ = ["Ended", "Launcher", "local", "lsf", "slurm"]
+__all__ = ["CAUSES", "Cause", "Ended", "JobFailed", "Launcher", "job_cause", "local", "lsf", "slurm"]
 
 CANCEL_TIMEOUT_SECS = 2.0  # scancel/bkill, within the pool's SIGTERM grace
+CAUSE_TIMEOUT_SECS = 5.0  # each query of why a job failed (sacct, scontrol, bjobs): never hang on it
 ID_WAIT_SECS = 1.0  # interrupted before the id was read: how long to wait for the submit command to print it
 _LSF_ID = re.compile(rb"Job <(\d+)>")
 # what scancel / bkill say of a job that has already ended (at a normal end of the run the job's
@@ -60,6 +72,51 @@ _LSF_ID = re.compile(rb"Job <(\d+)>")
 _ALREADY_ENDED = re.compile(
     rb"already completing or completed|has already finished|already (?:finished|completed)", re.I
 )
+
+
+# the causes a failed job is reported with (Cause.kind)
+TIMEOUT, OUT_OF_MEMORY, PREEMPTED, NODE_FAIL, CANCELLED, FAILED = (
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "NODE_FAIL",
+    "CANCELLED",
+    "FAILED",
+)
+CAUSES = (TIMEOUT, OUT_OF_MEMORY, PREEMPTED, NODE_FAIL, CANCELLED, FAILED)
+_SCHEDULER_NAMES = {"slurm": "SLURM", "lsf": "LSF", "local": "local"}
+
+
+class Cause(NamedTuple):
+    """Why a batch job failed: ``kind`` (one of :data:`CAUSES`) and a detail for people
+    (``"used 15.8 GiB of 16 GiB requested"``, ``"exit code 3"``; may be empty)."""
+
+    kind: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} ({self.detail})" if self.detail else self.kind
+
+
+class JobFailed(subprocess.CalledProcessError):
+    """A launcher's job failed: a ``CalledProcessError`` (``returncode``: the submit command's
+    exit status) that also says which job (``scheduler``, ``job_id``) and, when the batch system
+    could tell, why (``cause``: a :class:`Cause`, else None)."""
+
+    def __init__(self, returncode: int, cmd, scheduler: str, job_id: str | None, cause: Cause | None = None):
+        super().__init__(returncode, cmd)
+        self.scheduler = scheduler
+        self.job_id = job_id
+        self.cause = cause
+
+    def __reduce__(self):  # the exception's args are only (returncode, cmd): keep the rest when pickled
+        return (type(self), (self.returncode, self.cmd, self.scheduler, self.job_id, self.cause))
+
+    def __str__(self) -> str:
+        if self.cause is None:
+            return super().__str__()
+        name = _SCHEDULER_NAMES.get(self.scheduler, self.scheduler)
+        return f"{name} job {self.job_id} ended: {self.cause}; {self.cmd[0]} exited with status {self.returncode}"
 
 
 class Ended(BaseException):
@@ -113,12 +170,16 @@ class Launcher:
         return f"daisy_nb.launch.{self.scheduler}({shlex.join(self.command)!r})"
 
     # --------------------------------------------------------------- reports
-    def _report(self, state: str) -> None:
-        sys.stderr.write(f"daisy_nb.launch: {self.scheduler} job {self.job_id} {state}\n")
+    def _report(self, state: str, cause: Cause | None = None) -> None:
+        why = "" if cause is None else f": {cause}"
+        sys.stderr.write(f"daisy_nb.launch: {self.scheduler} job {self.job_id} {state}{why}\n")
         sys.stderr.flush()
         from daisy_nb.runtime.common.worker_state import report_job
 
-        report_job({"scheduler": self.scheduler, "job": self.job_id, "state": state})
+        info = {"scheduler": self.scheduler, "job": self.job_id, "state": state}
+        if cause is not None:
+            info["cause"] = str(cause)
+        report_job(info)
 
     # ------------------------------------------------------------------ run
     def __call__(self):
@@ -154,8 +215,9 @@ class Launcher:
             if self.job_id is None:
                 self.job_id = "?"
             if rc:
-                self._report(f"failed (exit status {rc})")
-                raise subprocess.CalledProcessError(rc, self.submit)
+                cause = job_cause(self.scheduler, self.job_id, env)
+                self._report(f"failed (exit status {rc})", cause)
+                raise JobFailed(rc, self.submit, self.scheduler, self.job_id, cause)
             self._report("done")
         except subprocess.CalledProcessError:
             raise
@@ -267,6 +329,159 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+# ------------------------------------------------------------------ why a job failed
+_SLURM_CAUSES = {
+    "TIMEOUT": TIMEOUT,
+    "DEADLINE": TIMEOUT,
+    "OUT_OF_MEMORY": OUT_OF_MEMORY,
+    "PREEMPTED": PREEMPTED,
+    "NODE_FAIL": NODE_FAIL,
+    "BOOT_FAIL": NODE_FAIL,
+    "CANCELLED": CANCELLED,
+    "FAILED": FAILED,
+}
+# LSF's exit reasons (``bjobs -l``: "TERM_RUNLIMIT: job killed after reaching LSF run time limit")
+_LSF_CAUSES = {
+    "TERM_RUNLIMIT": TIMEOUT,
+    "TERM_DEADLINE": TIMEOUT,
+    "TERM_MEMLIMIT": OUT_OF_MEMORY,
+    "TERM_SWAP": OUT_OF_MEMORY,
+    "TERM_PREEMPT": PREEMPTED,
+    "TERM_OWNER": CANCELLED,
+    "TERM_FORCE_OWNER": CANCELLED,
+    "TERM_ADMIN": CANCELLED,
+    "TERM_FORCE_ADMIN": CANCELLED,
+}
+_SIZE = re.compile(r"([\d.]+)\s*([KMGTP]?)(?:i?B|bytes)?", re.I)
+_UNITS = "KMGTP"
+
+
+def _bytes(text: str) -> float | None:
+    """A size as SLURM (``16582348K``, ``16G``, ``16Gn``, ``4000Mc``) or LSF (``15.8 Gbytes``, ``16 G``)
+    write it, in bytes (a bare number: SLURM's MaxRSS bytes; K, M, G are binary units)."""
+    m = _SIZE.fullmatch(text.strip().rstrip("nc"))
+    if m is None:
+        return None
+    unit = m.group(2).upper()
+    return float(m.group(1)) * (1024 ** (_UNITS.index(unit) + 1) if unit else 1)
+
+
+def _size(n: float) -> str:
+    """``n`` bytes for people: ``15.8 GiB``, ``16 GiB``, ``900 MiB``."""
+    unit = "B"
+    for u in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024:
+            break
+        n, unit = n / 1024, u
+    return f"{n:.1f}".rstrip("0").rstrip(".") + f" {unit}"
+
+
+def _memory(used: float | None, requested: float | None, per_cpu: bool = False) -> str:
+    req = None if not requested else _size(requested) + (" per CPU" if per_cpu else "")
+    if used and req:
+        return f"used {_size(used)} of {req} requested"
+    if used:
+        return f"used {_size(used)}"
+    return f"{req} requested" if req else ""
+
+
+def _exit_detail(code: str) -> str:
+    """SLURM's ``ExitCode`` (``<exit code>:<signal>``) for people."""
+    rc, _, sig = code.partition(":")
+    if sig.isdigit() and int(sig):
+        return f"signal {int(sig)}"
+    return f"exit code {int(rc)}" if rc.isdigit() else ""
+
+
+def _run(argv: list[str], env) -> str | None:
+    """What ``argv`` printed, or None if it could not run, failed or took over ``CAUSE_TIMEOUT_SECS``."""
+    try:
+        r = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=CAUSE_TIMEOUT_SECS, env=env, check=False
+        )
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return r.stdout.decode("utf-8", "replace") if r.returncode == 0 else None
+
+
+def _slurm_state(state: str, code: str, maxrss: float | None, reqmem: str) -> Cause | None:
+    kind = _SLURM_CAUSES.get(state.split()[0] if state.strip() else "")  # "CANCELLED by 1234"
+    if kind is None:
+        return None
+    if kind == OUT_OF_MEMORY:
+        return Cause(kind, _memory(maxrss, _bytes(reqmem) if reqmem else None, reqmem.endswith("c")))
+    if kind == FAILED:
+        return Cause(kind, _exit_detail(code))
+    return Cause(kind, "walltime" if kind == TIMEOUT else "")
+
+
+def slurm_cause_from_sacct(text: str) -> Cause | None:
+    """Why a SLURM job failed, from ``sacct -j ID --noheader --parsable2 -o State,ExitCode,MaxRSS,ReqMem``:
+    the first line is the job's allocation (its state), the others its steps (the largest MaxRSS;
+    a step that ran out of memory while the allocation says FAILED, as older SLURM versions write it)."""
+    rows = [line.split("|") for line in text.splitlines() if line.strip()]
+    rows = [r + [""] * (4 - len(r)) for r in rows]
+    if not rows:
+        return None
+    state, code, _, reqmem = rows[0][:4]
+    rss = [b for b in (_bytes(r[2]) for r in rows if r[2]) if b is not None]
+    if state.startswith("FAILED") and any(r[0].startswith("OUT_OF_MEMORY") for r in rows[1:]):
+        state = "OUT_OF_MEMORY"
+    return _slurm_state(state, code, max(rss) if rss else None, reqmem or next((r[3] for r in rows if r[3]), ""))
+
+
+def slurm_cause_from_scontrol(text: str) -> Cause | None:
+    """Why a SLURM job failed, from ``scontrol show job ID`` (``JobState=``, ``ExitCode=``, the
+    memory of ``ReqTRES=...,mem=16G``; no memory used is known there)."""
+    state = re.search(r"\bJobState=(\S+)", text)
+    if state is None:
+        return None
+    code = re.search(r"\bExitCode=(\S+)", text)
+    mem = re.search(r"\bReqTRES=\S*?\bmem=([^,\s]+)", text) or re.search(r"\bMinMemoryNode=(\S+)", text)
+    return _slurm_state(state.group(1), code.group(1) if code else "", None, mem.group(1) if mem else "")
+
+
+def lsf_cause_from_bjobs(text: str) -> Cause | None:
+    """Why an LSF job failed, from ``bjobs -l ID``: its exit reason (``TERM_RUNLIMIT``,
+    ``TERM_MEMLIMIT``, ``TERM_PREEMPT``, ``TERM_OWNER``...), its ``MAX MEM`` and ``MEMLIMIT``,
+    else ``Exited with exit code N``."""
+    text = re.sub(r"\n {21}", "", text)  # bjobs -l wraps its long lines, indented by 21 spaces
+    term = re.search(r"\b(TERM_[A-Z_]+)", text)
+    kind = _LSF_CAUSES.get(term.group(1)) if term else None
+    if kind == OUT_OF_MEMORY:
+        used = re.search(r"MAX MEM:\s*([\d.]+\s*\w+)", text)
+        limit = re.search(r"MEMLIMIT\s*\n\s*([\d.]+\s*[KMGTP]?)\b", text)
+        return Cause(kind, _memory(_bytes(used.group(1)) if used else None, _bytes(limit.group(1)) if limit else None))
+    if kind is not None:
+        return Cause(kind, "walltime" if kind == TIMEOUT else "")
+    code = re.search(r"Exited with exit code (\d+)", text)
+    if code:
+        return Cause(FAILED, f"exit code {code.group(1)}")
+    return None
+
+
+def job_cause(scheduler: str, job_id: str | None, env=None) -> Cause | None:
+    """Why the batch system says job ``job_id`` failed (None: a local process, or the query failed
+    or found nothing). SLURM: ``sacct``, else ``scontrol show job`` (accounting off, or no final
+    state recorded yet); LSF: ``bjobs -l``. Each query at most ``CAUSE_TIMEOUT_SECS``; never raises."""
+    if not job_id or not job_id.replace("_", "").isdigit():
+        return None
+    try:
+        if scheduler == "slurm":
+            out = _run(["sacct", "-j", job_id, "--noheader", "--parsable2", "-o", "State,ExitCode,MaxRSS,ReqMem"], env)
+            cause = slurm_cause_from_sacct(out) if out else None
+            if cause is None:
+                out = _run(["scontrol", "show", "job", job_id], env)
+                cause = slurm_cause_from_scontrol(out) if out else None
+            return cause
+        if scheduler == "lsf":
+            out = _run(["bjobs", "-l", job_id], env)
+            return lsf_cause_from_bjobs(out) if out else None
+    except Exception:  # a parser's surprise must not hide the job's failure itself
+        return None
+    return None
 
 
 def _opt(flag: str, value) -> list[str]:

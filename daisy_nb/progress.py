@@ -269,7 +269,9 @@ class JsonProgressObserver:
 
     def on_worker_job(self, info: Mapping[str, Any]) -> None:
         """A launcher's job (``daisy_nb.launch``): ``{"event": "job", "task", "worker", "scheduler",
-        "job", "state"}`` (a daisy_nb extension; daisy 2.0's lines are unchanged)."""
+        "job", "state"}``, and ``"cause"`` when a failed job's batch system said why
+        (``"OUT_OF_MEMORY (used 15.8 GiB of 16 GiB requested)"``; a daisy_nb extension; daisy
+        2.0's lines are unchanged)."""
         self._sink.write(json.dumps({"t": time.time(), "event": "job", **info}) + "\n")
         try:
             self._sink.flush()

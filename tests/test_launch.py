@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -39,17 +40,19 @@ ENDED_BY_RUN = ("cancelled", "ended before the cancel")
 
 @pytest.fixture
 def batch(tmp_path, monkeypatch):
-    """Fake ``sbatch``/``scancel``/``bsub``/``bkill`` on PATH; yields (state dir, out dir)."""
+    """Fake ``sbatch``/``scancel``/``sacct``/``scontrol``/``bsub``/``bkill``/``bjobs`` on PATH; yields
+    (state dir, out dir)."""
     bin_dir, state, out = tmp_path / "bin", tmp_path / "state", tmp_path / "out"
     for d in (bin_dir, state, out):
         d.mkdir()
-    for role in ("sbatch", "scancel", "bsub", "bkill"):
+    for role in ("sbatch", "scancel", "sacct", "scontrol", "bsub", "bkill", "bjobs"):
         p = bin_dir / role
         p.write_text(f'#!/bin/sh\nexec {sys.executable} {WORKERS / "fakebatch.py"} {role} "$@"\n')
         p.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKEBATCH_DIR", str(state))
-    monkeypatch.delenv("FAKEBATCH_QUEUE_SECS", raising=False)
+    for var in ("FAKEBATCH_QUEUE_SECS", "FAKEBATCH_WALLTIME_SECS", "FAKEBATCH_SACCT", "FAKEBATCH_QUERY_HANG"):
+        monkeypatch.delenv(var, raising=False)
     yield state, out
     for pid in _all_pids(state, out):  # whatever a failed test left behind
         for kill in (os.killpg, os.kill):
@@ -267,9 +270,13 @@ def test_launcher_jobs_that_keep_failing_abandon_the_task_and_leave_no_job(batch
     st = _states(text)["launch"]
     assert st["abandoned"] and st["abandon_reason"] == ABANDON_RESTARTS, text
     assert st["completed"] == 0 and st["orphaned"] == 4 and st["worker_restarts"] == 1, text
-    # its error says what happened: it never had a block, and no job connected
+    # its error says what happened: the job failed by itself (sacct), it never had a block, no job connected
     err = st["first_worker_error"].splitlines()[0]
-    assert err.startswith("daisy worker process exited with code 1 (no worker of this task has connected"), err
+    assert re.match(
+        r"daisy worker process exited with code 1: its slurm job \d+ ended FAILED \(exit code 3\) "
+        r"\(no worker of this task has connected",
+        err,
+    ), err
     ids = _ids(state)
     assert len(ids) == st["worker_failures"] == 3, (ids, text)  # 2 workers, 1 restart: one job each
     assert all((state / f"{jid}.rc").read_text() == "3" for jid in ids)
@@ -534,3 +541,191 @@ def test_dashboard_worker_list_shows_the_job(batch, no_leaks):
     assert states["dash"].completed_count == 8
     (jid,) = {p.name.split(".")[0] for p in state.glob("*.runner")}
     assert seen and seen[0].startswith(f"slurm {jid} "), seen
+
+
+# ------------------------------------------------------------------- why a job died
+PY = sys.executable
+OOM_JOB = 'echo 16582348K > "$FAKEBATCH_DIR/$SLURM_JOB_ID.maxrss"; exit 137'  # as the OOM killer leaves it
+OOM = "OUT_OF_MEMORY (used 15.8 GiB of 16 GiB requested)"
+
+
+def _failed(fn) -> launch.JobFailed:
+    """Run the worker function ``fn`` (its job fails): the exception, a ``CalledProcessError`` too."""
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        fn()
+    assert isinstance(e.value, launch.JobFailed)
+    return e.value
+
+
+def _cause(fn) -> str | None:
+    err = _failed(fn)
+    return None if err.cause is None else str(err.cause)
+
+
+@pytest.mark.parametrize(
+    ("how", "fn", "cause"),
+    [
+        ("slurm", lambda: launch.slurm([PY, "-c", "raise SystemExit(3)"]), "FAILED (exit code 3)"),
+        ("slurm", lambda: launch.slurm(["sh", "-c", OOM_JOB], args=["--mem=16G"]), OOM),
+        ("slurm", lambda: launch.slurm(["sleep", "60"], time_limit="0:01"), "TIMEOUT (walltime)"),
+        ("lsf", lambda: launch.lsf([PY, "-c", "raise SystemExit(3)"]), "FAILED (exit code 3)"),
+        ("lsf", lambda: launch.lsf(["sh", "-c", OOM_JOB], args=["-M", "16G"]), OOM),
+    ],
+)
+def test_a_failed_job_says_why(batch, how, fn, cause, no_leaks):
+    """The launcher asks the batch system (sacct; bjobs -l) why its job failed: the exception's
+    message, its ``.cause``, the worker's ``.err`` line all say it."""
+    fn = pickle.loads(pickle.dumps(fn()))
+    err = _failed(fn)
+    name = {"slurm": "SLURM", "lsf": "LSF"}[how]
+    assert str(err.cause) == cause and err.cause.kind == cause.split()[0]
+    assert str(err).startswith(f"{name} job {fn.job_id} ended: {cause}; "), str(err)
+    assert err.returncode != 0 and err.job_id == fn.job_id and err.scheduler == how
+    again = pickle.loads(pickle.dumps(err))  # an exception that travels keeps its cause
+    assert str(again) == str(err) and again.cause == err.cause
+
+
+def test_a_job_killed_at_its_lsf_walltime_is_a_timeout(batch, monkeypatch, no_leaks):
+    monkeypatch.setenv("FAKEBATCH_WALLTIME_SECS", "1")  # bsub -W counts minutes
+    assert _cause(launch.lsf(["sleep", "60"])) == "TIMEOUT (walltime)"
+
+
+@pytest.mark.parametrize(
+    ("how", "end", "cause"),
+    [
+        ("slurm", "scancel", "CANCELLED"),
+        ("lsf", "bkill", "CANCELLED"),
+        ("slurm", "PREEMPTED", "PREEMPTED"),
+        ("lsf", "PREEMPTED", "PREEMPTED"),
+        ("slurm", "NODE_FAIL", "NODE_FAIL"),
+    ],
+)
+def test_a_job_ended_by_the_batch_system_says_so(batch, how, end, cause, no_leaks):
+    """A running job cancelled by someone else (scancel/bkill), preempted, or on a node that failed."""
+    import threading
+
+    state, out = batch
+    fn = getattr(launch, how)(["sleep", "60"])
+    caught: list = []
+
+    def call():
+        try:
+            fn()
+        except BaseException as e:
+            caught.append(e)
+
+    th = threading.Thread(target=call)  # not the main thread: the launcher installs no signal handler
+    th.start()
+    try:
+        _wait_for(lambda: fn.job_id and (state / f"{fn.job_id}.started").exists(), 60, "the job to start")
+        argv = [end, fn.job_id] if end in ("scancel", "bkill") else ["end", fn.job_id, end]
+        subprocess.run([PY, str(WORKERS / "fakebatch.py"), *argv], check=True, capture_output=True)
+    finally:
+        th.join(60)
+    assert not th.is_alive() and len(caught) == 1, caught
+    assert isinstance(caught[0], launch.JobFailed) and str(caught[0].cause) == cause, caught
+
+
+@pytest.mark.parametrize("sacct", ["off", "empty", "missing"])
+def test_scontrol_answers_when_sacct_cannot(batch, monkeypatch, sacct, no_leaks):
+    """Accounting disabled, nothing recorded yet, or no sacct at all: ``scontrol show job`` (which
+    knows the memory requested, not the memory used)."""
+    state, out = batch
+    if sacct == "missing":
+        (state.parent / "bin" / "sacct").unlink()
+    else:
+        monkeypatch.setenv("FAKEBATCH_SACCT", sacct)
+    fn = launch.slurm(["sh", "-c", OOM_JOB], args=["--mem=16G"])
+    assert _cause(fn) == "OUT_OF_MEMORY (16 GiB requested)"
+    assert _cause(launch.slurm([PY, "-c", "raise SystemExit(4)"])) == "FAILED (exit code 4)"
+
+
+@pytest.mark.parametrize("how", ["slurm", "lsf"])
+def test_a_query_that_fails_or_hangs_adds_nothing(batch, monkeypatch, how, no_leaks):
+    """No answer (no such commands) or a hung controller (each query cut at ``CAUSE_TIMEOUT_SECS``):
+    the plain ``CalledProcessError`` message, no cause, no hang."""
+    state, out = batch
+    monkeypatch.setattr(launch, "CAUSE_TIMEOUT_SECS", 0.5)
+    monkeypatch.setenv("FAKEBATCH_QUERY_HANG", "1")
+    fn = getattr(launch, how)([PY, "-c", "raise SystemExit(3)"])
+    t0 = time.monotonic()
+    err = _failed(fn)
+    assert time.monotonic() - t0 < 30 and err.cause is None and err.returncode != 0
+    assert str(err) == str(subprocess.CalledProcessError(err.returncode, err.cmd))
+    for role in ("sacct", "scontrol", "bjobs"):
+        (state.parent / "bin" / role).unlink()
+    assert _failed(fn).cause is None
+
+
+def test_cause_parsers_read_what_the_real_commands_write():
+    """Output shapes of real SLURM versions (ReqMem per node ``n``/per CPU ``c``; an allocation
+    that says FAILED over an out-of-memory step) and LSF's wrapped ``bjobs -l``."""
+    sacct = launch.slurm_cause_from_sacct
+    assert str(sacct("OUT_OF_MEMORY|0:125||16G\nOUT_OF_MEMORY|0:125|16582348K|\nCOMPLETED|0:0|0|\n")) == OOM
+    assert str(sacct("FAILED|1:0||16Gn\nOUT_OF_MEMORY|0:125|16582348K|16Gn\n")) == OOM
+    assert str(sacct("FAILED|0:9||4000Mc\nFAILED|0:9|1024|4000Mc\n")) == "FAILED (signal 9)"
+    assert str(sacct("CANCELLED by 1000|0:0||1G\nCANCELLED|0:15|12K|\n")) == "CANCELLED"
+    assert str(sacct("TIMEOUT|0:0||1G\nCANCELLED|0:15|12K|\n")) == "TIMEOUT (walltime)"
+    assert str(sacct("PREEMPTED|0:0||1G\n")) == "PREEMPTED" and str(sacct("NODE_FAIL|0:0||\n")) == "NODE_FAIL"
+    assert sacct("") is None and sacct("RUNNING|0:0||1G\n") is None and sacct("COMPLETED|0:0||1G\n") is None
+    scontrol = "JobId=7 JobName=wrap\n   JobState=TIMEOUT Reason=TimeLimit Dependency=(null)\n   ExitCode=0:15\n"
+    assert str(launch.slurm_cause_from_scontrol(scontrol)) == "TIMEOUT (walltime)"
+    assert launch.slurm_cause_from_scontrol("slurm_load_jobs error: Invalid job id specified") is None
+    bjobs = (
+        "Job <7>, Job Name <w>, User <me>, Project <default>, Status <EXIT>, Queue <n\n"
+        "                     ormal>, Command <python w.py>\n"
+        " Exited with exit code 130. The CPU time used is 3.0 seconds.\n"
+        " TERM_MEMLIMIT: job killed after reaching LSF memory usage limi\n"
+        "                     t.\n"
+        " MAX MEM: 15.8 Gbytes;  AVG MEM: 4 Gbytes\n"
+        " MEMLIMIT\n"
+        "      16 G \n"
+    )
+    assert str(launch.lsf_cause_from_bjobs(bjobs)) == OOM
+    assert str(launch.lsf_cause_from_bjobs(" TERM_RUNLIMIT: job killed after reaching LSF run time limit.\n")) == (
+        "TIMEOUT (walltime)"
+    )
+    assert launch.lsf_cause_from_bjobs("Job <7> is not found") is None
+
+
+@pytest.mark.parametrize(("mode", "job_end"), [("hang1", True), ("oom1", False)])
+def test_the_cause_decides_job_end_or_crash(batch, mode, job_end, no_leaks):
+    """A job that finished a block and then died: preempted (the batch system's doing) is a job end,
+    replaced without counting toward max_worker_restarts; out of memory (its own doing) a crash.
+    Either way the cause is in the job's report (JSON ``job`` line, ``.err`` log) and the worker
+    error."""
+    state, out = batch
+    d = _driver(out, "slurm", blocks=4, workers=1, block_secs="0.1", mode=mode)
+    try:
+        died = _wait_for(lambda: _pids(out, "died"), 60, "the first job to reach its second block")
+        if mode == "hang1":
+            (pid,) = died
+            (jid,) = _ids(state)
+            subprocess.run([PY, str(WORKERS / "fakebatch.py"), "end", jid, "PREEMPTED"], check=True)
+        rc, text = _finish(d, timeout=120)
+    finally:
+        if d.poll() is None:
+            _kill_driver(d)
+    _gone_within(_all_pids(state, out), END_SECS)
+    st = _states(text)["launch"]
+    cause = "PREEMPTED" if job_end else "OUT_OF_MEMORY (used 999 MiB of 1 GiB requested)"
+    assert st["worker_failures"] == 1 and st["worker_job_ends"] == (1 if job_end else 0), text
+    assert rc == 0 and st["completed"] == 3 and st["failed"] == 1, text  # the block it held (max_retries=0)
+    first = min(_ids(state), key=int)
+    err = st["first_worker_error"].splitlines()[0]
+    assert f": its slurm job {first} ended {cause}" in err, err
+    assert ("a job end" in err) == job_end and ("a crash" in err) != job_end, err
+    reports = [r for r in _jobs(out) if r["job"] == first and r["state"].startswith("failed")]
+    assert len(reports) == 1 and reports[0]["cause"] == cause, _jobs(out)
+    logs = "".join(p.read_text() for p in (out / "logs" / "launch").glob("worker_*.err"))
+    assert f"daisy_nb.launch: slurm job {first} failed (exit status 137): {cause}" in logs, logs
+
+
+def test_the_worker_list_shows_the_cause():
+    """The dashboard's worker list and timeline show a job as ``job_text`` writes it."""
+    from daisy_nb.runtime.local.exits import job_cause_kind
+    from daisy_nb.runtime.local.records import job_text
+
+    job = {"scheduler": "slurm", "job": "7", "state": "failed (exit status 1)", "cause": OOM}
+    assert job_text(job) == f"slurm 7 failed (exit status 1): {OOM}" and job_cause_kind(job) == "OUT_OF_MEMORY"
+    assert job_text({**job, "cause": ""}) == "slurm 7 failed (exit status 1)" and job_cause_kind({}) is None

@@ -152,6 +152,11 @@ def test_what_is_a_job_end():
     assert not is_job_end(0) and not is_job_end(0, returncode=-signal.SIGKILL)  # died before any block
     assert not is_job_end(4, crashed=True)  # a raised block or a timeout
     assert not is_job_end(4, returncode=-signal.SIGSEGV) and not is_job_end(4, returncode=-signal.SIGABRT)
+    # what the batch system said ended the job (daisy_nb.launch): its own failure is a crash
+    assert is_job_end(1, returncode=1, cause="TIMEOUT") and is_job_end(1, returncode=1, cause="PREEMPTED")
+    assert is_job_end(1, returncode=1, cause="NODE_FAIL") and is_job_end(1, returncode=1, cause="CANCELLED")
+    assert not is_job_end(4, returncode=1, cause="OUT_OF_MEMORY") and not is_job_end(4, returncode=1, cause="FAILED")
+    assert not is_job_end(0, returncode=1, cause="TIMEOUT")  # a walltime shorter than any block would loop
 
 
 def test_batch_growth():

@@ -20,7 +20,8 @@ Other switches (environment):
   ``on_progress`` once 2 jobs run a block (``notify`` swallows only ``Exception``).
 
 Prints ``RUNNING`` once the run started; at its end ``DRIVER_STATES <json>`` (per task:
-abandoned, abandon_reason, completed, failed, orphaned, worker_failures, worker_restarts;
+abandoned, abandon_reason, completed, failed, orphaned, worker_failures, worker_restarts,
+worker_job_ends, first_worker_error;
 also when the run raises with the states attached, as an abandoned task does) and
 ``DRIVER_DONE <completed>`` after a run that returned, ``DRIVER_RAISED <type>: <message>``
 after one that raised (then re-raised; daisy_nb's exceptions by the built-in type they are).
@@ -128,6 +129,7 @@ def print_states(states) -> None:
         "orphaned": "orphaned_count",
         "worker_failures": "worker_failure_count",
         "worker_restarts": "worker_restart_count",
+        "worker_job_ends": "worker_job_end_count",
         "first_worker_error": "first_worker_error",
     }
     view = {tid: {k: getattr(st, a, None) for k, a in fields.items()} for tid, st in states.items()}

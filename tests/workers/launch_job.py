@@ -5,7 +5,10 @@ start, ``inblock_<pid>`` when a block starts, ``interrupted_<pid>`` when a block
 gets ``KeyboardInterrupt``, ``blockdone_<pid>_<n>`` after a block, ``end_<pid>`` (blocks
 run) when its loop ends. ``MODE``: ``normal``; ``stubborn`` (a block that swallows the
 interrupt and sleeps on: the client's deadline must end it); ``optout``
-(``Client(exit_with_run=False)``).
+(``Client(exit_with_run=False)``); ``oom1``/``hang1``: the first job to start dies in its
+second block: of memory (its peak use in the fake batch system's ``<job id>.maxrss``, exit
+137 as the OOM killer's ``SIGKILL``), or it hangs there until the test ends it
+(``fakebatch.py end ID PREEMPTED``); ``died_<pid>`` marks it.
 """
 
 import os
@@ -26,6 +29,13 @@ def mark(name: str, text: str = "") -> None:
 import daisy_nb  # noqa: E402
 
 mark(f"pid_{pid}")
+dies = False
+if mode in ("oom1", "hang1"):
+    try:
+        os.close(os.open(os.path.join(out, "dies"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        dies = True
+    except FileExistsError:
+        pass
 client = daisy_nb.Client(exit_with_run=False) if mode == "optout" else daisy_nb.Client()
 n = 0
 while True:
@@ -33,6 +43,13 @@ while True:
         if block is None:
             break
         mark(f"inblock_{pid}")
+        if dies and n == 1:
+            mark(f"died_{pid}")
+            if mode == "oom1":
+                with open(os.path.join(os.environ["FAKEBATCH_DIR"], os.environ["SLURM_JOB_ID"] + ".maxrss"), "w") as f:
+                    f.write("1023000K")  # as sacct writes MaxRSS: 999 MiB of the driver's --mem=1G
+                os._exit(137)
+            time.sleep(3600)
         try:
             time.sleep(block_secs)
         except KeyboardInterrupt:

@@ -1,7 +1,8 @@
 """Worker failures and abandonment: one policy for every back-end (pool, ``Client`` loops, dask).
 
 * :func:`is_job_end`: the one rule that tells a *job end* (a worker that finished
-  blocks and then ended: walltime, preemption, node lost) from a *crash*;
+  blocks and then ended: walltime, preemption, node lost) from a *crash* (also by what
+  the batch system said killed the job: :data:`CRASH_CAUSES`);
 * :func:`worker_failure` (:func:`count_worker_failure` plus :func:`record_error` plus
   one log line): what every back-end does with a dirty worker exit;
 * :class:`Restarts`: the one restart rule (``worker_restart_count`` as daisy 2.0.0's wheel
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
 __all__ = [
     "ABANDON_NOT_WAITING",
     "ABANDON_RESTARTS",
+    "CRASH_CAUSES",
     "CRASH_SIGNALS",
+    "JOB_CRASH",
     "JOB_END",
     "AbandonReason",
     "Restarts",
@@ -76,13 +79,20 @@ ABANDON_RESTARTS = AbandonReason.RESTARTS.value
 ABANDON_NOT_WAITING = AbandonReason.NOT_WAITING.value
 
 JOB_END = "a job end (walltime, preemption, node lost?), replaced without counting toward max_worker_restarts"
+JOB_CRASH = "a crash (its job's own failure), counted toward max_worker_restarts"
+# what the batch system said ended a launcher's job (daisy_nb.launch: the report's "cause"), when it
+# was the job's own doing: a crash, whatever it finished before. The others (TIMEOUT, PREEMPTED,
+# NODE_FAIL, CANCELLED) are the batch system's doing: a job end, once the job finished a block.
+CRASH_CAUSES = frozenset({"OUT_OF_MEMORY", "FAILED"})
 # a worker killed by one of these crashed by itself (a bug in the program), whatever it finished before
 CRASH_SIGNALS = frozenset(
     getattr(signal, n) for n in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGSYS") if hasattr(signal, n)
 )
 
 
-def is_job_end(finished: int, *, crashed: bool = False, returncode: int | None = None) -> bool:
+def is_job_end(
+    finished: int, *, crashed: bool = False, returncode: int | None = None, cause: str | None = None
+) -> bool:
     """Whether a worker's dirty exit is a *job end* rather than a crash.
 
     The restart cap (``max_worker_restarts``) is there to stop crash loops. A worker
@@ -92,11 +102,14 @@ def is_job_end(finished: int, *, crashed: bool = False, returncode: int | None =
     and replaced, but not as a restart. A crash is a worker that finished no block,
     or whose own error ended it: ``crashed`` (its block raised, as daisy 2.0 ends the
     worker then; a block timeout; a worker that cannot have a job end, such as a local
-    block worker) or a signal of :data:`CRASH_SIGNALS` (segfault, abort). Job ends
+    block worker), a signal of :data:`CRASH_SIGNALS` (segfault, abort), or what the batch
+    system said ended its job (``cause``, the kind of ``daisy_nb.launch.Cause``) is one of
+    :data:`CRASH_CAUSES` (out of memory, the program's own non-zero exit). Job ends
     cannot loop: each needs a block completed since the worker started, and a block
-    completes once.
+    completes once; so a job killed by its walltime or preempted before it finished a
+    block is a crash too.
     """
-    if finished <= 0 or crashed:
+    if finished <= 0 or crashed or cause in CRASH_CAUSES:
         return False
     return returncode is None or returncode >= 0 or -returncode not in CRASH_SIGNALS
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import logging
 
-from daisy_nb.runtime.common.failures import JOB_END, count_worker_failure, record_error
+from daisy_nb.runtime.common.failures import CRASH_CAUSES, JOB_CRASH, JOB_END, count_worker_failure, record_error
 from daisy_nb.runtime.common.run_block import TB_CAP_BYTES, cap_traceback
-from daisy_nb.runtime.local.exits import ExitKind
+from daisy_nb.runtime.local.exits import ExitKind, job_cause_kind
 
 __all__ = ["err_tail", "exit_message", "report_dirty_exit"]
 
@@ -53,6 +53,8 @@ def report_dirty_exit(
             msg = function_message(w, kind, rc)
         if job_end:
             msg += f" after it had finished {finished} block(s): {JOB_END}"
+        elif finished and not w.block_worker and job_cause_kind(w.job) in CRASH_CAUSES:
+            msg += f" after it had finished {finished} block(s): {JOB_CRASH}"  # not the job end it would be
         tail = err_tail(w)
         if tail:
             msg += "\nworker stderr tail:\n" + tail

@@ -5,8 +5,9 @@ restart (``worker_restart_count``), up to ``max_worker_restarts``. daisy_nb keep
 rule, with one exemption for cluster jobs: a worker *function* (a 0-argument function,
 whose job runs on a cluster) that finished blocks and then ended (its job's walltime,
 a preemption, a lost node) is a *job end*, replaced without counting as a restart
-(:func:`daisy_nb.runtime.common.failures.is_job_end`). A local block worker has no walltime: its
-death is a crash, whatever it finished before, as the wheel counts it.
+(:func:`daisy_nb.runtime.common.failures.is_job_end`), unless its launcher's job report says the
+job's own failure ended it (out of memory, a non-zero exit: ``cause``). A local block worker has
+no walltime: its death is a crash, whatever it finished before, as the wheel counts it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Protocol
 
 from daisy_nb.runtime.common.failures import is_job_end
 
-__all__ = ["ExitFacts", "ExitKind", "WorkerRecord", "classify_exit", "classify_worker_exit"]
+__all__ = ["ExitFacts", "ExitKind", "WorkerRecord", "classify_exit", "classify_worker_exit", "job_cause_kind"]
 
 
 class ExitKind(enum.Enum):
@@ -46,6 +47,7 @@ class ExitFacts:
     expected: bool = False  # we told it to quit, or killed it at the run's end or for abandonment
     aborting: bool = False  # the run is being aborted (Ctrl-C, an error)
     orphaned: bool = False  # it died with the worker template (not its fault)
+    cause: str | None = None  # what the batch system said ended its job (daisy_nb.launch.Cause.kind)
 
 
 def classify_exit(f: ExitFacts) -> ExitKind:
@@ -53,16 +55,27 @@ def classify_exit(f: ExitFacts) -> ExitKind:
     if f.timed_out:
         return ExitKind.TIMEOUT
     if f.lost:
-        return ExitKind.JOB_END if is_job_end(f.finished, crashed=f.raised, returncode=f.returncode) else ExitKind.LOST
+        return (
+            ExitKind.JOB_END
+            if is_job_end(f.finished, crashed=f.raised, returncode=f.returncode, cause=f.cause)
+            else ExitKind.LOST
+        )
     if f.expected or f.aborting or f.orphaned:
         return ExitKind.STOPPED
     if f.block_worker:
         return ExitKind.CRASH  # block workers only exit when told to; no walltime on this machine
     if f.returncode == 0:
         return ExitKind.RETURNED
-    if is_job_end(f.finished, crashed=f.raised, returncode=f.returncode):
+    if is_job_end(f.finished, crashed=f.raised, returncode=f.returncode, cause=f.cause):
         return ExitKind.JOB_END
     return ExitKind.CRASH
+
+
+def job_cause_kind(job) -> str | None:
+    """What the batch system said ended a launcher's job: the first word of its report's ``cause``
+    (``daisy_nb.launch.Cause``: ``OUT_OF_MEMORY``, ``TIMEOUT``...), None when it said nothing."""
+    cause = job.get("cause") if job else None
+    return cause.split(" ", 1)[0] if cause else None
 
 
 class WorkerRecord(Protocol):
@@ -78,7 +91,7 @@ def classify_worker_exit(
     w: WorkerRecord, returncode: int, *, block_worker: bool, aborting: bool, orphaned: bool
 ) -> ExitKind:
     """The kind of the exit of the worker ``w`` records (:func:`classify_exit` of its facts; ``lost``:
-    a worker function's job whose client went silent)."""
+    a worker function's job whose client went silent; ``cause``: its launcher's last job report's)."""
     return classify_exit(
         ExitFacts(
             block_worker=block_worker,
@@ -90,5 +103,6 @@ def classify_worker_exit(
             expected=w.expected_exit,
             aborting=aborting,
             orphaned=orphaned,
+            cause=job_cause_kind(getattr(w, "job", None)),
         )
     )

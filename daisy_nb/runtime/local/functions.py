@@ -62,8 +62,9 @@ MUST_BLOCK = (
 
 
 def job_report(w: FunctionWorker, text: str, observer) -> None:
-    """A worker function's launcher reported its job (JSON: scheduler, id, state): kept on the worker,
-    logged (a warning when it failed or could not be cancelled) and told to the observer."""
+    """A worker function's launcher reported its job (JSON: scheduler, id, state, and ``cause`` when
+    the batch system said why it failed): kept on the worker, logged (a warning when it failed or
+    could not be cancelled) and told to the observer."""
     try:
         info = json.loads(text)
     except ValueError:
@@ -72,15 +73,15 @@ def job_report(w: FunctionWorker, text: str, observer) -> None:
     if not isinstance(info, dict):
         return
     w.job = {k: str(info.get(k, "")) for k in ("scheduler", "job", "state")}
+    if info.get("cause"):
+        w.job["cause"] = str(info["cause"])
     bad = w.job["state"].startswith(("failed", "cancel failed"))
     logger.log(
         logging.WARNING if bad else logging.INFO,
-        "task %r: worker %d: %s job %s %s",
+        "task %r: worker %d: %s",
         w.tr.tid,
         w.wid,
-        w.job["scheduler"],
-        w.job["job"],
-        w.job["state"],
+        job_text(w.job),
     )
     hook = getattr(observer, "on_worker_job", None)
     if hook is not None:
@@ -292,6 +293,8 @@ class Functions:
                 f"{self.net['peer_timeout']:g}s (heartbeat; DAISY_NB_PEER_TIMEOUT_SECS)"
             )
         msg = f"daisy worker process exited with code {rc}" + (" while processing blocks" if w.acquired else "")
+        if w.job and w.job.get("cause"):  # what the batch system said (daisy_nb.launch)
+            msg += f": its {w.job['scheduler']} job {w.job['job']} ended {w.job['cause']}"
         return msg + self.unconnected_note(w.tr.tid, w.connected)
 
     def unconnected_note(self, tid: str, connected: bool) -> str:

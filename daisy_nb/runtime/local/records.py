@@ -53,10 +53,12 @@ STATE_NAMES = {STARTING: "starting", IDLE: "idle", BUSY: "busy", PARKED: "parked
 
 
 def job_text(job) -> str | None:
-    """A worker function's launcher job (``daisy_nb.launch``) as the worker list and timeline show it."""
+    """A worker function's launcher job (``daisy_nb.launch``) as the worker list and timeline show
+    it: ``slurm 123 failed (exit status 1): OUT_OF_MEMORY (used 15.8 GiB of 16 GiB requested)``."""
     if not job:
         return None
-    return f"{job.get('scheduler', '')} {job.get('job', '')} {job.get('state', '')}".strip()
+    text = f"{job.get('scheduler', '')} {job.get('job', '')} {job.get('state', '')}".strip()
+    return f"{text}: {job['cause']}" if job.get("cause") else text
 
 
 class _Process:
