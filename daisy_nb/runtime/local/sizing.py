@@ -10,7 +10,7 @@ block (the median over the last ``TYPICAL_OF`` batches: one batch that held a st
 does not shrink the next ones to single blocks, nor does a batch of quick ones grow them
 into batches that a straggler then holds hostage; a lasting change of speed is followed
 after half of them) so that a batch takes about ``target`` seconds (``PER_WORKER_BATCH_SECS`` per
-worker when that is longer; :func:`daisy_nb.runtime.common.batching.grow_batch`), capped by
+worker when that is longer; :func:`daisy_nb.runtime.common.batching.next_batch`), capped by
 ``ceil(ready / workers)`` so that workers share the ready blocks and dependent levels are
 not held back by one worker's batch.
 
@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from daisy_nb.runtime.common.batching import grow_batch
+from daisy_nb.runtime.common.batching import next_batch
 
 __all__ = ["PER_WORKER_BATCH_SECS", "BatchSizing", "BlockTask"]
 
@@ -73,10 +73,9 @@ class BatchSizing:
         t.block_secs.append(elapsed_ns / n / 1e9)
         k = min(TYPICAL_OF, len(t.block_secs))
         t.per_block = statistics.median(itertools.islice(reversed(t.block_secs), k))
-        elapsed_ns = int(t.per_block * 1e9 * n)  # the batch as it would have run at the typical speed
         # many workers: longer batches, so that the scheduler's batches per second stay bounded
         target = max(self.target, self._workers_total() * PER_WORKER_BATCH_SECS)
-        t.batch_k = grow_batch(t.batch_k, elapsed_ns, n, target, self.capacity)
+        t.batch_k = next_batch(t.batch_k, t.per_block, target, self.capacity)
 
     def size(self, tid: str, ready: int, sharing: int) -> int:
         """The next batch of ``tid`` for one of ``sharing`` workers, with ``ready`` blocks ready."""
