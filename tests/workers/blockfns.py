@@ -108,7 +108,8 @@ def sleepy(block):
 # ---- 0-argument worker functions -------------------------------------------------
 
 
-def client_loop():
+def _client_loop(run):
+    """A Client loop running ``run(block)`` on every block it acquires."""
     import daisy_nb.runtime.client as c
 
     client = c.Client()
@@ -116,19 +117,16 @@ def client_loop():
         with client.acquire_block() as block:
             if block is None:
                 break
-            mark(block)
+            run(block)
+
+
+def client_loop():
+    _client_loop(mark)
 
 
 def client_loop_slow():
     """A Client loop over ``slow_mark`` blocks (~50 ms each)."""
-    import daisy_nb.runtime.client as c
-
-    client = c.Client()
-    while True:
-        with client.acquire_block() as block:
-            if block is None:
-                break
-            slow_mark(block)
+    _client_loop(slow_mark)
 
 
 def client_loop_with_context(*, context):
