@@ -259,6 +259,29 @@ EARLY_TEMPLATE = _bool(
     True,
     "false: the worker template starts at the first worker instead of before the Scheduler is built.",
 )
+
+
+def _memory_dir(raw: str, name: str) -> str | None:
+    """A directory, ``""`` for the default one (a true word), or None (a false word: off)."""
+    v = raw.strip()
+    if v.lower() in TRUE_WORDS:
+        return ""
+    if v.lower() in FALSE_WORDS:
+        return None
+    return os.path.expanduser(v)
+
+
+IMPORT_MEMORY: Variable[str | None] = Variable(
+    "DAISY_NB_IMPORT_MEMORY",
+    "",
+    _memory_dir,
+    "1 (`~/.cache/daisy_nb/imports`)",
+    "where the worker template remembers, from one run of a program to the next, which installed "
+    "modules each task's workers imported, so that it loads them before forking that task's workers "
+    "(`docs/explanation/pool.md#workers`): a directory, `1` for the default one, or `0`/`false`/`no`/`off` "
+    "to remember nothing.",
+)
+
 WORKER_START: Variable[str] = Variable(
     "DAISY_NB_WORKER_START",
     "fork",

@@ -407,7 +407,8 @@ def _early_template(tasks: Tasks) -> Any:
     from .task import as_pipeline
 
     try:
-        preload_client = any(t.arity == 0 for t in as_pipeline(tasks).tasks)
+        all_tasks = as_pipeline(tasks).tasks
+        preload_client = any(t.arity == 0 for t in all_tasks)
     except (TypeError, ValueError):
         return None  # bad input: the Scheduler says what is wrong, no process to start
-    return _zygote.start_early(preload_client)
+    return _zygote.start_early(preload_client, _zygote.memory_path(all_tasks))

@@ -11,6 +11,10 @@ for p in (HERE, os.path.join(HERE, "golden"), os.path.join(HERE, "workers")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+# runs started by the tests remember no imports in the user's cache (tests/test_import_memory.py
+# points the memory at a temporary directory where it tests it)
+os.environ.setdefault("DAISY_NB_IMPORT_MEMORY", "0")
+
 # deadline=None: the first example of a test may pay for JIT compilation
 settings.register_profile("default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow])

@@ -65,6 +65,8 @@ TABLE: dict[str, tuple[object, list[tuple[str, object]], list[str]]] = {
     "DAISY_NB_REPORT": (None, [("/tmp/r.html", "/tmp/r.html")], []),
     "DAISY_NB_DASHBOARD_TOKEN": (None, [("off", "off"), ("tok-1", "tok-1")], []),
     "NUMBA_CACHE_DIR": (None, [("/tmp/c", "/tmp/c")], []),
+    # a directory, a true word for the default one (""), a false word for none
+    "DAISY_NB_IMPORT_MEMORY": ("", [("1", ""), (" On ", ""), ("0", None), ("OFF", None), ("/tmp/m", "/tmp/m")], []),
     "PYTHONPATH": (None, [("/a:/b", "/a:/b")], []),
 }
 for _name, _default in BOOLEANS.items():

@@ -171,10 +171,10 @@ def test_two_reports_and_a_line_cut_between_reads():
     learner.pending.clear()
     os.write(w, b"zi_not_a_module_a\nzi_not_a_mod")
     learner.poll()
-    assert learner.pending == ["zi_not_a_module_a"]
+    assert learner.pending == [("zi_not_a_module_a", "")]
     os.write(w, b"ule_b\n")
     learner.poll()
-    assert learner.pending == ["zi_not_a_module_a", "zi_not_a_module_b"]
+    assert learner.pending == [("zi_not_a_module_a", ""), ("zi_not_a_module_b", "")]
     os.close(w)
     learner.reaped(12345)
     assert learner.pipes == {} and learner.partial == {} and learner.ended == set()

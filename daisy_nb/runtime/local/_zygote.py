@@ -37,11 +37,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
+from typing import Any
 
 from daisy_nb import config
 from daisy_nb.runtime.local import template_wire as twire
 
-__all__ = ["Template", "available", "start_early", "template_env"]
+__all__ = ["Template", "available", "memory_path", "start_early", "template_env"]
 
 MAX_FDS = 8
 START_TIMEOUT_SECS = 20.0  # the first fork waits for the template's imports (slow under load)
@@ -75,9 +77,54 @@ def template_env(env: dict) -> dict:
     return {k: v for k, v in env.items() if k != config.CONTEXT.name}
 
 
-def start_early(preload_client: bool) -> Template | None:
+def memory_path(tasks: Iterable[Any]) -> str | None:
+    """The file of this program's import memory (:mod:`._zygote_imports`), or None when
+    ``DAISY_NB_IMPORT_MEMORY`` switches it off.
+
+    Named by the program's identity: the interpreter, and each task's id and function (its
+    module, qualified name, and that module's file with its modification time and size), so
+    that an edited program, or another program, starts with no memory.
+    """
+    where = config.IMPORT_MEMORY.get()
+    if where is None:
+        return None
+    if not where:
+        where = os.path.join(os.path.expanduser("~"), ".cache", "daisy_nb", "imports")
+    import hashlib
+
+    h = hashlib.sha256(f"{sys.executable}\0{sys.version}".encode())
+    for t in tasks:
+        h.update(repr((t.task_id, _identity(t.process_function))).encode())
+    return os.path.join(where, h.hexdigest()[:32] + ".json")
+
+
+def _identity(fn: Any) -> tuple:
+    """What names a process function across runs: module, qualified name, the module's file and its stamp."""
+    import functools
+
+    while True:
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif hasattr(fn, "__func__"):  # a bound method
+            fn = fn.__func__
+        else:
+            break
+    target = fn if hasattr(fn, "__qualname__") else type(fn)  # a callable object: its class
+    module = getattr(target, "__module__", None) or ""
+    path = getattr(sys.modules.get(module), "__file__", None)
+    stamp = None
+    if path:
+        try:
+            st = os.stat(path)
+            stamp = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            pass
+    return module, getattr(target, "__qualname__", ""), path, stamp
+
+
+def start_early(preload_client: bool, memory: str | None = None) -> Template | None:
     """Start the run's template: before the scheduler is built (``run._execute``), else
-    at the pool's first worker.
+    at the pool's first worker. ``memory``: the file of its import memory (:func:`memory_path`).
 
     Started early, the template's interpreter start-up and imports (~50 ms) overlap the
     scheduler's own set-up (numpy's import alone is ~85 ms) on another core, instead
@@ -87,7 +134,7 @@ def start_early(preload_client: bool) -> Template | None:
     if not available():
         return None
     try:
-        return Template(template_env(worker_env()), preload_client)
+        return Template(template_env(worker_env()), preload_client, memory)
     except OSError as e:
         import logging
 
@@ -172,7 +219,7 @@ class ForkedProcess:
 class Template:
     """The pool's handle on the template process (one per run)."""
 
-    def __init__(self, env: dict, preload_client: bool = False):
+    def __init__(self, env: dict, preload_client: bool = False, memory: str | None = None):
         self.dead = False
         self.procs: dict[int, ForkedProcess] = {}
         self._started = False
@@ -187,6 +234,7 @@ class Template:
                     str(theirs.fileno()),
                     str(os.getpid()),
                     "client" if preload_client else "blocks",
+                    memory or "-",
                 ],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
@@ -199,12 +247,12 @@ class Template:
         finally:
             theirs.close()
 
-    def fork(self, env: dict, fds: dict[str, int], argv: list[str]) -> ForkedProcess:
-        """Fork a worker with these descriptors (duplicated into it); raises TemplateDied."""
+    def fork(self, env: dict, fds: dict[str, int], argv: list[str], task: str = "") -> ForkedProcess:
+        """Fork a worker of ``task`` with these descriptors (duplicated into it); raises TemplateDied."""
         if self.dead:
             raise TemplateDied("the worker template has exited")
         names = list(fds)
-        req = twire.encode_request(twire.ForkRequest(env, os.getcwd(), argv, names))
+        req = twire.encode_request(twire.ForkRequest(env, os.getcwd(), argv, names, task))
         try:
             socket.send_fds(self.sock, [req], [fds[n] for n in names])
             timeout = FORK_TIMEOUT_SECS if self._started else START_TIMEOUT_SECS
@@ -426,7 +474,9 @@ def main(argv=None) -> int:
         import daisy_nb.runtime.client  # noqa: F401
     from daisy_nb.runtime.local import _zygote_imports
 
-    learner = _zygote_imports.Learner()  # what workers import, loaded here for the next ones
+    memory = argv[3] if len(argv) > 3 and argv[3] != "-" else None
+    # what workers import, loaded here for the next ones (and what a previous run's did)
+    learner = _zygote_imports.Learner(_zygote_imports.read_memory(memory) if memory else None)
     sock = socket.socket(fileno=ctrl_fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -438,7 +488,11 @@ def main(argv=None) -> int:
     try:
         while True:
             reports = learner.watched()
-            r, _, _ = select.select([sock.fileno(), wake_r, *reports], [], [])
+            idle = 0 if learner.remembered else None  # a remembered module to import while nothing is asked
+            r, _, _ = select.select([sock.fileno(), wake_r, *reports], [], [], idle)
+            if not r:
+                learner.recall_one()
+                continue
             if any(fd in r for fd in reports):
                 learner.poll()  # a worker's report: import it now, while no fork is asked for
                 learner.preload()
@@ -453,6 +507,8 @@ def main(argv=None) -> int:
                 continue
             msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, MAX_FDS)
             if not msg:
+                if memory:
+                    _zygote_imports.write_memory(memory, learner.memory())
                 break  # the pool closed its end: the run is over
             try:
                 req = twire.decode_request(msg)
@@ -463,12 +519,13 @@ def main(argv=None) -> int:
                 break
             learner.poll()  # a report written before the pool asked for this fork
             learner.preload()
+            learner.recall(req.task)  # what a previous run's workers of this task imported
             pipe = learner.pipe()
             pid = os.fork()
             if pid == 0:
                 closing = [ctrl_fd, wake_r, wake_w, *learner.pipes.values()]
                 _child(req, fds, closing + ([pipe[0]] if pipe else []), me, pipe[1] if pipe else None)
-            learner.forked(pid, pipe)
+            learner.forked(pid, pipe, req.task)
             children.add(pid)
             pidfd = os.pidfd_open(pid)  # before any reaping: the pid is still this worker's
             for fd in fds:

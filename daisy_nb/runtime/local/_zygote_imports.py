@@ -33,18 +33,33 @@ What a user can rely on:
 * A module that fails to import in the template is skipped (the worker imported it, so it
   will again). Private submodules (a ``_`` part after the first) are left to their packages.
 
+**Memory from one run to the next** (``DAISY_NB_IMPORT_MEMORY``, on by default): within a run
+the first worker of every task still imports what the template has not learned yet (the
+first task's zarr, the second task's scipy), and that import is a gap before the task's
+first block. So as the run ends the template writes down what it imported and for which task
+(the task whose worker reported it first), in a file named by the program's identity (each
+task's id and function, and the file and modification time of the module defining it:
+an edited program starts over). The next run's template reads it when it starts: before it
+forks a worker of task *T* it imports what *T* and the tasks remembered before *T* needed,
+and while no fork is asked for it imports the rest, one module at a time, in the order
+they were learned. The same rules hold (installed modules only, no Python thread, a module
+that fails is skipped and forgotten).
+
 Imports only the standard library: the template never holds numpy, numba or zarr unless a
 worker did.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import sysconfig
 import threading
 
-__all__ = ["Learner", "Reporter", "installed_roots"]
+__all__ = ["Learner", "Reporter", "installed_roots", "read_memory", "write_memory"]
+
+MEMORY_VERSION = 1
 
 MAX_REPORT = 30_000  # bytes per report, two reports per worker: under a pipe's buffer, so a write never blocks
 
@@ -74,17 +89,57 @@ def _python_threads() -> int:
     return threading.active_count()
 
 
-class Learner:
-    """The template's side: one report pipe per forked worker, the names learned, the preload."""
+def _module_name(name: object) -> bool:
+    return isinstance(name, str) and bool(name) and all(part.isidentifier() for part in name.split("."))
 
-    def __init__(self) -> None:
+
+def read_memory(path: str) -> list[tuple[str, str]]:
+    """What a previous run's template imported, as ``(module, task id)`` in import order;
+    ``[]`` when there is no memory or it cannot be read (it is only ever a hint)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if data.get("version") != MEMORY_VERSION:
+            return []
+        return [(m, t) for m, t in data["modules"] if _module_name(m) and isinstance(t, str)]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []
+
+
+def write_memory(path: str, modules: list[tuple[str, str]]) -> None:
+    """Replace the memory at ``path`` atomically (a temporary file renamed over it); errors are
+    ignored (a read-only home, a full disk: the next run learns again)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"version": MEMORY_VERSION, "modules": [list(x) for x in modules]}, f)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+class Learner:
+    """The template's side: one report pipe per forked worker, the names learned, the preload,
+    and the memory of a previous run (``remembered``)."""
+
+    def __init__(self, remembered: list[tuple[str, str]] | None = None) -> None:
         self.roots = installed_roots()
         self.pipes: dict[int, int] = {}  # worker pid -> read end of its report pipe
         self.partial: dict[int, bytes] = {}  # worker pid -> a report's last line, not yet complete
         self.ended: set[int] = set()  # pids whose pipe is at end of file (nothing more to watch)
-        self.pending: list[str] = []  # learned, not yet imported
+        self.task_of: dict[int, str] = {}  # worker pid -> its task id
+        self.pending: list[tuple[str, str]] = []  # learned, not yet imported: (module, task)
         self.enabled = _python_threads() == 1
         self.preloaded: list[str] = []  # imported into the template (in order)
+        self.owner: dict[str, str] = {}  # preloaded module -> the task it was imported for
+        self.remembered = list(remembered or [])  # a previous run's imports, not yet made here
+        self.rank: dict[str, int] = {}  # task id -> its place in the remembered order
+        for _, task in self.remembered:
+            self.rank.setdefault(task, len(self.rank))
 
     # -- around a fork
     def pipe(self) -> tuple[int, int] | None:
@@ -95,8 +150,9 @@ class Learner:
         os.set_blocking(r, False)
         return r, w
 
-    def forked(self, pid: int, pipe: tuple[int, int] | None) -> None:
+    def forked(self, pid: int, pipe: tuple[int, int] | None, task: str = "") -> None:
         """In the template, after the fork: keep the read end, close the write end."""
+        self.task_of[pid] = task
         if pipe is not None:
             os.close(pipe[1])
             self.pipes[pid] = pipe[0]
@@ -125,44 +181,78 @@ class Learner:
         cut = data.rfind(b"\n") + 1  # reports end with a newline: a name is whole once it is seen
         if cut < len(data):
             self.partial[pid] = data[cut:]
-        self._learn(data[:cut])
+        self._learn(data[:cut], self.task_of.get(pid, ""))
 
-    def _learn(self, data: bytes) -> None:
+    def _learn(self, data: bytes, task: str) -> None:
         if self.enabled and data:
-            seen = set(self.pending)
+            seen = {name for name, _ in self.pending}
             for name in data.decode("utf-8", "replace").split("\n"):
                 if name and name not in sys.modules and name not in seen:
-                    self.pending.append(name)
+                    self.pending.append((name, task))
                     seen.add(name)
 
     def reaped(self, pid: int) -> None:
         """Worker ``pid`` has exited: read the rest of what it reported."""
         if pid not in self.pipes:
+            self.task_of.pop(pid, None)
             return
         if pid not in self.ended:
             self._read(pid)
         self.partial.pop(pid, None)  # a line cut short (a report over MAX_REPORT): not a name
         self.ended.discard(pid)
+        self.task_of.pop(pid, None)
         os.close(self.pipes.pop(pid))
 
     def preload(self) -> None:
-        """Before a fork: import what workers reported (in their import order)."""
+        """Import what workers reported (in their import order): as a report arrives, and
+        before a fork."""
         if not self.pending or not self.enabled:
             return
         names, self.pending = self.pending, []
+        for name, task in names:
+            if not self._import(name, task):
+                break
+
+    def recall(self, task: str) -> None:
+        """Before forking a worker of ``task``: import what the memory says it and the tasks
+        remembered before it imported (nothing when the memory does not know ``task``)."""
+        last = self.rank.get(task)
+        if last is None or not self.remembered or not self.enabled:
+            return
+        now = [(m, t) for m, t in self.remembered if self.rank[t] <= last]
+        self.remembered = [(m, t) for m, t in self.remembered if self.rank[t] > last]
+        for name, owner in now:
+            if not self._import(name, owner):
+                break
+
+    def recall_one(self) -> None:
+        """No fork asked for: import the next remembered module."""
+        if self.remembered and self.enabled:
+            self._import(*self.remembered.pop(0))
+        elif not self.enabled:
+            self.remembered = []
+
+    def _import(self, name: str, task: str) -> bool:
+        """Import ``name`` here, for ``task``; False once learning has stopped (a Python thread)."""
+        if name in sys.modules:
+            return True
         import importlib
 
-        for name in names:
-            if name in sys.modules:
-                continue
-            try:
-                importlib.import_module(name)
-            except BaseException:  # noqa: BLE001, S112 - a worker imported it: it will again
-                continue
-            self.preloaded.append(name)
-            if _python_threads() != 1:  # forking beside a Python thread is unsafe: learn no more
-                self.enabled = False
-                break
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - a worker imported it: it will again
+            return True
+        self.preloaded.append(name)
+        self.owner[name] = task
+        if _python_threads() != 1:  # forking beside a Python thread is unsafe: learn no more
+            self.enabled = False
+            self.remembered = []
+            return False
+        return True
+
+    def memory(self) -> list[tuple[str, str]]:
+        """What to remember for the next run: the modules imported here, each with its task."""
+        return [(name, self.owner[name]) for name in self.preloaded]
 
     def close_all(self) -> None:
         for fd in self.pipes.values():

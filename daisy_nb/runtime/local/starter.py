@@ -103,7 +103,7 @@ class Starter:
         env[Context.ENV_VARIABLE] = context.to_env()
         fd = child_end.fileno()
         try:
-            w.proc = self._start_process(env, fd, keep_fds, logs if logs and not tee else None)
+            w.proc = self._start_process(env, fd, keep_fds, logs if logs and not tee else None, tr.tid)
         finally:
             child_end.close()
             if w.shm is not None:
@@ -129,10 +129,12 @@ class Starter:
             except OSError:
                 w.pidfd = None
 
-    def _start_process(self, env: dict, fd: int, keep_fds: list, logs):
+    def _start_process(self, env: dict, fd: int, keep_fds: list, logs, tid: str):
         """Fork the worker from the run's template (started on first use), else exec it."""
         if self.template is None and not self.template_failed:
-            self.template = _zygote.start_early(any(t.arity == 0 for t in self.trs.values()))
+            trs = list(self.trs.values())
+            memory = _zygote.memory_path([tr.task for tr in trs])
+            self.template = _zygote.start_early(any(t.arity == 0 for t in trs), memory)
             self.template_failed = self.template is None
         if self.template is not None and not self.template.dead:
             fds = {"conn": fd}
@@ -146,7 +148,7 @@ class Starter:
             if keep_fds:
                 fds["shm"] = keep_fds[0]
             try:
-                return self.template.fork(env, fds, [_WORKER_PY, str(fd), str(os.getpid())])
+                return self.template.fork(env, fds, [_WORKER_PY, str(fd), str(os.getpid())], tid)
             except _zygote.TemplateDied:
                 self.template_gone()
         return subprocess.Popen(

@@ -7,7 +7,8 @@ with ``SCM_RIGHTS``.
 
 * pool -> template: a :class:`ForkRequest` (pickled: the worker's environment, working
   directory, ``argv`` and the names of the descriptors sent with it, ``conn``, ``out``,
-  ``err`` and for a block worker ``shm``; and this wire's :data:`VERSION`);
+  ``err`` and for a block worker ``shm``; the worker's task id, which the template's import
+  memory files what the worker imports under; and this wire's :data:`VERSION`);
 * template -> pool: :data:`Kind.FORKED` + pid (:class:`Forked`), sent with a pidfd of the
   new worker; :data:`Kind.EXITED` + pid + exit code (:class:`Exited`,
   ``os.waitstatus_to_exitcode``) when the template has reaped a worker.
@@ -40,7 +41,7 @@ __all__ = [
     "forked",
 ]
 
-VERSION = 1
+VERSION = 2
 
 
 class Kind:
@@ -57,6 +58,7 @@ class ForkRequest(NamedTuple):
     cwd: str
     argv: list
     fds: list  # the names of the descriptors sent with the request, in order
+    task: str = ""  # the worker's task id ("": unknown)
     version: int = VERSION
 
 
