@@ -466,12 +466,14 @@ def main() -> int:
                     out = os.path.join(tmp, "out")
                     trace = ""
                     if v in traces:
-                        trace = os.path.join(tmp, f"trace_{v.replace('+', '_')}_{i}.txt")
+                        # one file per run: the traced block functions append to it
+                        trace = os.path.join(tmp, f"trace_{v.replace('+', '_')}_{size}_{block}_{i}.txt")
                     py, args = variant_cmd(v, pythons, size, block, out, trace)
                     r = run_one(py, args, env_for[v], tmp)
                     res[v].append(r)
                     if trace:
                         traces[v].append(trace_stats(trace, r["t0"]))
+                        os.unlink(trace)
                     print(
                         f"  {size}³/{block}³ {v:12s} run {i + 1}: {r['wall']:.2f} s, peak {mib(r['peak'])}, "
                         f"sum {mib(r['sum'])}" + (f", util {traces[v][-1]['util']:.0%}" if trace else ""),
