@@ -180,11 +180,17 @@ def test_recall_imports_a_task_and_those_remembered_before_it():
     learner.enabled = True
     learner.recall("unknown")  # a task the memory does not know: nothing
     assert learner.preloaded == [] and len(learner.remembered) == 4
+    # before the first fork, idle time imports the first remembered task's modules only
+    assert learner.idle_work()
+    learner.recall_one()
+    assert learner.preloaded == [a] and learner.remembered[0] == (gone, "b") and not learner.idle_work()
+    learner.forked(4242, None, "a")
+    assert learner.idle_work()
     learner.recall("b")
     assert learner.preloaded == [a, b] and a in sys.modules and b in sys.modules
     assert learner.remembered == [(c, "c")]
     learner.recall_one()
-    assert learner.preloaded == [a, b, c] and learner.remembered == []
+    assert learner.preloaded == [a, b, c] and learner.remembered == [] and not learner.idle_work()
     learner.recall_one()  # nothing left: nothing happens
     # what the next run remembers: what was imported, each with its task (the failed one forgotten)
     assert learner.memory() == [(a, "a"), (b, "b"), (c, "c")]

@@ -488,7 +488,7 @@ def main(argv=None) -> int:
     try:
         while True:
             reports = learner.watched()
-            idle = 0 if learner.remembered else None  # a remembered module to import while nothing is asked
+            idle = 0 if learner.idle_work() else None  # a remembered module to import while nothing is asked
             r, _, _ = select.select([sock.fileno(), wake_r, *reports], [], [], idle)
             if not r:
                 learner.recall_one()

@@ -42,7 +42,8 @@ task's id and function, and the file and modification time of the module definin
 an edited program starts over). The next run's template reads it when it starts: before it
 forks a worker of task *T* it imports what *T* and the tasks remembered before *T* needed,
 and while no fork is asked for it imports the rest, one module at a time, in the order
-they were learned. The same rules hold (installed modules only, no Python thread, a module
+they were learned (before its first fork, only the first remembered task's: that fork
+request comes soon and must not wait for a later task's imports). The same rules hold (installed modules only, no Python thread, a module
 that fails is skipped and forgotten).
 
 Imports only the standard library: the template never holds numpy, numba or zarr unless a
@@ -138,6 +139,7 @@ class Learner:
         self.owner: dict[str, str] = {}  # preloaded module -> the task it was imported for
         self.remembered = list(remembered or [])  # a previous run's imports, not yet made here
         self.rank: dict[str, int] = {}  # task id -> its place in the remembered order
+        self.forks = 0  # workers forked so far
         for _, task in self.remembered:
             self.rank.setdefault(task, len(self.rank))
 
@@ -152,6 +154,7 @@ class Learner:
 
     def forked(self, pid: int, pipe: tuple[int, int] | None, task: str = "") -> None:
         """In the template, after the fork: keep the read end, close the write end."""
+        self.forks += 1
         self.task_of[pid] = task
         if pipe is not None:
             os.close(pipe[1])
@@ -225,12 +228,20 @@ class Learner:
             if not self._import(name, owner):
                 break
 
+    def idle_work(self) -> bool:
+        """Whether :meth:`recall_one` has a module to import while no fork is asked for. Before
+        the first fork only the first remembered task's: the run's first fork request comes
+        within a fraction of a second, and must not wait for a later task's imports."""
+        if not self.enabled:
+            self.remembered = []
+        if not self.remembered:
+            return False
+        return self.forks > 0 or self.rank[self.remembered[0][1]] == 0
+
     def recall_one(self) -> None:
         """No fork asked for: import the next remembered module."""
-        if self.remembered and self.enabled:
+        if self.idle_work():
             self._import(*self.remembered.pop(0))
-        elif not self.enabled:
-            self.remembered = []
 
     def _import(self, name: str, task: str) -> bool:
         """Import ``name`` here, for ``task``; False once learning has stopped (a Python thread)."""
