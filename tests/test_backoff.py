@@ -311,3 +311,17 @@ def test_tcp_clients_retry_after_the_backoff(out, caplog, no_leaks):
 
 def test_serial_retries_after_the_backoff(out, caplog):
     _run(out, caplog, backofffns.fail_first_attempt, multiprocessing=False)
+
+
+def test_dask_retries_after_the_backoff(out, caplog):
+    pytest.importorskip("distributed")
+    cloudpickle = pytest.importorskip("cloudpickle")
+    from distributed import Client, LocalCluster
+
+    cloudpickle.register_pickle_by_value(backofffns)  # the workers need not import tests/workers
+    # started after ``out`` set DAISY_NB_TEST_OUT: the worker processes inherit it
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        _run(out, caplog, backofffns.fail_first_attempt, executor=client)
