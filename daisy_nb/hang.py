@@ -15,6 +15,9 @@ one is measured). Then the alarm
   never floods, and says ``"resumed"`` (a warning and an ``event: "resumed"``)
   when a block of the task finishes again, or when none is running any more.
 
+A failed block waiting for its retry (``Task(retry_backoff=...)``) is pending, not
+running: the wait never raises the alarm.
+
 Configuration: ``run_blockwise(..., hang_alarm=...)``: None (the default: on, with
 ``DAISY_NB_HANG_SECS`` / ``DAISY_NB_HANG_FACTOR`` from the environment, else 60
 and 10), False (off; also ``DAISY_NB_HANG_SECS=0``), a number of seconds (the

@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from .kernels import graph as kg
 from .kernels import surface as ks
 from .kernels import tables as kt
 from .profiling import JobSeconds
+from .scheduling.backoff import RetryBackoff
 from .scheduling.geometry import PipelineGeometry
 from .scheduling.geometry import edge_tables as _edge_tables  # noqa: F401  (daisy_nb.plan imports it here)
 from .scheduling.pace import US_BLOCK as _US_BLOCK  # noqa: F401  (the cost model, as tests read it)
@@ -242,6 +243,7 @@ class SchedulerViews:
     _tindex: dict[str, int]
     _nblocks: list[int]
     _abandon_reason: dict[str, str]
+    _backoff: RetryBackoff | None
 
     def _tid(self, task_id: str) -> int:
         t = self._tindex.get(task_id)
@@ -293,6 +295,12 @@ class SchedulerViews:
     def ready_count(self, task_id: str) -> int:
         """Blocks of ``task_id`` ready to be handed out now."""
         return self.cnt.item(self._tindex[task_id], kt.C_READY)
+
+    def retry_waiting_count(self, task_id: str) -> int:
+        """Failed blocks of ``task_id`` waiting for their retry (``Task(retry_backoff=...)``; they
+        count as pending, docs/explanation/algorithms.md#retry-backoff)."""
+        bo = self._backoff
+        return 0 if bo is None else bo.held(self._tindex[task_id])
 
     def remaining_count(self, task_id: str) -> int:
         """Blocks of ``task_id`` neither completed, failed nor orphaned."""
@@ -403,6 +411,12 @@ class Scheduler(SchedulerViews):
         self.status, _, self.retries, self.preskip = self._groups[1][:4]
         for t, tid in enumerate(order):
             self.tcfg[t, kt.F_MAX_RETRIES] = self.tasks[tid].max_retries
+        # retry backoff (scheduling/backoff.py): None when no task has one, so that nothing
+        # of the hand-out and release paths changes for daisy's behaviour
+        bases = [getattr(self.tasks[tid], "retry_backoff", 0.0) for tid in order]  # 0.0 for a Task pickled before it
+        self._backoff = RetryBackoff(bases) if any(b > 0 for b in bases) else None
+        self._block_base = [int(tt.info[t, kt.I_BLOCK_BASE]) for t in range(T)]
+        self._clock = time.monotonic  # the backoff's clock (tests pass a fake one)
 
         self.counters = {tid: WorkerCounters(tid) for tid in order}
         for t, tid in enumerate(order):
@@ -489,6 +503,8 @@ class Scheduler(SchedulerViews):
         t = self._tindex.get(task_id)
         if t is None:
             return None
+        if self._backoff is not None:
+            self.wake_retries()
         check = self._checks[task_id]
         nd = self._ndim[t]
         while True:
@@ -519,6 +535,10 @@ class Scheduler(SchedulerViews):
         self._release_one(t, row, code)
 
     def _release_one(self, t: int, row: int, code: int) -> None:
+        if code == kt.R_FAILED and self._backoff is not None and self._hold(t, row):
+            if self.tracking:  # the failed attempt is recorded now, as without backoff
+                self._tracking.record(t, np.full(1, row, np.int64), np.full(1, code, np.uint8))
+            return
         n = ks.step(self._b, self._u8, self.n_met, kt.OP_RELEASE_ONE, t, row, code, self._no_rows, self._no_codes)
         if n < 0:
             if n == kt.RC_SCRATCH:
@@ -538,6 +558,8 @@ class Scheduler(SchedulerViews):
         t = self._tindex.get(task_id)
         if t is None or max_n <= 0:
             return self._batch(task_id, 0, _EMPTY)
+        if self._backoff is not None:
+            self.wake_retries()
         check = self.tasks[task_id].check_function
         out = np.empty(max_n, np.int64)
         n = self._acquire_rows(t, max_n, out)
@@ -582,8 +604,83 @@ class Scheduler(SchedulerViews):
         bad = (codes == 1) | (codes > kt.R_FAILED)  # allowed: R_GIVE_BACK, R_SUCCESS, R_FAILED (np.isin is 8x slower)
         if bad.any():
             raise ValueError(f"unexpected status for released blocks: {sorted(set(codes[bad].tolist()))}")
-        self._release_rows(t, rows, codes)
+        kept_rows, kept_codes = self._hold_failures(t, rows, codes)
+        self._release_rows(t, kept_rows, kept_codes)
         self._record(t, rows, codes)
+
+    # -- retry backoff (Task(retry_backoff=...), scheduling/backoff.py) --------------------
+    def _hold(self, t: int, row: int) -> bool:
+        """Row ``row`` of task ``t`` failed: hold it for its retry time if it would be retried (its
+        task has a backoff and runs, the block is in flight and has retries left). A held block
+        leaves the blocks in flight for the pending ones (status PENDING, ``C_PROC`` - 1); the
+        kernels' release does the rest when it is due (:meth:`wake_retries`)."""
+        bo = self._backoff
+        if bo is None or not bo.on(t) or self.tcfg[t, kt.F_STATE] != kt.RUNNING:
+            return False
+        gi = self._block_base[t] + row
+        attempt = int(self.retries[gi]) + 1  # this failure included
+        if self.status[gi] != kt.PROCESSING or attempt > self.tcfg[t, kt.F_MAX_RETRIES]:
+            return False  # not in flight (a late release: ignored), or its last attempt: fails for good
+        bo.failed(t, row, attempt, self._clock())
+        self.status[gi] = kt.PENDING
+        self.cnt[t, kt.C_PROC] -= 1
+        return True
+
+    def _hold_failures(self, t: int, rows: Any, codes: Any) -> tuple[Any, Any]:
+        """``rows``/``codes`` (arrays or lists) without the failed rows :meth:`_hold` kept back."""
+        bo = self._backoff
+        if bo is None or not bo.on(t):
+            return rows, codes
+        keep = [i for i in range(len(rows)) if not (codes[i] == kt.R_FAILED and self._hold(t, int(rows[i])))]
+        if len(keep) == len(rows):
+            return rows, codes
+        if isinstance(rows, np.ndarray):
+            return rows[keep], codes[keep]
+        return [rows[i] for i in keep], [codes[i] for i in keep]
+
+    def wake_retries(self, now: float | None = None) -> float | None:
+        """Put the failed blocks whose retry time has come back in their ready queues.
+
+        A no-op without ``Task(retry_backoff=...)``. The runtimes call it once per turn of their
+        loop and bound their waits by what it returns; :meth:`acquire_block` and
+        :meth:`acquire_blocks` call it too.
+
+        Parameters
+        ----------
+        now : float, optional
+            The time (``time.monotonic()`` seconds; default: now).
+
+        Returns
+        -------
+        float or None
+            When the next held block becomes due (``time.monotonic()`` seconds), or None if
+            no block waits for a retry.
+        """
+        bo = self._backoff
+        if bo is None:
+            return None
+        at = bo.next_at()
+        if at is None:
+            return None
+        if now is None:
+            now = self._clock()
+        if at > now:
+            return at
+        by_task: dict[int, list[int]] = {}
+        for t, row in bo.due(now):
+            if self.tcfg[t, kt.F_STATE] != kt.RUNNING:
+                continue  # abandoned (drop_task let its blocks go already)
+            self.status[self._block_base[t] + row] = kt.PROCESSING  # back in flight for one step:
+            self.cnt[t, kt.C_PROC] += 1  # the kernels' release of a failure (retries + 1, to the back)
+            by_task.setdefault(t, []).append(row)
+        for t, rows in by_task.items():
+            self._release_rows(t, np.array(rows, np.int64), np.full(len(rows), kt.R_FAILED, np.uint8))
+        return bo.next_at()
+
+    def next_retry_at(self) -> float | None:
+        """When the next block waiting for a retry becomes due (``time.monotonic()`` seconds), or None."""
+        bo = self._backoff
+        return None if bo is None else bo.next_at()
 
     # -- abandonment, the dependency graph, the tracking stores ----------------------------
     def abandon_task(self, task_id: str, reason: str) -> list[str]:
@@ -599,6 +696,8 @@ class Scheduler(SchedulerViews):
             c[kt.C_ORPHANED] += max(0, self._nblocks[t] - c[kt.C_COMPLETED] - c[kt.C_FAILED] - c[kt.C_ORPHANED])
             c[[kt.C_READY, kt.C_PROC, kt.C_ROOTS_LEFT, kt.C_QLEN, kt.C_GIVEN]] = 0  # nothing ready, queued or in flight
             self.tcfg[t, kt.F_STATE] = kt.ABANDONED
+            if self._backoff is not None:
+                self._backoff.drop_task(t)  # blocks waiting for a retry: orphaned with the rest
             self._abandon_reason[tid] = why
             out.append(tid)
             stack.extend((d, "upstream task abandoned") for d in self.geometry.down_tasks[t])

@@ -188,6 +188,13 @@ class Task(TaskParams):
     init_fn : callable, optional
         ``init_fn()``, run once per worker process before its first block; its result
         is :func:`daisy_nb.worker_state` there.
+    retry_backoff : float or datetime.timedelta, optional
+        Seconds a failed block waits before it is tried again (daisy_nb extension; None or
+        0, the default: retried at once, as daisy does). The wait after a block's ``k``-th
+        failure is ``min(retry_backoff * 2**(k-1), 32 * retry_backoff)`` times a random
+        factor in [0.5, 1.5), so retries of blocks that failed together (a file server down)
+        are spread out; a waiting block counts as pending. See
+        :mod:`daisy_nb.scheduling.backoff`.
 
     Raises
     ------
@@ -197,7 +204,8 @@ class Task(TaskParams):
     ValueError
         A value out of range: geometry that does not fit (``write_roi`` outside
         ``read_roi``, a non-positive write shape, dimensions that differ), an unknown
-        ``fit``, a negative count, a ``skip_mask`` of the wrong shape.
+        ``fit``, a negative count, a ``skip_mask`` of the wrong shape, a negative, NaN or
+        infinite ``retry_backoff``.
 
     Examples
     --------
@@ -231,6 +239,7 @@ class Task(TaskParams):
         done_marker_path: str | os.PathLike[str] | Literal[False] | None = None,
         resource_tracking: bool = False,
         init_fn: Callable[[], object] | None = None,
+        retry_backoff: float | datetime.timedelta | None = None,
     ) -> None:
         with task_errors(task_id):
             check_task_id(task_id)
@@ -248,7 +257,7 @@ class Task(TaskParams):
                 layout, total_roi, read_roi, write_roi, max_workers=max_workers, num_workers=num_workers,
                 max_retries=max_retries, max_worker_restarts=max_worker_restarts, timeout=timeout,
                 requires=requires, tracking_path=tracking_path, done_marker_path=done_marker_path,
-                skip_mask=skip_mask,
+                skip_mask=skip_mask, retry_backoff=retry_backoff,
             )  # fmt: skip
             self.init_fn = init_fn_param(init_fn)
             # per-block wall/CPU/RSS/IO measured by the runtimes (daisy_nb.profiling), summed per task

@@ -2,7 +2,8 @@
 
 What a ``Task(...)`` call says about where its blocks are (its ROIs, ``fit`` and
 ``read_write_conflict``, as a :class:`~daisy_nb.layout.BlockLayout`) and how they run
-(workers, retries, restarts, the block timeout, resources, tracking, the skip mask).
+(workers, retries and their backoff, restarts, the block timeout, resources, tracking,
+the skip mask).
 Each parameter is checked here with an error that names it (the Task prefixes its id,
 :func:`daisy_nb.task.task_errors`) and kept in one normalised form (a number of seconds,
 a dict of ints, a str path, a uint8 mask), read through read-only properties: the
@@ -49,7 +50,7 @@ class TaskParams:
         ``write_roi``, ``read_write_conflict`` and ``fit``).
     total_roi, read_roi, write_roi : funlib.geometry.Roi
         As given to the Task.
-    max_workers, num_workers, max_retries, max_worker_restarts, timeout : object
+    max_workers, num_workers, max_retries, max_worker_restarts, timeout, retry_backoff : object
         The Task's parameters of these names, unchecked.
     requires, tracking_path, done_marker_path, skip_mask : object
         The Task's parameters of these names, unchecked.
@@ -71,6 +72,7 @@ class TaskParams:
         tracking_path: Any,
         done_marker_path: Any,
         skip_mask: Any,
+        retry_backoff: Any = None,
     ) -> None:
         self.layout = layout
         self._total_roi, self._read_roi, self._write_roi = total_roi, read_roi, write_roi
@@ -79,6 +81,7 @@ class TaskParams:
         self._max_worker_restarts = _int_param(max_worker_restarts, "max_worker_restarts", 0)
         self._timeout_secs = _timeout_secs(timeout)
         self._timeout = timeout
+        self._retry_backoff = _retry_backoff_secs(retry_backoff)
         self._requires = _requires_param(requires)
         self._tracking_path = _tracking_param(tracking_path, done_marker_path)
         self._skip_mask = _skip_mask_param(skip_mask, layout.block_grid_shape)
@@ -136,6 +139,12 @@ class TaskParams:
         return self._max_retries
 
     @property
+    def retry_backoff(self) -> float:
+        """Seconds a failed block waits before its first retry, doubling per failure, with jitter
+        (``retry_backoff=``; 0.0: off, retried at once). See :mod:`daisy_nb.scheduling.backoff`."""
+        return self._retry_backoff
+
+    @property
     def max_worker_restarts(self) -> int:
         """Worker restarts allowed before the task is abandoned (``max_worker_restarts=``)."""
         return self._max_worker_restarts
@@ -186,6 +195,23 @@ def _timeout_secs(timeout: object) -> float:
         raise TypeError(f"timeout must be a number of seconds, a timedelta or None, got {type(timeout).__name__}")
     if not math.isfinite(secs) or secs <= 0:
         raise ValueError(f"timeout must be positive and finite (seconds), got {timeout!r}")
+    return secs
+
+
+def _retry_backoff_secs(retry_backoff: object) -> float:
+    """``retry_backoff``: None or 0 (off), else a positive finite number of seconds or a timedelta."""
+    if retry_backoff is None:
+        return 0.0
+    if isinstance(retry_backoff, datetime.timedelta):
+        secs = retry_backoff.total_seconds()
+    elif isinstance(retry_backoff, numbers.Real) and not isinstance(retry_backoff, bool):
+        secs = float(retry_backoff)
+    else:
+        raise TypeError(
+            f"retry_backoff must be a number of seconds, a timedelta or None, got {type(retry_backoff).__name__}"
+        )
+    if not math.isfinite(secs) or secs < 0:
+        raise ValueError(f"retry_backoff must be >= 0 and finite (seconds; 0 or None: off), got {retry_backoff!r}")
     return secs
 
 

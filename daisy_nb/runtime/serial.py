@@ -3,7 +3,8 @@
 daisy's serial mode: one block at a time, in dependency order, no retries of an
 exception: the first exception from a block function propagates with its type and
 traceback (a block whose function set ``block.status = FAILED`` fails and is retried
-as usual). Like the worker pool it has the heartbeat of :mod:`daisy_nb.progress`:
+as usual; with ``Task(retry_backoff=...)`` the loop sleeps until a retry is due when
+nothing else is ready). Like the worker pool it has the heartbeat of :mod:`daisy_nb.progress`:
 ``progress=`` observers (tqdm bars by default) get ``on_start``, ``on_progress``
 about every 0.2 s and ``on_finish``, block tracking is flushed about once a second,
 and the execution summary is printed at the end. The heartbeat beats between
@@ -27,6 +28,8 @@ from daisy_nb.runtime.common.taskrun import TaskRun
 from daisy_nb.runtime.common.worker_state import bind, unbind
 
 __all__ = ["run_serial"]
+
+_BEAT_SECS = 0.2  # while a failed block waits for its retry: the heartbeat's pace (progress bars, tracking)
 
 
 def _records(scheduler, order) -> dict:
@@ -101,7 +104,8 @@ def run_serial(scheduler, *, progress=True, summary: bool = True, hang_alarm=Non
                 progressed = True
                 break
             if not progressed:
-                break
+                if not _wait_for_retry(scheduler, heartbeat):
+                    break
     except KeyboardInterrupt as e:
         _flush(scheduler, observer)
         end_run(scheduler, observer, trs, order, summary=summary, interrupted=True, interrupt=e)
@@ -115,6 +119,20 @@ def run_serial(scheduler, *, progress=True, summary: bool = True, hang_alarm=Non
             alarm.close()
     _flush(scheduler, observer)
     return end_run(scheduler, observer, trs, order, summary=summary, interrupted=False)
+
+
+def _wait_for_retry(scheduler, heartbeat) -> bool:
+    """No block is ready: wait until the next failed block's retry time (``Task(retry_backoff=...)``),
+    beating the heartbeat meanwhile; False if no block waits for a retry (the run is over)."""
+    at = scheduler.wake_retries()
+    if at is None:
+        return False
+    while True:
+        now = time.monotonic()
+        if now >= at:
+            return True
+        time.sleep(min(at - now, _BEAT_SECS))
+        heartbeat(time.monotonic())
 
 
 def _flush(scheduler, observer) -> None:

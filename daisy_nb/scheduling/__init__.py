@@ -8,6 +8,8 @@ holds the decisions: hand-out, release, abandonment; and the read-only views obs
 * :mod:`.start`: the state before the first hand-out (skip masks flagged, each task's ready blocks);
 * :mod:`.prechecks`: the tasks' ``check_function`` calls before a hand-out;
 * :mod:`.listed`: the hand-out and release as lists of ints, what the TCP runtime holds and calls.
+* :mod:`.backoff`: when a failed block may be retried (``Task(retry_backoff=...)``) and where it
+  waits until then; a core without clock or I/O whose answers the Scheduler carries out.
 
 Part of the core: imports nothing from ``daisy_nb.runtime`` or ``daisy_nb.dashboard``.
 """

@@ -38,7 +38,8 @@ class ListedCalls:
     A runtime makes one from its scheduler and holds it. It keeps nothing of the run: only the
     tasks' numbers and which tasks have no ``check_function`` (both fixed once the Scheduler is
     made). Of the Scheduler it calls the batch API and the steps ``_acquire_one``,
-    ``_handed_out``, ``_plain_surface``, ``_release_one``, ``_released`` and ``_record``.
+    ``_handed_out``, ``_plain_surface``, ``_release_one``, ``_hold_failures``, ``_released``,
+    ``_record`` and ``wake_retries``.
 
     Parameters
     ----------
@@ -64,6 +65,8 @@ class ListedCalls:
         if t is None or max_n <= 0:
             return []
         s = self._s
+        if s._backoff is not None:  # failed blocks whose retry time came go back first (Task(retry_backoff=...))
+            s.wake_retries()
         if task_id in self._unchecked:
             if max_n == 1:
                 row = s._acquire_one(t)
@@ -107,5 +110,6 @@ class ListedCalls:
         """Plain mode: the Scheduler's release and tracking record, on lists, through the plain surface."""
         s = self._s
         p = s._plain_surface()
-        s._released(t, rows, lambda start: p.release(t, rows, codes, start))
+        kept, kept_codes = s._hold_failures(t, rows, codes)  # failures waiting for a retry (retry_backoff)
+        s._released(t, kept, lambda start: p.release(t, kept, kept_codes, start))
         s._record(t, rows, codes)

@@ -319,8 +319,9 @@ class _DaskRun:
             self._execute(self.core.tick(now))
             if s.is_done():
                 break
+            retry_at = s.wake_retries(now)  # failed blocks whose retry time came are ready now (retry_backoff)
             self._execute(self.core.submit(now))
-            if self.core.batches or any(s.ready_count(t) for t in self.trs):
+            if self.core.batches or retry_at is not None or any(s.ready_count(t) for t in self.trs):
                 idle_since = None
             else:
                 idle_since = idle_since or now
@@ -329,7 +330,8 @@ class _DaskRun:
             heartbeat(now)
             with self.cond:
                 if self.ac.queue.empty() and not self.events and not self.interrupted:
-                    self.cond.wait(POLL_SECS)
+                    wait = POLL_SECS if retry_at is None else min(POLL_SECS, max(0.0, retry_at - time.monotonic()))
+                    self.cond.wait(wait)
         notify(self.observer, "on_progress", s)
         if alarm is not None:
             alarm.close()

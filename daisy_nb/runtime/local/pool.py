@@ -26,7 +26,8 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
 * **Failure detection.** The main loop waits (one ``epoll`` set for the run) on
   every worker's socket, a pidfd per worker process (its "sentinel": readable when
   it exits), every ``Client`` connection and a wake-up pipe (SIGINT, new client
-  connections) with a 0.1 s timeout. The connections that are readable together are
+  connections) with a 0.1 s timeout, shorter when a failed block's retry is due sooner
+  (``Task(retry_backoff=...)``: the Scheduler holds such a block as pending until then). The connections that are readable together are
   handed to :class:`.clients.Clients` in one pass; the scans over every worker and
   connection (block timeouts, heartbeats, exits without a pidfd, progress) run at
   most every ``CHECK_SECS``, so a turn of the loop costs the same with 2,000
@@ -286,6 +287,7 @@ class _Pool:
                 raise KeyboardInterrupt("run aborted by SIGINT")
             for conn in self.listening.accepted():
                 tcp.add(conn)
+            retry_at = s.wake_retries()  # failed blocks whose retry time came are ready now (retry_backoff)
             done = s.is_done()
             if not done:
                 procs.dispatch_parked()
@@ -307,7 +309,7 @@ class _Pool:
                 tcp.serve_parked()
                 if not procs.count():
                     break
-            elif not procs.count() and not tcp.holding():
+            elif not procs.count() and not tcp.holding() and retry_at is None:
                 if not any(s.ready_count(t) for t in self.order):
                     stalled += 1
                     if stalled > 20:
@@ -315,7 +317,10 @@ class _Pool:
             else:
                 stalled = 0
             readable = []
-            for obj in self.waitables.wait(tcp.wait_timeout(0 if self.more_spawns else POLL_SECS)):
+            limit = 0 if self.more_spawns else POLL_SECS
+            if retry_at is not None:  # wake up when the next retry is due, not up to POLL_SECS later
+                limit = min(limit, max(0.0, retry_at - time.monotonic()))
+            for obj in self.waitables.wait(tcp.wait_timeout(limit)):
                 if obj == self.wake_r:
                     try:
                         os.read(self.wake_r, 4096)

@@ -63,7 +63,8 @@ def at_tail(s, tid: str) -> bool:
 
 
 def pending_count(s, tid: str) -> int:
-    """Blocks of ``tid`` neither ready, in flight nor finished: waiting for upstream blocks or neighbours."""
+    """Blocks of ``tid`` neither ready, in flight nor finished: waiting for upstream blocks or
+    neighbours, or failed ones waiting for their retry (``Task(retry_backoff=...)``)."""
     return max(0, s.remaining_count(tid) - s.processing_count(tid) - s.ready_count(tid))
 
 
