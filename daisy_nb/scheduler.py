@@ -46,8 +46,15 @@ if TYPE_CHECKING:
     from .task import Tasks
 
 __all__ = [
-    "BlockBatch", "BlockDescription", "BlockStates", "DependencyGraph", "Scheduler", "SchedulerViews", "TaskCounts",
-    "TaskState", "WorkerCounters",
+    "BlockBatch",
+    "BlockDescription",
+    "BlockStates",
+    "DependencyGraph",
+    "Scheduler",
+    "SchedulerViews",
+    "TaskCounts",
+    "TaskState",
+    "WorkerCounters",
 ]
 
 logger = logging.getLogger(__name__)
@@ -77,8 +84,12 @@ class BlockBatch(NamedTuple):
         return [
             make(tid, i, (tuple(a), tuple(b)), (tuple(c), tuple(d)), r)
             for i, a, b, c, d, r in zip(
-                self.spatial_id.tolist(), self.read_offset.tolist(), self.read_shape.tolist(),
-                self.write_offset.tolist(), self.write_shape.tolist(), self.index.tolist(),
+                self.spatial_id.tolist(),
+                self.read_offset.tolist(),
+                self.read_shape.tolist(),
+                self.write_offset.tolist(),
+                self.write_shape.tolist(),
+                self.index.tolist(),
             )
         ]
 
@@ -205,8 +216,12 @@ class TaskState:
     def pending_count(self) -> int:
         """Blocks not ready yet (waiting for upstream blocks), neither done nor running."""
         return (
-            self.total_block_count - self.ready_count - self.processing_count - self.completed_count
-            - self.failed_count - self.orphaned_count
+            self.total_block_count
+            - self.ready_count
+            - self.processing_count
+            - self.completed_count
+            - self.failed_count
+            - self.orphaned_count
         )
 
     def is_done(self) -> bool:
@@ -219,6 +234,7 @@ class TaskState:
             f"Processing: {self.processing_count}\nPending: {self.pending_count}\nCompleted: {self.completed_count}\n"
             f"Skipped: {self.skipped_count}\nFailed: {self.failed_count}\nOrphaned: {self.orphaned_count}"
         )
+
 
 class SchedulerViews:
     """What observers read of a run (the dashboard, the hang alarm, tools, the runtimes' loops):
@@ -264,9 +280,7 @@ class SchedulerViews:
         """The row of the block with id ``block_id`` in ``task_id``, or None if it is not one of its blocks."""
         return self.geometry.row_of_id(self._tid(task_id), block_id)
 
-    def rows_in_grid_box(
-        self, task_id: str, lo: Sequence[int], hi: Sequence[int]
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def rows_in_grid_box(self, task_id: str, lo: Sequence[int], hi: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """``(rows, block ids)`` of the blocks at grid positions in ``[lo, hi)`` (C order), clipped to the grid."""
         return self.geometry.rows_in_grid_box(self._tid(task_id), lo, hi)
 
@@ -289,8 +303,15 @@ class SchedulerViews:
         """``task_id``'s block counts now (see :class:`TaskCounts`)."""
         t = self._tid(task_id)
         item = self.cnt.item
-        return TaskCounts(self._nblocks[t], item(t, kt.C_READY), item(t, kt.C_PROC), item(t, kt.C_COMPLETED),
-                          item(t, kt.C_SKIPPED), item(t, kt.C_FAILED), item(t, kt.C_ORPHANED))
+        return TaskCounts(
+            self._nblocks[t],
+            item(t, kt.C_READY),
+            item(t, kt.C_PROC),
+            item(t, kt.C_COMPLETED),
+            item(t, kt.C_SKIPPED),
+            item(t, kt.C_FAILED),
+            item(t, kt.C_ORPHANED),
+        )
 
     def ready_count(self, task_id: str) -> int:
         """Blocks of ``task_id`` ready to be handed out now."""
@@ -341,15 +362,161 @@ class SchedulerViews:
     def task_states(self) -> dict[str, TaskState]:
         """A snapshot of every task's counters, ``{task_id: TaskState}`` in task order."""
         return {
-            tid: TaskState(tid, self._nblocks[t], self.cnt[t], self.counters[tid],
-                           self.tcfg[t, kt.F_STATE] == kt.ABANDONED, self._abandon_reason.get(tid),
-                           self.tasks[tid].timeout_secs)
+            tid: TaskState(
+                tid,
+                self._nblocks[t],
+                self.cnt[t],
+                self.counters[tid],
+                self.tcfg[t, kt.F_STATE] == kt.ABANDONED,
+                self._abandon_reason.get(tid),
+                self.tasks[tid].timeout_secs,
+            )
             for t, tid in enumerate(self.task_ids)
         }
 
 
+class SchedulerRetries(SchedulerViews):
+    """The Scheduler's retry backoff (``Task(retry_backoff=...)``, :mod:`.scheduling.backoff`):
+    failed blocks held back as pending until their retry time, then released as failures by
+    the kernels (docs/explanation/algorithms.md#retry-backoff)."""
 
-class Scheduler(SchedulerViews):
+    _block_base: list[int]
+    _clock: Any
+    retries: np.ndarray
+    status: np.ndarray
+
+    def _release_rows(self, t: int, rows: np.ndarray, codes: np.ndarray) -> None:
+        raise NotImplementedError  # the Scheduler's
+
+    def _hold(self, t: int, row: int) -> bool:
+        """Row ``row`` of task ``t`` failed: hold it for its retry time if it would be retried (its
+        task has a backoff and runs, the block is in flight and has retries left). A held block
+        leaves the blocks in flight for the pending ones (status PENDING, ``C_PROC`` - 1); the
+        kernels' release does the rest when it is due (:meth:`wake_retries`)."""
+        bo = self._backoff
+        if bo is None or not bo.on(t) or self.tcfg[t, kt.F_STATE] != kt.RUNNING:
+            return False
+        gi = self._block_base[t] + row
+        attempt = int(self.retries[gi]) + 1  # this failure included
+        if self.status[gi] != kt.PROCESSING or attempt > self.tcfg[t, kt.F_MAX_RETRIES]:
+            return False  # not in flight (a late release: ignored), or its last attempt: fails for good
+        bo.failed(t, row, attempt, self._clock())
+        self.status[gi] = kt.PENDING
+        self.cnt[t, kt.C_PROC] -= 1
+        return True
+
+    def _hold_failures(self, t: int, rows: Any, codes: Any) -> tuple[Any, Any]:
+        """``rows``/``codes`` (arrays or lists) without the failed rows :meth:`_hold` kept back."""
+        bo = self._backoff
+        if bo is None or not bo.on(t):
+            return rows, codes
+        keep = [i for i in range(len(rows)) if not (codes[i] == kt.R_FAILED and self._hold(t, int(rows[i])))]
+        if len(keep) == len(rows):
+            return rows, codes
+        if isinstance(rows, np.ndarray):
+            return rows[keep], codes[keep]
+        return [rows[i] for i in keep], [codes[i] for i in keep]
+
+    def wake_retries(self, now: float | None = None) -> float | None:
+        """Put the failed blocks whose retry time has come back in their ready queues.
+
+        A no-op without ``Task(retry_backoff=...)``. The runtimes call it once per turn of their
+        loop and bound their waits by what it returns; :meth:`acquire_block` and
+        :meth:`acquire_blocks` call it too.
+
+        Parameters
+        ----------
+        now : float, optional
+            The time (``time.monotonic()`` seconds; default: now).
+
+        Returns
+        -------
+        float or None
+            When the next held block becomes due (``time.monotonic()`` seconds), or None if
+            no block waits for a retry.
+        """
+        bo = self._backoff
+        if bo is None:
+            return None
+        at = bo.next_at()
+        if at is None:
+            return None
+        if now is None:
+            now = self._clock()
+        if at > now:
+            return at
+        by_task: dict[int, list[int]] = {}
+        for t, row in bo.due(now):
+            if self.tcfg[t, kt.F_STATE] != kt.RUNNING:
+                continue  # abandoned (drop_task let its blocks go already)
+            self.status[self._block_base[t] + row] = kt.PROCESSING  # back in flight for one step:
+            self.cnt[t, kt.C_PROC] += 1  # the kernels' release of a failure (retries + 1, to the back)
+            by_task.setdefault(t, []).append(row)
+        for t, rows in by_task.items():
+            self._release_rows(t, np.array(rows, np.int64), np.full(len(rows), kt.R_FAILED, np.uint8))
+        return bo.next_at()
+
+    def next_retry_at(self) -> float | None:
+        """When the next block waiting for a retry becomes due (``time.monotonic()`` seconds), or None."""
+        bo = self._backoff
+        return None if bo is None else bo.next_at()
+
+
+class SchedulerEnds(SchedulerRetries):
+    """How a Scheduler's tasks and the Scheduler itself end: abandonment (a task and every task
+    downstream of it) and the block tracking stores' flush and close."""
+
+    geometry: PipelineGeometry
+    _tracking: Any
+
+    def abandon_task(self, task_id: str, reason: str) -> list[str]:
+        """Abandon a task and every task downstream of it: remaining blocks become orphaned."""
+        out = []
+        stack = [(self._tindex[task_id], reason)]
+        while stack:
+            t, why = stack.pop()
+            if self.tcfg[t, kt.F_STATE] == kt.ABANDONED:
+                continue
+            tid = self.task_ids[t]
+            c = self.cnt[t]
+            c[kt.C_ORPHANED] += max(0, self._nblocks[t] - c[kt.C_COMPLETED] - c[kt.C_FAILED] - c[kt.C_ORPHANED])
+            c[[kt.C_READY, kt.C_PROC, kt.C_ROOTS_LEFT, kt.C_QLEN, kt.C_GIVEN]] = 0  # nothing ready, queued or in flight
+            self.tcfg[t, kt.F_STATE] = kt.ABANDONED
+            if self._backoff is not None:
+                self._backoff.drop_task(t)  # blocks waiting for a retry: orphaned with the rest
+            self._abandon_reason[tid] = why
+            out.append(tid)
+            stack.extend((d, "upstream task abandoned") for d in self.geometry.down_tasks[t])
+        return out
+
+    def flush_tracking(self) -> None:
+        """Write the block tracking marks made so far to disk (every store, even after one fails).
+
+        Raises
+        ------
+        OSError
+            The first store that could not be flushed (a full disk...).
+        """
+        self._tracking.flush()
+
+    def close(self) -> None:
+        """Flush and release the block tracking stores; the scheduler is not used afterwards.
+
+        Raises
+        ------
+        OSError
+            The first store that could not be closed.
+        """
+        self._tracking.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Scheduler(SchedulerEnds):
     """Hands out ready blocks of a pipeline and takes their results back.
 
     ``Scheduler(pipeline_or_task_or_list, count_all_orphans=True, block_tracking=True)``.
@@ -400,8 +567,18 @@ class Scheduler(SchedulerViews):
         cap, maxnd = geo.down_cap, tt.geo.shape[2]
         tables = geo.kernel_tables()
         shapes = {name: a.shape for name, a in tables.items()}
-        shapes.update(queue=(max(N, 1),), cnt=(T, kt.N_CNT), tcfg=(T, kt.N_CFG), buf_t=(cap,), buf_row=(cap,),
-                      buf_id=(cap,), buf_lev=(cap,), buf_j=(cap, maxnd), scr=(8, max(maxnd, 3)), row1=(1,))
+        shapes.update(
+            queue=(max(N, 1),),
+            cnt=(T, kt.N_CNT),
+            tcfg=(T, kt.N_CFG),
+            buf_t=(cap,),
+            buf_row=(cap,),
+            buf_id=(cap,),
+            buf_lev=(cap,),
+            buf_j=(cap, maxnd),
+            scr=(8, max(maxnd, 3)),
+            row1=(1,),
+        )
         self._b, views = kt.pack_int64(tables, shapes, N)
         self.queue, self.cnt, self.tcfg = views["queue"], views["cnt"], views["tcfg"]
         self._u8 = kt.pack_u8(N)
@@ -512,8 +689,13 @@ class Scheduler(SchedulerViews):
             if v is None:
                 return None
             row = v[0]
-            block = Block._make(task_id, v[1], (tuple(v[2 : 2 + nd]), tuple(v[2 + nd : 2 + 2 * nd])),
-                                (tuple(v[2 + 2 * nd : 2 + 3 * nd]), tuple(v[2 + 3 * nd :])), row)
+            block = Block._make(
+                task_id,
+                v[1],
+                (tuple(v[2 : 2 + nd]), tuple(v[2 + nd : 2 + 2 * nd])),
+                (tuple(v[2 + 2 * nd : 2 + 3 * nd]), tuple(v[2 + 3 * nd :])),
+                row,
+            )
             if check is not None and self._prechecks.done(task_id, block):
                 self._release_one(t, row, kt.R_SKIPPED)  # done already: completed, recorded as done
                 continue
@@ -528,7 +710,9 @@ class Scheduler(SchedulerViews):
         elif status == 3:  # BlockStatus.FAILED
             code = kt.R_FAILED
         else:
-            raise ValueError(f"unexpected status for released block: {BlockStatus.name(status)} (set SUCCESS or FAILED)")
+            raise ValueError(
+                f"unexpected status for released block: {BlockStatus.name(status)} (set SUCCESS or FAILED)"
+            )
         row = block.index
         if row < 0 or row >= self._nblocks[t]:
             row = self.geometry.row_of_block(t, block)
@@ -608,133 +792,13 @@ class Scheduler(SchedulerViews):
         self._release_rows(t, kept_rows, kept_codes)
         self._record(t, rows, codes)
 
-    # -- retry backoff (Task(retry_backoff=...), scheduling/backoff.py) --------------------
-    def _hold(self, t: int, row: int) -> bool:
-        """Row ``row`` of task ``t`` failed: hold it for its retry time if it would be retried (its
-        task has a backoff and runs, the block is in flight and has retries left). A held block
-        leaves the blocks in flight for the pending ones (status PENDING, ``C_PROC`` - 1); the
-        kernels' release does the rest when it is due (:meth:`wake_retries`)."""
-        bo = self._backoff
-        if bo is None or not bo.on(t) or self.tcfg[t, kt.F_STATE] != kt.RUNNING:
-            return False
-        gi = self._block_base[t] + row
-        attempt = int(self.retries[gi]) + 1  # this failure included
-        if self.status[gi] != kt.PROCESSING or attempt > self.tcfg[t, kt.F_MAX_RETRIES]:
-            return False  # not in flight (a late release: ignored), or its last attempt: fails for good
-        bo.failed(t, row, attempt, self._clock())
-        self.status[gi] = kt.PENDING
-        self.cnt[t, kt.C_PROC] -= 1
-        return True
-
-    def _hold_failures(self, t: int, rows: Any, codes: Any) -> tuple[Any, Any]:
-        """``rows``/``codes`` (arrays or lists) without the failed rows :meth:`_hold` kept back."""
-        bo = self._backoff
-        if bo is None or not bo.on(t):
-            return rows, codes
-        keep = [i for i in range(len(rows)) if not (codes[i] == kt.R_FAILED and self._hold(t, int(rows[i])))]
-        if len(keep) == len(rows):
-            return rows, codes
-        if isinstance(rows, np.ndarray):
-            return rows[keep], codes[keep]
-        return [rows[i] for i in keep], [codes[i] for i in keep]
-
-    def wake_retries(self, now: float | None = None) -> float | None:
-        """Put the failed blocks whose retry time has come back in their ready queues.
-
-        A no-op without ``Task(retry_backoff=...)``. The runtimes call it once per turn of their
-        loop and bound their waits by what it returns; :meth:`acquire_block` and
-        :meth:`acquire_blocks` call it too.
-
-        Parameters
-        ----------
-        now : float, optional
-            The time (``time.monotonic()`` seconds; default: now).
-
-        Returns
-        -------
-        float or None
-            When the next held block becomes due (``time.monotonic()`` seconds), or None if
-            no block waits for a retry.
-        """
-        bo = self._backoff
-        if bo is None:
-            return None
-        at = bo.next_at()
-        if at is None:
-            return None
-        if now is None:
-            now = self._clock()
-        if at > now:
-            return at
-        by_task: dict[int, list[int]] = {}
-        for t, row in bo.due(now):
-            if self.tcfg[t, kt.F_STATE] != kt.RUNNING:
-                continue  # abandoned (drop_task let its blocks go already)
-            self.status[self._block_base[t] + row] = kt.PROCESSING  # back in flight for one step:
-            self.cnt[t, kt.C_PROC] += 1  # the kernels' release of a failure (retries + 1, to the back)
-            by_task.setdefault(t, []).append(row)
-        for t, rows in by_task.items():
-            self._release_rows(t, np.array(rows, np.int64), np.full(len(rows), kt.R_FAILED, np.uint8))
-        return bo.next_at()
-
-    def next_retry_at(self) -> float | None:
-        """When the next block waiting for a retry becomes due (``time.monotonic()`` seconds), or None."""
-        bo = self._backoff
-        return None if bo is None else bo.next_at()
-
-    # -- abandonment, the dependency graph, the tracking stores ----------------------------
-    def abandon_task(self, task_id: str, reason: str) -> list[str]:
-        """Abandon a task and every task downstream of it: remaining blocks become orphaned."""
-        out = []
-        stack = [(self._tindex[task_id], reason)]
-        while stack:
-            t, why = stack.pop()
-            if self.tcfg[t, kt.F_STATE] == kt.ABANDONED:
-                continue
-            tid = self.task_ids[t]
-            c = self.cnt[t]
-            c[kt.C_ORPHANED] += max(0, self._nblocks[t] - c[kt.C_COMPLETED] - c[kt.C_FAILED] - c[kt.C_ORPHANED])
-            c[[kt.C_READY, kt.C_PROC, kt.C_ROOTS_LEFT, kt.C_QLEN, kt.C_GIVEN]] = 0  # nothing ready, queued or in flight
-            self.tcfg[t, kt.F_STATE] = kt.ABANDONED
-            if self._backoff is not None:
-                self._backoff.drop_task(t)  # blocks waiting for a retry: orphaned with the rest
-            self._abandon_reason[tid] = why
-            out.append(tid)
-            stack.extend((d, "upstream task abandoned") for d in self.geometry.down_tasks[t])
-        return out
-
+    # -- the dependency graph ------------------------------------------------------------
     @property
     def dependency_graph(self) -> DependencyGraph:
         """Block dependencies across the pipeline's tasks (made on first use)."""
         if self._dependency_graph is None:
             self._dependency_graph = DependencyGraph(self)
         return self._dependency_graph
-
-    def flush_tracking(self) -> None:
-        """Write the block tracking marks made so far to disk (every store, even after one fails).
-
-        Raises
-        ------
-        OSError
-            The first store that could not be flushed (a full disk...).
-        """
-        self._tracking.flush()
-
-    def close(self) -> None:
-        """Flush and release the block tracking stores; the scheduler is not used afterwards.
-
-        Raises
-        ------
-        OSError
-            The first store that could not be closed.
-        """
-        self._tracking.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class DependencyGraph:
@@ -766,8 +830,27 @@ class DependencyGraph:
         scr = np.empty((8, max(maxnd, 3)), np.int64)
         scr[7, 0] = -1
         tt, e, p = g.tt, g.e, g.tptr
-        n = ks._down_lj(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump,
-                        e[0], e[3], e[4], p[2], p[3], t, row, scr, bt, br, bl, bj)
+        n = ks._down_lj(
+            tt.geo,
+            tt.info,
+            tt.lvl_off,
+            tt.lvl_cnt,
+            tt.lvl_start,
+            tt.conf_ptr,
+            tt.conf_jump,
+            e[0],
+            e[3],
+            e[4],
+            p[2],
+            p[3],
+            t,
+            row,
+            scr,
+            bt,
+            br,
+            bl,
+            bj,
+        )
         ids = np.empty(n, np.int64)
         for u in set(bt[:n].tolist()):
             sel = bt[:n] == u
@@ -784,7 +867,9 @@ class DependencyGraph:
         lay = geo.layouts[t]
         ts, rs, ids = [], [], []
         out = np.empty(max(1, len(lay.conf_offsets)), np.int64)
-        n = kg.intra_neighbours(tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, t, row, False, out)
+        n = kg.intra_neighbours(
+            tt.geo, tt.info, tt.lvl_off, tt.lvl_cnt, tt.lvl_start, tt.conf_ptr, tt.conf_jump, t, row, False, out
+        )
         rows = out[:n].copy()
         ts.append(np.full(n, t, np.int64))
         rs.append(rows)

@@ -317,9 +317,8 @@ class _Pool:
             else:
                 stalled = 0
             readable = []
-            limit = 0 if self.more_spawns else POLL_SECS
-            if retry_at is not None:  # wake up when the next retry is due, not up to POLL_SECS later
-                limit = min(limit, max(0.0, retry_at - time.monotonic()))
+            # wake up when the next retry is due (retry_backoff), not up to POLL_SECS later
+            limit = 0 if self.more_spawns else min(POLL_SECS, max(0.0, (retry_at or 1e18) - time.monotonic()))
             for obj in self.waitables.wait(tcp.wait_timeout(limit)):
                 if obj == self.wake_r:
                     try:
