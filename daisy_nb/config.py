@@ -348,5 +348,30 @@ EXIT_GRACE_SECS: Variable[float] = Variable(
     "seconds a `Client` program may live after its run ended before it exits with 130.",
 )
 
+
+# -- batch systems (read by a Client program, never set) ------------------------------------
+def _epoch(raw: str, name: str) -> float:
+    """A point in time as UNIX epoch seconds (a finite number > 0)."""
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a time in UNIX epoch seconds, got {raw!r}") from None
+    if not 0 < v < float("inf"):  # NaN fails both
+        raise ValueError(f"{name} must be a time in UNIX epoch seconds (a finite number > 0), got {raw!r}")
+    return v
+
+
+SLURM_JOB_END_TIME: Variable[float | None] = Variable(
+    "SLURM_JOB_END_TIME",
+    None,
+    _epoch,
+    "set by SLURM",
+    "SLURM's own variable in a batch job: when the job's time limit ends (UNIX epoch seconds). A "
+    "`Client` made in such a job sends it to the scheduler, which hands the job no block it is "
+    "unlikely to finish before then (less than twice the task's median block time left) and tells "
+    "it to end instead. `Client(end_time=)` wins.",
+    owner="slurm",
+)
+
 #: Every variable, by name.
 VARIABLES: dict[str, Variable] = {v.name: v for v in list(globals().values()) if isinstance(v, Variable)}

@@ -68,6 +68,7 @@ TABLE: dict[str, tuple[object, list[tuple[str, object]], list[str]]] = {
     # a directory, a true word for the default one (""), a false word for none
     "DAISY_NB_IMPORT_MEMORY": ("", [("1", ""), (" On ", ""), ("0", None), ("OFF", None), ("/tmp/m", "/tmp/m")], []),
     "PYTHONPATH": (None, [("/a:/b", "/a:/b")], []),
+    "SLURM_JOB_END_TIME": (None, [("1767225600", 1767225600.0), (" 1.5 ", 1.5)], ["0", "-5", "inf", "nan", "soon"]),
 }
 for _name, _default in BOOLEANS.items():
     TABLE[_name] = (
@@ -126,7 +127,7 @@ def test_the_table_covers_every_variable():
     assert set(TABLE) == set(config.VARIABLES)
     for name, var in config.VARIABLES.items():
         assert var.name == name and var.meaning and var.shown_default
-        assert var.owner in ("daisy_nb", "daisy", "numba", "python")
+        assert var.owner in ("daisy_nb", "daisy", "numba", "python", "slurm")
         assert name.startswith("DAISY_NB_") == (var.owner == "daisy_nb")
 
 

@@ -18,6 +18,12 @@ kept there and only while a block in flight could still need a retry
 (``net/tail.check_tail``), no client stays parked while blocks are ready, and ready blocks
 no parked client takes make the spawn plan start a worker function.
 
+A third (``WalltimeMachine``) gives some clients a known end (the seconds left in their
+hello) on a fake clock: a block goes to one only while its time left covers twice the
+median of the task's finished blocks (three times for a block sent ahead), measured here
+from the clients' own view of when each block started and ended; a parked one whose time
+ran short is told to end; every client told to end is a clean end for its worker function.
+
 Also the decisions the end-to-end tests used to observe by wrapping private methods
 (``Clients._on_client_msg``, ``_send_block``): a release is a request, a failure is not,
 blocks go ahead after the first, a request crossing a block on its way is answered by
@@ -26,6 +32,7 @@ it, quiet time only when everybody holds two blocks.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 
 import pytest
@@ -37,7 +44,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import daisy_nb
 from daisy_nb.runtime.local.budget import Budget, TaskNeed, plan_spawns
 from daisy_nb.runtime.net import wire
-from daisy_nb.runtime.net.handout import QUIET_MAX_SECS, Close, HandOut, Send
+from daisy_nb.runtime.net.handout import QUIET_MAX_SECS, WALLTIME_FACTOR, Close, HandOut, Send, check_walltime
 from daisy_nb.runtime.net.tail import at_tail, check_tail
 from daisy_nb.scheduler import Scheduler
 
@@ -429,6 +436,94 @@ def test_the_kept_client_is_told_to_end_once_no_retry_can_come(how):
     assert not h.core.parked and h.inbox[kept][-1] is wire.NO_MORE
 
 
+# ------------------------------------------------------------------ walltime (the job's end is known)
+def _median_of_100ms(h, cid=9):
+    """Client ``cid`` (no end known) runs two blocks of ``a`` of 100 ms each: the median is 0.1 s."""
+    h.open(cid)
+    h.frames((cid, [wire.encode_hello("a", cid), REQ]))
+    for _ in range(2):
+        h.now += 100 * MS
+        h.frames((cid, [rel(next(iter(h.core.conns[cid].held)))]))  # the block it runs
+    assert statistics.median(h.trs["a"].block_secs) == pytest.approx(0.1)
+    h.frames((cid, [wire.encode_goodbye()]))
+
+
+def test_a_job_whose_end_is_near_is_told_to_end_instead_of_getting_a_block():
+    h = Harness(n_a=20, n_b=1)
+    _median_of_100ms(h)
+    ready = h.s.ready_count("a")
+    h.open(1)
+    h.open(2)
+    h.frames((1, [wire.encode_hello("a", 1, 0.19), REQ]), (2, [wire.encode_hello("a", 2, 0.21), REQ]))
+    assert h.inbox[1] == [wire.NO_MORE] and 1 in h.jobs.released  # a clean end, as at the tail
+    assert h.core.conns[1].ended and not h.core.conns[1].parked
+    assert len(h.blocks(2)) == 1 and h.s.ready_count("a") == ready - 1  # enough time: a block
+    assert h.core.counts["walltime"] == 1
+
+
+def test_no_rule_before_a_block_of_the_task_finished_nor_without_a_known_end():
+    h = Harness(n_a=4, n_b=1)
+    h.open(1)
+    h.open(2)
+    h.frames((1, [wire.encode_hello("a", 1, 0.001), REQ]), (2, [HELLO_A, REQ]))
+    assert len(h.blocks(1)) == 1 and len(h.blocks(2)) == 1  # no median yet: no rule
+    h.now += 100 * MS
+    h.frames((2, [rel(h.blocks(2)[0])]))
+    assert len(h.blocks(2)) == 2  # no end known: blocks as before
+    h.frames((1, [rel(h.blocks(1)[0])]))
+    assert h.inbox[1][-1] is wire.NO_MORE and h.core.counts["walltime"] == 1
+
+
+def test_a_block_goes_ahead_only_while_the_time_left_covers_the_running_one_too():
+    h = Harness(n_a=40, n_b=1)
+    _median_of_100ms(h)
+    h.open(1)
+    h.open(2)
+    h.frames((1, [wire.encode_hello("a", 1, 0.35), REQ]), (2, [wire.encode_hello("a", 2, 10.0), REQ]))
+    h.now += 100 * MS  # 0.25 s left for 1: a block (0.2 s), not one behind it (0.3 s)
+    h.frames((1, [rel(h.blocks(1)[0])]), (2, [rel(h.blocks(2)[0])]))
+    assert statistics.median(h.trs["a"].block_secs) == pytest.approx(0.1)
+    assert len(h.core.conns[1].held) == 1 and len(h.core.conns[2].held) == 2
+    h.now += 100 * MS  # 0.15 s left: told to end
+    h.frames((1, [rel(h.blocks(1)[-1])]))
+    assert h.inbox[1][-1] is wire.NO_MORE and not h.core.conns[1].held
+
+
+def test_a_parked_job_whose_time_runs_short_is_told_to_end():
+    """``b`` waits on a straggler of ``a``: its job with a known end waits parked for the pending
+    block, and is told to end once its time left is under twice ``b``'s median block time."""
+    h = Harness(n_a=3, n_b=3, retries=0)
+    h.open(1)
+    h.frames((1, [HELLO_A, REQ]))
+    h.frames((1, [rel(h.blocks(1)[0])]))
+    h.frames((1, [rel(h.blocks(1)[1])]))  # a0 and a1 done; 1 holds a2 (the straggler)
+    assert list(h.core.conns[1].held) == [h.blocks(1)[2]]
+    h.open(2)
+    h.frames((2, [wire.encode_hello("b", 2, 1.0), REQ]))
+    for _ in range(2):  # b's two ready blocks, 100 ms each
+        h.now += 100 * MS
+        h.frames((2, [rel(h.blocks(2)[-1])]))
+    assert h.core.conns[2].parked and len(h.blocks(2)) == 2  # b's last block waits on a2
+    h.now += 500 * MS  # 0.3 s left: still enough
+    h.core.serve_parked(h.now)
+    h.run()
+    check_walltime(h.core, h.now)
+    assert h.core.conns[2].parked
+    h.now += 150 * MS  # 0.15 s left: under 0.2 s
+    h.core.serve_parked(h.now)
+    h.run()
+    h.core.validate()
+    check_walltime(h.core, h.now)
+    assert not h.core.parked and h.inbox[2][-1] is wire.NO_MORE and 2 in h.jobs.released
+
+
+def test_the_hello_carries_the_seconds_left():
+    for left in (None, 0.0, 12.5, -3.0):
+        msg = wire.decode_client(wire.encode_hello("t:é", 7, left))
+        assert msg == wire.Hello(7, "t:é", left)
+    assert wire.decode_client(wire.encode_hello("t", 7, float("nan"))).secs_left is None
+
+
 # ------------------------------------------------------------------ the state machines
 def check_settled(h: Harness) -> None:
     """After the parked clients were served (the pool does it every turn of its loop): at a task's
@@ -485,7 +580,12 @@ class HandOutMachine(RuleBasedStateMachine):
         got = h.blocks(c)
         idx = st.sampled_from(held + got[-3:] + [999]) if held or got else st.just(999)
         one = st.one_of(
-            st.builds(lambda t, w: wire.encode_hello(t, w), st.sampled_from(["a", "b", "zz"]), st.integers(-8, 3)),
+            st.builds(
+                wire.encode_hello,
+                st.sampled_from(["a", "b", "zz"]),
+                st.integers(-8, 3),
+                st.one_of(st.none(), st.floats(-1.0, 10.0), st.sampled_from([float("inf"), float("nan")])),
+            ),
             st.just(REQ),
             st.just(REQ),
             st.builds(rel, idx, st.sampled_from([2, 2, 3])),
@@ -638,5 +738,121 @@ class TailMachine(RuleBasedStateMachine):
 
 TestTailMachine = TailMachine.TestCase
 TestTailMachine.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+class WalltimeMachine(RuleBasedStateMachine):
+    """Well-behaved clients, some of whose jobs end at a known time (their hello's seconds left),
+    on a fake clock: blocks of random lengths, jobs that die, parked clients served."""
+
+    @initialize(n_a=st.integers(1, 10), n_b=st.integers(1, 4), retries=st.integers(0, 2))
+    def setup(self, n_a, n_b, retries):
+        self.h = Harness(n_a, n_b, retries)
+        self.next_cid = 0
+        self.end: dict[int, int] = {}  # client -> when its job ends (ns), if known
+        self.t_free: dict[int, int] = {}  # client -> when its previous block ended (or it connected)
+        self.sent: dict[tuple[int, int], int] = {}  # (client, block) -> when it received it
+        self.secs: dict[str, deque] = {"a": deque(maxlen=64), "b": deque(maxlen=64)}  # finished block times
+
+    @rule(ms=st.integers(1, 200))
+    def time_passes(self, ms):
+        self.h.now += ms * MS
+
+    @precondition(lambda self: self.next_cid < 8)
+    @rule(left_ms=st.one_of(st.none(), st.integers(-100, 1500), st.integers(-100, 1500)))
+    def open(self, left_ms):
+        c = self.next_cid
+        self.next_cid += 1
+        self.h.open(c)
+        self.t_free[c] = self.h.now
+        if left_ms is not None:
+            self.end[c] = self.h.now + left_ms * MS
+
+    def _seen(self):
+        return {c: len(self.h.blocks(c)) for c in self.h.core.conns}
+
+    def _check_sent(self, before: dict[int, int]) -> None:
+        """Every block sent in the step just done went to a client whose time left covered
+        ``WALLTIME_FACTOR`` medians, plus one per block it held before it."""
+        h = self.h
+        for c, n in before.items():
+            cc = h.core.conns.get(c)
+            for b in h.blocks(c)[n:]:
+                self.sent[(c, b)] = h.now
+                if cc is None or c not in self.end or b not in cc.held:
+                    continue
+                secs = self.secs[cc.tr.tid]
+                if not secs:
+                    continue
+                med = statistics.median(secs)
+                k = list(cc.held).index(b)
+                # 1 µs: the hello's seconds left are a float
+                assert self.end[c] - h.now >= (WALLTIME_FACTOR + k) * med * 1e9 - 1000, (c, b, k, med)
+                event("a block for a job whose end is known")
+
+    @precondition(lambda self: self.h.core.conns)
+    @rule(data=st.data())
+    def a_pass(self, data):
+        h = self.h
+        live = sorted(h.core.conns)
+        chosen = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True))
+        pairs = []
+        for c in chosen:
+            cc = h.core.conns[c]
+            if cc.tr is None:
+                t = data.draw(st.sampled_from(["a", "b"]))
+                left = None if c not in self.end else (self.end[c] - h.now) / 1e9
+                pairs.append((c, [wire.encode_hello(t, c, left), REQ]))
+            elif cc.held:
+                b = next(iter(cc.held))
+                self.secs[cc.tr.tid].append((h.now - max(self.sent[(c, b)], self.t_free[c])) / 1e9)
+                self.t_free[c] = h.now
+                pairs.append((c, [rel(b, data.draw(st.sampled_from([2, 2, 3])))]))
+            elif not cc.parked and not cc.ended:
+                pairs.append((c, [REQ]))
+        if not pairs:
+            return
+        before = self._seen()
+        told = len(h.jobs.released)
+        h.frames(*pairs)
+        self._check_sent(before)
+        for tid in ("a", "b"):  # the clients' view of the finished blocks is the core's
+            assert list(self.secs[tid]) == pytest.approx(list(h.trs[tid].block_secs))
+        if h.core.counts["walltime"] and len(h.jobs.released) > told:
+            event("a job told to end for its walltime")
+
+    @precondition(lambda self: self.h.core.conns)
+    @rule(data=st.data())
+    def job_dies(self, data):
+        self.h.core.lost(data.draw(st.sampled_from(sorted(self.h.core.conns))))
+        self.h.run()
+
+    @rule()
+    def serve_parked(self):
+        h = self.h
+        before = self._seen()
+        n = h.core.counts["walltime"]
+        h.core.serve_parked(h.now)
+        h.run()
+        self._check_sent(before)
+        check_walltime(h.core, h.now)
+        check_settled(h)
+        if h.core.counts["walltime"] > n:
+            event("a parked job told to end for its walltime")
+
+    @invariant()
+    def valid(self):
+        if not hasattr(self, "h"):
+            return
+        h = self.h
+        h.core.validate()
+        for c, cc in h.core.conns.items():
+            if cc.ended:  # told to end: a clean end of its worker function
+                assert c in h.jobs.released
+
+
+TestWalltimeMachine = WalltimeMachine.TestCase
+TestWalltimeMachine.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -4,7 +4,8 @@ The tests put ``sbatch``, ``scancel``, ``sacct``, ``scontrol``, ``bsub``, ``bkil
 ``bjobs`` wrappers on ``PATH`` that run this file with their role. Jobs run on this
 machine, each under a *runner* in its own session (as a job on another node: no signal
 of the driver or the worker function reaches it), after a queue delay
-(``FAKEBATCH_QUEUE_SECS``), with ``SLURM_JOB_ID``/``LSB_JOBID`` set. The state dir
+(``FAKEBATCH_QUEUE_SECS``), with ``SLURM_JOB_ID``/``LSB_JOBID`` set, and
+``SLURM_JOB_END_TIME`` (when its walltime ends, whole UNIX seconds) for a job with a walltime. The state dir
 (``FAKEBATCH_DIR``) holds per job id: ``<id>.runner`` (the runner's pid),
 ``<id>.started``, ``<id>.rc`` (the job's exit status), ``<id>.cancelled``,
 ``<id>.state`` (how it ended, when not by its own exit: ``TIMEOUT``, ``OUT_OF_MEMORY``,
@@ -138,6 +139,9 @@ def run(jid: str, argv: list[str]) -> int:
     open(_path(jid, "started"), "w").close()
     walltime = _read(jid, "walltime")
     env = {**os.environ, "SLURM_JOB_ID": jid, "LSB_JOBID": jid}
+    env.pop("SLURM_JOB_END_TIME", None)
+    if walltime is not None:  # as SLURM: the job's projected end, in whole seconds
+        env["SLURM_JOB_END_TIME"] = str(int(time.time() + float(walltime)))
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
     try:
         rc = p.wait(timeout=None if walltime is None else float(walltime))

@@ -9,15 +9,15 @@ heartbeats, silence, the close) is a :class:`~daisy_nb.runtime.net.connection.Co
 
 Protocol (details in :mod:`daisy_nb.runtime.net.transport` and :mod:`daisy_nb.runtime.net.wire`):
 
-1. Handshake, before anything else is read: the scheduler sends ``DAISYNB4`` and a
+1. Handshake, before anything else is read: the scheduler sends ``DAISYNB5`` and a
    16-byte nonce; the client answers ``HMAC-SHA256(secret, "daisy_nb client" +
    nonce)`` and its own nonce; the scheduler proves the secret the same way. The
    secret (``authkey``) comes with the address in ``DAISY_CONTEXT``.
 2. Frames, each with a MAC and an implicit sequence number under keys derived from
    the secret and both nonces (``net.frames.FrameCodec``; a frame that fails ends the
    connection, as a lost one), tiny ``struct``-packed payloads, never pickles.
-   Client: ``H`` hello (worker id, then the task id: the rest of the frame, so an id
-   may hold any character; one per connection), ``A`` acquire, ``R`` release
+   Client: ``H`` hello (worker id, the seconds its job has left, then the task id: the
+   rest of the frame, so an id may hold any character; one per connection), ``A`` acquire, ``R`` release
    (index, status) *and* acquire the next (the scheduler answers it as an ``A``, so
    a loop sends one frame per block; ``A`` only where no release asked: the first
    block, after a failure or a give-back), ``F`` failure (index, spatial id, the
@@ -77,6 +77,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
+import numbers
 import os
 import signal
 import sys
@@ -108,6 +110,7 @@ _ENDED = "assuming the run has ended — this worker will exit without processin
 EXIT_CODE = 130  # a program ended by its run's end (128 + SIGINT: "interrupted")
 EXIT_GRACE_SECS = config.EXIT_GRACE_SECS.default
 _ACQUIRE, _GOODBYE = wire.encode_acquire(), wire.encode_goodbye()
+_YEAR_2000 = 946_684_800.0  # an end_time before it is a duration passed by mistake
 
 
 def _exit_settings(exit_with_run) -> tuple[bool, float]:
@@ -117,6 +120,29 @@ def _exit_settings(exit_with_run) -> tuple[bool, float]:
     elif not isinstance(exit_with_run, bool):
         raise TypeError(f"exit_with_run must be a bool, got {type(exit_with_run).__name__}")
     return exit_with_run, config.EXIT_GRACE_SECS.get()
+
+
+def _end_time(end_time) -> float | None:
+    """When this job ends (UNIX epoch seconds): ``end_time``, else ``SLURM_JOB_END_TIME``, else None."""
+    if end_time is None:
+        return config.SLURM_JOB_END_TIME.get()
+    if isinstance(end_time, bool) or not isinstance(end_time, numbers.Real):
+        raise TypeError(
+            "end_time must be a time in UNIX epoch seconds (a number, e.g. time.time() + 3600 or "
+            f"datetime.timestamp()), got {type(end_time).__name__}"
+        )
+    try:
+        v = float(end_time)
+    except OverflowError:
+        v = math.inf
+    if not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"end_time must be a time in UNIX epoch seconds (a finite number > 0), got {end_time!r}")
+    if v < _YEAR_2000:
+        raise ValueError(
+            f"end_time must be a time in UNIX epoch seconds, got {end_time!r} (before the year 2000: a "
+            "duration? pass time.time() + seconds)"
+        )
+    return v
 
 
 class _ExitWithRun:
@@ -168,9 +194,10 @@ def pack_block(index: int, spatial_id: int, ro, rs, wo, ws) -> bytes:
 pack_row = wire.encode_block
 
 
-def pack_hello(task_id: str, worker_id: int) -> bytes:
-    """``HELLO`` + worker id (``int64``) + the task id in UTF-8, the rest of the frame: any id works."""
-    return wire.encode_hello(task_id, worker_id)
+def pack_hello(task_id: str, worker_id: int, secs_left: float | None = None) -> bytes:
+    """``HELLO`` + worker id (``int64``) + seconds left (``float64``, NaN: not known) + the task id in
+    UTF-8, the rest of the frame: any id works."""
+    return wire.encode_hello(task_id, worker_id, secs_left)
 
 
 def unpack_hello(msg: bytes) -> tuple[str, int]:
@@ -213,11 +240,24 @@ class Client:
         still alive a few seconds later exits with 130 (see the module docstring).
         ``False`` (or ``DAISY_NB_EXIT_WITH_RUN=0``) opts out: ``acquire_block`` then
         just yields ``None`` at its next call. Default: the environment, else True.
+    end_time : float, optional
+        When this job ends, in UNIX epoch seconds (``time.time()``'s clock), for
+        example its batch system's time limit. The scheduler then hands it no block
+        it is unlikely to finish in time: once the time left is under twice the
+        median time of the task's finished blocks, :meth:`acquire_block` yields
+        ``None`` as when no block is left, the program ends normally and its worker
+        function returns (not a crash; a new job is started if blocks remain).
+        Default: ``SLURM_JOB_END_TIME`` in a SLURM batch job, else not known (no
+        such rule). A daisy_nb keyword: daisy's ``Client`` has none.
 
     Raises
     ------
+    TypeError
+        ``end_time`` is not a number (a ``bool`` is not one either).
     ValueError
-        A malformed ``DAISY_CONTEXT`` ("invalid context token") or setting.
+        A malformed ``DAISY_CONTEXT`` ("invalid context token") or setting
+        (``SLURM_JOB_END_TIME`` included); an ``end_time`` that is not finite, or before
+        the year 2000 (a duration passed by mistake: pass ``time.time() + seconds``).
     KeyError
         No context given and ``DAISY_CONTEXT`` unset.
     daisy_nb.runtime.net.wire.ProtocolVersionError
@@ -241,8 +281,12 @@ class Client:
     ...         process(block)
     """
 
-    def __init__(self, context: Context | None = None, *, exit_with_run: bool | None = None) -> None:
+    def __init__(
+        self, context: Context | None = None, *, exit_with_run: bool | None = None, end_time: float | None = None
+    ) -> None:
         self._exit = _ExitWithRun(exit_with_run)
+        #: When this job ends (UNIX epoch seconds), or None: not known (see ``end_time``).
+        self.end_time = _end_time(end_time)
         if context is None:
             context = Context.from_env()
         from daisy_nb.logging import get_log_basedir, set_log_basedir
@@ -280,7 +324,9 @@ class Client:
         except OSError as e:
             logger.warning("daisy server at %s:%s is not reachable (%s); " + _ENDED, self.host, self.port, e)
             return
-        if self._send(pack_hello(self.task_id, self.worker_id)):
+        # the seconds left, not the end time: the scheduler's clock need not agree with this machine's
+        left = None if self.end_time is None else self.end_time - time.time()
+        if self._send(pack_hello(self.task_id, self.worker_id, left)):
             _LIVE.add(self)
             ref = weakref.ref(self)  # the thread must not keep the client alive
             threading.Thread(target=_heartbeat_loop, args=(ref,), name="daisy_nb-heartbeat", daemon=True).start()

@@ -40,6 +40,18 @@ one once every block the task has left is in flight (its tail), except one kept 
 while a block in flight could still need a retry (:class:`daisy_nb.runtime.net.tail.TailKeep`,
 which says why one).
 
+**Walltime.** A job that knows when it ends (its hello carries the seconds it has left:
+``Client(end_time=...)``, ``SLURM_JOB_END_TIME``) is handed no block it is unlikely to
+finish: when the time it has left is under ``WALLTIME_FACTOR`` (2) times the task's median
+block time (of its recent finished blocks; before the first, no rule), it is told to end
+(``NO_MORE``) exactly as at the tail, whether or not a block is ready, and a parked one is
+told once its time runs that short (:meth:`HandOut.serve_parked`). Its worker function's
+return is a clean end, not a crash (``Jobs.job_released``), and ready blocks that no waiting
+job can take make the pool start another. A block sent ahead needs one more median: the one
+the job runs first. Why twice: a block of median time is as likely to take longer as shorter,
+and a job killed at its walltime mid-block costs the block's attempt, its retry and a job
+start counted as a crash; twice the median turns those into a clean end and one job start.
+
 **Quiet time.** After a pass in which every connection that asked ends up holding two
 blocks and none is parked, the connections may stay unread for a quarter of the task's
 (shortest) mean block time, at most ``QUIET_MAX_SECS`` (:attr:`HandOut.quiet_secs`): the
@@ -51,12 +63,17 @@ count; a parked connection holds nothing and is registered as parked exactly onc
 most two blocks per connection; the client counts match the connections. Once the parked
 connections were served, a task with no ready block has at most its pending blocks plus one
 parked, the one more only while a retry can come (:func:`daisy_nb.runtime.net.tail.check_tail`).
+A job with a known end had, when its newest block was sent, at least the time the walltime
+rule asked for; after the parked connections were served, none whose time ran short is parked
+(:func:`check_walltime`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
+import statistics
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -66,7 +83,10 @@ from daisy_nb.runtime.net import wire
 from daisy_nb.runtime.net.tail import TailKeep
 from daisy_nb.scheduling.listed import ListedCalls
 
-__all__ = ["AHEAD_EMA", "QUIET_FRACTION", "QUIET_MAX_SECS", "Close", "Conn", "HandOut", "Jobs", "Send"]
+__all__ = [
+    "AHEAD_EMA", "QUIET_FRACTION", "QUIET_MAX_SECS", "WALLTIME_FACTOR", "Close", "Conn", "HandOut", "Jobs", "Send",
+    "check_walltime",
+]  # fmt: skip
 
 logger = logging.getLogger("daisy")
 
@@ -74,6 +94,7 @@ AHEAD_EMA = 0.2  # weight of the newest block in the per-task mean block time
 QUIET_FRACTION = 0.25  # of the mean block time, the longest the connections may go unread (quiet time)
 QUIET_MAX_SECS = 0.02
 HEARTBEAT_CHECKS = 5  # scans of every connection per heartbeat interval (pings, silent peers)
+WALLTIME_FACTOR = 2.0  # a job gets a block only while its time left covers this many median block times
 
 _new = tuple.__new__
 _PING = wire.encode_ping()
@@ -122,7 +143,8 @@ class Conn:
     """One connection as the core sees it (the dashboard reads ``wid`` and ``held``)."""
 
     __slots__ = (
-        "cid", "ended", "held", "last_seen", "last_sent", "parked", "peer", "t_free_ns", "tl_key", "tr", "wid",
+        "cid", "end_ns", "ended", "held", "last_seen", "last_sent", "need_ns", "parked", "peer", "t_free_ns",
+        "tl_key", "tr", "wid",
     )  # fmt: skip
 
     def __init__(self, cid: Hashable, peer: Any, now_ns: int):
@@ -136,6 +158,8 @@ class Conn:
         self.last_seen = self.last_sent = now_ns  # heartbeats
         self.t_free_ns = now_ns  # when its previous block ended (block time estimates)
         self.tl_key: Any = None  # its row in the dashboard's timeline
+        self.end_ns: int | None = None  # when its job ends, on the core's clock (its hello); None: not known
+        self.need_ns: int | None = None  # the time left the walltime rule asked for its newest block (None: none)
 
 
 class _Pass:
@@ -172,6 +196,7 @@ class _Connections:
     _batch: _Pass | None
     _out: list[Send | Close]
     connected_tids: set[str]
+    timed: int
     _too_late: Callable[[Conn], str | None] | None
     _abandon: Callable[[str, str], None]
 
@@ -239,6 +264,10 @@ class _Connections:
             self._drop(cc)
             return
         cc.tr, cc.wid = tr, msg.worker_id
+        left = msg.secs_left
+        if left is not None and math.isfinite(left):  # the job's end on our clock: no clock need agree
+            cc.end_ns = now_ns + int(left * 1e9)
+            self.timed += 1
         tid = tr.tid
         self.n_clients[tid] = self.n_clients.get(tid, 0) + 1
         self.connected_tids.add(tid)
@@ -288,6 +317,8 @@ class _Connections:
             self._park(cc, False)
         if self.conns.pop(cc.cid, None) is None:
             return
+        if cc.end_ns is not None:
+            self.timed -= 1
         if cc.tr is not None:
             self.n_clients[cc.tr.tid] -= 1
             if self.timeline is not None and cc.tl_key is not None and cc.tl_key[0] == "c":
@@ -383,6 +414,7 @@ class HandOut(_Timers):
         self.n_clients: dict[str, int] = {}  # task id -> connected clients
         self.client_block_secs: dict[str, float] = {}  # task id -> mean block time of its clients
         self.connected_tids: set[str] = set()  # tasks a Client has said hello for
+        self.timed = 0  # connections whose job's end is known (the walltime rule asks about them only)
         self.parked: dict[Any, dict[Conn, None]] = {}  # task run -> connections waiting, oldest first
         # which connections stay parked when no block is ready, and for how long (net/tail.py)
         self.tail = TailKeep(scheduler, start_secs=jobs.job_start_secs)
@@ -390,8 +422,9 @@ class HandOut(_Timers):
         self.aborting = False  # blocks cut short are given back, not failed
         self.stopped = False  # no more blocks handed out (Ctrl-C)
         self.timeline: Any = None  # a dashboard.timeline.Timeline, or None
-        # what happened, for tests and benchmarks: passes, messages by kind, blocks sent (and ahead)
-        self.counts: dict[str, int] = {"passes": 0, "sent": 0, "ahead": 0}
+        # what happened, for tests and benchmarks: passes, messages by kind, blocks sent (and ahead),
+        # jobs told to end for their walltime
+        self.counts: dict[str, int] = {"passes": 0, "sent": 0, "ahead": 0, "walltime": 0}
         self._next_beat_check = 0
         self._batch: _Pass | None = None
         self._out: list[Send | Close] = []
@@ -447,6 +480,9 @@ class HandOut(_Timers):
                 or self.tail.rejudge(tr.tid, len(ccs), functools.partial(_waited, ccs, now_ns))
             ):
                 batch.want.update(ccs)
+            elif ccs and self.timed:  # a job whose time ran short while it waited is told to end
+                med = self.median_block_secs(tr)
+                batch.want.update((cc, None) for cc in ccs if self._short(cc, med, 0, now_ns) is not None)
         if batch.want:
             self._serve(batch, now_ns)
 
@@ -564,6 +600,8 @@ class HandOut(_Timers):
                 by_task.setdefault(cc.tr, []).append(cc)
         s = self.s
         for tr, group in by_task.items():
+            if self.timed and not self.stopped:
+                group = self._walltime(tr, group, ahead, now_ns)
             k = 0
             if not (self.stopped or s.is_abandoned(tr.tid)):
                 ready = s.ready_count(tr.tid)
@@ -587,12 +625,53 @@ class HandOut(_Timers):
                 continue
             for cc in group[k:]:
                 if not self._stays(cc, tr, now_ns):  # no block can come for it: told to end (net/tail.py)
-                    self._park(cc, False)
-                    self._out.append(Send(cc.cid, _NO_MORE))
-                    cc.ended = True
-                    self.jobs.job_released(cc.wid)
+                    self._end(cc)
                 else:
                     self._park(cc, True)
+
+    # ------------------------------------------------------------------ walltime
+    def median_block_secs(self, tr) -> float | None:
+        """The median time of ``tr``'s recent finished blocks (its last 64), None before the first."""
+        return statistics.median(tr.block_secs) if tr.block_secs else None
+
+    @staticmethod
+    def _short(cc: Conn, med: float | None, before: int, now_ns: int) -> int | None:
+        """The time left (ns) of ``cc``'s job if it is too short for a block behind the ``before`` it
+        holds (``WALLTIME_FACTOR`` medians, plus one per block before it); None: long enough, or not known."""
+        if cc.end_ns is None or med is None:
+            return None
+        left = cc.end_ns - now_ns
+        return left if left < (WALLTIME_FACTOR + before) * med * 1e9 else None
+
+    def _walltime(self, tr, group: list[Conn], ahead: bool, now_ns: int) -> list[Conn]:
+        """``group`` without the connections whose job ends too soon for a block (module docstring):
+        those asking for one are told to end; ``ahead``: they just get none ahead."""
+        if all(cc.end_ns is None for cc in group):
+            return group
+        med = self.median_block_secs(tr)
+        keep = []
+        for cc in group:
+            left = self._short(cc, med, len(cc.held), now_ns)
+            if left is None:
+                if cc.end_ns is not None:  # what the rule asked when this block goes out (validate)
+                    cc.need_ns = None if med is None else int((WALLTIME_FACTOR + len(cc.held)) * med * 1e9)
+                keep.append(cc)
+            elif not ahead:
+                logger.info(
+                    "task %r: worker %s has %.1f s left, under %g times the median block time (%.3f s): told to end",
+                    tr.tid, cc.wid, left / 1e9, WALLTIME_FACTOR, med,
+                )  # fmt: skip
+                self._end(cc)
+                self.counts["walltime"] += 1
+        return keep
+
+    def _end(self, cc: Conn) -> None:
+        """``cc`` is told that no block is left for it (``NO_MORE``): it leaves, and its worker
+        function's return is a clean end."""
+        self._park(cc, False)
+        self._out.append(Send(cc.cid, _NO_MORE))
+        cc.ended = True
+        self.jobs.job_released(cc.wid)
 
     def _stays(self, cc: Conn, tr, now_ns: int) -> bool:
         """No block of ``tr`` is ready: ``cc`` stays parked, for a pending block or a retry (else it
@@ -651,6 +730,13 @@ def check_invariants(core: HandOut) -> None:
         if cc.parked:
             assert not cc.held, f"connection {cid!r} is parked and holds {list(cc.held)}"
             assert cc in core.parked.get(cc.tr, {}), f"connection {cid!r} parked but not registered"
+        if cc.end_ns is not None and cc.held and cc.need_ns is not None:  # the walltime rule
+            left = cc.end_ns - max(cc.held.values())  # when its newest block (or a later one given back) went out
+            assert left >= cc.need_ns, (
+                f"connection {cid!r} was sent a block with {left / 1e9:.3f} s left, under the {cc.need_ns / 1e9:.3f} s "
+                "the walltime rule asks"
+            )
+    assert core.timed == sum(1 for cc in core.conns.values() if cc.end_ns is not None), "timed connections miscounted"
     for tr, ccs in core.parked.items():
         for cc in ccs:
             assert cc.parked and core.conns.get(cc.cid) is cc, f"stale parked connection {cc.cid!r}"
@@ -663,3 +749,19 @@ def check_invariants(core: HandOut) -> None:
         assert held == s.processing_count(tid), (
             f"task {tid!r}: connections hold {held} blocks, the scheduler has {s.processing_count(tid)} in flight"
         )
+
+
+def check_walltime(core: HandOut, now_ns: int) -> None:
+    """Raise ``AssertionError`` if, after :meth:`HandOut.serve_parked` at ``now_ns``, a parked
+    connection's job has less time left than the walltime rule asks for a block (it must have
+    been told to end)."""
+    if core.stopped:
+        return
+    for tr, ccs in core.parked.items():
+        med = core.median_block_secs(tr)
+        for cc in ccs:
+            left = core._short(cc, med, 0, now_ns)
+            assert left is None, (
+                f"task {tr.tid!r}: connection {cc.cid!r} parked with {left / 1e9:.3f} s left, under "
+                f"{WALLTIME_FACTOR:g} median block times ({med:.3f} s)"
+            )

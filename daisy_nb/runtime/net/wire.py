@@ -10,13 +10,14 @@ protocol version (``VERSION``, as ASCII ``"0" + version``), then its handshake n
 install the driver's daisy_nb version (a job with another release must never look like
 one whose run has ended). History: 1 plain frames, 2 authenticated frames, 3 a release
 asks for the next block, 4 a failure carries the exception's type, message and
-traceback in fields of their own.
+traceback in fields of their own, 5 a hello carries the seconds the job has left.
 
 **Messages.** A frame's payload (:mod:`.frames`) starts with its kind (one byte,
 :class:`Kind`); integers are little-endian ``int64``, text UTF-8. Client to scheduler:
 
 ============  ==============================================================
-``HELLO``     worker id, then the task id (the rest of the frame; one per connection)
+``HELLO``     worker id, the seconds the job has left (``float64``, NaN: not known), then
+              the task id (the rest of the frame; one per connection)
 ``ACQUIRE``   "a block, please" (only where no release asked: the first block, after a
               failure or a give-back)
 ``RELEASE``   index, status (2 done, 3 failed) *and* "the next one, please";
@@ -77,7 +78,7 @@ __all__ = [
     "version_of",
 ]
 
-VERSION = 4
+VERSION = 5
 MAGIC_PREFIX = b"DAISYNB"
 
 
@@ -139,14 +140,22 @@ _RELEASE = struct.Struct("<qq")  # index, status
 _STATS = struct.Struct("<5d")  # wall s, cpu s, peak RSS, IO read, IO write (resource_tracking)
 _BLOCK_HDR = struct.Struct("<qqq")  # index, spatial id, ndim
 _FAILURE = struct.Struct("<qqII")  # index, spatial id, bytes of the type, bytes of the message
+_HELLO = struct.Struct("<qd")  # worker id, seconds left (NaN: not known)
 MAX_MESSAGE = 8192  # characters of an exception's message sent (its traceback is capped alike)
 STATS_SIZE = _STATS.size
 
 
 # ------------------------------------------------------------------ typed messages
 class Hello(NamedTuple):
+    """A client says who it is: its worker id, its task, and how long its job has left.
+
+    ``secs_left`` is measured by the client when it sends the hello (its job's end time minus
+    its clock), so that the scheduler needs no clock that agrees with the job's machine:
+    it adds the seconds to its own clock on receipt. None: the job's end is not known."""
+
     worker_id: int
     task_id: str
+    secs_left: float | None = None
 
 
 class Release(NamedTuple):
@@ -212,8 +221,10 @@ def kind_name(msg: ClientMessage | ServerMessage) -> str:
 
 
 # ------------------------------------------------------------------ client -> scheduler
-def encode_hello(task_id: str, worker_id: int) -> bytes:
-    return Kind.HELLO + _I64.pack(worker_id) + task_id.encode("utf-8", "surrogatepass")
+def encode_hello(task_id: str, worker_id: int, secs_left: float | None = None) -> bytes:
+    """A ``HELLO`` frame; ``secs_left``: the seconds the job has left now (None: not known)."""
+    left = float("nan") if secs_left is None else secs_left
+    return Kind.HELLO + _HELLO.pack(worker_id, left) + task_id.encode("utf-8", "surrogatepass")
 
 
 def encode_acquire() -> bytes:
@@ -290,8 +301,9 @@ def decode_client(msg: bytes) -> ClientMessage:
         if kind == Kind.FAILURE or kind == Kind.FAILURE_STATS:
             return _decode_failure(msg, kind == Kind.FAILURE_STATS)
         if kind == Kind.HELLO:
-            (wid,) = _I64.unpack_from(msg, 1)
-            return Hello(wid, msg[1 + _I64.size :].decode("utf-8", "surrogatepass"))
+            wid, left = _HELLO.unpack_from(msg, 1)
+            tid = msg[1 + _HELLO.size :].decode("utf-8", "surrogatepass")
+            return Hello(wid, tid, None if left != left else left)  # left != left: NaN, not known
         if kind == Kind.GOODBYE:
             return GOODBYE
     except (struct.error, UnicodeDecodeError) as e:
