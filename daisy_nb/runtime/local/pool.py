@@ -81,6 +81,14 @@ SHUTDOWN_GRACE_SECS = 2.0  # after "quit", before SIGKILL
 WORKER_FUNCTION_GRACE_SECS = 10.0  # a worker function may clean up after its loop
 
 
+def _wait_limit(more_spawns: bool, retry_at: float | None) -> float:
+    """How long the loop may wait for its descriptors: not at all while workers are still to be
+    started, else ``POLL_SECS``, or less when a held retry (``Task(retry_backoff=...)``) is due sooner."""
+    if more_spawns:
+        return 0.0
+    return POLL_SECS if retry_at is None else min(POLL_SECS, max(0.0, retry_at - time.monotonic()))
+
+
 class _Pool:
     """The main loop over the parts (see the module docstring); owns the run records and the
     dispatch across tasks."""
@@ -317,9 +325,7 @@ class _Pool:
             else:
                 stalled = 0
             readable = []
-            # wake up when the next retry is due (retry_backoff), not up to POLL_SECS later
-            limit = 0 if self.more_spawns else min(POLL_SECS, max(0.0, (retry_at or 1e18) - time.monotonic()))
-            for obj in self.waitables.wait(tcp.wait_timeout(limit)):
+            for obj in self.waitables.wait(tcp.wait_timeout(_wait_limit(self.more_spawns, retry_at))):
                 if obj == self.wake_r:
                     try:
                         os.read(self.wake_r, 4096)

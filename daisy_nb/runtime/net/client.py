@@ -241,23 +241,19 @@ class Client:
         ``False`` (or ``DAISY_NB_EXIT_WITH_RUN=0``) opts out: ``acquire_block`` then
         just yields ``None`` at its next call. Default: the environment, else True.
     end_time : float, optional
-        When this job ends, in UNIX epoch seconds (``time.time()``'s clock), for
-        example its batch system's time limit. The scheduler then hands it no block
-        it is unlikely to finish in time: once the time left is under twice the
-        median time of the task's finished blocks, :meth:`acquire_block` yields
-        ``None`` as when no block is left, the program ends normally and its worker
-        function returns (not a crash; a new job is started if blocks remain).
-        Default: ``SLURM_JOB_END_TIME`` in a SLURM batch job, else not known (no
-        such rule). A daisy_nb keyword: daisy's ``Client`` has none.
+        When this job ends, in UNIX epoch seconds (``time.time()``'s clock), e.g. its
+        batch system's time limit: once the time left is under twice the task's median
+        block time, :meth:`acquire_block` yields ``None`` as when no block is left (a
+        clean end, not a crash; a new job starts if blocks remain). Default:
+        ``SLURM_JOB_END_TIME``, else none. daisy's ``Client`` has no such keyword.
 
     Raises
     ------
     TypeError
         ``end_time`` is not a number (a ``bool`` is not one either).
     ValueError
-        A malformed ``DAISY_CONTEXT`` ("invalid context token") or setting
-        (``SLURM_JOB_END_TIME`` included); an ``end_time`` that is not finite, or before
-        the year 2000 (a duration passed by mistake: pass ``time.time() + seconds``).
+        A malformed ``DAISY_CONTEXT`` ("invalid context token") or setting (``SLURM_JOB_END_TIME``
+        too); an ``end_time`` not finite or before 2000 (a duration: pass ``time.time() + secs``).
     KeyError
         No context given and ``DAISY_CONTEXT`` unset.
     daisy_nb.runtime.net.wire.ProtocolVersionError

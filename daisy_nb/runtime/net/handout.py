@@ -42,15 +42,8 @@ which says why one).
 
 **Walltime.** A job that knows when it ends (its hello carries the seconds it has left:
 ``Client(end_time=...)``, ``SLURM_JOB_END_TIME``) is handed no block it is unlikely to
-finish: when the time it has left is under ``WALLTIME_FACTOR`` (2) times the task's median
-block time (of its recent finished blocks; before the first, no rule), it is told to end
-(``NO_MORE``) exactly as at the tail, whether or not a block is ready, and a parked one is
-told once its time runs that short (:meth:`HandOut.serve_parked`). Its worker function's
-return is a clean end, not a crash (``Jobs.job_released``), and ready blocks that no waiting
-job can take make the pool start another. A block sent ahead needs one more median: the one
-the job runs first. Why twice: a block of median time is as likely to take longer as shorter,
-and a job killed at its walltime mid-block costs the block's attempt, its retry and a job
-start counted as a crash; twice the median turns those into a clean end and one job start.
+finish; it is told to end (``NO_MORE``) exactly as at the tail, and a parked one once its
+time runs short (:class:`daisy_nb.runtime.net.walltime.WalltimeRule`, which says why).
 
 **Quiet time.** After a pass in which every connection that asked ends up holding two
 blocks and none is parked, the connections may stay unread for a quarter of the task's
@@ -73,7 +66,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import statistics
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -81,12 +73,21 @@ from daisy_nb.errors import WorkerError
 from daisy_nb.runtime.common.failures import record_error, record_worker_error
 from daisy_nb.runtime.net import wire
 from daisy_nb.runtime.net.tail import TailKeep
+from daisy_nb.runtime.net.walltime import WALLTIME_FACTOR, WalltimeRule, check_walltime
 from daisy_nb.scheduling.listed import ListedCalls
 
 __all__ = [
-    "AHEAD_EMA", "QUIET_FRACTION", "QUIET_MAX_SECS", "WALLTIME_FACTOR", "Close", "Conn", "HandOut", "Jobs", "Send",
+    "AHEAD_EMA",
+    "QUIET_FRACTION",
+    "QUIET_MAX_SECS",
+    "WALLTIME_FACTOR",
+    "Close",
+    "Conn",
+    "HandOut",
+    "Jobs",
+    "Send",
     "check_walltime",
-]  # fmt: skip
+]  # fmt: skip  (WALLTIME_FACTOR, check_walltime: net/walltime.py's, for the core's users)
 
 logger = logging.getLogger("daisy")
 
@@ -94,7 +95,6 @@ AHEAD_EMA = 0.2  # weight of the newest block in the per-task mean block time
 QUIET_FRACTION = 0.25  # of the mean block time, the longest the connections may go unread (quiet time)
 QUIET_MAX_SECS = 0.02
 HEARTBEAT_CHECKS = 5  # scans of every connection per heartbeat interval (pings, silent peers)
-WALLTIME_FACTOR = 2.0  # a job gets a block only while its time left covers this many median block times
 
 _new = tuple.__new__
 _PING = wire.encode_ping()
@@ -418,6 +418,7 @@ class HandOut(_Timers):
         self.parked: dict[Any, dict[Conn, None]] = {}  # task run -> connections waiting, oldest first
         # which connections stay parked when no block is ready, and for how long (net/tail.py)
         self.tail = TailKeep(scheduler, start_secs=jobs.job_start_secs)
+        self.walltime = WalltimeRule()  # which jobs end before their walltime (net/walltime.py)
         self.quiet_secs = 0.0  # how long the connections may go unread after the last pass
         self.aborting = False  # blocks cut short are given back, not failed
         self.stopped = False  # no more blocks handed out (Ctrl-C)
@@ -481,8 +482,7 @@ class HandOut(_Timers):
             ):
                 batch.want.update(ccs)
             elif ccs and self.timed:  # a job whose time ran short while it waited is told to end
-                med = self.median_block_secs(tr)
-                batch.want.update((cc, None) for cc in ccs if self._short(cc, med, 0, now_ns) is not None)
+                batch.want.update((cc, None) for cc in self.walltime.short_parked(tr, ccs, now_ns))
         if batch.want:
             self._serve(batch, now_ns)
 
@@ -630,37 +630,12 @@ class HandOut(_Timers):
                     self._park(cc, True)
 
     # ------------------------------------------------------------------ walltime
-    def median_block_secs(self, tr) -> float | None:
-        """The median time of ``tr``'s recent finished blocks (its last 64), None before the first."""
-        return statistics.median(tr.block_secs) if tr.block_secs else None
-
-    @staticmethod
-    def _short(cc: Conn, med: float | None, before: int, now_ns: int) -> int | None:
-        """The time left (ns) of ``cc``'s job if it is too short for a block behind the ``before`` it
-        holds (``WALLTIME_FACTOR`` medians, plus one per block before it); None: long enough, or not known."""
-        if cc.end_ns is None or med is None:
-            return None
-        left = cc.end_ns - now_ns
-        return left if left < (WALLTIME_FACTOR + before) * med * 1e9 else None
-
     def _walltime(self, tr, group: list[Conn], ahead: bool, now_ns: int) -> list[Conn]:
-        """``group`` without the connections whose job ends too soon for a block (module docstring):
+        """``group`` without the connections whose job ends too soon for a block (net/walltime.py):
         those asking for one are told to end; ``ahead``: they just get none ahead."""
-        if all(cc.end_ns is None for cc in group):
-            return group
-        med = self.median_block_secs(tr)
-        keep = []
-        for cc in group:
-            left = self._short(cc, med, len(cc.held), now_ns)
-            if left is None:
-                if cc.end_ns is not None:  # what the rule asked when this block goes out (validate)
-                    cc.need_ns = None if med is None else int((WALLTIME_FACTOR + len(cc.held)) * med * 1e9)
-                keep.append(cc)
-            elif not ahead:
-                logger.info(
-                    "task %r: worker %s has %.1f s left, under %g times the median block time (%.3f s): told to end",
-                    tr.tid, cc.wid, left / 1e9, WALLTIME_FACTOR, med,
-                )  # fmt: skip
+        keep, short = self.walltime.split(tr, group, now_ns, ending=not ahead)
+        if not ahead:
+            for cc in short:
                 self._end(cc)
                 self.counts["walltime"] += 1
         return keep
@@ -749,19 +724,3 @@ def check_invariants(core: HandOut) -> None:
         assert held == s.processing_count(tid), (
             f"task {tid!r}: connections hold {held} blocks, the scheduler has {s.processing_count(tid)} in flight"
         )
-
-
-def check_walltime(core: HandOut, now_ns: int) -> None:
-    """Raise ``AssertionError`` if, after :meth:`HandOut.serve_parked` at ``now_ns``, a parked
-    connection's job has less time left than the walltime rule asks for a block (it must have
-    been told to end)."""
-    if core.stopped:
-        return
-    for tr, ccs in core.parked.items():
-        med = core.median_block_secs(tr)
-        for cc in ccs:
-            left = core._short(cc, med, 0, now_ns)
-            assert left is None, (
-                f"task {tr.tid!r}: connection {cc.cid!r} parked with {left / 1e9:.3f} s left, under "
-                f"{WALLTIME_FACTOR:g} median block times ({med:.3f} s)"
-            )
