@@ -15,13 +15,18 @@ loading numba and the kernels, in microseconds), :func:`use_numba` imports numba
 in a dispatcher with its options, and rebinds the module globals of ``daisy_nb.kernels``
 to the dispatchers, so that callers (which look kernels up as ``module.name``) and
 kernels calling kernels (numba resolves globals when it compiles) see compiled code.
+A Scheduler's work comes over many calls, so it asks with ``spread=True``: numba then loads in
+a background thread while the plain kernels serve the first blocks, and :func:`poll` (at each
+hand-out) switches between two calls once it is loaded (the section "loading in the
+background" below).
 Plain mode gives the same results, order and counters: the kernels use only integer
 arithmetic on int64/uint8 arrays, whose semantics numba and numpy share. Workers never
 reach this module.
 
 ``DAISY_NB_JIT`` overrides the choice: ``auto`` (default), ``1`` (compile for any work,
 however small: the first Scheduler or graph call switches), ``0`` (never compile; for
-tests and debugging). :func:`set_mode` does the same from Python and switches at once.
+tests and debugging). :func:`set_mode` does the same from Python and switches at once;
+both compile synchronously, never in the background.
 
 numba decides whether a cached kernel is stale from the stamp of the file that
 defines it only, so a kernel that calls a kernel from another file (all of
@@ -41,6 +46,7 @@ import sys
 import threading
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 from daisy_nb import config
@@ -350,19 +356,24 @@ class _Loader:
 
 _loader: _Loader | None = None  # the load in flight, until its switch
 _running: list[_Loader] = []  # loaders whose thread may still run (stopped at exit)
-_load_hook = None  # tests: called in the loader thread with "start" (before numba's import), "prepared", "loaded"
+_exit_hook = False  # _stop_loaders registered
+# tests: called in the loader thread with "start" (before numba's import), "prepared", "loaded"
+_load_hook: Callable[[str], None] | None = None
 
 
 def _start_loading() -> None:
     global _loader
     if _loader is not None:
         return
+    global _exit_hook
     loader = _Loader()
-    try:
-        threading._register_atexit(_stop_loaders)  # type: ignore[attr-defined]  # before threads are joined
-    except (AttributeError, RuntimeError):  # the interpreter is exiting (or no such hook): load now
-        use_numba()
-        return
+    if not _exit_hook:
+        try:  # runs before the interpreter joins its threads (concurrent.futures uses it too)
+            threading._register_atexit(_stop_loaders)  # type: ignore[attr-defined]
+        except (AttributeError, RuntimeError):  # the interpreter is exiting (or no such hook): load now
+            use_numba()
+            return
+        _exit_hook = True
     _loader = loader
     _running.append(loader)
     loader.thread.start()
