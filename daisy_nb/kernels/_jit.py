@@ -263,6 +263,8 @@ def _load(mapping: dict) -> None:
         if fn.__name__ != "step":
             continue
         d = mapping[fn]
+        if not hasattr(d, "compile"):  # NUMBA_DISABLE_JIT: numba.njit gave the function back
+            return
         sigs = []
         try:
             magic = d.targetctx.codegen().magic_tuple()
