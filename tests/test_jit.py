@@ -542,3 +542,31 @@ def test_forced_compiling_stays_synchronous(tmp_path):
         DAISY_NB_JIT="1",
     )
     assert r.stdout.split()[-2:] == ["True", "False"]
+
+
+def test_a_run_that_loads_numba_in_the_background_keeps_its_workers_clean(tmp_path):
+    """run_blockwise with 2 worker processes while the scheduler loads numba in the background:
+    every block runs, the scheduler ends compiled, and no worker imported numba."""
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _python(
+        """
+        import json, sys
+        import daisy_nb as daisy
+        from daisy_nb import Roi
+        from daisy_nb.kernels import _jit
+        import blockfns
+        _jit.COMPILE_AT = 1  # any run compiles: in the background
+        t = daisy.Task("s", Roi((0,), (100,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=blockfns.check_numba,
+                       read_write_conflict=False, max_workers=2)
+        ok = daisy.run_blockwise([t], progress=False, summary=False)
+        _jit.settle()
+        print(json.dumps({"ok": ok, "compiled": _jit.compiled()}))
+    """,
+        tmp_path,
+        DAISY_NB_TEST_OUT=str(out),
+    )
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"ok": True, "compiled": True}
+    texts = [f.read_text().split() for f in out.glob("done_s_*")]
+    assert len(texts) == 10
+    assert {t[3] for t in texts} == {"clean"}, "a worker imported numba"
