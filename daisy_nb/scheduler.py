@@ -557,7 +557,8 @@ class Scheduler(SchedulerEnds):
         self._tindex, self._ndim, self._nblocks = geo.tindex, geo.ndim, geo.nblocks
         self.num_blocks_total = N = geo.num_blocks_total
         order, tt, T = geo.task_ids, geo.tt, len(geo.task_ids)
-        # the compile decision first: the kernels called below are compiled or plain by then
+        # the compile decision first: when it is to compile, numba loads in the background and the
+        # kernels called below run plain; the hand-outs switch once it is loaded (scheduling/pace.py)
         self._pace: CompilePace | None = CompilePace(N, geo.downstream_entries, _PACE_SECS)
         if self._pace.decided:
             self._pace = None

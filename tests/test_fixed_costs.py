@@ -120,7 +120,9 @@ _DEFERRED = """
     t0 = time.monotonic()
     while time.monotonic() - t0 < 0.5:
         {hand_out}
-    print(json.dumps({{"at_init": at_init, "compiled": _jit.compiled(), "numba": "numba" in sys.modules}}))
+    decided = _jit.loading() or _jit.compiled()  # numba loads in the background once decided
+    _jit.settle()
+    print(json.dumps({{"at_init": at_init, "compiled": decided and _jit.compiled(), "numba": "numba" in sys.modules}}))
 """
 
 

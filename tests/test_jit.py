@@ -116,7 +116,9 @@ def test_large_run_compiles_and_small_pieces_add_up(tmp_path):
             daisy.Scheduler([small(n)])
         out["after_two_thirds"] = _jit.compiled()
         daisy.Scheduler([small(n + 10)])
-        out["after_all"] = _jit.compiled()
+        out["after_all"] = _jit.loading() or _jit.compiled()  # numba loads in the background
+        _jit.settle()
+        out["after_all"] = out["after_all"] and _jit.compiled()
         print(json.dumps(out))
     """,
         tmp_path,
@@ -219,6 +221,7 @@ def test_a_warm_cache_says_nothing(tmp_path):
         from daisy_nb.kernels import _jit
         s = daisy.Scheduler([daisy.Task("s", Roi((0,), (200000,)), Roi((0,), (1,)), Roi((0,), (1,)))])
         b = s.acquire_blocks("s", 10)
+        _jit.settle()  # numba loads in the background; the next hand-out would switch
         print(_jit.compiled(), _jit.cache_is_warm())
     """,
         tmp_path,
@@ -264,9 +267,11 @@ def test_set_mode_validates():
 
 
 # ---------------------------------------------------------------- same results in both modes
-def _trace(config, seed):
+def _trace(config, seed, switch_at=None):
     """Drive a Scheduler through a seeded mix of batch and single acquires, releases with
-    failures and give-backs; return every observable step and the final counters."""
+    failures and give-backs; return every observable step and the final counters and state.
+    ``switch_at``: switch to compiled kernels before that step (between two Scheduler calls,
+    where a background load switches)."""
     rng = np.random.default_rng(seed)
     tasks = {
         tid: daisy.Task(
@@ -282,7 +287,9 @@ def _trace(config, seed):
     }
     s = daisy.Scheduler(daisy.Pipeline(list(tasks.values()), [(tasks[u], tasks[d]) for u, d in config["edges"]]))
     log, probes = [], []
-    for _ in range(5000):
+    for i in range(5000):
+        if i == switch_at:
+            _jit.set_mode("numba")
         progressed = False
         for tid in s.task_ids:
             if rng.random() < 0.5:
@@ -309,9 +316,29 @@ def _trace(config, seed):
         tid: (st.completed_count, st.skipped_count, st.failed_count, st.orphaned_count, st.is_done())
         for tid, st in s.task_states.items()
     }
+    states["state"] = [a.tolist() for a in (s.status, s.retries, s.n_met, s.cnt, s.queue)]
     g = s.dependency_graph
     neigh = [([u.block_id for u in g.upstream(b)], [d.block_id for d in g.downstream(b)]) for b in probes]
     return log, states, neigh
+
+
+@settings(
+    deadline=None,
+    max_examples=30,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+)
+@given(pipeline_configs(max_tasks=4), st.integers(0, 2**32 - 1), st.integers(0, 80))
+def test_switching_to_compiled_mid_run_changes_nothing(plain_then_back, config, seed, switch_at):
+    """Plain, then compiled from a random step on (what a background load does): the blocks handed
+    out, their order, the counters and the state are an all-plain and an all-compiled run's."""
+    _jit.set_mode("python")
+    plain = _trace(config, seed)
+    _jit.set_mode("python")
+    mixed = _trace(config, seed, switch_at=switch_at)
+    _jit.set_mode("numba")
+    compiled = _trace(config, seed)
+    assert mixed == plain
+    assert mixed == compiled
 
 
 @settings(
@@ -365,3 +392,181 @@ def test_rebinding_reaches_kernels_imported_by_name(plain_then_back):
     assert ks.cantor is kg.cantor and ks.cantor.__class__.__name__ != "function"
     _jit.set_mode("python")
     assert ks.cantor is kg.cantor and ks.cantor.__class__.__name__ == "function"
+
+
+# ---------------------------------------------------------------- loading in the background
+# A fresh interpreter each, COMPILE_AT lowered so that a small Scheduler decides to compile.
+# _jit._load_hook runs in the loader thread ("start" before numba's import, "loaded" when the
+# kernels are ready): the tests order events through it, never through timing.
+_GATED = """
+import sys, threading, time
+import daisy_nb as daisy
+from daisy_nb import Roi
+from daisy_nb.kernels import _jit
+
+_jit.COMPILE_AT = 1
+started, gate, prepared, loaded = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+
+def hook(what):
+    if what == "start":
+        started.set()
+        gate.wait()
+    elif what == "prepared":  # numba imported, the dispatchers made: loading or compiling next
+        prepared.set()
+    else:
+        loaded.set()
+
+_jit._load_hook = hook
+
+def wait(event):
+    deadline = time.monotonic() + 120
+    while not event.wait(0.05):
+        assert time.monotonic() < deadline, "the loader thread never got there"
+
+def tasks():
+    a = daisy.Task("a", Roi((-1, -1), (26, 26)), Roi((-1, -1), (6, 6)), Roi((0, 0), (4, 4)))
+    b = daisy.Task("b", Roi((-1, -1), (26, 26)), Roi((-1, -1), (6, 6)), Roi((0, 0), (4, 4)))
+    return daisy.Pipeline([a, b], [(a, b)])
+"""
+
+
+def test_the_first_block_goes_out_while_numba_loads(tmp_path):
+    """A run that compiles hands out its first block before numba is imported, switches at a
+    hand-out once the loader is done, and hands out what an all-plain run hands out."""
+    r = _python(
+        _GATED
+        + textwrap.dedent(
+            """
+        def drain(s, log, gated):
+            live = list(s.task_ids)
+            while live:
+                for tid in list(live):
+                    b = s.acquire_block(tid)
+                    if b is None:
+                        if s.is_task_done(tid):
+                            live.remove(tid)
+                        continue
+                    log.append((tid, b.block_id[1], _jit.compiled()))
+                    if gated and len(log) == 1:
+                        wait(started)
+                        print("first", "numba" in sys.modules, _jit.loading(), _jit.compiled())
+                        gate.set()
+                        wait(loaded)
+                    b.status = daisy.BlockStatus.SUCCESS
+                    s.release_block(b)
+            return [(t, i) for t, i, _ in log], {t: st.completed_count for t, st in s.task_states.items()}
+
+        log = []
+        mixed = drain(daisy.Scheduler(tasks(), block_tracking=False), log, True)
+        switched = [i for i, (_, _, c) in enumerate(log) if c]
+        print("switched", switched[0], len(log), _jit.compiled())
+        _jit.set_mode("python")
+        plain = drain(daisy.Scheduler(tasks(), block_tracking=False), [], False)
+        print("same", mixed == plain)
+        """
+        ),
+        tmp_path,
+    )
+    lines = r.stdout.splitlines()
+    assert lines[0] == "first False True False", r.stdout  # numba not even imported yet
+    _, at, n, compiled = lines[1].split()
+    assert 1 <= int(at) < int(n) and compiled == "True", r.stdout  # switched mid-run, at the next hand-out
+    assert lines[2] == "same True", r.stdout
+
+
+def test_interpreter_exit_stops_a_load_in_flight(tmp_path):
+    """The script ends while the loader thread compiles the kernels from an empty cache (~15 s):
+    the interpreter stops it and exits cleanly (no traceback, no hang), and the compile did not
+    finish (the next process finds the cache cold)."""
+    cache = tmp_path / "cache"
+    r = _python(
+        _GATED.replace("gate.wait()", "pass")
+        + textwrap.dedent(
+            """
+        s = daisy.Scheduler(tasks(), block_tracking=False)
+        print(s.acquire_block("a").block_id[0], _jit.loading())
+        wait(prepared)  # the script ends while the loader compiles
+        """
+        ),
+        tmp_path,
+        NUMBA_CACHE_DIR=str(cache),
+    )
+    assert r.stdout.split("\n")[0] == "a True", r.stdout
+    assert "Traceback" not in r.stderr and "Exception" not in r.stderr, r.stderr
+    r = _python("from daisy_nb.kernels import _jit; print(_jit.cache_is_warm())", tmp_path, NUMBA_CACHE_DIR=str(cache))
+    assert r.stdout.split()[-1] == "False"
+
+
+def test_ctrl_c_while_numba_loads_in_the_background(tmp_path):
+    """Ctrl-C reaches the main thread, never the loader: the run sees KeyboardInterrupt, the
+    load goes on, and the next call switches to the compiled kernels as usual."""
+    r = _python(
+        _GATED
+        + textwrap.dedent(
+            """
+        import os, signal
+        s = daisy.Scheduler(tasks(), block_tracking=False)
+        s.acquire_block("a")
+        wait(started)
+        try:
+            gate.set()
+            os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+            print("no interrupt")
+        except KeyboardInterrupt:
+            print("interrupted", _jit.compiled())
+        _jit.settle()
+        b = s.acquire_block("a")
+        from daisy_nb.kernels import surface
+        print(_jit.compiled(), type(surface.step).__name__, b.block_id[0])
+        """
+        ),
+        tmp_path,
+    )
+    assert r.stdout.split("\n")[:2] == ["interrupted False", "True CPUDispatcher a"], r.stdout
+
+
+def test_forced_compiling_stays_synchronous(tmp_path):
+    """DAISY_NB_JIT=1: the first Scheduler compiles before it returns (no background load)."""
+    r = _python(
+        """
+        import daisy_nb as daisy
+        from daisy_nb import Roi
+        from daisy_nb.kernels import _jit
+        daisy.Scheduler([daisy.Task("s", Roi((0,), (10,)), Roi((0,), (1,)), Roi((0,), (1,)))])
+        print(_jit.compiled(), _jit.loading())
+        """,
+        tmp_path,
+        DAISY_NB_JIT="1",
+    )
+    assert r.stdout.split()[-2:] == ["True", "False"]
+
+
+def test_a_run_that_loads_numba_in_the_background_keeps_its_workers_clean(tmp_path):
+    """run_blockwise with 2 worker processes while the scheduler loads numba in the background:
+    every block runs, the scheduler ends compiled, and no worker imported numba."""
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _python(
+        """
+        import json, sys
+        import daisy_nb as daisy
+        from daisy_nb import Roi
+        from daisy_nb.kernels import _jit
+        import blockfns
+        _jit.COMPILE_AT = 1  # any run compiles: in the background
+        t = daisy.Task("s", Roi((0,), (100,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=blockfns.check_numba,
+                       read_write_conflict=False, max_workers=2)
+        ok = daisy.run_blockwise([t], progress=False, summary=False)
+        _jit.settle()
+        print(json.dumps({"ok": ok, "compiled": _jit.compiled()}))
+    """,
+        tmp_path,
+        DAISY_NB_TEST_OUT=str(out),
+    )
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"ok": True, "compiled": True}
+    texts = [f.read_text().split() for f in out.glob("done_s_*")]
+    assert len(texts) == 10
+    assert {t[3] for t in texts} == {"clean"}, "a worker imported numba"

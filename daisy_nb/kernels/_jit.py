@@ -15,13 +15,18 @@ loading numba and the kernels, in microseconds), :func:`use_numba` imports numba
 in a dispatcher with its options, and rebinds the module globals of ``daisy_nb.kernels``
 to the dispatchers, so that callers (which look kernels up as ``module.name``) and
 kernels calling kernels (numba resolves globals when it compiles) see compiled code.
+A Scheduler's work comes over many calls, so it asks with ``spread=True``: numba then loads in
+a background thread while the plain kernels serve the first blocks, and :func:`poll` (at each
+hand-out) switches between two calls once it is loaded (the section "loading in the
+background" below).
 Plain mode gives the same results, order and counters: the kernels use only integer
 arithmetic on int64/uint8 arrays, whose semantics numba and numpy share. Workers never
 reach this module.
 
 ``DAISY_NB_JIT`` overrides the choice: ``auto`` (default), ``1`` (compile for any work,
 however small: the first Scheduler or graph call switches), ``0`` (never compile; for
-tests and debugging). :func:`set_mode` does the same from Python and switches at once.
+tests and debugging). :func:`set_mode` does the same from Python and switches at once;
+both compile synchronously, never in the background.
 
 numba decides whether a cached kernel is stale from the stamp of the file that
 defines it only, so a kernel that calls a kernel from another file (all of
@@ -34,9 +39,14 @@ empty says once on stderr that it compiles (see :func:`cache_is_warm`);
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import sys
+import threading
+import time
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 from daisy_nb import config
@@ -50,8 +60,11 @@ __all__ = [
     "kernel",
     "mode",
     "compile_pays",
+    "loading",
     "need",
+    "poll",
     "set_mode",
+    "settle",
     "use_numba",
     "use_python",
 ]
@@ -81,6 +94,8 @@ _twins: dict = {}  # py_func -> its plain-Python twin (what plain mode calls ins
 _dispatchers: dict = {}  # py_func -> numba dispatcher (made once)
 _compiled = False
 _plain_work = 0.0
+_shadows: dict = {}  # module name -> the compiled world's copy of its globals (see _compiled_twin)
+_lock = threading.Lock()
 
 
 def _register(**options):
@@ -121,16 +136,52 @@ def plain_twin(fn, twin):
 
 
 def _dispatcher(fn, options):
-    d = _dispatchers.get(fn)
-    if d is None:
-        import numba
+    with _lock:  # the loader thread and the caller may both ask (cache_is_warm, a late kernel module)
+        d = _dispatchers.get(fn)
+        if d is None:
+            import numba
 
-        from ._numba_features import features
+            from ._numba_features import features
 
-        if "_nrt" in options and not features()["nrt_option"]:  # a numba without it: refcounted, same results
-            options = {k: v for k, v in options.items() if k != "_nrt"}
-        d = _dispatchers[fn] = numba.njit(**options)(fn)
+            if "_nrt" in options and not features()["nrt_option"]:  # a numba without it: refcounted, same results
+                options = {k: v for k, v in options.items() if k != "_nrt"}
+            d = _dispatchers[fn] = numba.njit(**options)(_compiled_twin(fn))
     return d
+
+
+def _compiled_twin(fn):
+    """``fn`` with the compiled world's globals: its module's, each kernel replaced by its dispatcher.
+
+    numba resolves a kernel's callees in its globals when it compiles. The module's own globals
+    stay plain until the switch (:func:`_switch`), and a background compile must not see them
+    (``Untyped global name``) nor change them under the plain kernels that serve meanwhile. The
+    twin shares the code object, so numba's cache (keyed by file, qualified name and bytecode)
+    is the same. Functions outside the kernel modules (tests) are compiled as they are.
+    """
+    mod = getattr(fn, "__module__", "") or ""
+    if not (mod == _PKG or mod.startswith(_PKG + ".")) or mod not in sys.modules:
+        return fn
+    shadow = _shadows.get(mod)
+    if shadow is None:  # a copy: kernels are filled in by _fill_shadows once their dispatchers exist
+        shadow = _shadows[mod] = dict(vars(sys.modules[mod]))
+    twin = types.FunctionType(fn.__code__, shadow, fn.__name__, fn.__defaults__, fn.__closure__)
+    twin.__kwdefaults__ = fn.__kwdefaults__
+    twin.__qualname__ = fn.__qualname__
+    twin.__doc__ = fn.__doc__
+    return twin
+
+
+def _fill_shadows(mapping: dict) -> None:
+    """Point every kernel name of the compiled world's globals at its dispatcher."""
+    for shadow in _shadows.values():
+        for k, v in list(shadow.items()):
+            if callable(v):
+                try:
+                    new = mapping.get(v)
+                except TypeError:  # unhashable
+                    continue
+                if new is not None:
+                    shadow[k] = new
 
 
 def _rebind(mapping: dict) -> None:
@@ -154,52 +205,236 @@ def compiled() -> bool:
     return _compiled
 
 
-def use_numba() -> None:
-    """Compile from here on: import numba and rebind every kernel to its dispatcher.
+def loading() -> bool:
+    """True while numba and the kernels load in the background (the kernels run plain meanwhile)."""
+    return _loader is not None
 
-    Compilation itself stays lazy (numba compiles, or loads from its cache, at the
-    first call of each kernel); when the cache lacks the kernels, says so once.
-    """
-    global _compiled, _MODE
-    if _compiled:
-        return
-    if CACHE:
-        _drop_stale_cache()
+
+def _import_numba() -> None:
     before = set(sys.modules)
     try:
         import numba  # noqa: F401
-    except ImportError as e:  # a broken numba install: stay correct, only slower
-        _MODE = "python"
-        import warnings
-
-        warnings.warn(
-            f"daisy_nb: numba cannot be imported ({e}); the kernels run as plain Python", RuntimeWarning, stacklevel=3
-        )
-        return
+    except ImportError:
+        raise
     except BaseException:
-        # interrupted half way (Ctrl-C while numba loads, ~0.3 s, seconds on a busy machine):
-        # the packages whose import failed are gone from sys.modules, their submodules that
-        # had loaded are not, and a later import of numba would find them without binding
-        # them to the new package ("module 'numba' has no attribute 'core'": no kernel could
-        # compile in this process again). Forget those; modules that loaded whole (numpy) stay.
+        # interrupted half way (Ctrl-C while numba loads, ~0.3 s, seconds on a busy machine;
+        # or the loader thread stopped at exit): the packages whose import failed are gone from
+        # sys.modules, their submodules that had loaded are not, and a later import of numba
+        # would find them without binding them to the new package ("module 'numba' has no
+        # attribute 'core'": no kernel could compile in this process again). Forget those;
+        # modules that loaded whole (numpy) stay.
         for name in set(sys.modules) - before:
             parts = name.split(".")
             if any(".".join(parts[:i]) not in sys.modules for i in range(1, len(parts))):
                 sys.modules.pop(name, None)
         raise
+
+
+def _prepare() -> dict:
+    """Import numba and make every kernel's dispatcher; returns kernel (and twin) -> dispatcher.
+
+    Changes nothing the plain kernels use: the module globals are rebound by :func:`_switch`.
+    Raises ImportError for a broken numba install.
+    """
+    if CACHE:
+        _drop_stale_cache()
+    _import_numba()
+    _entry_points()  # every kernel module loaded: their dispatchers see each other (_compiled_twin)
     _install_notice()
     if CACHE and not cache_is_warm([fn for fn in _entry_points() if fn.__name__ == "step"]):
         _tell()  # before any progress bar is drawn: the scheduler's kernel is not cached
-
-    mapping = {fn: _dispatcher(fn, opts) for fn, opts in _kernels.items()}
+    mapping = {fn: _dispatcher(fn, opts) for fn, opts in list(_kernels.items())}
     mapping.update({twin: mapping[fn] for fn, twin in _twins.items()})
+    _fill_shadows(mapping)
+    return mapping
+
+
+def _load(mapping: dict) -> None:
+    """Load (or compile) the Scheduler's entry point, ``surface.step``, ahead of its first call:
+    every signature numba's cache holds for it, and the one a Scheduler calls even from an
+    empty cache. The other kernels load at their first call, as in the synchronous switch
+    (loading all of them took 2.6 s on the loaded 2-core machine, ``step`` alone ~1.4 s)."""
+    import numpy as np
+    from numba import typeof
+
+    ints = (np.zeros(1, np.int64), np.zeros(1, np.uint8), np.zeros(1, np.int32))
+    step_sig = tuple(typeof(a) for a in (*ints, 0, 0, 0, 0, ints[0], ints[1]))
+    for fn in _entry_points():
+        if fn.__name__ != "step":
+            continue
+        d = mapping[fn]
+        if not hasattr(d, "compile"):  # NUMBA_DISABLE_JIT: numba.njit gave the function back
+            return
+        sigs = []
+        try:
+            magic = d.targetctx.codegen().magic_tuple()
+            index = d._cache._cache_file._load_index() if CACHE else {}
+            sigs = [key[0] for key in index if key[1] == magic]
+        except Exception:  # numba without these internals: the canonical signature only
+            pass
+        for sig in [step_sig, *(s for s in sigs if s != step_sig)]:
+            d.compile(sig)
+
+
+def _switch(mapping: dict) -> None:
+    """Rebind every kernel module global to its dispatcher: the kernels run compiled from here on."""
+    global _compiled
     _rebind(mapping)
     _compiled = True
 
 
+def _broken_numba(e: BaseException) -> None:
+    global _MODE
+    _MODE = "python"
+    import warnings
+
+    warnings.warn(
+        f"daisy_nb: numba cannot be imported ({e}); the kernels run as plain Python", RuntimeWarning, stacklevel=4
+    )
+
+
+def use_numba() -> None:
+    """Compile from here on: import numba and rebind every kernel to its dispatcher.
+
+    Synchronous: when numba loads in the background (:func:`need` with ``spread``), waits for
+    it. Otherwise compilation itself stays lazy (numba compiles, or loads from its cache, at
+    the first call of each kernel); when the cache lacks the kernels, says so once.
+    """
+    if _compiled:
+        return
+    if _loader is not None:
+        _loader.thread.join()
+        _finish()
+        return
+    try:
+        mapping = _prepare()
+    except ImportError as e:  # a broken numba install: stay correct, only slower
+        _broken_numba(e)
+        return
+    _switch(mapping)
+
+
+# -- loading in the background ----------------------------------------------------------
+# A Scheduler's kernel work comes over many calls (one per hand-out and release), so it need
+# not wait for numba: need(..., spread=True) starts a _Loader thread that imports numba, makes
+# the dispatchers and loads the cached entry points (compiles them from an empty cache), while
+# the plain kernels keep serving; poll(), called by the Scheduler between its kernel calls,
+# rebinds once the thread is done. The thread changes no module global: the switch happens on
+# the caller's thread, between two calls, never inside one. See docs/explanation/architecture.md
+# (#plain-python-first) for the figures.
+BACKGROUND = True  # False: load synchronously, as before (benchmarks/bench_startup.py compares)
+
+
+class _Stopped(BaseException):
+    """Raised inside the loader thread at interpreter exit (see :func:`_stop_loaders`)."""
+
+
+class _Loader:
+    """One background load of numba and the kernels; its outcome is read by :func:`_finish`."""
+
+    def __init__(self) -> None:
+        self.mapping: dict | None = None
+        self.error: BaseException | None = None
+        # not a daemon: the interpreter joins it at exit, after _stop_loaders stopped it
+        self.thread = threading.Thread(target=self._run, name="daisy_nb-kernels-load")
+
+    def _run(self) -> None:
+        try:
+            try:
+                if _load_hook is not None:
+                    _load_hook("start")
+                mapping = _prepare()
+                if _load_hook is not None:
+                    _load_hook("prepared")
+                _load(mapping)
+                self.mapping = mapping
+                if _load_hook is not None:
+                    _load_hook("loaded")
+            except BaseException as e:  # read on the caller's thread (ImportError, a compile error, _Stopped)
+                self.error = e
+        except _Stopped:  # stopped at exit while storing the outcome: nobody reads it
+            pass
+
+
+_loader: _Loader | None = None  # the load in flight, until its switch
+_running: list[_Loader] = []  # loaders whose thread may still run (stopped at exit)
+_exit_hook = False  # _stop_loaders registered
+# tests: called in the loader thread with "start" (before numba's import), "prepared", "loaded"
+_load_hook: Callable[[str], None] | None = None
+
+
+def _start_loading() -> None:
+    global _loader
+    if _loader is not None:
+        return
+    global _exit_hook
+    loader = _Loader()
+    if not _exit_hook:
+        try:  # runs before the interpreter joins its threads (concurrent.futures uses it too)
+            threading._register_atexit(_stop_loaders)  # type: ignore[attr-defined]
+        except (AttributeError, RuntimeError):  # the interpreter is exiting (or no such hook): load now
+            use_numba()
+            return
+        _exit_hook = True
+    _loader = loader
+    _running.append(loader)
+    loader.thread.start()
+
+
+def _stop_loaders() -> None:
+    """At exit: stop a loader thread that still runs (raise _Stopped in it), so the interpreter's
+    join of it returns at once rather than after numba's import or a compile. It raises at its
+    next Python instruction (a call into LLVM finishes first); nothing it made is used."""
+    for loader in _running:
+        ident = loader.thread.ident
+        if loader.thread.is_alive() and ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(_Stopped))
+    _running.clear()
+
+
+def _finish() -> None:
+    """The load is done: switch to its dispatchers, or stay plain if it failed."""
+    global _loader
+    loader, _loader = _loader, None
+    if loader is None:
+        return
+    if loader in _running:
+        _running.remove(loader)
+    if loader.error is None and loader.mapping is not None:
+        _switch(loader.mapping)
+    elif isinstance(loader.error, ImportError):
+        _broken_numba(loader.error)
+    elif loader.error is not None and not isinstance(loader.error, _Stopped):
+        raise loader.error  # a kernel that does not compile: as the first call would raise it
+
+
+def poll() -> bool:
+    """Switch to the compiled kernels if their background load is done; True unless a load is
+    still pending. Cheap: the Scheduler calls it at every hand-out while numba loads."""
+    loader = _loader
+    if loader is None:
+        return True
+    if loader.thread.is_alive():
+        # hand the GIL over: the loader's many short calls into LLVM (ctypes) each release it and
+        # then wait for it; a caller that never waits would make each of them wait a whole switch
+        # interval (5 ms): the load then took ~10x longer while blocks were handed out back to back
+        time.sleep(0)
+        return False
+    _finish()
+    return True
+
+
+def settle() -> None:
+    """Wait for a background load and switch now (tests, benchmarks); nothing if none runs."""
+    if _loader is not None:
+        _loader.thread.join()
+        _finish()
+
+
 def use_python() -> None:
     """Run the kernels as plain Python from here on (tests compare both modes)."""
-    global _compiled
+    global _compiled, _loader
+    _loader = None  # a load still in flight is never switched to (its thread ends on its own)
     if not _compiled:
         return
     _rebind({d: _twins.get(fn, fn) for fn, d in _dispatchers.items()})
@@ -224,19 +459,28 @@ def compile_pays(work_us: float, per_sec_us: float | None = None) -> bool:
     return True
 
 
-def need(us: float, per_sec_us: float | None = None) -> None:
+def need(us: float, per_sec_us: float | None = None, spread: bool = False) -> None:
     """Kernel work is coming that would take ``us`` microseconds in plain Python (``per_sec_us``
     of it per second of the run, when known).
 
     Compiles when this work alone, or with all plain work of the process so far, makes
-    :func:`compile_pays` true.
+    :func:`compile_pays` true. ``spread``: the work comes over many later calls (a Scheduler's
+    hand-outs and releases), so numba loads in the background while the plain kernels serve,
+    and :func:`poll` switches between two calls; otherwise (one big call coming, or
+    ``DAISY_NB_JIT=1``) it loads now, waiting for a background load in flight.
     """
     global _plain_work
     if _compiled or _MODE == "python":
         return
     _plain_work += us
     if _MODE == "numba" or compile_pays(_plain_work, per_sec_us):
-        use_numba()
+        if spread and BACKGROUND and _MODE == "auto":
+            _start_loading()
+            poll()
+        else:
+            use_numba()
+    elif _loader is not None:
+        poll()
 
 
 def set_mode(mode: str) -> None:

@@ -42,13 +42,16 @@ def plain_work_us(blocks: int, entries: int) -> float:
 class CompilePace:
     """The compile decision of one Scheduler: taken at once (``decided``) unless the work is
     between the price and twice it; then :meth:`handed_out` counts hand-outs and, ``secs`` after
-    the first, tells ``_jit`` the work left and how much of it comes per second.
+    the first, tells ``_jit`` the work left and how much of it comes per second. Once compiling
+    is decided, numba loads in the background (``_jit.need(..., spread=True)``) and
+    :meth:`handed_out` is where the Scheduler switches to the compiled kernels (``_jit.poll``),
+    between two calls; ``decided`` stays False until then.
 
     ``num_blocks``: the pipeline's blocks; ``entries``: the entries of all their downstream
     lists (``PipelineGeometry.downstream_entries``).
     """
 
-    __slots__ = ("decided", "left", "secs", "t0", "us_block", "n")
+    __slots__ = ("decided", "left", "secs", "t0", "us_block", "n", "asked")
 
     def __init__(self, num_blocks: int, entries: int, secs: float) -> None:
         self.us_block = plain_work_us(num_blocks, entries) / max(num_blocks, 1)
@@ -57,14 +60,18 @@ class CompilePace:
         self.t0: float | None = None  # the first hand-out (monotonic)
         self.n = 0  # blocks handed out since
         work = num_blocks * self.us_block
-        self.decided = not (
+        self.asked = not (
             _jit.mode() == "auto" and not _jit.compiled() and _jit.COMPILE_AT <= work < 2 * _jit.COMPILE_AT
         )
-        if self.decided:
-            _jit.need(work)
+        if self.asked:
+            _jit.need(work, spread=True)
+        self.decided = self.asked and _jit.poll()
 
     def handed_out(self, n: int) -> bool:
-        """``n`` more blocks were handed out; True once the decision is taken (stop calling)."""
+        """``n`` more blocks were handed out; True once the decision is taken and, if it was to
+        compile, the compiled kernels are in place (stop calling)."""
+        if self.asked:  # numba loads in the background: switch once it is done
+            return _jit.poll()
         now = time.monotonic()
         if self.t0 is None:
             self.t0 = now
@@ -72,8 +79,9 @@ class CompilePace:
         elapsed = now - self.t0
         if elapsed < self.secs:
             return False
-        self.decided = True
+        self.asked = True
         rate = self.n / elapsed  # blocks handed out per second
         left = max(0, self.left - self.n)
-        _jit.need(left * self.us_block, per_sec_us=rate * self.us_block)
-        return True
+        _jit.need(left * self.us_block, per_sec_us=rate * self.us_block, spread=True)
+        self.decided = _jit.poll()
+        return self.decided
