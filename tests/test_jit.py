@@ -505,6 +505,9 @@ def test_ctrl_c_while_numba_loads_in_the_background(tmp_path):
         + textwrap.dedent(
             """
         import os, signal
+        # Python's own handler, even when this process was started with SIGINT ignored (a
+        # background job of a non-interactive shell: CI)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         s = daisy.Scheduler(tasks(), block_tracking=False)
         s.acquire_block("a")
         wait(started)
