@@ -171,33 +171,29 @@ def _compiled_twin(fn):
     return twin
 
 
+def _replace_in(ns: dict, mapping: dict) -> None:
+    """Replace each value of namespace ``ns`` that is a key of ``mapping`` by what it maps to."""
+    for k, v in list(ns.items()):
+        if callable(v):
+            try:
+                new = mapping.get(v)
+            except TypeError:  # unhashable
+                continue
+            if new is not None:
+                ns[k] = new
+
+
 def _fill_shadows(mapping: dict) -> None:
     """Point every kernel name of the compiled world's globals at its dispatcher."""
     for shadow in _shadows.values():
-        for k, v in list(shadow.items()):
-            if callable(v):
-                try:
-                    new = mapping.get(v)
-                except TypeError:  # unhashable
-                    continue
-                if new is not None:
-                    shadow[k] = new
+        _replace_in(shadow, mapping)
 
 
 def _rebind(mapping: dict) -> None:
     """Replace, in every loaded kernel module, each global that is a key of ``mapping``."""
     for name, mod in list(sys.modules.items()):
-        if mod is None or not (name == _PKG or name.startswith(_PKG + ".")):
-            continue
-        ns = vars(mod)
-        for k, v in list(ns.items()):
-            if callable(v):
-                try:
-                    new = mapping.get(v)
-                except TypeError:  # unhashable
-                    continue
-                if new is not None:
-                    ns[k] = new
+        if mod is not None and (name == _PKG or name.startswith(_PKG + ".")):
+            _replace_in(vars(mod), mapping)
 
 
 def compiled() -> bool:
