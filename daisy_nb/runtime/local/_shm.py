@@ -4,7 +4,7 @@ The segment holds ``SLOTS`` batch slots of ``words(capacity, ndim)`` words each,
 that the parent can queue the next batch while the worker runs the current one
 (slots are used round-robin and run in the order they were sent). One slot::
 
-    header[8]   n, cur, cur_start_ns, batch_elapsed_ns, -, -, -, -
+    header[8]   n, cur, cur_start_ns, batch_elapsed_ns, limit, -, -, -
     index[C]    task-local block index          (parent writes)
     spatial[C]  spatial block id                 (parent writes)
     status[C]   0 not started, 1 running, 2 success, 3 failed   (worker writes)
@@ -14,6 +14,10 @@ that the parent can queue the next batch while the worker runs the current one
 
 The worker writes a block's stats before its status, so a block whose status is 2
 or 3 has its stats in place (also when the worker dies later in the batch).
+
+``limit`` (parent writes: ``n`` with the batch, lowered later) is the give-back of a batch's
+unstarted blocks (``daisy_nb/runtime/local/giveback.py``): the worker starts block ``i`` only
+while ``i < limit``, read just before it starts it; the blocks it did not start keep status 0.
 
 ``cur``/``cur_start_ns`` (``time.monotonic_ns``, one clock for all processes on a
 machine) let the parent find the block a worker is running and enforce the task's
@@ -35,7 +39,7 @@ SLOTS = 2
 HDR = 8
 NAME_PREFIX = "dnb_"  # named segments (no memfd): /dev/shm/dnb_<random> on Linux
 MEMFD_NAME = "daisy_nb_worker"  # memfd segments: "/memfd:daisy_nb_worker (deleted)" in /proc/<pid>/maps
-H_N, H_CUR, H_START, H_ELAPSED = 0, 1, 2, 3
+H_N, H_CUR, H_START, H_ELAPSED, H_LIMIT = 0, 1, 2, 3, 4
 
 
 NSTATS = 5  # per-block stats words: BlockStats' first five fields

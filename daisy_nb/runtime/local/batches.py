@@ -21,6 +21,7 @@ from daisy_nb.errors import WorkerError
 from daisy_nb.runtime.common.failures import record_error
 from daisy_nb.runtime.local import _shm, wire
 from daisy_nb.runtime.local.blocks import BlockCore, ExitReport
+from daisy_nb.runtime.local.giveback import Running
 from daisy_nb.runtime.local.records import BUSY, BlockProcess
 
 __all__ = ["Batches"]
@@ -48,6 +49,7 @@ class Batches:
         a[o["write_offset"] : o["write_offset"] + m] = b.write_offset.reshape(-1)
         a[o["write_shape"] : o["write_shape"] + m] = b.write_shape.reshape(-1)
         a[_shm.H_N] = n
+        a[_shm.H_LIMIT] = n
         a[_shm.H_CUR] = -1
         if w.tr.t_first is None:
             w.tr.t_first = time.monotonic()
@@ -68,7 +70,7 @@ class Batches:
         actions = self.core.batch_done(w.wid, st, elapsed, dispatch=redispatch)
         t = self.core.tasks[tr.tid]
         tr.per_block, tr.batch_k = t.per_block, t.batch_k
-        if self.timeline is not None:  # one bar per batch: its run time is in shared memory
+        if self.timeline is not None and n:  # one bar per batch: its run time is in shared memory
             t1 = time.monotonic()
             self.timeline.bar(("w", w.wid), tr.tid, t1 - elapsed / 1e9, t1, n, int(np.count_nonzero(st == _FAILED)))
         return actions
@@ -122,6 +124,23 @@ class Batches:
                         out[w.wid] = int(a[_shm.H_START])
                         break
         return out
+
+    def running(self, workers: Iterable) -> dict[int, Running]:
+        """For busy block workers: their oldest batch's running row, its start and its status
+        (read in that order: a worker that moves on meanwhile shows another start or status)."""
+        out: dict[int, Running] = {}
+        for w in workers:
+            if isinstance(w, BlockProcess) and w.state == BUSY and w.queue and w.bufs is not None:
+                k, idx = w.queue[0]
+                a = w.bufs[k]
+                c = int(a[_shm.H_CUR])
+                if 0 <= c < len(idx):
+                    out[w.wid] = Running(c, int(a[_shm.H_START]), int(a[w.off["status"] + c]))
+        return out
+
+    def cut(self, w: BlockProcess, k: int, keep: int) -> None:
+        """Lower the limit of ``w``'s batch in slot ``k``: it starts none of its blocks from ``keep`` on."""
+        w.bufs[k][_shm.H_LIMIT] = keep
 
     def current_block(self, w: BlockProcess) -> tuple[int | None, float | None]:
         """The block ``w`` runs now (its row) and since when (monotonic seconds), else ``(None, None)``."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from daisy_nb.runtime.local import _shm, wire
 from daisy_nb.runtime.local.batches import Batches
-from daisy_nb.runtime.local.blocks import BlockCore, ExitReport, Kill, Quit, SendBatch
+from daisy_nb.runtime.local.blocks import BlockCore, Cut, ExitReport, Kill, Quit, SendBatch
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun
 from daisy_nb.runtime.local.records import BlockProcess
 from daisy_nb.runtime.local.starter import CAPACITY
@@ -85,10 +85,14 @@ class BlockWorkers:
         return self.batches.exited(w, rc, orphan)
 
     def tick(self, now_ns: int, workers: Iterable) -> None:
-        """Block timeouts (from ``cur``/``cur_start_ns`` in shared memory: time queued does not count)."""
+        """Block timeouts (from ``cur``/``cur_start_ns`` in shared memory: time queued does not
+        count), and stragglers' batches cut (their unstarted blocks given back)."""
         started = self.batches.started(workers)
         if started:
             self.execute(self.core.tick(now_ns, started))
+        running = self.batches.running(workers)
+        if running:
+            self.execute(self.core.straggling(now_ns, running))
 
     def quit(self, wid: int) -> None:
         self.execute(self.core.quit(wid))
@@ -130,5 +134,8 @@ class BlockWorkers:
                 send(w, wire.Kind.QUIT)
             elif isinstance(a, Kill):
                 self._kill(w)
+            elif isinstance(a, Cut):
+                assert isinstance(w, BlockProcess)
+                self.batches.cut(w, a.slot, a.keep)
             else:
                 raise TypeError(f"unknown action {a!r}")

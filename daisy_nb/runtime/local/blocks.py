@@ -13,15 +13,20 @@ executes the actions it returns:
   batch finished: one status per block), :meth:`~BlockCore.batch_raised` (a block raised:
   the worker exits), :meth:`~BlockCore.exited` (its process ended: the statuses of the
   batches it held), :meth:`~BlockCore.tick` (the clock and when each running block
-  started), and the run's :meth:`~BlockCore.dispatch_parked`, :meth:`~BlockCore.drain`,
+  started), :meth:`~BlockCore.straggling` (a look at every running block), and the run's :meth:`~BlockCore.dispatch_parked`, :meth:`~BlockCore.drain`,
   :meth:`~BlockCore.end_task`, :meth:`~BlockCore.quit`;
 * actions (returned lists): :class:`SendBatch` (write these blocks into that batch slot and
-  signal the worker), :class:`Quit` (ask it to leave), :class:`Kill` (end its process).
+  signal the worker), :class:`Quit` (ask it to leave), :class:`Kill` (end its process),
+  :class:`~.giveback.Cut` (lower a batch's limit: a straggler's unstarted blocks are given back).
 
 **Batching and prefetch.** How many blocks a batch holds, and whether a second batch may
 wait in a busy worker's other slot (so it never idles through the round trip to the
 scheduler), is :class:`.sizing.BatchSizing`'s, from the measured time per block; the core
 sends a batch ahead only when no worker of the task waits for work.
+
+**Stragglers.** A block that runs far longer than its task's blocks usually do does not
+hold the rest of its batch, or a batch sent ahead, hostage: those blocks go back to the
+ready queue, without a lock, never run twice (:mod:`.giveback`).
 
 **The tail.** A worker with nothing to take while every block its task has left is in
 flight (no ready and no pending block: the task's tail) quits at once, freeing its slot
@@ -57,12 +62,14 @@ import numpy as np
 
 from daisy_nb.block import BlockStatus
 from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
+from daisy_nb.runtime.local.giveback import Cut, Running, straggling
 from daisy_nb.runtime.local.sizing import BatchSizing, BlockTask
 
 __all__ = [
     "BlockCore",
     "BlockTask",
     "BlockWorker",
+    "Cut",
     "Kill",
     "Quit",
     "SendBatch",
@@ -112,7 +119,7 @@ class Kill:
     wid: int
 
 
-Action = SendBatch | Quit | Kill
+Action = SendBatch | Quit | Kill | Cut
 
 
 @dataclass(eq=False)
@@ -128,6 +135,7 @@ class BlockWorker:
     raised: bool = False  # a block raised: it exits (dirty), not yet reaped
     timed_out: bool = False
     expected_exit: bool = False  # we told it to quit or killed it
+    cuts: dict = field(default_factory=dict)  # batch slot -> giveback.CutMark: a straggler's batches cut
 
     @property
     def inflight(self) -> int:
@@ -228,16 +236,23 @@ class BlockCore:
         w = self.workers[wid]
         if w.state != WorkerState.BUSY or not w.queue:
             raise RuntimeError(f"block worker {wid} reported a batch done, but it holds none (state {w.state.name})")
-        _, index = w.queue.popleft()  # batches run in the order they were sent
+        slot, index = w.queue.popleft()  # batches run in the order they were sent
+        mark = w.cuts.pop(slot, None)
         st = np.asarray(status, dtype=np.uint8)
         n = len(index)
-        if st.shape != (n,) or not ((st == _SUCCESS) | (st == _FAILED)).all():
+        ok = (st == _SUCCESS) | (st == _FAILED) if st.shape == (n,) else np.zeros(1, dtype=bool)
+        if mark is not None and not mark.settled and st.shape == (n,):  # cut, not given back yet: what it left
+            ok[mark.keep :] |= st[mark.keep :] == _CREATED
+        if not ok.all():
             raise RuntimeError(
                 f"block worker {wid} reported a batch done with statuses other than SUCCESS/FAILED: {st.tolist()[:16]}"
             )
+        ran = int(np.count_nonzero(st >= _SUCCESS))
         w.finished += int(np.count_nonzero(st == _SUCCESS))
-        self.s.release_blocks(w.tid, index, st)
-        self.sizing.measured(w.tid, elapsed_ns, n)
+        self.tasks[w.tid].given_back += n - ran
+        self.s.release_blocks(w.tid, index, st)  # blocks it left (a cut) go back
+        if ran:
+            self.sizing.measured(w.tid, elapsed_ns, ran)
         self.s.counters[w.tid].job_seconds.ran(elapsed_ns / 1e9)
         if w.queue:  # it runs the batch sent ahead
             return self._prefetch(w) if dispatch else []
@@ -295,6 +310,12 @@ class BlockCore:
                 self.s.counters[w.tid].timeout_reclaim_count += 1
                 out.append(Kill(wid))
         return out
+
+    def straggling(self, now_ns: int, running: Mapping[int, Running]) -> list[Action]:
+        """Event: a look at the running blocks (``running``: per busy worker, its oldest batch's
+        running row, that block's start and status). A straggler's unstarted blocks are cut from
+        its batches and, once confirmed, given back (:mod:`.giveback`)."""
+        return list(straggling(self, now_ns, running))
 
     def quit(self, wid: int) -> list[Action]:
         """Ask ``wid`` to quit (no more work for it)."""
@@ -418,6 +439,7 @@ class BlockCore:
             st[st == _PROCESSING] = running
             self.s.release_blocks(w.tid, index, st)
         w.queue.clear()
+        w.cuts.clear()
         if w.state == WorkerState.BUSY:
             w.state = WorkerState.IDLE
 
@@ -443,8 +465,15 @@ def check_invariants(core: BlockCore, held_elsewhere: Mapping[str, int] | None =
         assert len(w.queue) <= core.slots, f"worker {wid} holds {len(w.queue)} batches"
         assert len({k for k, _ in w.queue}) == len(w.queue), f"worker {wid}: two batches in one slot"
         rows = seen.setdefault(w.tid, set())
-        for _, index in w.queue:
-            assert 0 < len(index) <= core.capacity, f"worker {wid}: a batch of {len(index)} blocks"
+        assert set(w.cuts) <= {k for k, _ in w.queue}, f"worker {wid}: a cut of a batch it does not hold"
+        for k, index in w.queue:
+            m = w.cuts.get(k)
+            assert 0 < len(index) <= core.capacity or (m is not None and not len(index)), (
+                f"worker {wid}: a batch of {len(index)} blocks"
+            )
+            assert m is None or (len(index) == m.keep if m.settled else len(index) > m.keep), (
+                f"worker {wid}: a batch of {len(index)} blocks cut to {m.keep}"
+            )
             for r in index.tolist():
                 assert r not in rows, f"block {r} of task {w.tid} in two batches"
                 rows.add(r)

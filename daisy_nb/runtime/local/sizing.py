@@ -48,6 +48,7 @@ class BlockTask:
     per_block: float | None = None  # seconds, typical of the last batches (None: not measured yet)
     block_secs: deque = field(default_factory=lambda: deque(maxlen=64))  # recent times per block
     t_first_batch: bool = False  # a batch was sent
+    given_back: int = 0  # blocks given back from batches a straggler held (``giveback.py``)
 
 
 class BatchSizing:
@@ -73,9 +74,18 @@ class BatchSizing:
         t.block_secs.append(elapsed_ns / n / 1e9)
         k = min(TYPICAL_OF, len(t.block_secs))
         t.per_block = statistics.median(itertools.islice(reversed(t.block_secs), k))
-        # many workers: longer batches, so that the scheduler's batches per second stay bounded
-        target = max(self.target, self._workers_total() * PER_WORKER_BATCH_SECS)
-        t.batch_k = next_batch(t.batch_k, t.per_block, target, self.capacity)
+        t.batch_k = next_batch(t.batch_k, t.per_block, self.batch_target(), self.capacity)
+
+    def batch_target(self) -> float:
+        """The work a batch carries (s): ``target``, longer with many workers, so that the
+        scheduler's batches per second stay bounded."""
+        return max(self.target, self._workers_total() * PER_WORKER_BATCH_SECS)
+
+    def straggler_secs(self, tid: str, factor: float) -> float | None:
+        """How long a block of ``tid`` runs before it counts as a straggler: ``factor`` typical
+        block times, and at least a batch's target; None before a batch was measured."""
+        per = self.tasks[tid].per_block
+        return None if per is None else max(factor * per, self.batch_target())
 
     def size(self, tid: str, ready: int, sharing: int) -> int:
         """The next batch of ``tid`` for one of ``sharing`` workers, with ``ready`` blocks ready."""

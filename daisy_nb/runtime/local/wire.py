@@ -36,7 +36,7 @@ __all__ = [
     "version_error",
 ]
 
-VERSION = 2  # 2: a raised block's type, message and traceback travel as separate fields
+VERSION = 3  # 2: a raised block's fields apart; 3: a batch's limit word in shared memory (give-back)
 VERSION_MISMATCH_EXIT = 86  # the worker's exit code when the pool speaks another version
 
 

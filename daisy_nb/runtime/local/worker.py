@@ -226,7 +226,7 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
     mono = time.monotonic_ns
     o_idx, o_sp, o_st = o["index"], o["spatial"], o["status"]
     o_ro, o_rs, o_wo, o_ws = o["read_offset"], o["read_shape"], o["write_offset"], o["write_shape"]
-    H_CUR, H_START = _shm.H_CUR, _shm.H_START
+    H_CUR, H_START, H_LIMIT = _shm.H_CUR, _shm.H_START, _shm.H_LIMIT
     try:
         conn.send_bytes(wire.ready())
         while True:
@@ -251,6 +251,8 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
             err = None  # the block that raised (wire.Raised)
             t0 = mono()
             for i in range(n):
+                if i >= q[H_LIMIT]:  # the pool gave the rest back (a straggler ran before them)
+                    break
                 j, k = i * nd, (i + 1) * nd
                 b = make(task_id, sp[i], (tuple(ro[j:k]), tuple(rs[j:k])), (tuple(wo[j:k]), tuple(ws[j:k])), idx[i])
                 b._status = PROCESSING

@@ -1,0 +1,356 @@
+"""Giving back a straggler's unstarted blocks (``daisy_nb/runtime/local/giveback.py``).
+
+The core against a model of the worker's side of the protocol: the worker's steps are split
+where the race lives (a block finishes and its status is written; then the worker reads its
+batch's ``limit`` and starts the next block or stops), and the pool may look in between.
+The model asserts what a user relies on: a block the pool gave back is never started by the
+worker that held it (it would run twice), and every block the worker left is given back
+(nothing is lost); :meth:`BlockCore.validate` runs after every step. Then real runs: a
+straggler that waits for the blocks behind it in its batch finishes only because they were
+given back, every block runs once, and the run's counters are those of a run without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+from funlib.geometry import Roi
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import daisy_nb
+from daisy_nb.block import BlockStatus
+from daisy_nb.runtime.local.blocks import BlockCore, Kill, Quit, SendBatch
+from daisy_nb.runtime.local.giveback import CONFIRM_NS, Cut, Running
+
+CREATED, PROCESSING, SUCCESS, FAILED = (
+    BlockStatus.CREATED,
+    BlockStatus.PROCESSING,
+    BlockStatus.SUCCESS,
+    BlockStatus.FAILED,
+)
+
+
+def noop(block):
+    pass
+
+
+def scheduler(n: int) -> daisy_nb.Scheduler:
+    t = daisy_nb.Task(
+        "a",
+        Roi((0,), (10 * n,)),
+        Roi((0,), (10,)),
+        Roi((0,), (10,)),
+        process_function=noop,
+        tracking_path=False,
+        max_retries=1,
+    )
+    return daisy_nb.Scheduler([t], block_tracking=False)
+
+
+class Slot:
+    """A batch in the model worker's shared memory."""
+
+    def __init__(self, rows: np.ndarray):
+        self.rows = rows
+        self.limit = len(rows)
+        self.status = np.zeros(len(rows), np.uint8)
+
+
+class ModelWorker:
+    """The worker's side: batches in run order, the running position, the block's start."""
+
+    def __init__(self):
+        self.slots: dict[int, Slot] = {}
+        self.order: list[int] = []
+        self.cur = -1  # position running (or just finished) in the oldest batch
+        self.start_ns = 0
+        self.between = True  # the running block's status is written; the limit not read yet
+        self.decided: int | None = None  # the limit was read: the position to start next (-1: stop)
+
+    def running(self) -> bool:
+        return not self.between and self.decided is None
+
+
+class GiveBackMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.s = None
+        self.core = None
+        self.w: dict[int, ModelWorker] = {}
+        self.now = 10**12
+        self.next_wid = 0
+        self.ran: dict[int, int] = {}  # row -> attempts started
+        self.in_hypothesis = True  # False when a plain test drives the machine
+        self.spawns = True  # the pool starts workers for ready blocks nobody takes
+        self.snapshot = None  # what the pool read of the running blocks, before it decides
+
+    @initialize(n=st.integers(2, 200), workers=st.integers(1, 3))
+    def start(self, n, workers):
+        self.s = scheduler(n)
+        self.core = BlockCore(self.s, target_secs=0.001, capacity=16)
+        self.core.add_task("a")
+        for _ in range(workers):
+            self.spawn()
+
+    def note(self, what: str) -> None:
+        if self.in_hypothesis:
+            event(what)
+
+    def spawn(self):
+        wid, self.next_wid = self.next_wid, self.next_wid + 1
+        self.w[wid] = ModelWorker()
+        self.core.add(wid, "a")
+        self.apply(self.core.ready(wid))
+
+    def apply(self, actions):
+        for a in actions:
+            if isinstance(a, SendBatch):
+                w = self.w[a.wid]
+                assert a.slot not in w.slots
+                w.slots[a.slot] = Slot(np.array(a.blocks.index, dtype=np.int64))
+                w.order.append(a.slot)
+            elif isinstance(a, Cut):
+                self.note("cut")
+                sl = self.w[a.wid].slots[a.slot]
+                assert a.keep < sl.limit, "a cut that gives nothing back"
+                sl.limit = a.keep
+            elif isinstance(a, (Quit, Kill)):
+                pass
+            else:
+                raise AssertionError(a)
+
+    def busy(self):
+        return [wid for wid, w in sorted(self.w.items()) if w.order]
+
+    def core_rows(self, wid: int, slot: int) -> int:
+        """How many rows of ``slot`` the core still counts as ``wid``'s."""
+        for k, rows in self.core.workers[wid].queue:
+            if k == slot:
+                return len(rows)
+        raise AssertionError(f"worker {wid} runs slot {slot}, which the core does not list")
+
+    @rule(data=st.data(), fail=st.booleans())
+    @precondition(lambda self: self.s is not None and any(w.running() for w in self.w.values()))
+    def block_finishes(self, data, fail):
+        wid = data.draw(st.sampled_from([wid for wid, w in sorted(self.w.items()) if w.running()]))
+        w = self.w[wid]
+        w.slots[w.order[0]].status[w.cur] = FAILED if fail else SUCCESS
+        w.between = True
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.s is not None and any(w.between and w.order for w in self.w.values()))
+    def worker_reads_limit(self, data):
+        self.read_limit(data.draw(st.sampled_from([wid for wid in self.busy() if self.w[wid].between])))
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.s is not None and any(w.decided is not None for w in self.w.values()))
+    def worker_acts(self, data):
+        self.act(data.draw(st.sampled_from([wid for wid, w in sorted(self.w.items()) if w.decided is not None])))
+
+    def read_limit(self, wid: int) -> None:
+        """The worker reads its batch's limit and decides: the next block, or the batch is done
+        (what it decided, it does at its next step: the pool may look in between)."""
+        w = self.w[wid]
+        sl = w.slots[w.order[0]]
+        i = w.cur + 1
+        w.decided = i if i < len(sl.rows) and i < sl.limit else -1
+        w.between = False
+
+    def act(self, wid: int) -> None:
+        w = self.w[wid]
+        k = w.order[0]
+        sl = w.slots[k]
+        i, w.decided = w.decided, None
+        if i >= 0:
+            assert i < self.core_rows(wid, k), f"worker {wid} starts row {sl.rows[i]}, which was given back"
+            sl.status[i] = PROCESSING
+            w.cur, w.start_ns = i, self.now
+            self.ran[int(sl.rows[i])] = self.ran.get(int(sl.rows[i]), 0) + 1
+            return
+        n = self.core_rows(wid, k)  # the shell reads as many statuses as the core lists
+        statuses = sl.status[:n].copy()
+        if w.cur + 1 < len(sl.rows):
+            self.note("the worker stopped at a lowered limit")
+        w.order.pop(0)
+        del w.slots[k]
+        w.cur, w.between = -1, True
+        self.apply(self.core.batch_done(wid, statuses, 10**6 * max(1, n)))
+
+    @rule(secs=st.sampled_from([0.0, 0.001, 0.003, 0.05, 1.0]))
+    @precondition(lambda self: self.s is not None)
+    def look(self, secs):
+        """The pool's look at the running blocks (``CHECK_SECS``), after some time."""
+        self.read(secs)
+        self.decide()
+
+    @rule(secs=st.sampled_from([0.0, 0.003, 0.05]))
+    @precondition(lambda self: self.s is not None and self.snapshot is None)
+    def pool_reads(self, secs):
+        """The pool reads the shared memory; the workers may move on before it decides."""
+        self.read(secs)
+
+    @rule()
+    @precondition(lambda self: self.s is not None and self.snapshot is not None)
+    def pool_decides(self):
+        self.decide()
+
+    def read(self, secs: float) -> None:
+        self.now += int(secs * 1e9)
+        running = {}
+        for wid in self.busy():
+            w = self.w[wid]
+            if w.cur >= 0:
+                sl = w.slots[w.order[0]]
+                running[wid] = Running(w.cur, w.start_ns, int(sl.status[w.cur]))
+        self.snapshot = (self.now, running)
+
+    def decide(self) -> None:
+        now, running = self.snapshot
+        self.snapshot = None
+        running = {wid: r for wid, r in running.items() if wid in self.core.workers}
+        self.apply(self.core.straggling(now, running))
+        self.apply(self.core.dispatch_parked())
+        if self.spawns and self.s.ready_count("a") and not self.core.waiting("a") and len(self.core.workers) < 4:
+            self.spawn()
+
+    @invariant()
+    def valid(self):
+        if self.core is None:
+            return
+        self.core.validate()
+        for wid, w in self.w.items():
+            if wid in self.core.workers:
+                assert [k for k, _ in self.core.workers[wid].queue] == w.order
+
+    def teardown(self):
+        """Every worker runs to the end: the run finishes, no block ran more often than its attempts."""
+        if self.core is None:
+            return
+        for _ in range(100_000):
+            if self.s.is_done():
+                break
+            busy = self.busy()
+            for wid in busy:
+                w = self.w[wid]
+                if w.running():
+                    w.slots[w.order[0]].status[w.cur] = SUCCESS
+                    w.between = True
+                if w.between:
+                    self.read_limit(wid)
+                self.act(wid)
+            if not busy:
+                self.look(1.0)
+        assert self.s.is_done(), "the run did not finish"
+        c = self.s.task_states["a"]
+        assert c.completed_count + c.failed_count == c.total_block_count
+        assert all(v <= 2 for v in self.ran.values()), "a block ran more often than its attempts"
+
+
+GiveBackMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=80, deadline=None)
+TestGiveBack = GiveBackMachine.TestCase
+
+
+def finish_block(m: GiveBackMachine, wid: int) -> None:
+    w = m.w[wid]
+    w.slots[w.order[0]].status[w.cur] = SUCCESS
+    w.between = True
+
+
+def straggling_worker(n: int = 40) -> tuple[GiveBackMachine, int]:
+    """One worker whose first batch ran (the task's time per block is measured) and whose
+    second batch runs its first block, long enough to be a straggler."""
+    m = GiveBackMachine()
+    m.in_hypothesis = False
+    m.start(n=n, workers=1)
+    m.spawns = False
+    wid = 0
+    m.read_limit(wid)
+    m.act(wid)  # block 0 starts
+    finish_block(m, wid)
+    m.read_limit(wid)
+    m.act(wid)  # the first batch (one block) is done; the next batch is sent
+    m.read_limit(wid)
+    m.act(wid)  # its first block starts
+    w = m.w[wid]
+    assert len(w.slots[w.order[0]].rows) > 1, "the test needs a batch with blocks behind the running one"
+    return m, wid
+
+
+def test_a_straggler_gives_back_the_blocks_behind_it():
+    m, wid = straggling_worker()
+    w = m.w[wid]
+    held = sum(len(w.slots[k].rows) for k in w.order) - 1  # behind the running block, a batch sent ahead too
+    ready = m.s.ready_count("a")
+    m.read(1.0)
+    m.decide()  # cut
+    assert [w.slots[k].limit for k in w.order] == [1, 0][: len(w.order)]
+    m.read(0.05)
+    m.decide()  # confirmed: the block still runs
+    assert [m.core_rows(wid, k) for k in w.order] == [1, 0][: len(w.order)]
+    assert m.s.ready_count("a") == ready + held
+    assert m.core.tasks["a"].given_back == held
+    finish_block(m, wid)
+    m.read_limit(wid)
+    m.act(wid)  # the worker stops at the limit: its batch is done with one block
+    m.teardown()
+
+
+def test_a_block_that_finishes_as_it_is_cut_keeps_its_batch():
+    """The race: the pool reads "running", the block finishes, the worker reads the old limit,
+    then the pool cuts. The pool's next look sees the block finished: nothing is given back
+    early, and the worker runs the blocks it already decided to run."""
+    m, wid = straggling_worker()
+    w = m.w[wid]
+    k = w.order[0]
+    n = len(w.slots[k].rows)
+    m.read(1.0)  # the pool reads: a straggler
+    finish_block(m, wid)
+    m.read_limit(wid)  # the worker decided to start the next block (the limit is not lowered yet)
+    m.decide()  # the pool cuts
+    assert w.slots[k].limit == 1
+    m.read(0.05)
+    m.decide()  # and looks again, past CONFIRM_NS: the block is not running any more
+    assert m.core_rows(wid, k) == n, "blocks given back that the worker may start"
+    m.act(wid)  # it starts block 1 (it read the limit before the cut)
+    assert w.cur == 1
+    m.teardown()
+
+
+def test_a_cut_is_trusted_only_after_the_confirmation_time():
+    m, wid = straggling_worker()
+    w = m.w[wid]
+    k = w.order[0]
+    n = len(w.slots[k].rows)
+    m.read(1.0)
+    m.decide()
+    m.read(CONFIRM_NS / 2 / 1e9)
+    m.decide()
+    assert m.core_rows(wid, k) == n
+    m.read(CONFIRM_NS / 1e9)
+    m.decide()
+    assert m.core_rows(wid, k) == 1
+    m.teardown()
+
+
+def test_pool_runs_the_blocks_a_straggler_held_on_another_worker(out, caplog, no_leaks):
+    """Real worker processes: the straggler waits for every other block, so the run finishes only
+    because the blocks behind it (in its batch, and a batch sent ahead) were given back and run
+    by the other worker; every block ran once and counts once."""
+    import givebackfns as g
+
+    caplog.set_level(logging.DEBUG, logger="daisy")
+    task = daisy_nb.Task(
+        "g", Roi((0,), (10 * g.N,)), Roi((0,), (10,)), Roi((0,), (10,)),
+        process_function=g.straggler_waits_for_the_rest, max_workers=2, max_retries=0, tracking_path=False,
+    )  # fmt: skip
+    states = daisy_nb.run_blockwise(task, progress=False, summary=False, return_states=True)
+    s = states["g"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (g.N, 0, 0)
+    done = sorted(int(f.split(".")[0]) for f in os.listdir(out / "done"))
+    assert done == list(range(g.N)), "a block ran twice, or never"
+    back = [r.getMessage() for r in caplog.records if "given back" in r.getMessage()]
+    assert back and all("behind a block running" in m for m in back)

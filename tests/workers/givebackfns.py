@@ -1,0 +1,38 @@
+"""Block functions for the give-back tests (imported by worker processes: keep light).
+
+Every block that finishes creates ``$DAISY_NB_TEST_OUT/done/<spatial id>.<pid>.<n>``, ``n``
+counting its runs in that process, so that a block run twice shows as two files. Block
+``STRAGGLER`` of ``N`` waits until every other block is done (polling, with a deadline): it
+finishes only if the blocks its worker held behind it were given back and run elsewhere.
+The others take ``WORK_SECS`` each (modelled work, so that batches hold several blocks).
+"""
+
+import os
+import time
+
+N = 300
+STRAGGLER = 150
+WORK_SECS = 0.001
+DEADLINE_SECS = 60.0
+
+_runs: dict[int, int] = {}
+
+
+def _done(block) -> None:
+    d = os.path.join(os.environ["DAISY_NB_TEST_OUT"], "done")
+    os.makedirs(d, exist_ok=True)
+    k = _runs[block.spatial_id] = _runs.get(block.spatial_id, 0) + 1
+    open(os.path.join(d, f"{block.spatial_id}.{os.getpid()}.{k}"), "x").close()
+
+
+def straggler_waits_for_the_rest(block) -> None:
+    if block.spatial_id == STRAGGLER:
+        d = os.path.join(os.environ["DAISY_NB_TEST_OUT"], "done")
+        deadline = time.monotonic() + DEADLINE_SECS
+        while not os.path.isdir(d) or len(os.listdir(d)) < N - 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the blocks behind the straggler never ran")
+            time.sleep(0.005)
+    else:
+        time.sleep(WORK_SECS)
+    _done(block)
