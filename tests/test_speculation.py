@@ -6,11 +6,15 @@
 * the rules one by one: no backup before half the blocks or below ``k`` x the median, never a
   third copy, never next to a running neighbour, the first success wins and its twin is
   interrupted, one counted failure when both copies fail;
+* the keyword: its accepted values and its errors (which name the task and the parameter).
 
 No runtime launches copies yet, so there is no run here.
 """
 
 from __future__ import annotations
+
+import math
+import re
 
 import pytest
 from hypothesis import event, settings
@@ -18,6 +22,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from reference import speculation as ref
 
+import daisy_nb as daisy
+from daisy_nb import Roi
 from daisy_nb.scheduling import speculation as sp
 from daisy_nb.scheduling.speculation import Backup, Interrupt, Outcome
 
@@ -314,3 +320,34 @@ def test_validate_catches_a_broken_state():
     s.tasks[0].n_done += 1
     with pytest.raises(AssertionError):
         s.validate()
+
+
+# -- the keyword ----------------------------------------------------------------------------------
+
+
+def _task(**kw):
+    return daisy.Task("t", Roi((0,), (40,)), Roi((0,), (10,)), Roi((0,), (10,)), tracking_path=False, **kw)
+
+
+@pytest.mark.parametrize(
+    "value,factor",
+    [(None, None), (False, None), (True, sp.DEFAULT_FACTOR), (1.5, 1.5), (4, 4.0), (1 + 1e-9, 1 + 1e-9)],
+)
+def test_speculative_values(value, factor):
+    assert _task(speculative=value).speculative == factor
+
+
+def test_speculative_is_off_by_default():
+    assert _task().speculative is None
+
+
+@pytest.mark.parametrize(
+    "value,exc",
+    [
+        (0.5, ValueError), (1, ValueError), (1.0, ValueError), (0, ValueError), (-1, ValueError),
+        (math.nan, ValueError), (math.inf, ValueError), ("3", TypeError), ([3.0], TypeError), (3j, TypeError),
+    ],
+)  # fmt: skip
+def test_bad_speculative_values_name_the_task(value, exc):
+    with pytest.raises(exc, match=rf"^Task {re.escape(repr('t'))}: speculative "):
+        _task(speculative=value)
