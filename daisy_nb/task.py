@@ -195,6 +195,13 @@ class Task(TaskParams):
         factor in [0.5, 1.5), so retries of blocks that failed together (a file server down)
         are spread out; a waiting block counts as pending. See
         :mod:`daisy_nb.scheduling.backoff`.
+    speculative : bool or float, optional
+        Backup copies of stragglers (daisy_nb extension; None or False, the default: off).
+        True (factor 3) or a factor ``k > 1``: once half the task's blocks have succeeded, a
+        block running longer than ``k`` times the median block time is to get a second copy
+        on an idle worker, the first to finish winning, so the block function must be
+        idempotent (as chunk-aligned zarr writes are). Validated and kept, and the rule exists
+        (:mod:`daisy_nb.scheduling.speculation`), but no runtime launches copies yet.
 
     Raises
     ------
@@ -205,7 +212,7 @@ class Task(TaskParams):
         A value out of range: geometry that does not fit (``write_roi`` outside
         ``read_roi``, a non-positive write shape, dimensions that differ), an unknown
         ``fit``, a negative count, a ``skip_mask`` of the wrong shape, a negative, NaN or
-        infinite ``retry_backoff``.
+        infinite ``retry_backoff``, a ``speculative`` factor <= 1, NaN or infinite.
 
     Examples
     --------
@@ -240,6 +247,7 @@ class Task(TaskParams):
         resource_tracking: bool = False,
         init_fn: Callable[[], object] | None = None,
         retry_backoff: float | datetime.timedelta | None = None,
+        speculative: bool | float | None = None,
     ) -> None:
         with task_errors(task_id):
             check_task_id(task_id)
@@ -257,7 +265,7 @@ class Task(TaskParams):
                 layout, total_roi, read_roi, write_roi, max_workers=max_workers, num_workers=num_workers,
                 max_retries=max_retries, max_worker_restarts=max_worker_restarts, timeout=timeout,
                 requires=requires, tracking_path=tracking_path, done_marker_path=done_marker_path,
-                skip_mask=skip_mask, retry_backoff=retry_backoff,
+                skip_mask=skip_mask, retry_backoff=retry_backoff, speculative=speculative,
             )  # fmt: skip
             self.init_fn = init_fn_param(init_fn)
             # per-block wall/CPU/RSS/IO measured by the runtimes (daisy_nb.profiling), summed per task

@@ -2,8 +2,8 @@
 
 What a ``Task(...)`` call says about where its blocks are (its ROIs, ``fit`` and
 ``read_write_conflict``, as a :class:`~daisy_nb.layout.BlockLayout`) and how they run
-(workers, retries and their backoff, restarts, the block timeout, resources, tracking,
-the skip mask).
+(workers, retries and their backoff, backup copies of stragglers, restarts, the block
+timeout, resources, tracking, the skip mask).
 Each parameter is checked here with an error that names it (the Task prefixes its id,
 :func:`daisy_nb.task.task_errors`) and kept in one normalised form (a number of seconds,
 a dict of ints, a str path, a uint8 mask), read through read-only properties: the
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .kernels.tables import RETRIES_MAX
 from .layout import BlockLayout
+from .scheduling.speculation import DEFAULT_FACTOR
 
 if TYPE_CHECKING:
     import numpy as np
@@ -50,7 +51,7 @@ class TaskParams:
         ``write_roi``, ``read_write_conflict`` and ``fit``).
     total_roi, read_roi, write_roi : funlib.geometry.Roi
         As given to the Task.
-    max_workers, num_workers, max_retries, max_worker_restarts, timeout, retry_backoff : object
+    max_workers, num_workers, max_retries, max_worker_restarts, timeout, retry_backoff, speculative : object
         The Task's parameters of these names, unchecked.
     requires, tracking_path, done_marker_path, skip_mask : object
         The Task's parameters of these names, unchecked.
@@ -73,6 +74,7 @@ class TaskParams:
         done_marker_path: Any,
         skip_mask: Any,
         retry_backoff: Any = None,
+        speculative: Any = None,
     ) -> None:
         self.layout = layout
         self._total_roi, self._read_roi, self._write_roi = total_roi, read_roi, write_roi
@@ -82,6 +84,7 @@ class TaskParams:
         self._timeout_secs = _timeout_secs(timeout)
         self._timeout = timeout
         self._retry_backoff = _retry_backoff_secs(retry_backoff)
+        self._speculative = _speculative_factor(speculative)
         self._requires = _requires_param(requires)
         self._tracking_path = _tracking_param(tracking_path, done_marker_path)
         self._skip_mask = _skip_mask_param(skip_mask, layout.block_grid_shape)
@@ -143,6 +146,13 @@ class TaskParams:
         """Seconds a failed block waits before its first retry, doubling per failure, with jitter
         (``retry_backoff=``; 0.0: off, retried at once). See :mod:`daisy_nb.scheduling.backoff`."""
         return self._retry_backoff
+
+    @property
+    def speculative(self) -> float | None:
+        """The factor of the median block time past which a running block is to get a backup copy
+        (``speculative=``; True: 3.0; None: off). See :mod:`daisy_nb.scheduling.speculation`: no
+        runtime launches copies yet."""
+        return self._speculative
 
     @property
     def max_worker_restarts(self) -> int:
@@ -213,6 +223,25 @@ def _retry_backoff_secs(retry_backoff: object) -> float:
     if not math.isfinite(secs) or secs < 0:
         raise ValueError(f"retry_backoff must be >= 0 and finite (seconds; 0 or None: off), got {retry_backoff!r}")
     return secs
+
+
+def _speculative_factor(speculative: object) -> float | None:
+    """``speculative``: None or False (off), True (``DEFAULT_FACTOR``) or a finite factor > 1."""
+    if speculative is None or speculative is False:
+        return None
+    if speculative is True:
+        return DEFAULT_FACTOR
+    if not isinstance(speculative, numbers.Real):
+        raise TypeError(
+            f"speculative must be True, False, None or a factor (a number > 1), got {type(speculative).__name__}"
+        )
+    factor = float(speculative)
+    if not math.isfinite(factor) or factor <= 1:
+        raise ValueError(
+            f"speculative must be a finite factor > 1 of the median block time (True: {DEFAULT_FACTOR}), "
+            f"got {speculative!r}"
+        )
+    return factor
 
 
 def _int_param(value: object, name: str, lo: int, hi: int | None = None) -> int:

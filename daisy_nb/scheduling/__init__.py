@@ -10,6 +10,8 @@ holds the decisions: hand-out, release, abandonment; and the read-only views obs
 * :mod:`.listed`: the hand-out and release as lists of ints, what the TCP runtime holds and calls.
 * :mod:`.backoff`: when a failed block may be retried (``Task(retry_backoff=...)``) and where it
   waits until then; a core without clock or I/O whose answers the Scheduler carries out.
+* :mod:`.speculation`: which straggling blocks get a backup copy and which copy's end counts
+  (``Task(speculative=...)``); a core without clock or I/O that no runtime uses yet.
 
 Part of the core: imports nothing from ``daisy_nb.runtime`` or ``daisy_nb.dashboard``.
 """

@@ -1,0 +1,377 @@
+"""Backup copies of stragglers: which running blocks get a second copy, and which copy's end counts.
+
+``Task(speculative=...)`` (a daisy_nb keyword; None or False, the default: off; True: the
+factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, per task:
+
+* **when**: once at least half of the task's blocks (``total``: the blocks this run runs) have
+  succeeded, and the median block time is known: the median of the task's last ``WINDOW`` (64)
+  successful block times, taken once there are at least ``MIN_SAMPLES`` (5) of them;
+* **which**: a block whose one running copy has run longer than ``k`` x that median (strictly),
+  oldest start first, at most one per idle worker; never a block that has had a second copy in
+  this attempt (so never a third copy, also after one of two copies failed), and never one a
+  ``read_write_conflict`` neighbour of which is running (the caller says which:
+  ``busy_neighbours``, so the geometry stays out of here);
+* **who wins**: the first *success* of a block's copies counts (block tracking records the
+  block once, the counters count it once, its time goes into the window) and the other copy,
+  if it still runs, is to be interrupted (:class:`Interrupt`: a local worker killed and
+  replaced without counting a crash, a ``Client`` told to drop it); its end, when it comes,
+  counts for nothing. A failure (or loss: its worker died) of a copy whose twin still runs is
+  dropped silently and the twin decides; the failure of the last copy counts, so when both
+  fail exactly one failure counts, and the Scheduler retries or fails the block as it would
+  have without a backup.
+
+Why after half the blocks: before that, fresh blocks keep the workers busy, and a backup takes
+a worker from them; the median of a task's first few blocks (cold caches, the JIT) is not its
+usual block time either. Why ``k`` = 3 by default: a copy costs a worker up to one more block
+time, so only blocks far out of the usual spread are worth one. A block function of a
+speculative task must be idempotent (chunk-aligned zarr writes are): both copies may write
+its output, the loser until it is stopped.
+
+:class:`Speculation` is the rule and the bookkeeping of copies, without I/O and without a
+clock: times come in as ``now`` (float seconds on any clock that does not go back). Its
+events are :meth:`Speculation.started` (a copy of a block started: the first, or a backup),
+:meth:`Speculation.finished` (a copy's block function returned: success or failure) and
+:meth:`Speculation.lost` (a copy's worker died); each started copy ends with exactly one of
+the last two, interrupted ones included (``lost`` once it is killed, or ``finished`` if its
+result came first). The query :meth:`Speculation.candidates` says which blocks get a backup now.
+Copy ids are the caller's (any int unique among the live copies, e.g. a worker id);
+rows are the task's block rows.
+
+Not built yet: no runtime uses this. ``Task(speculative=...)`` is validated and kept, but the
+local pool and the TCP hand-out launch no copies, interrupt nothing and ignore it. Not here
+either, once they do: the hand-out of a backup (the runtime's, with the Scheduler's block),
+the neighbour geometry (the caller's ``busy_neighbours``), the kill, the clock, the Scheduler's
+counters and retries (it is told about one end per attempt: the one that counts).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+__all__ = ["DEFAULT_FACTOR", "MIN_SAMPLES", "WINDOW", "Backup", "Interrupt", "Outcome", "Speculation", "TaskTimes"]
+
+DEFAULT_FACTOR = 3.0  # Task(speculative=True): a backup once a block ran 3 x the median block time
+WINDOW = 64  # the median is of the task's last 64 successful block times (as the walltime rule's)
+MIN_SAMPLES = 5  # no median, hence no backup, before 5 successful blocks of the task
+
+
+class Backup(NamedTuple):
+    """Answer of :meth:`Speculation.candidates`: start a second copy of row ``row`` of task
+    ``task``, whose one running copy is ``copy``."""
+
+    task: int
+    row: int
+    copy: int
+
+
+class Interrupt(NamedTuple):
+    """Action: stop copy ``copy`` of row ``row`` of task ``task``; its twin won."""
+
+    task: int
+    row: int
+    copy: int
+
+
+class Outcome(NamedTuple):
+    """What the end of a copy means (:meth:`Speculation.finished`, :meth:`Speculation.lost`).
+
+    Attributes
+    ----------
+    counts : bool
+        This end is the block's one recorded end of this attempt: the runtime releases the
+        block to the Scheduler with it (success or failure). False: the runtime does nothing
+        with the block (its twin decides, or its twin won already).
+    interrupt : Interrupt or None
+        The twin to stop now (this copy succeeded first).
+    interrupted : bool
+        This copy had been told to stop (an :class:`Interrupt`): its end is expected, not a
+        crash of its worker.
+    """
+
+    counts: bool
+    interrupt: Interrupt | None = None
+    interrupted: bool = False
+
+
+class _Copy(NamedTuple):
+    task: int
+    row: int
+    start: float
+    seq: int  # start order, the tie-break of equal start times
+
+
+class TaskTimes:
+    """One task's side of the rule: its factor, its progress and its recent block times.
+
+    Parameters
+    ----------
+    factor : float or None
+        ``k`` (> 1), or None: the task has no backups.
+    total : int
+        The task's blocks in this run (>= 0): the half rule's whole.
+    """
+
+    __slots__ = ("factor", "total", "n_done", "_secs", "_median", "_done")
+
+    def __init__(self, factor: float | None, total: int) -> None:
+        if factor is not None and not (math.isfinite(factor) and factor > 1):
+            raise ValueError(f"factor must be a finite number > 1 or None, got {factor!r}")
+        if total < 0:
+            raise ValueError(f"total must be >= 0, got {total}")
+        self.factor = factor
+        self.total = total
+        self.n_done = 0
+        self._secs: deque[float] = deque(maxlen=WINDOW)
+        self._median: float | None = None  # of _secs, once it holds MIN_SAMPLES
+        self._done = bytearray()  # 1 at a row that succeeded (grown on demand: a byte per row)
+
+    def is_done(self, row: int) -> bool:
+        """Whether row ``row`` succeeded (a copy of it counted as a success)."""
+        return row < len(self._done) and self._done[row] == 1
+
+    def add_done(self, row: int, secs: float) -> None:
+        """Row ``row`` succeeded after ``secs`` seconds (its winning copy's run time)."""
+        if row >= len(self._done):
+            self._done.extend(bytes(row + 1 - len(self._done)))
+        self._done[row] = 1
+        self.n_done += 1
+        self._secs.append(secs)
+        self._median = statistics.median(self._secs) if len(self._secs) >= MIN_SAMPLES else None
+
+    def median(self) -> float | None:
+        """The median of the last ``WINDOW`` successful block times, None before ``MIN_SAMPLES``."""
+        return self._median
+
+    def past_half(self) -> bool:
+        """Whether at least half of the task's blocks succeeded."""
+        return 2 * self.n_done >= self.total
+
+    def validate(self) -> None:
+        """Raise ``AssertionError`` if this task's counts and times disagree."""
+        assert 0 <= self.n_done <= self.total, f"{self.n_done} blocks done of {self.total}"
+        assert self._done.count(1) == self.n_done, f"done rows {self._done.count(1)}, count {self.n_done}"
+        assert set(self._done) <= {0, 1}, "a done flag that is neither 0 nor 1"
+        assert len(self._secs) == min(self.n_done, WINDOW), "the window holds other than the last blocks"
+        assert all(math.isfinite(s) and s >= 0 for s in self._secs), "a block time that is not >= 0"
+        want = statistics.median(self._secs) if len(self._secs) >= MIN_SAMPLES else None
+        assert self._median == want, f"median {self._median}, window's {want}"
+        assert self.n_done == 0 or self.factor is not None, "a task without backups has done blocks here"
+
+
+class Speculation:
+    """The backup rule and the copies running, of one pipeline (module docstring).
+
+    Parameters
+    ----------
+    factors : sequence of float or None
+        Per task number, its factor ``k`` (> 1, finite), or None: no backups (the task's
+        blocks are then never reported here).
+    totals : sequence of int
+        Per task number, its blocks in this run.
+
+    Notes
+    -----
+    Invariants (:meth:`validate`): a row has one or two copies running, never more, and two
+    only if it is marked as backed in this attempt; each live copy id maps to exactly one
+    running row, and that row lists it; a copy told to stop is neither live nor listed, and
+    its row succeeded; a row that succeeded runs no copy; per task, the done count is its done
+    rows and never exceeds its total; only tasks with a factor have rows.
+    """
+
+    __slots__ = ("tasks", "_copies", "_rows", "_backed", "_stopping", "_seq")
+
+    def __init__(self, factors: Sequence[float | None], totals: Sequence[int]) -> None:
+        if len(factors) != len(totals):
+            raise ValueError(f"{len(factors)} factors for {len(totals)} totals")
+        self.tasks = [TaskTimes(None if k is None else float(k), int(n)) for k, n in zip(factors, totals, strict=True)]
+        self._copies: dict[int, _Copy] = {}  # live copy id -> its row and start
+        self._rows: list[dict[int, list[int]]] = [{} for _ in self.tasks]  # per task: row -> its live copies
+        self._backed: list[set[int]] = [set() for _ in self.tasks]  # per task: rows with a second copy this attempt
+        self._stopping: dict[int, _Copy] = {}  # copies told to stop, until their end is reported
+        self._seq = 0
+
+    def on(self, t: int) -> bool:
+        """Whether task ``t`` has backups."""
+        return self.tasks[t].factor is not None
+
+    def running(self, t: int) -> dict[int, list[int]]:
+        """Task ``t``'s running rows and their live copies (start order); a copy."""
+        return {row: list(cs) for row, cs in self._rows[t].items()}
+
+    def stopping(self) -> list[int]:
+        """Copies told to stop whose end has not been reported yet, oldest start first."""
+        return [c for c, _ in sorted(self._stopping.items(), key=lambda kv: kv[1].seq)]
+
+    # -- events ------------------------------------------------------------------------------
+    def started(self, t: int, row: int, copy: int, now: float) -> None:
+        """Copy ``copy`` of row ``row`` of task ``t`` started at ``now`` (a first copy or a backup).
+
+        Raises
+        ------
+        ValueError
+            The task has no backups, ``copy`` is in use (live or stopping), the row succeeded
+            already, or it would be the row's third copy (or a second backup in one attempt).
+        """
+        if not self.on(t):
+            raise ValueError(f"task {t} has no backups")
+        if copy in self._copies or copy in self._stopping:
+            raise ValueError(f"copy {copy} is in use")
+        if row < 0:
+            raise ValueError(f"row must be >= 0, got {row}")
+        if self.tasks[t].is_done(row):
+            raise ValueError(f"row {row} of task {t} succeeded already")
+        copies = self._rows[t].get(row)
+        if copies is None:
+            self._rows[t][row] = [copy]
+        elif len(copies) >= 2 or row in self._backed[t]:
+            raise ValueError(f"row {row} of task {t} had its backup in this attempt: never a third copy")
+        else:
+            copies.append(copy)
+            self._backed[t].add(row)
+        self._copies[copy] = _Copy(t, row, float(now), self._seq)
+        self._seq += 1
+
+    def finished(self, t: int, row: int, copy: int, now: float, ok: bool) -> Outcome:
+        """Copy ``copy`` of row ``row`` of task ``t`` returned at ``now``: succeeded (``ok``) or failed.
+
+        Returns
+        -------
+        Outcome
+            Whether this end counts, and the twin to interrupt (the first success wins).
+
+        Raises
+        ------
+        ValueError
+            ``copy`` is not a live or stopping copy of that row, or the clock went back.
+        """
+        c = self._copies.get(copy) or self._stopping.get(copy)
+        if c is None or (c.task, c.row) != (t, row):
+            raise ValueError(f"copy {copy} is not running row {row} of task {t}")
+        if copy in self._stopping:
+            del self._stopping[copy]
+            return Outcome(False, None, True)
+        if now < c.start:
+            raise ValueError(f"copy {copy} finished at {now}, before its start {c.start}")
+        if ok and self.tasks[t].n_done >= self.tasks[t].total:
+            raise ValueError(f"task {t} has {self.tasks[t].total} blocks, all succeeded already")
+        return self._end(copy, c, now if ok else None)
+
+    def lost(self, copy: int) -> Outcome:
+        """Copy ``copy``'s worker died (or it was killed after an :class:`Interrupt`).
+
+        Returns
+        -------
+        Outcome
+            As a failure of the copy (:meth:`finished` with ``ok=False``); ``interrupted`` if
+            it had been told to stop.
+
+        Raises
+        ------
+        ValueError
+            ``copy`` is not a live or stopping copy.
+        """
+        if copy in self._stopping:
+            del self._stopping[copy]
+            return Outcome(False, None, True)
+        c = self._copies.get(copy)
+        if c is None:
+            raise ValueError(f"copy {copy} is not running")
+        return self._end(copy, c, None)
+
+    def _end(self, copy: int, c: _Copy, ok_at: float | None) -> Outcome:
+        """End live copy ``c``: a success at ``ok_at``, or a failure (None)."""
+        t, row = c.task, c.row
+        copies = self._rows[t][row]
+        copies.remove(copy)
+        del self._copies[copy]
+        if ok_at is None and copies:
+            return Outcome(False)  # its twin runs on and decides
+        del self._rows[t][row]  # the attempt ends: this end counts
+        self._backed[t].discard(row)
+        if ok_at is None:
+            return Outcome(True)
+        self.tasks[t].add_done(row, ok_at - c.start)
+        if not copies:
+            return Outcome(True)
+        twin = copies[0]
+        self._stopping[twin] = self._copies.pop(twin)
+        return Outcome(True, Interrupt(t, row, twin))
+
+    # -- the query -----------------------------------------------------------------------------
+    def candidates(
+        self, t: int, now: float, idle_workers: int, busy_neighbours: Callable[[int], bool] | None = None
+    ) -> list[Backup]:
+        """The rows of task ``t`` that get a backup at ``now`` (the module docstring's rule).
+
+        Parameters
+        ----------
+        t : int
+            The task number.
+        now : float
+            The clock, as given to :meth:`started`.
+        idle_workers : int
+            Workers free to run a backup: at most this many rows are returned.
+        busy_neighbours : callable, optional
+            ``busy_neighbours(row) -> bool``: True when a ``read_write_conflict`` neighbour of
+            ``row`` is running (such a row gets no backup). None: no conflicts (e.g. a set's
+            ``__contains__`` can be given).
+
+        Returns
+        -------
+        list of Backup
+            Oldest start first (ties: first started first); nothing is changed (the backups
+            are reported with :meth:`started` when they start).
+        """
+        tt = self.tasks[t]
+        if tt.factor is None or idle_workers <= 0 or not tt.past_half():
+            return []
+        med = tt.median()
+        if med is None:
+            return []
+        limit = tt.factor * med
+        backed = self._backed[t]
+        late = []
+        for row, copies in self._rows[t].items():
+            if len(copies) != 1 or row in backed:
+                continue
+            c = self._copies[copies[0]]
+            if now - c.start > limit:
+                late.append((c.start, c.seq, row, copies[0]))
+        late.sort()
+        out: list[Backup] = []
+        for _, _, row, copy in late:
+            if len(out) == idle_workers:
+                break
+            if busy_neighbours is None or not busy_neighbours(row):
+                out.append(Backup(t, row, copy))
+        return out
+
+    # -- invariants ----------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ``AssertionError`` if an invariant does not hold (see Notes)."""
+        listed = 0
+        for t, rows in enumerate(self._rows):
+            tt = self.tasks[t]
+            tt.validate()
+            assert not rows or tt.factor is not None, f"task {t} has running rows but no backups"
+            for row, copies in rows.items():
+                assert 1 <= len(copies) <= 2, f"row {row} of task {t} runs {len(copies)} copies"
+                assert len(set(copies)) == len(copies), f"row {row} of task {t} lists a copy twice"
+                assert len(copies) == 1 or row in self._backed[t], f"row {row} of task {t}: two copies, not backed"
+                assert not tt.is_done(row), f"row {row} of task {t} succeeded and still runs"
+                for cid in copies:
+                    c = self._copies.get(cid)
+                    assert c is not None, f"copy {cid} of row {row} of task {t} is not live"
+                    assert (c.task, c.row) == (t, row), f"copy {cid} is listed at ({t}, {row}), runs {c[:2]}"
+                listed += len(copies)
+            assert self._backed[t] <= rows.keys(), f"task {t}: a backed row that does not run"
+        assert listed == len(self._copies), f"{len(self._copies)} live copies, {listed} listed at rows"
+        assert not self._copies.keys() & self._stopping.keys(), "a copy both live and stopping"
+        for cid, c in self._stopping.items():
+            assert self.tasks[c.task].is_done(c.row), f"stopping copy {cid}: its row did not succeed"
+        seqs = [c.seq for c in self._copies.values()] + [c.seq for c in self._stopping.values()]
+        assert len(set(seqs)) == len(seqs) and all(s < self._seq for s in seqs), "start numbers broken"

@@ -1,0 +1,134 @@
+"""``Speculation``: a slow, obviously-correct twin of ``daisy_nb.scheduling.speculation.Speculation``.
+
+Written from the rule in that module's docstring. It keeps nothing but the list of events it
+was given; every answer replays the whole list from the start: which copies live, which were
+told to stop, which rows succeeded and in how many seconds, how many copies each row's current
+attempt has started. The median is written out on a sorted list.
+"""
+
+from __future__ import annotations
+
+WINDOW = 64
+MIN_SAMPLES = 5
+
+
+def median(xs):
+    """The middle of the sorted values (the mean of the two middle ones for an even count)."""
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+class Speculation:
+    """Same events and answers as the fast one, as plain tuples, replayed from a log."""
+
+    def __init__(self, factors, totals):
+        self.factors = list(factors)
+        self.totals = list(totals)
+        self.log = []  # ("start", t, row, copy, now) | ("end", copy, now, ok) ; lost is an end with ok False
+        self._memo = (-1, None)  # (log length, its replay): the log only grows, so this is its replay
+
+    def replay(self):
+        """The state after every logged event, and the outcome of the last one (do not mutate it)."""
+        if self._memo[0] == len(self.log):
+            return self._memo[1]
+        live = {}  # copy -> (t, row, start, order)
+        stopping = {}  # copy -> (t, row, start, order)
+        done = [[] for _ in self.factors]  # per task: (row, seconds) in the order they succeeded
+        attempt = {}  # (t, row) -> copies started in its current attempt
+        last = None
+        for order, ev in enumerate(self.log):
+            if ev[0] == "start":
+                _, t, row, copy, now = ev
+                live[copy] = (t, row, now, order)
+                attempt[(t, row)] = attempt.get((t, row), 0) + 1
+                last = None
+                continue
+            _, copy, now, ok = ev
+            if copy in stopping:
+                del stopping[copy]
+                last = (False, None, True)
+                continue
+            t, row, start, _ = live.pop(copy)
+            twins = [c for c, v in live.items() if (v[0], v[1]) == (t, row)]
+            if not ok and twins:
+                last = (False, None, False)  # the twin decides
+                continue
+            del attempt[(t, row)]
+            if not ok:
+                last = (True, None, False)
+                continue
+            done[t].append((row, now - start))
+            interrupt = None
+            for c in twins:
+                stopping[c] = live.pop(c)
+                interrupt = (t, row, c)
+            last = (True, interrupt, False)
+        state = {"live": live, "stopping": stopping, "done": done, "attempt": attempt, "last": last}
+        self._memo = (len(self.log), state)
+        return state
+
+    # -- what the state machine needs to choose its events ------------------------------------
+    def on(self, t):
+        return self.factors[t] is not None
+
+    def live(self):
+        return dict(self.replay()["live"])
+
+    def stopping(self):
+        st = self.replay()["stopping"]
+        return sorted(st, key=lambda c: st[c][3])
+
+    def done_rows(self, t):
+        return [row for row, _ in self.replay()["done"][t]]
+
+    def running(self, t):
+        out = {}
+        for c, (tt, row, _, _) in sorted(self.live().items(), key=lambda kv: kv[1][3]):
+            if tt == t:
+                out.setdefault(row, []).append(c)
+        return out
+
+    def may_start(self, t, row, copy):
+        """Whether ``started(t, row, copy)`` is allowed (else the fast one raises ValueError)."""
+        s = self.replay()
+        if not self.on(t) or copy in s["live"] or copy in s["stopping"]:
+            return False
+        if row in [r for r, _ in s["done"][t]]:
+            return False
+        return s["attempt"].get((t, row), 0) < 2
+
+    def median(self, t):
+        secs = [x for _, x in self.replay()["done"][t]][-WINDOW:]
+        return median(secs) if len(secs) >= MIN_SAMPLES else None
+
+    # -- events --------------------------------------------------------------------------------
+    def started(self, t, row, copy, now):
+        assert self.may_start(t, row, copy)
+        self.log.append(("start", t, row, copy, now))
+
+    def finished(self, t, row, copy, now, ok):
+        self.log.append(("end", copy, now, ok))
+        return self.replay()["last"]
+
+    def lost(self, copy):
+        self.log.append(("end", copy, None, False))
+        return self.replay()["last"]
+
+    # -- the query -----------------------------------------------------------------------------
+    def candidates(self, t, now, idle_workers, busy_neighbours):
+        if not self.on(t) or idle_workers <= 0:
+            return []
+        s = self.replay()
+        if 2 * len(s["done"][t]) < self.totals[t]:
+            return []
+        med = self.median(t)
+        if med is None:
+            return []
+        late = []
+        for c, (tt, row, start, order) in s["live"].items():
+            if tt != t or s["attempt"][(t, row)] != 1:
+                continue
+            if now - start > self.factors[t] * med and not busy_neighbours(row):
+                late.append((start, order, row, c))
+        return [(t, row, c) for _, _, row, c in sorted(late)][:idle_workers]

@@ -1,0 +1,353 @@
+"""Backup copies of stragglers (``Task(speculative=...)``, ``daisy_nb/scheduling/speculation.py``).
+
+* the rule and the bookkeeping of copies against their slow twin (``tests/reference/speculation.py``),
+  a hypothesis state machine with a fake clock: the same events, the same candidates, the same
+  outcomes, ``validate()`` after every step;
+* the rules one by one: no backup before half the blocks or below ``k`` x the median, never a
+  third copy, never next to a running neighbour, the first success wins and its twin is
+  interrupted, one counted failure when both copies fail;
+* the keyword: its accepted values and its errors (which name the task and the parameter).
+
+No runtime launches copies yet, so there is no run here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from reference import speculation as ref
+
+import daisy_nb as daisy
+from daisy_nb import Roi
+from daisy_nb.scheduling import speculation as sp
+from daisy_nb.scheduling.speculation import Backup, Interrupt, Outcome
+
+# -- the core against its twin ----------------------------------------------------------------
+
+
+class SpeculationMachine(RuleBasedStateMachine):
+    """The fast core and its twin fed the same events and the same clock."""
+
+    @initialize(
+        first=st.sampled_from([1.5, 3.0]), more=st.lists(st.sampled_from([None, 1.5, 3.0]), max_size=1),
+        warm=st.sampled_from([0, 2, 5, 6, 6, 6]), data=st.data(),
+    )  # fmt: skip
+    def setup(self, first, more, warm, data):
+        factors = [first, *more]
+        totals = [data.draw(st.integers(6, 12)), *(data.draw(st.integers(0, 12)) for _ in more)]
+        self.fast = sp.Speculation(factors, totals)
+        self.slow = ref.Speculation(factors, totals)
+        self.tasks = [t for t, k in enumerate(factors) if k is not None]
+        self.totals = totals
+        self.now = 0.0
+        self.next_copy = 0
+        self._start(0, totals[0] - 1)  # often a straggler-to-be: started before the warm-up
+        self._run_through(0, warm, 1.0)  # most runs begin past the median's MIN_SAMPLES
+
+    def _start(self, t, row):
+        ok = self.slow.may_start(t, row, self.next_copy)
+        if ok:
+            event("second copy" if self.slow.running(t).get(row) else "first copy")
+            self.fast.started(t, row, self.next_copy, self.now)
+            self.slow.started(t, row, self.next_copy, self.now)
+        else:
+            event("start refused")
+            with pytest.raises(ValueError):
+                self.fast.started(t, row, self.next_copy, self.now)
+        self.next_copy += 1
+
+    @rule(data=st.data(), n=st.integers(1, 3))
+    def start(self, data, n):
+        """First copies of up to ``n`` rows that neither run nor succeeded (what a hand-out gives)."""
+        t = data.draw(st.sampled_from(self.tasks))
+        for _ in range(n):
+            busy = set(self.slow.running(t)) | set(self.slow.done_rows(t))
+            free = [r for r in range(self.totals[t]) if r not in busy]
+            if free:
+                self._start(t, data.draw(st.sampled_from(free)))
+
+    @rule(data=st.data(), idle=st.integers(0, 3), busy=st.sets(st.integers(0, 11), max_size=3))
+    def backup(self, data, idle, busy):
+        """Ask for candidates (the same of both) and start a backup of one of them."""
+        t = data.draw(st.sampled_from(self.tasks))
+        got = self.fast.candidates(t, self.now, idle, busy.__contains__)
+        assert [tuple(b) for b in got] == self.slow.candidates(t, self.now, idle, busy.__contains__)
+        assert len(got) <= idle
+        if got:
+            event("a candidate")
+            b = data.draw(st.sampled_from(got))
+            self._start(b.task, b.row)
+
+    @rule(data=st.data(), n=st.integers(1, 6), secs=st.sampled_from([0.5, 1.0, 2.0]))
+    def run_through(self, data, n, secs):
+        """Up to ``n`` free rows start now and succeed ``secs`` later, one after the other (quick progress)."""
+        self._run_through(data.draw(st.sampled_from(self.tasks)), n, secs)
+
+    def _run_through(self, t, n, secs):
+        for _ in range(n):
+            busy = set(self.slow.running(t)) | set(self.slow.done_rows(t))
+            free = [r for r in range(self.totals[t]) if r not in busy]
+            if not free:
+                return
+            c = self.next_copy
+            self._start(t, free[0])
+            self.now += secs
+            assert tuple(self.fast.finished(t, free[0], c, self.now, True)) == (True, None, False)
+            self.slow.finished(t, free[0], c, self.now, True)
+
+    @rule(data=st.data())
+    def extra_copy(self, data):
+        """A second (or third) copy of a running row, candidate or not: refused when it would be a third."""
+        if not self.slow.live():
+            return
+        c = data.draw(st.sampled_from(sorted(self.slow.live())))
+        t, row, _, _ = self.slow.live()[c]
+        self._start(t, row)
+
+    @rule(data=st.data(), ok=st.booleans(), lose=st.booleans())
+    def end(self, data, ok, lose):
+        """A live or stopping copy returns (ok or failed) or its worker dies."""
+        ends = sorted(self.slow.live()) + self.slow.stopping()
+        if not ends:
+            return
+        c = data.draw(st.sampled_from(ends))
+        if lose:
+            assert tuple(self.fast.lost(c)) == self.slow.lost(c)
+            return
+        t, row, _, _ = self.slow.live().get(c) or self.slow.replay()["stopping"][c]
+        out = self.fast.finished(t, row, c, self.now, ok)
+        assert isinstance(out, Outcome)
+        assert tuple(out) == self.slow.finished(t, row, c, self.now, ok)
+        event(f"end {'counts' if out.counts else 'dropped'}{' interrupt' if out.interrupt else ''}")
+
+    @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 1.0, 4.0, 20.0]))
+    def tick(self, dt):
+        self.now += dt
+
+    @invariant()
+    def agree(self):
+        if not hasattr(self, "fast"):
+            return
+        self.fast.validate()
+        assert self.fast.stopping() == self.slow.stopping()
+        for t in range(len(self.totals)):
+            assert self.fast.running(t) == self.slow.running(t)
+            assert self.fast.tasks[t].n_done == len(self.slow.done_rows(t))
+            assert self.fast.tasks[t].median() == self.slow.median(t)
+            assert self.fast.tasks[t].past_half() == (2 * len(self.slow.done_rows(t)) >= self.totals[t])
+            got = [tuple(b) for b in self.fast.candidates(t, self.now, 2, {1}.__contains__)]
+            assert got == self.slow.candidates(t, self.now, 2, {1}.__contains__)
+            if got:
+                event("candidates after a step")
+
+
+SpeculationMachine.TestCase.settings = settings(stateful_step_count=80)
+TestSpeculationMachine = SpeculationMachine.TestCase
+
+
+# -- the rules, one by one ----------------------------------------------------------------------
+
+
+def _warm(total=10, n=5, secs=1.0, factor=3.0):
+    """A task whose first ``n`` rows (0..n-1) succeeded in ``secs`` each; the clock is at 100."""
+    s = sp.Speculation([factor], [total])
+    for row in range(n):
+        s.started(0, row, 100 + row, 0.0)
+        assert s.finished(0, row, 100 + row, secs, True) == Outcome(True)
+    return s
+
+
+def test_no_backup_before_half_the_blocks():
+    s = _warm(total=12, n=5)  # 5 of 12: the median is known, but not half of the blocks are done
+    s.started(0, 5, 1, 0.0)
+    assert s.tasks[0].median() == 1.0 and not s.tasks[0].past_half()
+    assert s.candidates(0, 1000.0, 4) == []
+    s.started(0, 6, 2, 1000.0)
+    s.finished(0, 6, 2, 1001.0, True)  # 6 of 12: half
+    assert s.candidates(0, 1000.0, 4) == [Backup(0, 5, 1)]
+
+
+def test_no_backup_before_the_median_is_known():
+    s = _warm(total=8, n=4)  # past half, but only 4 block times
+    s.started(0, 4, 1, 0.0)
+    assert s.tasks[0].past_half() and s.tasks[0].median() is None
+    assert s.candidates(0, 1000.0, 4) == []
+
+
+def test_no_backup_below_k_times_the_median():
+    s = _warm(factor=3.0)  # median 1 s
+    s.started(0, 5, 1, 10.0)
+    assert s.candidates(0, 13.0, 1) == []  # exactly 3 x the median: not longer
+    assert s.candidates(0, 13.001, 1) == [Backup(0, 5, 1)]
+    assert s.candidates(0, 13.001, 0) == []  # no idle worker
+
+
+def test_oldest_first_and_at_most_one_per_idle_worker():
+    s = _warm()
+    for row, start in ((5, 3.0), (6, 1.0), (7, 2.0), (8, 1.0)):
+        s.started(0, row, row, start)
+    assert s.candidates(0, 100.0, 3) == [Backup(0, 6, 6), Backup(0, 8, 8), Backup(0, 7, 7)]  # ties: first started
+
+
+def test_never_a_third_copy():
+    s = _warm()
+    s.started(0, 5, 1, 0.0)
+    s.started(0, 5, 2, 50.0)  # the backup
+    assert s.candidates(0, 1000.0, 4) == []  # two copies run: no candidate
+    with pytest.raises(ValueError, match="third copy"):
+        s.started(0, 5, 3, 60.0)
+    assert s.finished(0, 5, 2, 70.0, False) == Outcome(False)  # the backup failed: the original decides
+    assert s.candidates(0, 1000.0, 4) == []  # one copy runs, but this attempt had its backup
+    with pytest.raises(ValueError, match="third copy"):
+        s.started(0, 5, 3, 80.0)
+    assert s.finished(0, 5, 1, 90.0, False) == Outcome(True)  # the attempt failed: the block may be retried
+    s.started(0, 5, 4, 100.0)  # the retry is a new attempt, which may get a backup again
+    assert s.candidates(0, 1000.0, 4) == [Backup(0, 5, 4)]
+    s.validate()
+
+
+def test_never_with_a_running_neighbour():
+    s = _warm()
+    s.started(0, 5, 1, 0.0)
+    s.started(0, 6, 2, 0.0)
+    assert s.candidates(0, 100.0, 4, {5}.__contains__) == [Backup(0, 6, 2)]
+    assert s.candidates(0, 100.0, 1, {5}.__contains__) == [Backup(0, 6, 2)]  # a blocked row takes no worker
+    assert s.candidates(0, 100.0, 4, lambda row: True) == []
+
+
+def test_first_success_wins_and_the_loser_is_interrupted():
+    s = _warm()
+    s.started(0, 5, 1, 0.0)
+    s.started(0, 5, 2, 10.0)
+    assert s.finished(0, 5, 2, 12.0, True) == Outcome(True, Interrupt(0, 5, 1))  # the backup wins
+    assert s.tasks[0].n_done == 6 and s.running(0) == {} and s.stopping() == [1]
+    assert s.tasks[0]._secs[-1] == 2.0  # the winner's own run time
+    s.validate()
+    # the loser's end, whichever comes, counts for nothing and is no crash
+    assert s.finished(0, 5, 1, 13.0, True) == Outcome(False, None, True)
+    assert s.tasks[0].n_done == 6 and s.stopping() == []
+    s.validate()
+
+
+def test_a_killed_loser_is_lost_without_counting():
+    s = _warm()
+    s.started(0, 5, 1, 0.0)
+    s.started(0, 5, 2, 10.0)
+    assert s.finished(0, 5, 1, 11.0, True) == Outcome(True, Interrupt(0, 5, 2))  # the original wins
+    assert s.lost(2) == Outcome(False, None, True)
+    with pytest.raises(ValueError, match="not running"):
+        s.lost(2)  # its end was reported
+    s.validate()
+
+
+def test_one_counted_failure_when_both_fail():
+    for first in (1, 2):
+        s = _warm()
+        s.started(0, 5, 1, 0.0)
+        s.started(0, 5, 2, 10.0)
+        assert s.finished(0, 5, first, 11.0, False) == Outcome(False)  # dropped: the twin decides
+        assert s.running(0) == {5: [3 - first]}
+        assert s.finished(0, 5, 3 - first, 12.0, False) == Outcome(True)
+        assert s.running(0) == {} and s.tasks[0].n_done == 5
+        s.validate()
+
+
+def test_a_failure_then_a_success_counts_the_success_only():
+    s = _warm()
+    s.started(0, 5, 1, 0.0)
+    s.started(0, 5, 2, 10.0)
+    assert s.lost(1) == Outcome(False)  # the original's worker died: the backup runs on
+    assert s.finished(0, 5, 2, 11.0, True) == Outcome(True)
+    assert s.tasks[0].n_done == 6 and s.stopping() == []
+    s.validate()
+
+
+def test_a_lone_copy_ends_as_without_backups():
+    s = sp.Speculation([3.0], [3])
+    s.started(0, 0, 1, 0.0)
+    assert s.finished(0, 0, 1, 1.0, False) == Outcome(True)
+    s.started(0, 0, 2, 2.0)
+    assert s.lost(2) == Outcome(True)
+    s.started(0, 0, 3, 3.0)
+    assert s.finished(0, 0, 3, 4.0, True) == Outcome(True)
+    with pytest.raises(ValueError, match="succeeded already"):
+        s.started(0, 0, 4, 5.0)
+    s.validate()
+
+
+def test_the_window_keeps_the_last_64_times():
+    s = sp.Speculation([2.0], [200])
+    for row in range(100):
+        s.started(0, row, row, 0.0)
+        s.finished(0, row, row, 1.0 if row < 36 else 5.0, True)
+    assert s.tasks[0].median() == 5.0  # the 36 short ones fell out of the window
+    s.validate()
+
+
+def test_bad_events_are_refused():
+    s = sp.Speculation([None, 3.0], [2, 1])
+    with pytest.raises(ValueError, match="no backups"):
+        s.started(0, 0, 1, 0.0)
+    s.started(1, 0, 1, 5.0)
+    with pytest.raises(ValueError, match="in use"):
+        s.started(1, 0, 1, 5.0)
+    with pytest.raises(ValueError, match="not running row"):
+        s.finished(1, 1, 1, 6.0, True)  # the wrong row
+    with pytest.raises(ValueError, match="before its start"):
+        s.finished(1, 0, 1, 4.0, True)
+    with pytest.raises(ValueError, match="not running"):
+        s.lost(7)
+    assert s.candidates(0, 100.0, 4) == []  # a task without backups has none
+    s.validate()
+    with pytest.raises(ValueError, match="factor"):
+        sp.Speculation([1.0], [3])
+    with pytest.raises(ValueError, match="totals"):
+        sp.Speculation([3.0], [3, 4])
+
+
+def test_validate_catches_a_broken_state():
+    s = _warm()
+    s.started(0, 5, 1, 0.0)
+    s._rows[0][5].append(1)  # one copy listed twice
+    with pytest.raises(AssertionError):
+        s.validate()
+    s = _warm()
+    s.tasks[0].n_done += 1
+    with pytest.raises(AssertionError):
+        s.validate()
+
+
+# -- the keyword ----------------------------------------------------------------------------------
+
+
+def _task(**kw):
+    return daisy.Task("t", Roi((0,), (40,)), Roi((0,), (10,)), Roi((0,), (10,)), tracking_path=False, **kw)
+
+
+@pytest.mark.parametrize(
+    "value,factor",
+    [(None, None), (False, None), (True, sp.DEFAULT_FACTOR), (1.5, 1.5), (4, 4.0), (1 + 1e-9, 1 + 1e-9)],
+)
+def test_speculative_values(value, factor):
+    assert _task(speculative=value).speculative == factor
+
+
+def test_speculative_is_off_by_default():
+    assert _task().speculative is None
+
+
+@pytest.mark.parametrize(
+    "value,exc",
+    [
+        (0.5, ValueError), (1, ValueError), (1.0, ValueError), (0, ValueError), (-1, ValueError),
+        (math.nan, ValueError), (math.inf, ValueError), ("3", TypeError), ([3.0], TypeError), (3j, TypeError),
+    ],
+)  # fmt: skip
+def test_bad_speculative_values_name_the_task(value, exc):
+    with pytest.raises(exc, match=rf"^Task {re.escape(repr('t'))}: speculative "):
+        _task(speculative=value)
