@@ -767,6 +767,11 @@ class Scheduler(SchedulerEnds):
             rows = more[: self._acquire_rows(t, need, more)]
         return self._batch(task_id, t, np.concatenate(kept) if kept else _EMPTY)
 
+    def describe_blocks(self, task_id: str, rows: npt.ArrayLike) -> BlockBatch:
+        """Blocks of ``task_id`` by row, as a batch, without acquiring them (a backup copy of a
+        block in flight, ``daisy_nb/runtime/local/backups.py``)."""
+        return self._batch(task_id, self._tindex[task_id], rows)
+
     def _batch(self, task_id, t, rows) -> BlockBatch:
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         if len(rows) == 0:

@@ -200,8 +200,9 @@ class Task(TaskParams):
         True (factor 3) or a factor ``k > 1``: once half the task's blocks have succeeded, a
         block running longer than ``k`` times the median block time is to get a second copy
         on an idle worker, the first to finish winning, so the block function must be
-        idempotent (as chunk-aligned zarr writes are). Validated and kept, and the rule exists
-        (:mod:`daisy_nb.scheduling.speculation`), but no runtime launches copies yet.
+        idempotent (as chunk-aligned zarr writes are). The local worker pool launches copies
+        (docs/explanation/pool.md#backups; the rule: :mod:`daisy_nb.scheduling.speculation`); the
+        other runtimes (``Client`` jobs, dask, serial) ignore it.
 
     Raises
     ------

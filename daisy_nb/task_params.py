@@ -150,8 +150,8 @@ class TaskParams:
     @property
     def speculative(self) -> float | None:
         """The factor of the median block time past which a running block is to get a backup copy
-        (``speculative=``; True: 3.0; None: off). See :mod:`daisy_nb.scheduling.speculation`: no
-        runtime launches copies yet."""
+        (``speculative=``; True: 3.0; None: off). See :mod:`daisy_nb.scheduling.speculation`; the
+        local pool launches copies, the other runtimes ignore it."""
         return self._speculative
 
     @property

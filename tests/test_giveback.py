@@ -38,7 +38,7 @@ def noop(block):
     pass
 
 
-def scheduler(n: int) -> daisy_nb.Scheduler:
+def scheduler(n: int, speculative=None) -> daisy_nb.Scheduler:
     t = daisy_nb.Task(
         "a",
         Roi((0,), (10 * n,)),
@@ -47,6 +47,7 @@ def scheduler(n: int) -> daisy_nb.Scheduler:
         process_function=noop,
         tracking_path=False,
         max_retries=1,
+        speculative=speculative,
     )
     return daisy_nb.Scheduler([t], block_tracking=False)
 
@@ -70,6 +71,7 @@ class ModelWorker:
         self.start_ns = 0
         self.between = True  # the running block's status is written; the limit not read yet
         self.decided: int | None = None  # the limit was read: the position to start next (-1: stop)
+        self.killed = False  # the pool killed its process: it exits at the model's next reap
 
     def running(self) -> bool:
         return not self.between and self.decided is None
@@ -88,9 +90,13 @@ class GiveBackMachine(RuleBasedStateMachine):
         self.spawns = True  # the pool starts workers for ready blocks nobody takes
         self.snapshot = None  # what the pool read of the running blocks, before it decides
 
-    @initialize(n=st.integers(2, 200), workers=st.integers(1, 3))
-    def start(self, n, workers):
-        self.s = scheduler(n)
+    @initialize(
+        n=st.one_of(st.integers(2, 16), st.integers(2, 200)),
+        workers=st.integers(1, 3),
+        speculative=st.sampled_from([None, 2.0]),
+    )
+    def start(self, n, workers, speculative=None):
+        self.s = scheduler(n, speculative)
         self.core = BlockCore(self.s, target_secs=0.001, capacity=16)
         self.core.add_task("a")
         for _ in range(workers):
@@ -118,7 +124,10 @@ class GiveBackMachine(RuleBasedStateMachine):
                 sl = self.w[a.wid].slots[a.slot]
                 assert a.keep < sl.limit, "a cut that gives nothing back"
                 sl.limit = a.keep
-            elif isinstance(a, (Quit, Kill)):
+            elif isinstance(a, Kill):
+                self.note("a copy's worker killed")
+                self.w[a.wid].killed = True
+            elif isinstance(a, Quit):
                 pass
             else:
                 raise AssertionError(a)
@@ -166,7 +175,8 @@ class GiveBackMachine(RuleBasedStateMachine):
         sl = w.slots[k]
         i, w.decided = w.decided, None
         if i >= 0:
-            assert i < self.core_rows(wid, k), f"worker {wid} starts row {sl.rows[i]}, which was given back"
+            # (a killed worker, the loser of a race of copies, may start the block cut from it: its end counts for nothing)
+            assert i < self.core_rows(wid, k) or w.killed, f"worker {wid} starts row {sl.rows[i]}, which was given back"
             sl.status[i] = PROCESSING
             w.cur, w.start_ns = i, self.now
             self.ran[int(sl.rows[i])] = self.ran.get(int(sl.rows[i]), 0) + 1
@@ -178,9 +188,9 @@ class GiveBackMachine(RuleBasedStateMachine):
         w.order.pop(0)
         del w.slots[k]
         w.cur, w.between = -1, True
-        self.apply(self.core.batch_done(wid, statuses, 10**6 * max(1, n)))
+        self.apply(self.core.batch_done(wid, statuses, 10**6 * max(1, n), now_ns=self.now))
 
-    @rule(secs=st.sampled_from([0.0, 0.001, 0.003, 0.05, 1.0]))
+    @rule(secs=st.sampled_from([0.0, 0.001, 0.003, 0.05, 1.0, 10.0]))
     @precondition(lambda self: self.s is not None)
     def look(self, secs):
         """The pool's look at the running blocks (``CHECK_SECS``), after some time."""
@@ -203,7 +213,7 @@ class GiveBackMachine(RuleBasedStateMachine):
         running = {}
         for wid in self.busy():
             w = self.w[wid]
-            if w.cur >= 0:
+            if w.cur >= 0 and w.order:
                 sl = w.slots[w.order[0]]
                 running[wid] = Running(w.cur, w.start_ns, int(sl.status[w.cur]))
         self.snapshot = (self.now, running)
@@ -216,6 +226,20 @@ class GiveBackMachine(RuleBasedStateMachine):
         self.apply(self.core.dispatch_parked())
         if self.spawns and self.s.ready_count("a") and not self.core.waiting("a") and len(self.core.workers) < 4:
             self.spawn()
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.s is not None and any(w.killed for w in self.w.values()))
+    def killed_worker_exits(self, data):
+        self.reap(data.draw(st.sampled_from([wid for wid, w in sorted(self.w.items()) if w.killed])))
+
+    def reap(self, wid: int) -> None:
+        """A killed worker's process is gone: the pool reads what its batches' statuses say."""
+        w = self.w.pop(wid)
+        statuses = [w.slots[k].status[: self.core_rows(wid, k)].copy() for k in w.order]
+        before = self.s.counters["a"].worker_failure_count
+        rep = self.core.exited(wid, statuses, -9)
+        assert rep.kind.name == "STOPPED", "the loser of a race of copies counts as a crash"
+        assert self.s.counters["a"].worker_failure_count == before
 
     @invariant()
     def valid(self):
@@ -233,6 +257,9 @@ class GiveBackMachine(RuleBasedStateMachine):
         for _ in range(100_000):
             if self.s.is_done():
                 break
+            self.look(10.0)  # running blocks are stragglers now: backups of speculative tasks
+            for wid in [wid for wid, w in sorted(self.w.items()) if w.killed]:
+                self.reap(wid)
             busy = self.busy()
             for wid in busy:
                 w = self.w[wid]
@@ -247,7 +274,8 @@ class GiveBackMachine(RuleBasedStateMachine):
         assert self.s.is_done(), "the run did not finish"
         c = self.s.task_states["a"]
         assert c.completed_count + c.failed_count == c.total_block_count
-        assert all(v <= 2 for v in self.ran.values()), "a block ran more often than its attempts"
+        copies = 2 if self.s.tasks["a"].speculative else 1
+        assert all(v <= 2 * copies for v in self.ran.values()), "a block ran more often than its attempts"
 
 
 GiveBackMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=80, deadline=None)
@@ -354,3 +382,94 @@ def test_pool_runs_the_blocks_a_straggler_held_on_another_worker(out, caplog, no
     assert done == list(range(g.N)), "a block ran twice, or never"
     back = [r.getMessage() for r in caplog.records if "given back" in r.getMessage()]
     assert back and all("behind a block running" in m for m in back)
+
+
+def backed_up_straggler(n: int = 12) -> tuple[GiveBackMachine, int, int, int]:
+    """A speculative task (factor 2) whose every block but one finished: the straggler's worker,
+    the worker that runs its backup, and the straggler's row."""
+    m = GiveBackMachine()
+    m.in_hypothesis = False
+    m.start(n=n, workers=2, speculative=2.0)
+    slow = None
+    for _ in range(1000):
+        for wid in list(m.busy()):
+            w = m.w[wid]
+            if slow is None and w.cur >= 0 and w.running() and m.s.ready_count("a") == 0:
+                slow = (wid, int(w.slots[w.order[0]].rows[w.cur]))
+            if slow is not None and wid == slow[0] and w.running():
+                continue  # the straggler runs on
+            if w.running():
+                finish_block(m, wid)
+            if w.between:
+                m.read_limit(wid)
+            if w.decided is not None:
+                m.act(wid)
+        m.look(0.01)
+        twins = m.core.backups.twins
+        if slow is not None and (("a", slow[1]) in twins):
+            (copy_wid,) = twins[("a", slow[1])] - {slow[0]}
+            return m, slow[0], copy_wid, slow[1]
+    raise AssertionError("no backup was launched")
+
+
+def counts(m):
+    m.valid()  # every block in flight once, the copied one in its two copies' batches
+    c = m.s.counts("a")
+    return c.completed, c.failed, c.processing, c.ready
+
+
+def test_the_backup_that_succeeds_first_wins_and_the_straggler_is_stopped():
+    m, orig, copy, row = backed_up_straggler()
+    done, failed, busy, ready = counts(m)
+    m.read_limit(copy)
+    m.act(copy)  # the copy starts the block
+    finish_block(m, copy)
+    m.read_limit(copy)
+    m.act(copy)  # and reports it done first
+    assert counts(m) == (done + 1, failed, busy - 1, ready)
+    assert m.w[orig].killed and not m.w[copy].killed
+    assert m.w[orig].slots[m.w[orig].order[0]].limit == m.w[orig].cur, "the straggler's block was not cut from it"
+    m.reap(orig)  # its exit is no crash (checked in reap), and nothing of it counts again
+    assert counts(m) == (done + 1, failed, busy - 1, ready)
+    m.teardown()
+    assert counts(m) == (12, 0, 0, 0)
+
+
+def test_a_backup_that_fails_while_the_straggler_runs_is_dropped():
+    m, orig, copy, row = backed_up_straggler()
+    before = counts(m)
+    m.read_limit(copy)
+    m.act(copy)
+    m.w[copy].slots[m.w[copy].order[0]].status[0] = FAILED
+    m.w[copy].between = True
+    m.read_limit(copy)
+    m.act(copy)  # the copy's failure: the straggler decides
+    assert counts(m) == before
+    finish_block(m, orig)
+    m.read_limit(orig)
+    m.act(orig)
+    done, failed, busy, ready = before
+    assert counts(m) == (done + 1, failed, busy - 1, ready)
+    assert not any(w.killed for w in m.w.values())
+    m.teardown()
+    assert counts(m) == (12, 0, 0, 0)
+
+
+def test_pool_backup_copy_of_a_hanging_block_wins_and_the_straggler_is_no_crash(out, no_leaks):
+    """Real worker processes, ``speculative=True``: a block's first attempt hangs; its backup copy
+    runs on the worker that finished the rest, wins, and the hanging copy's worker is killed
+    without counting as a crash or a restart. Every block counts once and ran to its end once."""
+    import givebackfns as g
+
+    task = daisy_nb.Task(
+        "s", Roi((0,), (10 * g.N,)), Roi((0,), (10,)), Roi((0,), (10,)),
+        process_function=g.first_attempt_hangs, max_workers=2, max_retries=0, speculative=True,
+        tracking_path=False,
+    )  # fmt: skip
+    states = daisy_nb.run_blockwise(task, progress=False, summary=False, return_states=True)
+    s = states["s"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (g.N, 0, 0)
+    assert (s.worker_failure_count, s.worker_restart_count) == (0, 0)
+    done = sorted(int(f.split(".")[0]) for f in os.listdir(out / "done"))
+    assert done == list(range(g.N)), "a block ran to its end twice, or never"
+    assert (out / "slow_started").exists()

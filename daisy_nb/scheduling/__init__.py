@@ -11,7 +11,7 @@ holds the decisions: hand-out, release, abandonment; and the read-only views obs
 * :mod:`.backoff`: when a failed block may be retried (``Task(retry_backoff=...)``) and where it
   waits until then; a core without clock or I/O whose answers the Scheduler carries out.
 * :mod:`.speculation`: which straggling blocks get a backup copy and which copy's end counts
-  (``Task(speculative=...)``); a core without clock or I/O that no runtime uses yet.
+  (``Task(speculative=...)``); a core without clock or I/O, carried out by the local pool.
 
 Part of the core: imports nothing from ``daisy_nb.runtime`` or ``daisy_nb.dashboard``.
 """

@@ -37,9 +37,9 @@ result came first). The query :meth:`Speculation.candidates` says which blocks g
 Copy ids are the caller's (any int unique among the live copies, e.g. a worker id);
 rows are the task's block rows.
 
-Not built yet: no runtime uses this. ``Task(speculative=...)`` is validated and kept, but the
-local pool and the TCP hand-out launch no copies, interrupt nothing and ignore it. Not here
-either, once they do: the hand-out of a backup (the runtime's, with the Scheduler's block),
+The local pool carries it out (``daisy_nb/runtime/local/backups.py``: copy ids are its worker
+ids and rows). The TCP hand-out (``Client`` jobs), dask and the serial runner launch no copies
+and ignore the keyword. Not here: the hand-out of a backup (the runtime's, with the Scheduler's block),
 the neighbour geometry (the caller's ``busy_neighbours``), the kill, the clock, the Scheduler's
 counters and retries (it is told about one end per attempt: the one that counts).
 """

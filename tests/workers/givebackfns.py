@@ -36,3 +36,25 @@ def straggler_waits_for_the_rest(block) -> None:
     else:
         time.sleep(WORK_SECS)
     _done(block)
+
+
+SLOW = 3 * N // 4  # past half of the task: a block whose first attempt hangs (a slow node)
+
+
+def first_attempt_hangs(block) -> None:
+    """Block ``SLOW``'s first attempt waits (until a deadline, then raises): only a backup copy
+    of it, which finds the first attempt's marker and runs as fast as the others, lets the run
+    end in time. The other blocks take ``WORK_SECS``."""
+    if block.spatial_id == SLOW:
+        marker = os.path.join(os.environ["DAISY_NB_TEST_OUT"], "slow_started")
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pass  # the backup copy
+        else:
+            deadline = time.monotonic() + DEADLINE_SECS
+            while time.monotonic() < deadline:
+                time.sleep(0.005)
+            raise RuntimeError("no backup copy of the hanging block came")
+    time.sleep(WORK_SECS)
+    _done(block)

@@ -67,7 +67,7 @@ class Batches:
         elapsed = int(a[_shm.H_ELAPSED])
         if tr.res is not None:
             self.add_stats(w, k, n, st)
-        actions = self.core.batch_done(w.wid, st, elapsed, dispatch=redispatch)
+        actions = self.core.batch_done(w.wid, st, elapsed, dispatch=redispatch, now_ns=time.monotonic_ns())
         t = self.core.tasks[tr.tid]
         tr.per_block, tr.batch_k = t.per_block, t.batch_k
         if self.timeline is not None and n:  # one bar per batch: its run time is in shared memory

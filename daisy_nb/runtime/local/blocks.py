@@ -28,7 +28,8 @@ sends a batch ahead only when no worker of the task waits for work.
 hold the rest of its batch, or a batch sent ahead, hostage: those blocks go back to the
 ready queue, without a lock, never run twice (:mod:`.giveback`).
 
-**The tail.** A worker with nothing to take while every block its task has left is in
+**The tail.** (Of a speculative task, workers stay parked at the tail, one per block in
+flight at most, to run backup copies: :mod:`.backups`.) A worker with nothing to take while every block its task has left is in
 flight (no ready and no pending block: the task's tail) quits at once, freeing its slot
 and its share of ``resources`` for the next task's workers, instead of staying parked.
 None is kept for a retry, as the TCP hand-out keeps one job
@@ -61,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from daisy_nb.block import BlockStatus
+from daisy_nb.runtime.local.backups import DROPPED, PoolBackups
 from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
 from daisy_nb.runtime.local.giveback import Cut, Running, straggling
 from daisy_nb.runtime.local.sizing import BatchSizing, BlockTask
@@ -136,6 +138,7 @@ class BlockWorker:
     timed_out: bool = False
     expected_exit: bool = False  # we told it to quit or killed it
     cuts: dict = field(default_factory=dict)  # batch slot -> giveback.CutMark: a straggler's batches cut
+    doomed: bool = False  # it lost a race of copies (backups.py): killed, nothing more is sent to it
 
     @property
     def inflight(self) -> int:
@@ -179,6 +182,7 @@ class BlockCore:
         self.of_task: dict[str, set[BlockWorker]] = {}
         self._parked: set[BlockWorker] = set()
         self.aborting = False
+        self.backups = PoolBackups(self)  # Task(speculative=...): backup copies of stragglers
 
     # ------------------------------------------------------------------ tasks and workers
     def add_task(self, tid: str, timeout_ns: int | None = None) -> BlockTask:
@@ -229,35 +233,36 @@ class BlockCore:
         w.state = WorkerState.IDLE
         return self._dispatch(w)
 
-    def batch_done(self, wid: int, status: np.ndarray, elapsed_ns: int, dispatch: bool = True) -> list[Action]:
+    def batch_done(
+        self, wid: int, status: np.ndarray, elapsed_ns: int, dispatch: bool = True, now_ns: int | None = None
+    ) -> list[Action]:
         """Event: the oldest batch of ``wid`` finished; ``status`` one per block (SUCCESS or FAILED),
-        ``elapsed_ns`` the batch's run time. ``dispatch``: False while the shell drains the messages
-        of a worker that has died (nothing more is sent to it)."""
+        ``elapsed_ns`` the batch's run time, ``now_ns`` the clock (for the backups' block times).
+        ``dispatch``: False while the shell drains the messages of a worker that has died (nothing
+        more is sent to it)."""
         w = self.workers[wid]
         if w.state != WorkerState.BUSY or not w.queue:
             raise RuntimeError(f"block worker {wid} reported a batch done, but it holds none (state {w.state.name})")
         slot, index = w.queue.popleft()  # batches run in the order they were sent
         mark = w.cuts.pop(slot, None)
-        st = np.asarray(status, dtype=np.uint8)
+        st = done_statuses(wid, status, len(index), mark)
         n = len(index)
-        ok = (st == _SUCCESS) | (st == _FAILED) if st.shape == (n,) else np.zeros(1, dtype=bool)
-        if mark is not None and not mark.settled and st.shape == (n,):  # cut, not given back yet: what it left
-            ok[mark.keep :] |= st[mark.keep :] == _CREATED
-        if not ok.all():
-            raise RuntimeError(
-                f"block worker {wid} reported a batch done with statuses other than SUCCESS/FAILED: {st.tolist()[:16]}"
-            )
         ran = int(np.count_nonzero(st >= _SUCCESS))
         w.finished += int(np.count_nonzero(st == _SUCCESS))
         self.tasks[w.tid].given_back += n - ran
+        out: list[Action] = []
+        if self.backups.on:  # a copied block's end that does not count is dropped; the loser is stopped
+            st = st.copy()
+            out = self.backups.ended(w, index, st, now_ns, elapsed_ns / max(ran, 1) / 1e9)
+            index, st = index[st != DROPPED], st[st != DROPPED]
         self.s.release_blocks(w.tid, index, st)  # blocks it left (a cut) go back
         if ran:
             self.sizing.measured(w.tid, elapsed_ns, ran)
         self.s.counters[w.tid].job_seconds.ran(elapsed_ns / 1e9)
         if w.queue:  # it runs the batch sent ahead
-            return self._prefetch(w) if dispatch else []
+            return out + (self._prefetch(w) if dispatch else [])
         w.state = WorkerState.IDLE
-        return self._dispatch(w) if dispatch else []
+        return out + (self._dispatch(w) if dispatch else [])
 
     def batch_raised(self, wid: int, statuses: list[np.ndarray]) -> int:
         """Event: a block of ``wid``'s running batch raised (status FAILED; none is left running): the
@@ -268,7 +273,7 @@ class BlockCore:
         if w.state != WorkerState.BUSY or not w.queue:
             raise RuntimeError(f"block worker {wid} reported a raised block, but it holds no batch")
         ran = int(np.count_nonzero(np.asarray(statuses[0][: len(w.queue[0][1])]) >= _SUCCESS))
-        self._release_queue(w, statuses, _CREATED)
+        release_queue(self, w, statuses, _CREATED)
         w.state = WorkerState.QUITTING  # no more work for it; its exit is a dirty one (replaced once reaped)
         w.raised = True
         w.expected_exit = False
@@ -287,7 +292,7 @@ class BlockCore:
                 w.queue.clear()
             elif was_busy:
                 # the block it was running fails (an attempt), except on Ctrl-C or with the template: given back
-                self._release_queue(w, statuses, _CREATED if self.aborting or orphaned else _FAILED)
+                release_queue(self, w, statuses, _CREATED if self.aborting or orphaned else _FAILED)
             else:
                 raise RuntimeError(f"block worker {wid} held batches in state {w.state.name}")
         w.state = WorkerState.DEAD
@@ -315,7 +320,7 @@ class BlockCore:
         """Event: a look at the running blocks (``running``: per busy worker, its oldest batch's
         running row, that block's start and status). A straggler's unstarted blocks are cut from
         its batches and, once confirmed, given back (:mod:`.giveback`)."""
-        return list(straggling(self, now_ns, running))
+        return [*straggling(self, now_ns, running), *self.backups.look(now_ns, running)]
 
     def quit(self, wid: int) -> list[Action]:
         """Ask ``wid`` to quit (no more work for it)."""
@@ -387,6 +392,10 @@ class BlockCore:
         b = self.s.acquire_blocks(w.tid, max_n)
         if not len(b.index):
             return None
+        return self.queue_batch(w, b)
+
+    def queue_batch(self, w: BlockWorker, b) -> SendBatch:
+        """Send batch ``b`` (a :class:`daisy_nb.scheduler.BlockBatch`) to ``w``, in its next slot."""
         slot = w.next_slot
         w.next_slot = (slot + 1) % self.slots
         w.queue.append((slot, np.array(b.index, dtype=np.int64)))
@@ -398,6 +407,8 @@ class BlockCore:
     def _dispatch(self, w: BlockWorker) -> list[Action]:
         """``w`` has nothing to run: a batch (and maybe a second), park it, or let it go."""
         tid = w.tid
+        if w.doomed:
+            return []  # killed (it lost a race of copies): it stays idle until it is gone
         if self._abandoned(tid) or self.s.is_task_done(tid):
             return self.quit(w.wid)
         ready = self.s.ready_count(tid)
@@ -405,7 +416,7 @@ class BlockCore:
             sent = self._send(w, self._batch_size(w, ready))
             if sent is not None:
                 return [sent, *self._prefetch(w)]
-        if self.nothing_left(tid):
+        if self.nothing_left(tid) and not self.backups.keep_at_tail(tid):
             return self.quit(w.wid)
         w.state = WorkerState.PARKED
         self._parked.add(w)
@@ -413,7 +424,7 @@ class BlockCore:
 
     def _prefetch(self, w: BlockWorker) -> list[Action]:
         """A second batch behind the one ``w`` runs, if nobody can be held back by it."""
-        if len(w.queue) >= self.slots or self._abandoned(w.tid):
+        if len(w.queue) >= self.slots or self._abandoned(w.tid) or w.doomed:
             return []
         active = 0
         for x in self.of_task[w.tid]:
@@ -425,29 +436,47 @@ class BlockCore:
         sent = self._send(w, k) if k else None
         return [sent] if sent is not None else []
 
-    def _release_queue(self, w: BlockWorker, statuses: list[np.ndarray], running: int) -> None:
-        """Release the batches sent to ``w``, in run order, and forget them: finished blocks count,
-        the running one gets ``running``, blocks never started (status CREATED) are given back."""
-        if len(statuses) != len(w.queue):
-            raise RuntimeError(f"block worker {w.wid}: {len(statuses)} status arrays for {len(w.queue)} batches")
-        for (_, index), raw in zip(w.queue, statuses):
-            n = len(index)
-            st = np.array(raw[:n], dtype=np.uint8)
-            if st.shape != (n,) or (st > _FAILED).any():
-                raise RuntimeError(f"block worker {w.wid}: a batch's statuses are not block statuses: {st.tolist()}")
-            w.finished += int(np.count_nonzero(st == _SUCCESS))
-            st[st == _PROCESSING] = running
-            self.s.release_blocks(w.tid, index, st)
-        w.queue.clear()
-        w.cuts.clear()
-        if w.state == WorkerState.BUSY:
-            w.state = WorkerState.IDLE
-
     # ------------------------------------------------------------------------- checks
     def validate(self, held_elsewhere: Mapping[str, int] | None = None) -> None:
         """Raise ``AssertionError`` if an invariant does not hold (see the module docstring).
         ``held_elsewhere``: per task, blocks handed out by other parts (the Client side)."""
         check_invariants(self, held_elsewhere)
+
+
+def done_statuses(wid: int, status, n: int, mark) -> np.ndarray:
+    """The statuses of a batch of ``n`` blocks that ``wid`` reported done: SUCCESS or FAILED, and
+    from a cut's ``keep`` on (``mark``, not given back yet) also CREATED: the blocks it left."""
+    st = np.asarray(status, dtype=np.uint8)
+    ok = (st == _SUCCESS) | (st == _FAILED) if st.shape == (n,) else np.zeros(1, dtype=bool)
+    if mark is not None and not mark.settled and st.shape == (n,):
+        ok[mark.keep :] |= st[mark.keep :] == _CREATED
+    if not ok.all():
+        raise RuntimeError(
+            f"block worker {wid} reported a batch done with statuses other than SUCCESS/FAILED: {st.tolist()[:16]}"
+        )
+    return st
+
+
+def release_queue(core: BlockCore, w: BlockWorker, statuses: list[np.ndarray], running: int) -> None:
+    """Release the batches sent to ``w``, in run order, and forget them: finished blocks count,
+    the running one gets ``running``, blocks never started (status CREATED) are given back."""
+    if len(statuses) != len(w.queue):
+        raise RuntimeError(f"block worker {w.wid}: {len(statuses)} status arrays for {len(w.queue)} batches")
+    for (_, index), raw in zip(w.queue, statuses):
+        n = len(index)
+        st = np.array(raw[:n], dtype=np.uint8)
+        if st.shape != (n,) or (st > _FAILED).any():
+            raise RuntimeError(f"block worker {w.wid}: a batch's statuses are not block statuses: {st.tolist()}")
+        w.finished += int(np.count_nonzero(st == _SUCCESS))
+        if core.backups.on:  # a copy that dies while its twin runs: the twin decides
+            core.backups.ended(w, index, st, None, core.tasks[w.tid].per_block or 0.0)
+            index, st = index[st != DROPPED], st[st != DROPPED]
+        st[st == _PROCESSING] = running
+        core.s.release_blocks(w.tid, index, st)
+    w.queue.clear()
+    w.cuts.clear()
+    if w.state == WorkerState.BUSY:
+        w.state = WorkerState.IDLE
 
 
 def check_invariants(core: BlockCore, held_elsewhere: Mapping[str, int] | None = None) -> None:
@@ -468,14 +497,16 @@ def check_invariants(core: BlockCore, held_elsewhere: Mapping[str, int] | None =
         assert set(w.cuts) <= {k for k, _ in w.queue}, f"worker {wid}: a cut of a batch it does not hold"
         for k, index in w.queue:
             m = w.cuts.get(k)
-            assert 0 < len(index) <= core.capacity or (m is not None and not len(index)), (
+            assert 0 < len(index) <= core.capacity or ((m is not None or w.doomed) and not len(index)), (
                 f"worker {wid}: a batch of {len(index)} blocks"
             )
             assert m is None or (len(index) == m.keep if m.settled else len(index) > m.keep), (
                 f"worker {wid}: a batch of {len(index)} blocks cut to {m.keep}"
             )
             for r in index.tolist():
-                assert r not in rows, f"block {r} of task {w.tid} in two batches"
+                twins = core.backups.twins.get((w.tid, r), ())
+                assert r not in rows or wid in twins, f"block {r} of task {w.tid} in two batches"
+                assert not twins or wid in twins, f"block {r} of task {w.tid}: copied, but not to worker {wid}"
                 rows.add(r)
     for tid, ws in core.of_task.items():
         for w in ws:
@@ -494,5 +525,8 @@ def check_tail(core: BlockCore) -> None:
     it should have quit), once the parked workers have tried again (:meth:`BlockCore.dispatch_parked`)."""
     s = core.s
     for tid in {w.tid for w in core.workers.values() if w.state == WorkerState.PARKED}:
+        if core.backups.factor(tid) is not None:  # kept for backup copies: one per block in flight at most
+            assert len(core.parked_of(tid)) <= max(1, core.inflight(tid)), f"task {tid!r}: too many parked"
+            continue
         if s.ready_count(tid) == 0 and core.nothing_left(tid):
             raise AssertionError(f"task {tid!r}: workers {core.parked_of(tid)} parked at its tail")

@@ -107,7 +107,8 @@ def straggling(core: BlockCore, now_ns: int, running: Mapping[int, Running]) -> 
 
 def _cut(core: BlockCore, w: BlockWorker, now_ns: int, r: Running) -> list[Cut]:
     """Cut ``w``'s batches if their running block is a straggler and holds blocks back."""
-    secs = core.sizing.straggler_secs(w.tid, GIVEBACK_FACTOR)
+    factor = min(GIVEBACK_FACTOR, core.backups.factor(w.tid) or GIVEBACK_FACTOR)  # backups need the cut first
+    secs = core.sizing.straggler_secs(w.tid, factor)
     slot0, rows0 = w.queue[0]
     if secs is None or r.status != _PROCESSING or not 0 <= r.cur < len(rows0):
         return []

@@ -1,0 +1,193 @@
+"""Backup copies of stragglers on the local pool: :mod:`daisy_nb.scheduling.speculation` carried out (sans-I/O).
+
+For a ``Task(speculative=k)``, :class:`PoolBackups` tells the speculation core what the pool
+sees and does what it answers, within :class:`.blocks.BlockCore`:
+
+* **what it sees.** A block worker's running block, at the pool's looks at shared memory
+  (``Running``: its row and start) is a *copy* of that block (copy id: the worker id and the
+  row). Its end is the worker's "batch done" (its status), or the worker's exit. A block
+  that finished before any look saw it running counts as done, with its batch's time per
+  block (so the task's progress and median block time are right).
+* **who runs it.** At its tail (nothing ready, blocks in flight) a speculative task keeps
+  workers parked, one per block in flight at most, instead of letting them quit
+  (``docs/explanation/pool.md#tail``); they run the backups.
+* **the backup.** At a look, the core names the blocks to copy (past half the task, run past
+  ``k`` times the median block time, one copy at most per idle worker). A copy goes to a
+  worker of the task that waits for work (parked) as a batch of that one block, without
+  acquiring it again from the Scheduler: the block stays in flight once. Only a block that
+  is the last of its worker's batches is copied (the blocks after it were given back first:
+  :mod:`.giveback`, which runs at ``min(4, k)`` times the typical block time for such tasks),
+  so the loser can be cut off without losing anything.
+* **the first success wins.** The batch that reports it releases the block (tracking and
+  counters count it once); the other copy is cut from its worker's batch and the worker is
+  killed as we end a worker (not a crash, no restart counted; the pool starts another if
+  blocks wait). A copy that fails, raises or dies while its twin runs is dropped: the twin
+  decides, and the Scheduler sees one end of the attempt.
+
+``read_write_conflict`` blocks need no neighbour check: a block's conflicting neighbours are on
+other dependency levels, and none of them runs while it is in flight.
+
+Invariant (in :func:`.blocks.check_invariants`): a block in two batches is a copied block,
+in the batches of its two copies' workers, and counts once in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from daisy_nb.block import BlockStatus
+from daisy_nb.scheduling.speculation import Speculation
+
+if TYPE_CHECKING:  # pragma: no cover
+    from daisy_nb.runtime.local.blocks import BlockCore, BlockWorker
+    from daisy_nb.runtime.local.giveback import Running
+
+__all__ = ["DROPPED", "PoolBackups"]
+
+DROPPED = 255  # a status :meth:`PoolBackups.ended` writes for a copy's end that does not count
+
+_SUCCESS, _PROCESSING = int(BlockStatus.SUCCESS), int(BlockStatus.PROCESSING)
+_SHIFT = 40  # copy id = worker id << 40 | row (rows < 2**40)
+
+
+class PoolBackups:
+    """The pool's side of the backups of speculative tasks (module docstring)."""
+
+    def __init__(self, core: BlockCore):
+        self.core = core
+        s = core.s
+        factors = [getattr(s.tasks[tid], "speculative", None) for tid in s.task_ids]
+        self.on = any(f is not None for f in factors)
+        self.t = {tid: i for i, tid in enumerate(s.task_ids)}
+        self.spec = Speculation(factors, [s.remaining_count(tid) for tid in s.task_ids]) if self.on else None
+        self.seen: dict[int, dict[int, int]] = {}  # worker id -> its copies: row -> copy id
+        self.twins: dict[tuple[str, int], set[int]] = {}  # (task, row) of a copied block -> its workers
+
+    def factor(self, tid: str) -> float | None:
+        return None if self.spec is None else self.spec.tasks[self.t[tid]].factor
+
+    def keep_at_tail(self, tid: str) -> bool:
+        """Whether a worker of ``tid`` with nothing to take at its task's tail stays parked for
+        backups: a speculative task, while its parked workers are fewer than its blocks in flight
+        (not abandoned, the run not aborting)."""
+        core = self.core
+        if self.factor(tid) is None or core.aborting or core.s.is_abandoned(tid) or core.s.is_task_done(tid):
+            return False
+        return len(core.parked_of(tid)) < core.inflight(tid)
+
+    # ------------------------------------------------------------------ at a look
+    def look(self, now_ns: int, running: Mapping[int, Running]) -> list:
+        """Copies the look sees start, and the backups it launches (``SendBatch`` actions)."""
+        if self.spec is None:
+            return []
+        core, spec, now = self.core, self.spec, now_ns / 1e9
+        for wid, r in running.items():
+            w = core.workers.get(wid)
+            if w is None or not w.queue or self.factor(w.tid) is None or r.status != _PROCESSING:
+                continue
+            if not 0 <= r.cur < len(w.queue[0][1]):
+                continue
+            row = int(w.queue[0][1][r.cur])
+            mine = self.seen.setdefault(wid, {})
+            if row not in mine and not spec.tasks[self.t[w.tid]].is_done(row):
+                copy = wid << _SHIFT | row
+                try:
+                    spec.started(self.t[w.tid], row, copy, r.start_ns / 1e9)
+                except ValueError:  # its one backup in this attempt ran already
+                    continue
+                mine[row] = copy
+        out: list = []
+        for tid, t in self.t.items():
+            if spec.tasks[t].factor is None or core.aborting or core.s.is_abandoned(tid):
+                continue
+            idle = sorted(core.parked_of(tid))
+            for b in spec.candidates(t, now, len(idle)):
+                wid = b.copy >> _SHIFT
+                w = core.workers.get(wid)
+                if w is None or not _last_in_flight(w, b.row):
+                    continue  # the blocks behind it are not given back yet
+                out.append(self._launch(tid, b.row, core.workers[idle.pop(0)], now, w))
+        return out
+
+    def _launch(self, tid: str, row: int, p: BlockWorker, now: float, orig: BlockWorker):
+        copy = p.wid << _SHIFT | row
+        self.spec.started(self.t[tid], row, copy, now)  # type: ignore[union-attr]
+        self.seen.setdefault(p.wid, {})[row] = copy
+        self.twins[(tid, row)] = {orig.wid, p.wid}
+        return self.core.queue_batch(p, self.core.s.describe_blocks(tid, [row]))
+
+    # ------------------------------------------------------------------ ends
+    def ended(self, w: BlockWorker, rows: np.ndarray, st: np.ndarray, now_ns: int | None, per_block: float) -> list:
+        """``w``'s batch ``rows`` ended with statuses ``st`` (a batch done; or, at an exit, 1 for the
+        block it was running). Marks, in ``st``, the ends that do not count (the caller
+        drops them: :data:`DROPPED`) and returns the actions for the twins to stop (``Kill``)."""
+        if self.spec is None or self.factor(w.tid) is None:
+            return []
+        spec, t, now = self.spec, self.t[w.tid], (now_ns / 1e9 if now_ns is not None else None)
+        mine = self.seen.get(w.wid, {})
+        out: list = []
+        for i, row in enumerate(rows.tolist()):
+            copy = mine.pop(row, None)
+            ok = int(st[i]) == _SUCCESS
+            if copy is None:
+                if ok and not spec.tasks[t].is_done(row):
+                    spec.tasks[t].add_done(row, per_block)
+                continue
+            if ok:  # at an exit (no clock) its time is taken as the batch's per block
+                t0 = _start(spec, copy)
+                o = spec.finished(t, row, copy, max(now, t0) if now is not None else t0 + per_block, True)
+            else:
+                o = spec.lost(copy)
+            if not o.counts:
+                st[i] = DROPPED
+            pair = self.twins.get((w.tid, row))
+            if pair is not None:
+                pair.discard(w.wid)
+                if o.counts or len(pair) < 2:
+                    del self.twins[(w.tid, row)]
+            if o.interrupt is not None:
+                out += self._stop(w.tid, row, o.interrupt.copy >> _SHIFT)
+        if not mine:
+            self.seen.pop(w.wid, None)
+        return out
+
+    def _stop(self, tid: str, row: int, wid: int) -> list:
+        """The losing copy's worker: the block cut from its batches, the worker killed (expected)."""
+        from daisy_nb.runtime.local.blocks import Kill
+        from daisy_nb.runtime.local.giveback import Cut
+
+        w = self.core.workers.get(wid)
+        if w is None:
+            return []
+        out: list = []
+        for i, (slot, rows) in enumerate(w.queue):
+            if len(rows) and int(rows[-1]) == row:
+                w.queue[i] = (slot, rows[:-1])
+                w.cuts.pop(slot, None)
+                out.append(Cut(wid, slot, len(rows) - 1))  # if it has not started it yet, it will not
+                break
+        mine = self.seen.get(wid, {})
+        copy = mine.pop(row, None)
+        if copy is not None:
+            self.spec.lost(copy)  # type: ignore[union-attr]  # told to stop: its end counts for nothing
+        w.expected_exit = True  # not a crash, no restart
+        w.doomed = True  # nothing more is sent to it
+        return [*out, Kill(wid)]
+
+    def in_flight_twice(self, tid: str) -> int:
+        """Blocks of ``tid`` in two batches (copied), for the in-flight count."""
+        return sum(1 for (t, _), ws in self.twins.items() if t == tid and len(ws) == 2)
+
+
+def _last_in_flight(w: BlockWorker, row: int) -> bool:
+    """``row`` is the last block ``w`` holds: the end of its oldest batch, any later batch empty."""
+    rows0 = w.queue[0][1]
+    return bool(len(rows0)) and int(rows0[-1]) == row and all(not len(r) for _, r in list(w.queue)[1:])
+
+
+def _start(spec: Speculation, copy: int) -> float:
+    c = spec._copies.get(copy)
+    return c.start if c is not None else 0.0
