@@ -11,6 +11,12 @@ round: lognormal, median 20 ms, sigma 0.5 (mean 22.7 ms). The block function is
 
 * **W1**: one 1-D task of 8,000 one-unit blocks, ``read_write_conflict=False``, 32 workers.
 * **W2**: W1 plus stragglers: 0.3% of the blocks (drawn per block) sleep 60x longer.
+* **W2a**: W2 where the slowness belongs to the attempt (a slow node, a hung mount): only a
+  straggler's first attempt sleeps 60x longer (an ``O_EXCL`` marker per block, as W5's).
+* **W2b**: W2a, daisy_nb with ``Task(speculative=True)``: backup copies (daisy 2.0.0 has none,
+  and runs W2a). Their
+  ideal counts every block at its normal time (a backup can avoid the slowness entirely);
+  a block may then end twice (the backup and the straggler, if it ends before it is killed).
 * **W5**: W1 where 1% of the blocks (drawn per block) fail on their first attempt, after
   sleeping: the block function sets ``block.status = FAILED`` (both libraries take that as
   a failure without raising; in daisy 2.0.0 a raised exception also ends the worker
@@ -70,10 +76,12 @@ STRAGGLER_SHARE = 0.003
 STRAGGLER_FACTOR = 60.0
 FAIL_SHARE = 0.01
 MAX_RETRIES = 2
-ALL_WORKLOADS = ("W1", "W2", "W5", "W3")
+ALL_WORKLOADS = ("W1", "W2", "W5", "W3", "W2a", "W2b")
 DESCRIPTION = {
     "W1": "1-D, independent",
     "W2": f"W1 + {STRAGGLER_SHARE:.1%} stragglers x{STRAGGLER_FACTOR:g}",
+    "W2a": "W2, slowness of the first attempt",
+    "W2b": "W2a; daisy_nb with speculative=True",
     "W5": f"W1, {FAIL_SHARE:.0%} fail once",
     "W3": "3-D, conflict, 8 levels",
 }
@@ -88,6 +96,15 @@ def draw(task_id: str, block_id: int, workload: str) -> tuple[float, bool]:
     if straggler and workload == "W2":
         d *= STRAGGLER_FACTOR
     return d, fails and workload == "W5"
+
+
+def attempt_straggles(task_id: str, block_id: int, workload: str) -> bool:
+    """W2b: whether the block is a straggler whose first attempt is the slow one."""
+    if workload not in ("W2a", "W2b"):
+        return False
+    rng = random.Random(f"{task_id}:{block_id}")
+    rng.gauss(0.0, 1.0)
+    return rng.random() < STRAGGLER_SHARE
 
 
 # ---------------------------------------------------------------- in the workers
@@ -113,6 +130,12 @@ def sleep_block(block) -> None:
     w = _worker_state()
     task_id, block_id = block.block_id
     d, fails = draw(task_id, block_id, w["workload"])
+    if attempt_straggles(task_id, block_id, w["workload"]):
+        try:  # the first attempt creates the block's marker and is the slow one
+            os.close(os.open(os.path.join(w["out"], f"slow_{block_id}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            d *= STRAGGLER_FACTOR
+        except FileExistsError:
+            pass
     time.sleep(d)
     if fails:
         try:  # the first attempt creates the block's marker; a retry finds it
@@ -157,6 +180,7 @@ def driver(lib: str, workload: str, out: str, blocks: int, workers: int) -> None
         read_write_conflict=conflict,
         max_workers=workers,
         max_retries=MAX_RETRIES,
+        **({"speculative": True} if lib != "daisy" and workload == "W2b" else {}),
     )
     own0, reaped0 = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     t0 = time.monotonic()
@@ -238,6 +262,8 @@ def check_attempts(out: str, ids: list[int], workload: str) -> tuple[int, int, l
     for bid in ids:
         want = ["F", "S"] if draw(TASK_ID, bid, workload)[1] else ["S"]
         got = sorted(seen.get(bid, []))
+        if got == ["S", "S"] and attempt_straggles(TASK_ID, bid, workload):
+            continue  # its backup and the slow first attempt both ended (W2b)
         if got != want:
             problems.append(f"block {bid}: attempts {got}, expected {want}")
     problems += [f"block {bid} is not in the task but ran" for bid in seen if bid not in expected]
