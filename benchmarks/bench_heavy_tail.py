@@ -16,7 +16,8 @@ round: lognormal, median 20 ms, sigma 0.5 (mean 22.7 ms). The block function is
 * **W2b**: W2a, daisy_nb with ``Task(speculative=True)``: backup copies (daisy 2.0.0 has none,
   and runs W2a). Their
   ideal counts every block at its normal time (a backup can avoid the slowness entirely);
-  a block may then end twice (the backup and the straggler, if it ends before it is killed).
+  any block may then end twice (a slow block at the tail and its copy, both ending before the
+  loser is stopped).
 * **W5**: W1 where 1% of the blocks (drawn per block) fail on their first attempt, after
   sleeping: the block function sets ``block.status = FAILED`` (both libraries take that as
   a failure without raising; in daisy 2.0.0 a raised exception also ends the worker
@@ -262,8 +263,8 @@ def check_attempts(out: str, ids: list[int], workload: str) -> tuple[int, int, l
     for bid in ids:
         want = ["F", "S"] if draw(TASK_ID, bid, workload)[1] else ["S"]
         got = sorted(seen.get(bid, []))
-        if got == ["S", "S"] and attempt_straggles(TASK_ID, bid, workload):
-            continue  # its backup and the slow first attempt both ended (W2b)
+        if got == ["S", "S"] and workload == "W2b":
+            continue  # a block and its backup copy both ended before the loser was stopped
         if got != want:
             problems.append(f"block {bid}: attempts {got}, expected {want}")
     problems += [f"block {bid} is not in the task but ran" for bid in seen if bid not in expected]
