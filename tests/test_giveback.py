@@ -473,3 +473,33 @@ def test_pool_backup_copy_of_a_hanging_block_wins_and_the_straggler_is_no_crash(
     done = sorted(int(f.split(".")[0]) for f in os.listdir(out / "done"))
     assert done == list(range(g.N)), "a block ran to its end twice, or never"
     assert (out / "slow_started").exists()
+
+
+def test_a_speculative_task_keeps_one_parked_worker_per_block_in_flight_at_its_tail():
+    """At the tail (one straggler in flight) the parked workers trying again keep exactly one
+    of them for its backup, however often they try; the others quit."""
+    m = GiveBackMachine()
+    m.in_hypothesis = False
+    m.start(n=12, workers=3, speculative=2.0)
+    m.spawns = False
+    slow = None
+    for _ in range(1000):
+        for wid in list(m.busy()):
+            w = m.w[wid]
+            if slow is None and w.cur == 0 and w.running() and m.s.ready_count("a") == 0:
+                slow = wid  # the first block of its batch: alone in flight once the others ended
+            if wid == slow and w.running():
+                continue
+            if w.running():
+                finish_block(m, wid)
+            if w.between:
+                m.read_limit(wid)
+            if w.decided is not None:
+                m.act(wid)
+        if slow is not None and m.s.counts("a").processing == 1 and not [x for x in m.busy() if x != slow]:
+            break
+    assert m.core.inflight("a") == 1
+    for _ in range(3):
+        m.apply(m.core.dispatch_parked())
+        assert len(m.core.parked_of("a")) == 1
+        m.valid()

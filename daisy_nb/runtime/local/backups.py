@@ -69,14 +69,15 @@ class PoolBackups:
     def factor(self, tid: str) -> float | None:
         return None if self.spec is None else self.spec.tasks[self.t[tid]].factor
 
-    def keep_at_tail(self, tid: str) -> bool:
-        """Whether a worker of ``tid`` with nothing to take at its task's tail stays parked for
-        backups: a speculative task, while its parked workers are fewer than its blocks in flight
-        (not abandoned, the run not aborting)."""
-        core = self.core
+    def keep_at_tail(self, w: BlockWorker) -> bool:
+        """Whether ``w``, with nothing to take at its task's tail, stays parked for backups: a
+        speculative task, while its other parked workers are fewer than its blocks in flight (not
+        abandoned, the run not aborting)."""
+        core, tid = self.core, w.tid
         if self.factor(tid) is None or core.aborting or core.s.is_abandoned(tid) or core.s.is_task_done(tid):
             return False
-        return len(core.parked_of(tid)) < core.inflight(tid)
+        others = sum(1 for wid in core.parked_of(tid) if wid != w.wid)
+        return others < core.inflight(tid)
 
     # ------------------------------------------------------------------ at a look
     def look(self, now_ns: int, running: Mapping[int, Running]) -> list:
@@ -84,6 +85,7 @@ class PoolBackups:
         if self.spec is None:
             return []
         core, spec, now = self.core, self.spec, now_ns / 1e9
+        now_running: set[tuple[str, int]] = set()  # a worker's earlier rows ended (their "done" may come later)
         for wid, r in running.items():
             w = core.workers.get(wid)
             if w is None or not w.queue or self.factor(w.tid) is None or r.status != _PROCESSING:
@@ -91,6 +93,7 @@ class PoolBackups:
             if not 0 <= r.cur < len(w.queue[0][1]):
                 continue
             row = int(w.queue[0][1][r.cur])
+            now_running.add((w.tid, row))
             mine = self.seen.setdefault(wid, {})
             if row not in mine and not spec.tasks[self.t[w.tid]].is_done(row):
                 copy = wid << _SHIFT | row
@@ -104,7 +107,8 @@ class PoolBackups:
             if spec.tasks[t].factor is None or core.aborting or core.s.is_abandoned(tid):
                 continue
             idle = sorted(core.parked_of(tid))
-            for b in spec.candidates(t, now, len(idle)):
+            ended = lambda row, tid=tid: (tid, row) not in now_running  # noqa: E731
+            for b in spec.candidates(t, now, len(idle), ended):  # (rows that ended get no copy either)
                 wid = b.copy >> _SHIFT
                 w = core.workers.get(wid)
                 if w is None or not _last_in_flight(w, b.row):

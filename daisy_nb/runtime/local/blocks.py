@@ -416,7 +416,7 @@ class BlockCore:
             sent = self._send(w, self._batch_size(w, ready))
             if sent is not None:
                 return [sent, *self._prefetch(w)]
-        if self.nothing_left(tid) and not self.backups.keep_at_tail(tid):
+        if self.nothing_left(tid) and not self.backups.keep_at_tail(w):
             return self.quit(w.wid)
         w.state = WorkerState.PARKED
         self._parked.add(w)
