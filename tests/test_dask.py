@@ -413,8 +413,13 @@ def test_timeout_cancels_batch_and_retries(both_workers, tmp_path):
 
 
 def stamp_mark(block, out, sleep):
-    """Count the attempt, sleep, then leave ``done_<id>`` with the worker's pid and the time."""
+    """Count the attempt, leave ``start_<id>`` (the worker's pid and the time), sleep (modelled
+    work), then leave ``done_<id>`` with the worker's pid and the time."""
     _attempt(out, "k", block.spatial_id, n=200)
+    path = os.path.join(out, f"start_{block.spatial_id}")
+    with open(path + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {time.monotonic()!r}")
+    os.replace(path + ".tmp", path)
     time.sleep(sleep)
     path = os.path.join(out, f"done_{block.spatial_id}")
     with open(path + ".tmp", "w") as f:  # renamed into place: a reader never sees it half written
@@ -449,20 +454,26 @@ def test_killed_worker_never_stalls_the_run(tmp_path, no_leaks):
         victim = sorted(client.run(os.getpid).values())[0]
         killed_at = []
 
+        def mine(prefix):
+            out = {}
+            for f in tmp_path.glob(prefix + "*"):
+                if not f.name.endswith(".tmp"):
+                    pid, t = f.read_text().split()
+                    if pid == str(victim):
+                        out[f.name[len(prefix) :]] = float(t)
+            return out
+
         def killer():
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                mine = [
-                    f
-                    for f in tmp_path.glob("done_*")
-                    if not f.name.endswith(".tmp") and f.read_text().split()[0] == str(victim)
-                ]
-                if len(mine) >= 4:
-                    time.sleep(sleep / 2)  # in the middle of its next block
+                done = mine("done_")
+                running = {b: t for b, t in mine("start_").items() if b not in done}
+                # in the middle of a block: 4 finished, one started less than half a block ago
+                if len(done) >= 4 and any(time.monotonic() - t < sleep / 2 for t in running.values()):
                     killed_at.append(time.time())
                     os.kill(victim, signal.SIGKILL)
                     return
-                time.sleep(0.01)
+                time.sleep(0.002)  # polling
 
         th = threading.Thread(target=killer)
         th.start()

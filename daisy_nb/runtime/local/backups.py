@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from daisy_nb.block import BlockStatus
+from daisy_nb.runtime.local.actions import Cut, Kill
 from daisy_nb.scheduling.speculation import Speculation
 
 if TYPE_CHECKING:  # pragma: no cover
-    from daisy_nb.runtime.local.blocks import BlockCore, BlockWorker
     from daisy_nb.runtime.local.giveback import Running
 
 __all__ = ["DROPPED", "PoolBackups"]
@@ -56,7 +56,7 @@ _SHIFT = 40  # copy id = worker id << 40 | row (rows < 2**40)
 class PoolBackups:
     """The pool's side of the backups of speculative tasks (module docstring)."""
 
-    def __init__(self, core: BlockCore):
+    def __init__(self, core):  # a .blocks.BlockCore (not imported: it imports this module)
         self.core = core
         s = core.s
         factors = [getattr(s.tasks[tid], "speculative", None) for tid in s.task_ids]
@@ -69,7 +69,7 @@ class PoolBackups:
     def factor(self, tid: str) -> float | None:
         return None if self.spec is None else self.spec.tasks[self.t[tid]].factor
 
-    def keep_at_tail(self, w: BlockWorker) -> bool:
+    def keep_at_tail(self, w) -> bool:
         """Whether ``w``, with nothing to take at its task's tail, stays parked for backups: a
         speculative task, while its other parked workers are fewer than its blocks in flight (not
         abandoned, the run not aborting)."""
@@ -116,7 +116,7 @@ class PoolBackups:
                 out.append(self._launch(tid, b.row, core.workers[idle.pop(0)], now, w))
         return out
 
-    def _launch(self, tid: str, row: int, p: BlockWorker, now: float, orig: BlockWorker):
+    def _launch(self, tid: str, row: int, p, now: float, orig):
         copy = p.wid << _SHIFT | row
         self.spec.started(self.t[tid], row, copy, now)  # type: ignore[union-attr]
         self.seen.setdefault(p.wid, {})[row] = copy
@@ -124,7 +124,7 @@ class PoolBackups:
         return self.core.queue_batch(p, self.core.s.describe_blocks(tid, [row]))
 
     # ------------------------------------------------------------------ ends
-    def ended(self, w: BlockWorker, rows: np.ndarray, st: np.ndarray, now_ns: int | None, per_block: float) -> list:
+    def ended(self, w, rows: np.ndarray, st: np.ndarray, now_ns: int | None, per_block: float) -> list:
         """``w``'s batch ``rows`` ended with statuses ``st`` (a batch done; or, at an exit, 1 for the
         block it was running). Marks, in ``st``, the ends that do not count (the caller
         drops them: :data:`DROPPED`) and returns the actions for the twins to stop (``Kill``)."""
@@ -160,9 +160,6 @@ class PoolBackups:
 
     def _stop(self, tid: str, row: int, wid: int) -> list:
         """The losing copy's worker: the block cut from its batches, the worker killed (expected)."""
-        from daisy_nb.runtime.local.blocks import Kill
-        from daisy_nb.runtime.local.giveback import Cut
-
         w = self.core.workers.get(wid)
         if w is None:
             return []
@@ -186,7 +183,7 @@ class PoolBackups:
         return sum(1 for (t, _), ws in self.twins.items() if t == tid and len(ws) == 2)
 
 
-def _last_in_flight(w: BlockWorker, row: int) -> bool:
+def _last_in_flight(w, row: int) -> bool:
     """``row`` is the last block ``w`` holds: the end of its oldest batch, any later batch empty."""
     rows0 = w.queue[0][1]
     return bool(len(rows0)) and int(rows0[-1]) == row and all(not len(r) for _, r in list(w.queue)[1:])

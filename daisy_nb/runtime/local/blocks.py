@@ -57,14 +57,14 @@ import enum
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from daisy_nb.block import BlockStatus
+from daisy_nb.runtime.local.actions import Action, Cut, Kill, Quit, SendBatch
 from daisy_nb.runtime.local.backups import DROPPED, PoolBackups
 from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
-from daisy_nb.runtime.local.giveback import Cut, Running, straggling
+from daisy_nb.runtime.local.giveback import Running, straggling
 from daisy_nb.runtime.local.sizing import BatchSizing, BlockTask
 
 __all__ = [
@@ -95,33 +95,6 @@ class WorkerState(enum.IntEnum):
     PARKED = 3  # waits for blocks to become ready
     QUITTING = 4  # told to quit (or a block raised): it exits
     DEAD = 5  # its process ended
-
-
-@dataclass(frozen=True)
-class SendBatch:
-    """Write ``blocks`` (a :class:`daisy_nb.scheduler.BlockBatch`) into batch slot ``slot`` of worker
-    ``wid`` and tell it to run them."""
-
-    wid: int
-    slot: int
-    blocks: Any
-
-
-@dataclass(frozen=True)
-class Quit:
-    """Ask worker ``wid`` to leave."""
-
-    wid: int
-
-
-@dataclass(frozen=True)
-class Kill:
-    """End worker ``wid``'s process (a block exceeded the task's timeout, or its task was abandoned)."""
-
-    wid: int
-
-
-Action = SendBatch | Quit | Kill | Cut
 
 
 @dataclass(eq=False)

@@ -41,14 +41,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from daisy_nb.block import BlockStatus
-
-if TYPE_CHECKING:  # pragma: no cover
-    from daisy_nb.runtime.local.blocks import BlockCore, BlockWorker
+from daisy_nb.runtime.local.actions import Cut
 
 __all__ = ["CONFIRM_NS", "GIVEBACK_FACTOR", "Cut", "CutMark", "Running", "straggling"]
 
@@ -68,16 +66,6 @@ class Running(NamedTuple):
     status: int  # that block's status as the worker last wrote it
 
 
-@dataclass(frozen=True)
-class Cut:
-    """Lower the ``limit`` of worker ``wid``'s batch in ``slot`` to ``keep`` (its blocks from
-    ``keep`` on are not to be started)."""
-
-    wid: int
-    slot: int
-    keep: int
-
-
 @dataclass
 class CutMark:
     """A cut of one batch, until its blocks are given back (``settled``) or its "done" comes."""
@@ -90,7 +78,7 @@ class CutMark:
     settled: bool = False  # the blocks from ``keep`` on were given back and the batch trimmed
 
 
-def straggling(core: BlockCore, now_ns: int, running: Mapping[int, Running]) -> list[Cut]:
+def straggling(core, now_ns: int, running: Mapping[int, Running]) -> list[Cut]:
     """One look at the running blocks: new cuts to make, and cuts confirmed (their blocks given
     back to the scheduler, the batches trimmed)."""
     out: list[Cut] = []
@@ -105,7 +93,7 @@ def straggling(core: BlockCore, now_ns: int, running: Mapping[int, Running]) -> 
     return out
 
 
-def _cut(core: BlockCore, w: BlockWorker, now_ns: int, r: Running) -> list[Cut]:
+def _cut(core, w, now_ns: int, r: Running) -> list[Cut]:
     """Cut ``w``'s batches if their running block is a straggler and holds blocks back."""
     factor = min(GIVEBACK_FACTOR, core.backups.factor(w.tid) or GIVEBACK_FACTOR)  # backups need the cut first
     secs = core.sizing.straggler_secs(w.tid, factor)
@@ -123,7 +111,7 @@ def _cut(core: BlockCore, w: BlockWorker, now_ns: int, r: Running) -> list[Cut]:
     return out
 
 
-def _settle(core: BlockCore, w: BlockWorker, now_ns: int, r: Running) -> None:
+def _settle(core, w, now_ns: int, r: Running) -> None:
     """Give back the cut blocks of ``w`` if the block running at the cut still runs (see the
     module docstring), and trim its batches to the blocks it keeps."""
     mark = next(iter(w.cuts.values()))
