@@ -384,6 +384,20 @@ def test_pool_runs_the_blocks_a_straggler_held_on_another_worker(out, caplog, no
     assert back and all("behind a block running" in m for m in back)
 
 
+def step_unless_straggling(m: GiveBackMachine, wid: int, straggling: bool) -> None:
+    """Worker ``wid`` ends its running block (unless it is the straggler, which runs on), reads
+    its limit and acts on it."""
+    w = m.w[wid]
+    if straggling and w.running():
+        return
+    if w.running():
+        finish_block(m, wid)
+    if w.between:
+        m.read_limit(wid)
+    if w.decided is not None:
+        m.act(wid)
+
+
 def backed_up_straggler(n: int = 12) -> tuple[GiveBackMachine, int, int, int]:
     """A speculative task (factor 2) whose every block but one finished: the straggler's worker,
     the worker that runs its backup, and the straggler's row."""
@@ -396,14 +410,7 @@ def backed_up_straggler(n: int = 12) -> tuple[GiveBackMachine, int, int, int]:
             w = m.w[wid]
             if slow is None and w.cur >= 0 and w.running() and m.s.ready_count("a") == 0:
                 slow = (wid, int(w.slots[w.order[0]].rows[w.cur]))
-            if slow is not None and wid == slow[0] and w.running():
-                continue  # the straggler runs on
-            if w.running():
-                finish_block(m, wid)
-            if w.between:
-                m.read_limit(wid)
-            if w.decided is not None:
-                m.act(wid)
+            step_unless_straggling(m, wid, slow is not None and wid == slow[0])
         m.look(0.01)
         twins = m.core.backups.twins
         if slow is not None and (("a", slow[1]) in twins):
@@ -488,14 +495,7 @@ def test_a_speculative_task_keeps_one_parked_worker_per_block_in_flight_at_its_t
             w = m.w[wid]
             if slow is None and w.cur == 0 and w.running() and m.s.ready_count("a") == 0:
                 slow = wid  # the first block of its batch: alone in flight once the others ended
-            if wid == slow and w.running():
-                continue
-            if w.running():
-                finish_block(m, wid)
-            if w.between:
-                m.read_limit(wid)
-            if w.decided is not None:
-                m.act(wid)
+            step_unless_straggling(m, wid, wid == slow)
         if slow is not None and m.s.counts("a").processing == 1 and not [x for x in m.busy() if x != slow]:
             break
     assert m.core.inflight("a") == 1

@@ -178,10 +178,6 @@ class PoolBackups:
         w.doomed = True  # nothing more is sent to it
         return [*out, Kill(wid)]
 
-    def in_flight_twice(self, tid: str) -> int:
-        """Blocks of ``tid`` in two batches (copied), for the in-flight count."""
-        return sum(1 for (t, _), ws in self.twins.items() if t == tid and len(ws) == 2)
-
 
 def _last_in_flight(w, row: int) -> bool:
     """``row`` is the last block ``w`` holds: the end of its oldest batch, any later batch empty."""
