@@ -2,7 +2,7 @@
 
     python benchmarks/bench_main_job.py --daisy-python /work/venv-daisy2/bin/python \\
         --dask-python /work/venv-dimg/bin/python [--quick] [--repeat 3] [--configs 320/64,320/32,512/64] \\
-        [--variants nb,daisy2,threads,distributed] [--nb-env NAME=VALUE,...]
+        [--variants nb,daisy2,threads,distributed] [--nb-env NAME=VALUE,...] [--nb-python PYTHON]
 
 The README's main job (``daisy_nb/demo``: generate a noisy zarr volume, smooth it with
 context, threshold, label blockwise with conflict levels, resolve the merges in one block,
@@ -23,8 +23,9 @@ recomputed with scipy). The daisy2 and dask children import the demo's block fun
 set-up from ``daisy_nb/demo`` as a stand-alone package (a symlink, ``nbdemo``), never
 ``daisy_nb`` itself.
 
-Every run is a fresh process tree started by this script; the variants alternate (the order
-rotates with each repeat) and each figure is the median of ``--repeat`` runs:
+Every run is a fresh process tree started by this script, after an ``os.sync()`` (so the
+write-back of the previous run's output does not land in it); the variants alternate (the
+order rotates with each repeat) and each figure is the median of ``--repeat`` runs:
 
   wall        whole process, start to exit (interpreter start, imports, pipeline, check)
   peak        ``ru_maxrss`` that ``wait4`` returns: the largest process of the tree
@@ -38,6 +39,11 @@ file, from which the second table reports the use of the 2 worker slots: block t
 (2 x span from the first block's start to the last block's end), the gap before each task's
 first block (from the previous task's last block end; the first from the process start),
 the worker processes each task ran in and their imports. The trace adds ~0.1 ms per block.
+
+``--nb-python``: the interpreter daisy_nb runs in (default: this one). Give it a virtual
+environment with the same packages as ``--daisy-python``'s (``pip install -e .[demo]`` next to
+``pip install daisy==2.0.0 zarr scipy``): zarr imports ``fsspec`` whenever it is installed (dask's
+test extras bring it), ~12 ms and ~4 MiB in every process, which would be charged to daisy_nb.
 
 ``--quick``: one repeat at 128³ with 32³ blocks. Before the tables, every variant runs once at
 64³ (16³ blocks) and the script compares checksums of ``smoothed`` and ``mask`` (bytes) and of
@@ -310,6 +316,7 @@ def run_one(python: str, args: list[str], env_extra: dict, cwd: str, timeout: fl
     env = _util.child_env(env_extra)
     env.setdefault("PYTHONWARNINGS", "ignore")
     log = tempfile.TemporaryFile(mode="w+")
+    os.sync()  # the previous run's output (GBs at 512³) is written back now, not during this run
     t0 = time.time()
     proc = subprocess.Popen([python, *args], env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     peak_sum = [0]
@@ -407,6 +414,7 @@ def main() -> int:
     ap.add_argument("--worker", nargs=argparse.REMAINDER)
     ap.add_argument("--daisy-python", default="/work/venv-daisy2/bin/python")
     ap.add_argument("--dask-python", default="/work/venv-dimg/bin/python")
+    ap.add_argument("--nb-python", default=sys.executable)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--configs", default="320/64,320/32,512/64")
@@ -428,9 +436,14 @@ def main() -> int:
         variants.insert(1, "nb+env")
     if a.base:
         variants.insert(1, "nb@base")
-    pythons = {"nb": sys.executable, "daisy2": a.daisy_python, "dask": a.dask_python}
+    pythons = {"nb": a.nb_python, "daisy2": a.daisy_python, "dask": a.dask_python}
     note = _util.compile_bytecode()
-    _util.warm_daisy_nb()
+    if os.path.abspath(a.nb_python) == os.path.abspath(sys.executable):
+        _util.warm_daisy_nb()
+    else:
+        subprocess.run(
+            [a.nb_python, "-m", "daisy_nb", "warmup"], check=True, env=_util.child_env(), stdout=subprocess.DEVNULL
+        )
     print(f"# bench_main_job: {_util.machine_note()}" + (f"; {note}" if note else ""), flush=True)
     tmp = tempfile.mkdtemp(prefix="bench_main_job_")
     nbdemo = _nbdemo_path(tmp)
