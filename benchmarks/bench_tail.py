@@ -1,6 +1,7 @@
 """What cluster jobs cost at a task's tail: job-seconds held per second of work, daisy_nb vs daisy 2.0.0.
 
-    python benchmarks/bench_tail.py --daisy-python /work/venv-daisy2/bin/python [--quick] [--rounds N]
+    python benchmarks/bench_tail.py --daisy-python /work/venv-daisy2/bin/python [--quick] [--rounds N] \
+        [--first-attempt] [--speculative]
 
 Issue #27's cluster scenario: two chained tasks (block ``i`` of ``b`` reads what block ``i``
 of ``a`` wrote), each with ``--jobs`` worker functions (8) that submit a job with ``sbatch
@@ -23,6 +24,13 @@ the rounds (which alternate the libraries, so that load bursts hit both):
 * daisy_nb's own account (``TaskState.job_seconds_held``/``busy``, the JSON observer's
   ``job_secs_held``/``job_secs_busy``), which counts a job from its worker function's start,
   queue included.
+
+``--first-attempt``: the stragglers' slowness belongs to their first attempt (a slow node, a
+file server under load), not to the block: a second attempt or a copy takes the block's usual
+time. The bound is then that of a run without the slowness (what backups could reach), and a
+job's blocks' seconds count only bodies that ran to their end (a copy interrupted because its
+twin won is held time, not work). ``--speculative``: one more case, daisy_nb with
+``Task(speculative=True)`` (backup copies of stragglers, ``daisy_nb/runtime/net/backups.py``).
 
 ``--quick``: 48 blocks per task, 4 jobs, one round, daisy_nb only unless ``--daisy-python``.
 """
@@ -48,13 +56,23 @@ STRAGGLER_SHARE = 0.01
 STRAGGLER_FACTOR = 25.0
 
 
-def duration(task_id: str, sid: int, stragglers: bool) -> float:
-    """Block ``sid`` of ``task_id``'s sleep: the same for both libraries and every round."""
+def duration(task_id: str, sid: int, stragglers: bool, first: bool = True) -> float:
+    """Block ``sid`` of ``task_id``'s sleep: the same for both libraries and every round
+    (``first``: its first attempt; a straggler is slow on every attempt unless ``--first-attempt``)."""
     rng = random.Random(f"{task_id}:{sid}")
     d = MEDIAN_SECS * math.exp(SIGMA * rng.gauss(0.0, 1.0))
-    if rng.random() < STRAGGLER_SHARE and stragglers:
+    if rng.random() < STRAGGLER_SHARE and stragglers and first:
         d *= STRAGGLER_FACTOR
     return d
+
+
+def first_attempt(out: str, task_id: str, sid: int) -> bool:
+    """True for the first attempt of a block (in any job): its marker file did not exist yet."""
+    try:
+        os.close(os.open(os.path.join(out, f"att_{task_id}_{sid}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
 
 
 # ---------------------------------------------------------------- in the children
@@ -73,9 +91,10 @@ def job(lib: str, out: str, stragglers: bool) -> None:
         with client.acquire_block() as block:
             if block is None:
                 break
-            task_id = block.block_id[0]
-            d = duration(task_id, block.block_id[1], stragglers)
-            time.sleep(d)
+            task_id, sid = block.block_id
+            first = True if os.environ.get("BENCH_TAIL_FIRST_ONLY") != "1" else first_attempt(out, task_id, sid)
+            d = duration(task_id, sid, stragglers, first)
+            time.sleep(d)  # a dropped copy is interrupted here (BlockDropped): neither slept nor counted
             slept += d
             n += 1
     with open(os.path.join(out, f"job_{os.getpid()}"), "w") as f:
@@ -112,6 +131,7 @@ def driver(lib: str, out: str, blocks: int, jobs: int, stragglers: bool) -> None
             max_workers=jobs,
             max_retries=2,
             upstream_tasks=upstream,
+            **({"speculative": True} if os.environ.get("BENCH_TAIL_SPECULATIVE") == "1" else {}),
         )
 
     with warnings.catch_warnings():
@@ -140,13 +160,24 @@ def driver(lib: str, out: str, blocks: int, jobs: int, stragglers: bool) -> None
 
 
 # ------------------------------------------------------------------ in the parent
-def one(python: str, lib: str, blocks: int, jobs: int, stragglers: bool, queue: float, verbose: bool) -> dict:
+def one(
+    python: str,
+    lib: str,
+    blocks: int,
+    jobs: int,
+    stragglers: bool,
+    queue: float,
+    verbose: bool,
+    spec: bool,
+    first: bool,
+) -> dict:
     import _util
 
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out")
         os.mkdir(out)
-        env = _util.fake_batch_env(d, {"FAKEBATCH_QUEUE_SECS": str(queue)})
+        extra = {"FAKEBATCH_QUEUE_SECS": str(queue), "BENCH_TAIL_SPECULATIVE": str(int(spec))}
+        env = _util.fake_batch_env(d, {**extra, "BENCH_TAIL_FIRST_ONLY": str(int(first))})
         if lib == "daisy":  # daisy 2.0.0 from its own environment, nothing of this checkout
             env.pop("PYTHONPATH", None)
         r = subprocess.run(
@@ -183,7 +214,8 @@ def one(python: str, lib: str, blocks: int, jobs: int, stragglers: bool, queue: 
 
 
 def bound(blocks: int, jobs: int, stragglers: bool) -> tuple[float, float]:
-    """The work (block-seconds) and the makespan's lower bound (module docstring)."""
+    """The work (block-seconds) and the makespan's lower bound (module docstring; ``stragglers``
+    False: without their slowness)."""
     da = [duration("a", i, stragglers) for i in range(blocks)]
     db = [duration("b", i, stragglers) for i in range(blocks)]
     work = sum(da) + sum(db)
@@ -212,19 +244,25 @@ def main() -> None:
     ap.add_argument("--queue", type=float, default=0.2, help="the fake batch system's queue delay (s)")
     ap.add_argument("--no-stragglers", action="store_true", help="no 25x stragglers")
     ap.add_argument("--verbose", action="store_true", help="print every job's span, blocks and busy seconds")
+    ap.add_argument("--first-attempt", action="store_true", help="the stragglers' slowness is their first attempt's")
+    ap.add_argument("--speculative", action="store_true", help="also daisy_nb with Task(speculative=True)")
     args = ap.parse_args()
     blocks, jobs = (48, 4) if args.quick else (240, 8)
     jobs = args.jobs or jobs
     rounds = args.rounds or (1 if args.quick else 3)
     stragglers = not args.no_stragglers
-    cases = [("daisy_nb", sys.executable, "daisy_nb")]
+    cases = [("daisy_nb", sys.executable, "daisy_nb", False)]
+    if args.speculative:
+        cases.append(("daisy_nb speculative", sys.executable, "daisy_nb", True))
     if args.daisy_python:
-        cases.append(("daisy 2.0.0", args.daisy_python, "daisy"))
+        cases.append(("daisy 2.0.0", args.daisy_python, "daisy", False))
     res: dict[str, list[dict]] = {c[0]: [] for c in cases}
     for _ in range(rounds):
-        for name, python, lib in cases:
-            res[name].append(one(python, lib, blocks, jobs, stragglers, args.queue, args.verbose))
-    work, lower = bound(blocks, jobs, stragglers)
+        for name, python, lib, spec in cases:
+            res[name].append(
+                one(python, lib, blocks, jobs, stragglers, args.queue, args.verbose, spec, args.first_attempt)
+            )
+    work, lower = bound(blocks, jobs, stragglers and not args.first_attempt)
 
     def med(vals, f="{:.3f}"):
         return f.format(statistics.median(vals)) + " (" + ", ".join(f.format(v) for v in vals) + ")"
@@ -233,12 +271,13 @@ def main() -> None:
         f"\nTwo chained tasks, {blocks} blocks each, {jobs} sbatch --wait jobs per task (queue {args.queue:g} s), "
         f"lognormal blocks (median {MEDIAN_SECS * 1e3:.0f} ms, sigma {SIGMA:g})"
         + (f", {STRAGGLER_SHARE:.0%} stragglers x{STRAGGLER_FACTOR:g}" if stragglers else ", no stragglers")
+        + (" on their first attempt (bound without them)" if stragglers and args.first_attempt else "")
         + f"; {work:.1f} s of work, makespan bound {lower:.2f} s; {rounds} round(s), medians (per round)\n"
         + _util.machine_note()
         + "\n"
     )
     rows = []
-    for name, _, _ in cases:
+    for name, _, _, _ in cases:
         rs = res[name]
         own = "–"
         if rs[0]["own"]:

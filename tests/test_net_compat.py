@@ -135,8 +135,9 @@ def test_a_malformed_context_token_is_named_as_the_wheel_names_it():
 def test_a_failure_frame_carries_the_exceptions_type_message_and_traceback_apart():
     """Protocol 4: a failure's fields travel apart (no text to parse at the scheduler); an old
     peer cannot mistake the new layout, the greeting's version stops it first (test above).
-    Protocol 5 (the hello carries the seconds a job has left) kept this layout."""
-    assert wire.VERSION == 5 and wire.MAGIC == b"DAISYNB5"
+    Protocols 5 (the hello carries the seconds a job has left) and 6 (the scheduler's DROP)
+    kept this layout."""
+    assert wire.VERSION == 6 and wire.MAGIC == b"DAISYNB6"
     tb = 'Traceback (most recent call last):\n  File "x.py", line 1, in f\nerrfns.DiskGone: disk 3 — gone\nline 2'
     stats = (1.5, 0.25, 1e6, 0.0, 4096.0)
     for st in (None, stats):

@@ -114,15 +114,16 @@ class FakeJobs:
         return self.start_secs
 
 
-def make_tasks(n_a: int, n_b: int, retries: int):
-    """``a`` (n_a blocks) and ``b`` downstream of it (its blocks wait: parking)."""
+def make_tasks(n_a: int, n_b: int, retries: int, speculative=None):
+    """``a`` (n_a blocks) and ``b`` downstream of it (its blocks wait: parking); ``speculative``:
+    both tasks' ``Task(speculative=...)``."""
     a = daisy_nb.Task(
         "a", Roi((0,), (10 * n_a,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=_noop,
-        read_write_conflict=False, max_retries=retries, tracking_path=False,
+        read_write_conflict=False, max_retries=retries, tracking_path=False, speculative=speculative,
     )  # fmt: skip
     b = daisy_nb.Task(
         "b", Roi((0,), (10 * n_b,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=_noop,
-        read_write_conflict=False, max_retries=retries, tracking_path=False,
+        read_write_conflict=False, max_retries=retries, tracking_path=False, speculative=speculative,
     )  # fmt: skip
     return a + b
 
@@ -133,8 +134,10 @@ NET = {"heartbeat": 1.0, "peer_timeout": 5.0, "auth": 1.0}
 class Harness:
     """A core, its scheduler, and the clients' view of what was sent (the shell's part, without sockets)."""
 
-    def __init__(self, n_a=6, n_b=4, retries=1, timeout_ns=None, timed_out_keeps=False, fail_sends=()):
-        self.s = Scheduler(make_tasks(n_a, n_b, retries))
+    def __init__(
+        self, n_a=6, n_b=4, retries=1, timeout_ns=None, timed_out_keeps=False, fail_sends=(), speculative=None
+    ):
+        self.s = Scheduler(make_tasks(n_a, n_b, retries, speculative))
         self.trs = {"a": TaskRun("a", timeout_ns), "b": TaskRun("b")}
         self.jobs = FakeJobs(timed_out_keeps)
         self.core = HandOut(self.s, self.trs, self.jobs, self.abandon, net=NET, connected_too_late=self.too_late)

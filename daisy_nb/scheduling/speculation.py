@@ -38,8 +38,9 @@ Copy ids are the caller's (any int unique among the live copies, e.g. a worker i
 rows are the task's block rows.
 
 The local pool carries it out (``daisy_nb/runtime/local/backups.py``: copy ids are its worker
-ids and rows). The TCP hand-out (``Client`` jobs), dask and the serial runner launch no copies
-and ignore the keyword. Not here: the hand-out of a backup (the runtime's, with the Scheduler's block),
+ids and rows). So does the TCP hand-out for ``Client`` jobs (``daisy_nb/runtime/net/backups.py``: a copy id
+per block a connection starts running); dask and the serial runner launch no copies and
+ignore the keyword. Not here: the hand-out of a backup (the runtime's, with the Scheduler's block),
 the neighbour geometry (the caller's ``busy_neighbours``), the kill, the clock, the Scheduler's
 counters and retries (it is told about one end per attempt: the one that counts).
 """
@@ -201,6 +202,11 @@ class Speculation:
     def running(self, t: int) -> dict[int, list[int]]:
         """Task ``t``'s running rows and their live copies (start order); a copy."""
         return {row: list(cs) for row, cs in self._rows[t].items()}
+
+    def start_of(self, copy: int) -> float | None:
+        """When live copy ``copy`` started, or None if it is not a live copy."""
+        c = self._copies.get(copy)
+        return None if c is None else c.start
 
     def stopping(self) -> list[int]:
         """Copies told to stop whose end has not been reported yet, oldest start first."""

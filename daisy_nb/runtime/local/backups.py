@@ -186,5 +186,5 @@ def _last_in_flight(w, row: int) -> bool:
 
 
 def _start(spec: Speculation, copy: int) -> float:
-    c = spec._copies.get(copy)
-    return c.start if c is not None else 0.0
+    t0 = spec.start_of(copy)
+    return 0.0 if t0 is None else t0

@@ -84,6 +84,8 @@ class Listening:
         )
         if tr.arity == 0:
             ctx["authkey"] = self.authkey.hex()
+        if getattr(tr.task, "speculative", None) is not None:  # a Client may be told to drop a block
+            ctx["speculative"] = 1
         return ctx
 
     def close(self) -> None:

@@ -72,6 +72,7 @@ from typing import Any, NamedTuple, Protocol
 from daisy_nb.errors import WorkerError
 from daisy_nb.runtime.common.failures import record_error, record_worker_error
 from daisy_nb.runtime.net import wire
+from daisy_nb.runtime.net.backups import ClientBackups
 from daisy_nb.runtime.net.tail import TailKeep
 from daisy_nb.runtime.net.walltime import WALLTIME_FACTOR, WalltimeRule, check_walltime
 from daisy_nb.scheduling.listed import ListedCalls
@@ -193,6 +194,8 @@ class _Connections:
     timeline: Any
     aborting: bool
     tail: TailKeep
+    parked: dict[Any, dict[Conn, None]]
+    bk: ClientBackups
     _batch: _Pass | None
     _out: list[Send | Close]
     connected_tids: set[str]
@@ -201,7 +204,16 @@ class _Connections:
     _abandon: Callable[[str, str], None]
 
     def _park(self, cc: Conn, on: bool) -> None:
-        raise NotImplementedError  # HandOut's
+        """``cc`` waits for a block (``on``), or no longer does."""
+        cc.parked = on
+        if on:
+            self.parked.setdefault(cc.tr, {})[cc] = None
+            return
+        ccs = self.parked.get(cc.tr)
+        if ccs is not None:
+            ccs.pop(cc, None)
+            if not ccs:
+                del self.parked[cc.tr]
 
     def _release_pass(self, batch: _Pass) -> None:
         raise NotImplementedError  # HandOut's
@@ -308,8 +320,11 @@ class _Connections:
         st = [0] * len(idx)
         if fail_running and not (self.aborting or self.jobs.died_with_template(cc.wid)):
             st[0] = 3
+        if self.bk.spec is not None and not self.bk.lost(cc):  # a copy whose twin runs on: the twin decides
+            idx, st = idx[1:], st[1:]
         cc.held.clear()
-        self.listed.release(cc.tr.tid, idx, st)
+        if idx:
+            self.listed.release(cc.tr.tid, idx, st)
         self.tail.touch(cc.tr.tid)
 
     def _drop(self, cc: Conn) -> None:
@@ -389,7 +404,38 @@ class _Timers(_Connections):
         return out
 
 
-class HandOut(_Timers):
+class _Copies(_Timers):
+    """Backup copies of stragglers (part of :class:`HandOut`; the rule: :mod:`.backups`)."""
+
+    stopped: bool
+    counts: dict[str, int]
+
+    def _send_block(self, cc: Conn, row: list[int], now_ns: int) -> None:
+        raise NotImplementedError  # HandOut's
+
+    def _copy_ended(self, cc: Conn, index: int, ok: bool, now_ns: int) -> bool:
+        """``cc`` ended block ``index`` (its first): whether that end counts. A twin that lost is
+        told to drop it; the block behind either, if any, starts now."""
+        counts, twin = self.bk.ended(cc, index, ok, now_ns)
+        if twin is not None:
+            twin.held.pop(index, None)
+            self._out.append(Send(twin.cid, wire.encode_drop(index)))
+            if twin.held:
+                self.bk.started(twin, next(iter(twin.held)), now_ns)
+        if cc.held:
+            self.bk.started(cc, next(iter(cc.held)), now_ns)
+        return counts
+
+    def _launch_backups(self, now_ns: int) -> None:
+        """Send the backups the rule asks for now, each to a parked job of its task."""
+        if self.bk.spec is None or self.stopped or self.aborting:
+            return
+        for cc, row in self.bk.launch(self.parked, now_ns):
+            self._send_block(cc, row, now_ns)
+            self.counts["backups"] += 1
+
+
+class HandOut(_Copies):
     """Requests, releases, blocks sent ahead, parking, quiet time, heartbeats (module docstring)."""
 
     def __init__(
@@ -419,13 +465,14 @@ class HandOut(_Timers):
         # which connections stay parked when no block is ready, and for how long (net/tail.py)
         self.tail = TailKeep(scheduler, start_secs=jobs.job_start_secs)
         self.walltime = WalltimeRule()  # which jobs end before their walltime (net/walltime.py)
+        self.bk = ClientBackups(scheduler)  # backups of stragglers, Task(speculative=...) (net/backups.py)
         self.quiet_secs = 0.0  # how long the connections may go unread after the last pass
         self.aborting = False  # blocks cut short are given back, not failed
         self.stopped = False  # no more blocks handed out (Ctrl-C)
         self.timeline: Any = None  # a dashboard.timeline.Timeline, or None
         # what happened, for tests and benchmarks: passes, messages by kind, blocks sent (and ahead),
         # jobs told to end for their walltime
-        self.counts: dict[str, int] = {"passes": 0, "sent": 0, "ahead": 0, "walltime": 0}
+        self.counts: dict[str, int] = {"passes": 0, "sent": 0, "ahead": 0, "walltime": 0, "backups": 0}
         self._next_beat_check = 0
         self._batch: _Pass | None = None
         self._out: list[Send | Close] = []
@@ -474,6 +521,7 @@ class HandOut(_Timers):
         """Answer the clients waiting for a block (a block, or ``NO_MORE`` when none is left)."""
         if not self.parked:
             return
+        self._launch_backups(now_ns)
         batch = _Pass()
         for tr, ccs in self.parked.items():
             if ccs and (
@@ -507,7 +555,9 @@ class HandOut(_Timers):
             record_worker_error(self.s.counters[tr.tid], err, log=self.jobs.job_log(cc.wid))
             self._finished(cc, tr, msg.block, 3, msg.stats, batch, now_ns, raised=True)
         elif isinstance(msg, wire.GiveBack):  # a block sent ahead, never started: back to the front
-            if cc.held.pop(msg.block, None) is not None:
+            if cc.held.pop(msg.block, None) is not None and (
+                self.bk.spec is None or self.bk.given_back(cc, msg.block, now_ns)
+            ):
                 batch.release(tr, msg.block, 0)
         elif msg is wire.GOODBYE:  # a client leaves between blocks: what it holds was never started
             if cc.held:
@@ -520,11 +570,12 @@ class HandOut(_Timers):
         sent = cc.held.pop(index, None)
         # what its worker function's jobs finished (policy.is_job_end)
         self.jobs.job_result(cc.wid, tr, raised=raised, finished=sent is not None and status == 2)
-        if sent is None:  # reclaimed after a timeout, or never ours
+        if sent is None:  # reclaimed after a timeout, dropped (its copy won), or never ours
             return
         if stats is not None and tr.res is not None:
             tr.res.add_one(stats, status != 2)
-        batch.release(tr, index, status)
+        if self.bk.spec is None or self._copy_ended(cc, index, status == 2, now_ns):
+            batch.release(tr, index, status)
         secs = (now_ns - max(sent, cc.t_free_ns)) / 1e9
         cc.t_free_ns = now_ns
         tr.block_secs.append(secs)
@@ -652,6 +703,8 @@ class HandOut(_Timers):
         """No block of ``tr`` is ready: ``cc`` stays parked, for a pending block or a retry (else it
         is told to end)."""
         kept = self.parked.get(tr, {})
+        if self.bk.spec is not None and self.bk.keep_at_tail(tr.tid, len(kept) - (cc in kept)):
+            return True  # for a backup copy (net/backups.py)
         held = self.conns.values()
         return self.tail.stays(
             tr.tid,
@@ -661,23 +714,15 @@ class HandOut(_Timers):
         )
 
     def _send_block(self, cc: Conn, row: list[int], now_ns: int) -> None:
+        first = not cc.held
         cc.held[row[0]] = now_ns
         cc.last_sent = now_ns
         if cc.parked:
             self._park(cc, False)
         self.jobs.job_acquired(cc.wid)
         self._out.append(_new(Send, (cc.cid, wire.encode_block(row))))  # Send(...) without its Python __new__
-
-    def _park(self, cc: Conn, on: bool) -> None:
-        cc.parked = on
-        if on:
-            self.parked.setdefault(cc.tr, {})[cc] = None
-            return
-        ccs = self.parked.get(cc.tr)
-        if ccs is not None:
-            ccs.pop(cc, None)
-            if not ccs:
-                del self.parked[cc.tr]
+        if first and self.bk.spec is not None:
+            self.bk.started(cc, row[0], now_ns)
 
     # ------------------------------------------------------------------ invariants
     def validate(self) -> None:
@@ -689,6 +734,7 @@ def check_invariants(core: HandOut) -> None:
     """:meth:`HandOut.validate`: every block in one place, held equal to in flight, parking consistent."""
     s = core.s
     held_by_task: dict[str, set[int]] = {}
+    holders: dict[tuple[str, int], list[Conn]] = {}
     counts: dict[str, int] = {}
     for cid, cc in core.conns.items():
         assert cc.cid == cid, (cid, cc.cid)
@@ -698,10 +744,9 @@ def check_invariants(core: HandOut) -> None:
             continue
         tid = cc.tr.tid
         counts[tid] = counts.get(tid, 0) + 1
-        mine = held_by_task.setdefault(tid, set())
-        both = mine.intersection(cc.held)
-        assert not both, f"blocks {sorted(both)} of task {tid!r} held by two connections"
-        mine.update(cc.held)
+        held_by_task.setdefault(tid, set()).update(cc.held)
+        for i in cc.held:
+            holders.setdefault((tid, i), []).append(cc)
         if cc.parked:
             assert not cc.held, f"connection {cid!r} is parked and holds {list(cc.held)}"
             assert cc in core.parked.get(cc.tr, {}), f"connection {cid!r} parked but not registered"
@@ -711,6 +756,11 @@ def check_invariants(core: HandOut) -> None:
                 f"connection {cid!r} was sent a block with {left / 1e9:.3f} s left, under the {cc.need_ns / 1e9:.3f} s "
                 "the walltime rule asks"
             )
+    for (tid, i), holding in holders.items():  # only a copied block is in two places (net/backups.py)
+        assert len(holding) == 1 or core.bk.copied(tid, i, holding), (
+            f"block {i} of task {tid!r} held by {len(holding)} connections"
+        )
+    core.bk.validate(core.conns)
     assert core.timed == sum(1 for cc in core.conns.values() if cc.end_ns is not None), "timed connections miscounted"
     for tr, ccs in core.parked.items():
         for cc in ccs:

@@ -45,6 +45,9 @@ flight changed (a release or an acquisition of the task: :meth:`TailKeep.touch`)
 :func:`check_tail` is the invariant after the parked connections were served: at a
 task's tail, at most ``KEEP_AT_TAIL`` of its connections are parked, and only while a
 block in flight could still need a retry.
+
+A ``Task(speculative=...)`` keeps more at its tail: up to one parked job per block in flight,
+for backup copies of stragglers (:mod:`daisy_nb.runtime.net.backups`), until the task is done.
 """
 
 from __future__ import annotations
@@ -143,6 +146,8 @@ def check_tail(core: Any, trs: Mapping[str, Any], now_ns: int | None = None) -> 
         if not ccs or s.is_abandoned(tid) or s.ready_count(tid) > 0:
             continue
         pending = pending_count(s, tid)
+        if core.bk.keep_at_tail(tid, len(ccs) - 1):  # kept for backup copies (net/backups.py)
+            continue
         assert len(ccs) <= pending + core.tail.keep, (
             f"task {tid!r}: {len(ccs)} connections parked for {pending} pending block(s)"
         )

@@ -10,7 +10,8 @@ protocol version (``VERSION``, as ASCII ``"0" + version``), then its handshake n
 install the driver's daisy_nb version (a job with another release must never look like
 one whose run has ended). History: 1 plain frames, 2 authenticated frames, 3 a release
 asks for the next block, 4 a failure carries the exception's type, message and
-traceback in fields of their own, 5 a hello carries the seconds the job has left.
+traceback in fields of their own, 5 a hello carries the seconds the job has left, 6 the
+scheduler may tell a client to drop a block (a backup copy of it won).
 
 **Messages.** A frame's payload (:mod:`.frames`) starts with its kind (one byte,
 :class:`Kind`); integers are little-endian ``int64``, text UTF-8. Client to scheduler:
@@ -32,7 +33,9 @@ traceback in fields of their own, 5 a hello carries the seconds the job has left
 ============  ==============================================================
 
 Scheduler to client: ``BLOCK`` (index, spatial id, ndim, then read offset and shape,
-write offset and shape: ``4 * ndim`` integers), ``NO_MORE`` (no more work), ``PING``.
+write offset and shape: ``4 * ndim`` integers), ``NO_MORE`` (no more work), ``PING``,
+``DROP`` (index: another copy of that block succeeded first, ``Task(speculative=...)``;
+the client stops it if it runs it, and never starts it if it has not yet).
 
 :func:`decode_client` turns a client's payload into a typed message
 (:class:`Hello`, :class:`Release`, ... ; ``ACQUIRE``/``GOODBYE``/``PING`` are the
@@ -54,6 +57,7 @@ __all__ = [
     "PING",
     "VERSION",
     "BlockRow",
+    "Drop",
     "Failure",
     "GiveBack",
     "Hello",
@@ -65,6 +69,7 @@ __all__ = [
     "decode_server",
     "encode_acquire",
     "encode_block",
+    "encode_drop",
     "encode_failure",
     "encode_give_back",
     "encode_goodbye",
@@ -78,7 +83,7 @@ __all__ = [
     "version_of",
 ]
 
-VERSION = 5
+VERSION = 6
 MAGIC_PREFIX = b"DAISYNB"
 
 
@@ -132,6 +137,7 @@ class Kind:
     PING = b"P"
     BLOCK = b"B"
     NO_MORE = b"N"
+    DROP = b"D"
 
 
 _new = tuple.__new__
@@ -201,11 +207,17 @@ class BlockRow(NamedTuple):
     write: tuple[tuple[int, ...], tuple[int, ...]]
 
 
+class Drop(NamedTuple):
+    """Stop block ``block`` (or never start it): a backup copy of it succeeded first."""
+
+    block: int  # the block's index (the scheduler's row)
+
+
 ClientMessage = Hello | Release | Failure | GiveBack | _Bare
-ServerMessage = BlockRow | _Bare
+ServerMessage = BlockRow | Drop | _Bare
 
 
-_NAMES: dict[type, str] = {Hello: "H", Release: "R", GiveBack: "G", BlockRow: "B"}
+_NAMES: dict[type, str] = {Hello: "H", Release: "R", GiveBack: "G", BlockRow: "B", Drop: "D"}
 
 
 def kind_name(msg: ClientMessage | ServerMessage) -> str:
@@ -322,6 +334,10 @@ def encode_no_more() -> bytes:
     return Kind.NO_MORE
 
 
+def encode_drop(index: int) -> bytes:
+    return Kind.DROP + _I64.pack(index)
+
+
 def decode_server(msg: bytes) -> ServerMessage:
     """The typed message of a scheduler's payload (:class:`WireError` if malformed)."""
     kind = msg[:1]
@@ -336,6 +352,8 @@ def decode_server(msg: bytes) -> ServerMessage:
             return NO_MORE
         if kind == Kind.PING:
             return PING
+        if kind == Kind.DROP:
+            return Drop(_I64.unpack_from(msg, 1)[0])
     except struct.error as e:
         raise WireError(f"malformed {kind!r} frame: {e}") from None
     raise WireError(f"unknown message kind {kind!r}")
