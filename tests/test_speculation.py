@@ -137,6 +137,7 @@ class SpeculationMachine(RuleBasedStateMachine):
         assert self.fast.stopping() == self.slow.stopping()
         for t in range(len(self.totals)):
             assert self.fast.running(t) == self.slow.running(t)
+            assert self.fast.can_back(t) == self.slow.can_back(t)
             assert self.fast.tasks[t].n_done == len(self.slow.done_rows(t))
             assert self.fast.tasks[t].median() == self.slow.median(t)
             assert self.fast.tasks[t].past_half() == (2 * len(self.slow.done_rows(t)) >= self.totals[t])

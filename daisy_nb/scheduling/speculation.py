@@ -203,6 +203,12 @@ class Speculation:
         """Task ``t``'s running rows and their live copies (start order); a copy."""
         return {row: list(cs) for row, cs in self._rows[t].items()}
 
+    def can_back(self, t: int) -> int:
+        """How many of task ``t``'s running rows may still get a backup: one copy running and no
+        backup in this attempt (whether they will depends on time: :meth:`candidates`)."""
+        backed = self._backed[t]
+        return sum(1 for row, cs in self._rows[t].items() if len(cs) == 1 and row not in backed)
+
     def start_of(self, copy: int) -> float | None:
         """When live copy ``copy`` started, or None if it is not a live copy."""
         c = self._copies.get(copy)

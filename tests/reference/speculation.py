@@ -116,6 +116,12 @@ class Speculation:
         return self.replay()["last"]
 
     # -- the query -----------------------------------------------------------------------------
+    def can_back(self, t):
+        """Running rows of ``t`` in their first copy's attempt with that copy alone: a backup may come."""
+        s = self.replay()
+        rows = [row for tt, row, _, _ in s["live"].values() if tt == t and s["attempt"][(t, row)] == 1]
+        return sum(1 for row in set(rows) if rows.count(row) == 1)
+
     def candidates(self, t, now, idle_workers, busy_neighbours):
         if not self.on(t) or idle_workers <= 0:
             return []

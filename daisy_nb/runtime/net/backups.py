@@ -11,8 +11,10 @@ speculation core what the hand-out sees and says what to do; the hand-out
   Its end is the connection's release or failure frame, or the connection's loss (dropped,
   silent, past the task's timeout, a goodbye), or its give-back (a block the job never started).
 * **who runs it.** At its tail (nothing ready or pending, blocks in flight) a speculative task
-  keeps up to one parked job per block in flight, instead of telling them to end
-  (``net/tail.py``); they run the backups. A plain task keeps at most one (for a retry).
+  keeps up to one parked job per block in flight that may still get a copy (one copy running,
+  none launched in this attempt), instead of telling them to end (``net/tail.py``); they run the
+  backups. A job costs while it waits, so once every block in flight had its copy the others
+  end. A plain task keeps at most one (for a retry).
 * **the backup.** When the hand-out serves its parked connections, the core names the blocks
   to copy (past half the task, run past ``k`` times the median block time, at most one per
   parked job). A copy is the same block, described again by the Scheduler
@@ -142,11 +144,12 @@ class ClientBackups:
     # ------------------------------------------------------------------ the tail and the backups
     def keep_at_tail(self, tid: str, kept_others: int) -> bool:
         """A job of ``tid`` asking at its tail stays parked for backups: a speculative task whose other
-        parked jobs are fewer than its blocks in flight."""
+        parked jobs are fewer than its blocks in flight that may still get a copy (a job costs while
+        it waits: none stays for a block that had its copy)."""
         s = self.s
         if self.factor(tid) is None or s.is_abandoned(tid) or s.is_task_done(tid):
             return False
-        return kept_others < s.processing_count(tid)
+        return kept_others < self.spec.can_back(self.t[tid])  # type: ignore[union-attr]
 
     def launch(self, parked: Mapping[Any, Iterable[Any]], now_ns: int) -> list[tuple[Any, list[int]]]:
         """The backups to send now: ``(connection, block row)`` pairs, a parked connection of the
