@@ -200,9 +200,11 @@ class Task(TaskParams):
         True (factor 3) or a factor ``k > 1``: once half the task's blocks have succeeded, a
         block running longer than ``k`` times the median block time is to get a second copy
         on an idle worker, the first to finish winning, so the block function must be
-        idempotent (as chunk-aligned zarr writes are). The local worker pool launches copies
-        (docs/explanation/pool.md#backups; the rule: :mod:`daisy_nb.scheduling.speculation`); the
-        other runtimes (``Client`` jobs, dask, serial) ignore it.
+        idempotent (as chunk-aligned zarr writes are). The local worker pool and the ``Client``
+        jobs of a 0-argument worker function launch copies (a ``Client`` whose copy lost has
+        its block body interrupted: ``daisy_nb.runtime.net.client.BlockDropped``;
+        docs/explanation/pool.md#backups; the rule: :mod:`daisy_nb.scheduling.speculation`);
+        dask and serial runs ignore it.
 
     Raises
     ------
