@@ -10,6 +10,7 @@ without stragglers: every block done once, no failure, no job lost. Also the cli
 reaches the handler it replaced.
 """
 
+import contextlib
 import signal
 import sys
 import time
@@ -26,6 +27,7 @@ from funlib.geometry import Roi  # noqa: E402
 
 import daisy_nb  # noqa: E402
 from daisy_nb.runtime.net import client as net_client  # noqa: E402
+from daisy_nb.runtime.net import drops as net_drops  # noqa: E402
 
 N = 40  # blocks
 JOBS = 4
@@ -73,17 +75,12 @@ def test_a_straggler_copy_wins_or_loses_and_the_other_is_interrupted(out, mode):
         assert (out / f"attempt_{sid}").read_text() == "x", f"block {sid} ran more than once"
 
 
-class _FakeClient:
-    _drop_now = None
-    _running = None
-
-
 @pytest.fixture
 def armed_handler():
-    """The client's SIGINT handler, armed for a fake client; the previous handler restored after."""
+    """A client's SIGINT handler, armed for a client's drops; the previous handler restored after."""
     prev = signal.getsignal(signal.SIGINT)
-    h = net_client._SigintHandler()
-    c = _FakeClient()
+    h = net_drops.SigintHandler()
+    c = net_drops.Drops()
     h.arm(c)
     try:
         yield h, c
@@ -94,24 +91,24 @@ def armed_handler():
 def test_a_drop_interrupts_only_the_block_it_names_and_other_sigints_reach_the_old_handler(armed_handler):
     h, c = armed_handler
     assert signal.getsignal(signal.SIGINT) is h and h.prev is signal.default_int_handler
-    c._running, c._drop_now = 7, 7  # the block that runs was dropped: its body gets BlockDropped
-    with pytest.raises(net_client.BlockDropped):
+    c.running, c.now = 7, 7  # the block that runs was dropped: its body gets BlockDropped
+    with pytest.raises(net_drops.BlockDropped):
         signal.raise_signal(signal.SIGINT)
-    assert c._drop_now is None
-    c._running, c._drop_now = None, 7  # its body ended before the signal came: nothing happens
+    assert c.now is None
+    c.running, c.now = None, 7  # its body ended before the signal came: nothing happens
     signal.raise_signal(signal.SIGINT)
-    assert c._drop_now is None
-    c._running = 8  # a SIGINT that is not a drop (Ctrl-C, the run's end): the handler it replaced
+    assert c.now is None
+    c.running = 8  # a SIGINT that is not a drop (Ctrl-C, the run's end): the handler it replaced
     with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGINT)
 
 
 def test_a_drop_that_comes_while_the_client_itself_runs_waits_to_be_sent_again(armed_handler):
     h, c = armed_handler
-    c._running, c._drop_now = 3, 3
-    ours = SimpleNamespace(f_code=SimpleNamespace(co_filename=net_client.__file__))
-    h(signal.SIGINT, ours)  # the client's own code runs: not raised, kept for the heartbeat's next send
-    assert c._drop_now == 3
-    with pytest.raises(net_client.BlockDropped):
+    c.running, c.now = 3, 3
+    for mod in (net_client, net_drops, contextlib):  # the client's own code runs: not raised, kept for the next send
+        h(signal.SIGINT, SimpleNamespace(f_code=SimpleNamespace(co_filename=mod.__file__)))
+        assert c.now == 3
+    with pytest.raises(net_drops.BlockDropped):
         h(signal.SIGINT, sys._getframe())  # the block's own code
-    assert c._drop_now is None
+    assert c.now is None

@@ -66,16 +66,14 @@ connection is seen within half a second and a vanished machine after
 
 **A block dropped** (``Task(speculative=...)``: ``speculative=1`` in the context): a backup
 copy of a straggling block ran in another job and succeeded first, and the scheduler says
-``D`` (drop). A block not started yet is never started (the client asks for another). A
-block running in the main thread is interrupted: the heartbeat thread, which reads the
-connection every ``DROP_TICK_SECS`` for such a client, sends ``SIGINT`` to the main thread,
-whose handler (the client's, installed at its first block, passing every other ``SIGINT`` to
-the handler it replaced) raises :class:`BlockDropped` in the block body if that block still
-runs, and does nothing if it has ended. ``acquire_block`` takes it: no failure is reported,
-the loop goes on (a ``BlockDropped`` is a ``BaseException``: ``except Exception`` in a block
-body lets it through). A body in another thread is not interrupted; its end counts for
-nothing. The block function of a speculative task must be idempotent (chunk-aligned zarr
-writes are): both copies may have written.
+``D`` (drop). A block not started yet is never started (the client asks for another); a
+block running in the main thread is interrupted within ``DROP_TICK_SECS`` (its body gets
+:class:`BlockDropped`, from the client's own ``SIGINT`` handler, which passes every other
+``SIGINT`` to the handler it replaced: :mod:`.drops`). ``acquire_block`` takes it: no failure
+is reported, the loop goes on (a ``BlockDropped`` is a ``BaseException``: ``except
+Exception`` in a block body lets it through). A body in another thread is not interrupted;
+its end counts for nothing. The block function of a speculative task must be idempotent
+(chunk-aligned zarr writes are): both copies may have written.
 
 A normal end is unchanged: ``N`` (no more work) between blocks makes
 ``acquire_block`` yield ``None``, the loop ends and the program exits 0; nothing is
@@ -89,7 +87,6 @@ its process.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import math
 import numbers
@@ -108,6 +105,7 @@ from daisy_nb.runtime.common.run_block import cap_traceback, format_exception
 from daisy_nb.runtime.net import liveness, transport, wire
 from daisy_nb.runtime.net.connection import Connection
 from daisy_nb.runtime.net.context import Context
+from daisy_nb.runtime.net.drops import DROP_TICK_SECS, BlockDropped, Drops
 
 __all__ = ["BlockDropped", "Client"]
 
@@ -118,7 +116,6 @@ _RELEASE = wire._RELEASE  # index, status
 _STATS = wire._STATS  # wall s, cpu s, peak RSS, IO read, IO write (resource_tracking)
 
 GIVE_BACK_SECS = 1.0  # a block sent ahead goes back if the worker has not asked for one for this long
-DROP_TICK_SECS = 0.05  # a speculative task's client reads DROP frames this often while a block runs
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # connected clients (closed at exit)
 
 _ENDED = "assuming the run has ended — this worker will exit without processing blocks"
@@ -126,11 +123,6 @@ EXIT_CODE = 130  # a program ended by its run's end (128 + SIGINT: "interrupted"
 EXIT_GRACE_SECS = config.EXIT_GRACE_SECS.default
 _ACQUIRE, _GOODBYE = wire.encode_acquire(), wire.encode_goodbye()
 _YEAR_2000 = 946_684_800.0  # an end_time before it is a duration passed by mistake
-
-
-class BlockDropped(BaseException):  # noqa: N818 - what happened, as KeyboardInterrupt
-    """Raised in a block body whose block the scheduler dropped: a backup copy of it, in
-    another job, succeeded first (``Task(speculative=...)``). ``acquire_block`` takes it."""
 
 
 def _exit_settings(exit_with_run) -> tuple[bool, float]:
@@ -305,22 +297,14 @@ class Client:
         self.end_time = _end_time(end_time)
         if context is None:
             context = Context.from_env()
-        from daisy_nb.logging import get_log_basedir, set_log_basedir
-
-        if "logdir" not in context:
-            base = get_log_basedir()
-            context["logdir"] = "" if base is None else str(base)
-        set_log_basedir(context["logdir"] or None)
+        _use_logdir(context)
         self.context = context
         self.host = context["hostname"]
         self.port = int(context["port"])
         self.worker_id = int(context["worker_id"])
         self.task_id = context["task_id"]
         self._track = context.get("resource_tracking", "0") == "1"
-        self._speculative = context.get("speculative", "0") == "1"
-        self._running: int | None = None  # the block whose body runs in the main thread
-        self._drop_now: int | None = None  # a block told to drop while it ran: SIGINT sent for it
-        self._dropped: set[int] = set()  # blocks told to drop before they started (never started)
+        self._drops = Drops() if context.get("speculative", "0") == "1" else None  # blocks to drop (net/drops.py)
         try:
             secret = bytes.fromhex(context.get("authkey", ""))
         except ValueError:
@@ -333,16 +317,8 @@ class Client:
         self._in_block = False
         self._owed = False  # a request (A, or an R: "done, and the next one") is not answered yet
         self._t_idle = t0 = time.monotonic()
-        try:
-            self._conn = Connection(transport.connect(self.host, self.port, secret, timeouts), self._peer, t0)
-        except wire.ProtocolVersionError as e:  # another daisy_nb release: loud, never "the run has ended"
-            logger.error("%s", e)
-            raise
-        except transport.NotOurRun as e:
-            logger.warning("daisy server at %s:%s is not this worker's run (%s); " + _ENDED, self.host, self.port, e)
-            return
-        except OSError as e:
-            logger.warning("daisy server at %s:%s is not reachable (%s); " + _ENDED, self.host, self.port, e)
+        self._conn = _connect(self.host, self.port, secret, timeouts, t0)
+        if self._conn is None:
             return
         # the seconds left, not the end time: the scheduler's clock need not agree with this machine's
         left = None if self.end_time is None else self.end_time - time.time()
@@ -380,26 +356,14 @@ class Client:
                 if not self._in_block and now - self._t_idle > GIVE_BACK_SECS:
                     self._give_back()
                 why = conn.watch(now)
-                if self._speculative:
-                    self._take_drops(conn)
+                if self._drops is not None:
+                    self._drops.take(conn.inbox)
             finally:
                 conn.reading.release()
             if why is not None:
                 self._lost(why, interrupt=self._in_block)
                 return
         conn.ping_if_due(now, self._beat)
-
-    def _take_drops(self, conn: Connection) -> None:
-        """``D`` frames that arrived (the caller holds ``reading``): the block running in the main
-        thread is interrupted (see the module docstring); any other is never started."""
-        for m in [m for m in conn.inbox if isinstance(m, wire.Drop)]:
-            conn.inbox.remove(m)
-            if m.block == self._running and _SIGINT.armed:
-                self._drop_now = m.block
-            else:
-                self._dropped.add(m.block)
-        if self._drop_now is not None and self._drop_now == self._running:  # again if it came at a bad moment
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
 
     def _lost(self, why: str, interrupt: bool = False) -> None:
         """The run is over for this client (not a normal end): close; the policy may end the program.
@@ -428,18 +392,16 @@ class Client:
                 while True:
                     while conn.inbox:
                         msg = conn.inbox.popleft()
-                        if isinstance(msg, wire.Drop):  # between blocks: the block is not running
-                            self._dropped.add(msg.block)
-                            continue
-                        if isinstance(msg, wire.BlockRow):  # the answer, or a block sent ahead (it answers)
-                            self._owed = False
-                            if msg.block in self._dropped:  # dropped before it started: ask again
-                                self._dropped.discard(msg.block)
+                        if self._drops is not None and self._drops.skip(msg):  # a drop; a dropped block
+                            if isinstance(msg, wire.BlockRow):  # it answered the request: ask again
+                                self._owed = False
                                 if not any(isinstance(m, wire.BlockRow) for m in conn.inbox):
                                     if not self._send(_ACQUIRE):
                                         return None
                                     self._owed = True
-                                continue
+                            continue
+                        if isinstance(msg, wire.BlockRow):  # the answer, or a block sent ahead (it answers)
+                            self._owed = False
                             return block_of(msg, self.task_id)
                         if msg is wire.NO_MORE:
                             self._owed = False
@@ -506,10 +468,8 @@ class Client:
             return
         reported = False
         self._in_block = True
-        if self._speculative and threading.current_thread() is threading.main_thread():
-            _SIGINT.arm(self)
-            self._drop_now = None
-            self._running = block.index
+        if self._drops is not None and threading.current_thread() is threading.main_thread():
+            self._drops.begin(block.index)
         prof = None
         if self._track:
             from daisy_nb.profiling import profile_block
@@ -529,7 +489,7 @@ class Client:
                 logger.warning("block %s failed: %s", block.block_id, e)
                 sys.stderr.write(f"block {block.block_id} failed:\n{tb}")
                 sys.stderr.flush()
-                stats = None if prof is None else self._stats(prof, block)
+                stats = None if prof is None else _stats(prof, block)
                 fail = wire.encode_failure(
                     block.index, block.spatial_id, type(e).__name__, str(e), cap_traceback(tb), stats
                 )
@@ -540,21 +500,16 @@ class Client:
                 logger.warning("could not report the failure of block %s", block.block_id, exc_info=True)
             raise
         finally:
-            self._running = None  # a drop signal that comes now finds no block: ignored
+            if self._drops is not None:
+                self._drops.end()
             if block.status != BlockStatus.SUCCESS:
                 block.status = BlockStatus.FAILED
             if not reported:  # a release asks for the next block too: the loop goes on
-                stats = None if prof is None else self._stats(prof, block)
+                stats = None if prof is None else _stats(prof, block)
                 if self._send(wire.encode_release(block.index, block.status, stats)):
                     self._owed = True
             self._t_idle = time.monotonic()
             self._in_block = False
-
-    @staticmethod
-    def _stats(prof, block) -> tuple[float, ...]:
-        from daisy_nb.profiling import measured_stats
-
-        return tuple(float(v) for v in measured_stats(prof, block)[:5])
 
     def _disconnect(self, give_back: bool = True):
         stop = getattr(self, "_stop", None)
@@ -581,6 +536,37 @@ class Client:
             pass
 
 
+def _use_logdir(context: Context) -> None:
+    """This worker's log folder: the context's ``logdir`` (set from this process's when missing)."""
+    from daisy_nb.logging import get_log_basedir, set_log_basedir
+
+    if "logdir" not in context:
+        base = get_log_basedir()
+        context["logdir"] = "" if base is None else str(base)
+    set_log_basedir(context["logdir"] or None)
+
+
+def _connect(host: str, port: int, secret: bytes, timeouts: dict, t0: float) -> Connection | None:
+    """The connection to the scheduler, or None (after a warning) if it is not there or is another run."""
+    try:
+        return Connection(transport.connect(host, port, secret, timeouts), timeouts["peer_timeout"], t0)
+    except wire.ProtocolVersionError as e:  # another daisy_nb release: loud, never "the run has ended"
+        logger.error("%s", e)
+        raise
+    except transport.NotOurRun as e:
+        logger.warning("daisy server at %s:%s is not this worker's run (%s); " + _ENDED, host, port, e)
+    except OSError as e:
+        logger.warning("daisy server at %s:%s is not reachable (%s); " + _ENDED, host, port, e)
+    return None
+
+
+def _stats(prof, block) -> tuple[float, ...]:
+    """A tracked block's five stats, as its release frame carries them."""
+    from daisy_nb.profiling import measured_stats
+
+    return tuple(float(v) for v in measured_stats(prof, block)[:5])
+
+
 def _exit_after(grace: float) -> None:
     """The run ended ``grace`` seconds ago and this program is still alive: end it (not a normal end)."""
     time.sleep(grace)
@@ -604,7 +590,7 @@ def _heartbeat_loop(ref) -> None:
         c = ref()
         if c is None:
             return
-        stop, tick = c._stop, DROP_TICK_SECS if c._speculative else min(c._beat / 2, 0.5)
+        stop, tick = c._stop, DROP_TICK_SECS if c._drops is not None else min(c._beat / 2, 0.5)
         del c
         if stop.wait(tick):
             return
@@ -613,46 +599,6 @@ def _heartbeat_loop(ref) -> None:
             return
         c._tick()
         del c
-
-
-class _SigintHandler:
-    """The ``SIGINT`` handler of a speculative task's client (installed once, in the main thread):
-    a drop signal raises :class:`BlockDropped` while its block runs, in the block's own code (one
-    that comes while this module or ``contextlib`` runs waits for the heartbeat thread to send it
-    again), and is ignored after the block; any other ``SIGINT`` goes to the handler it replaced
-    (Ctrl-C and the run's end work as before)."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.client: weakref.ref | None = None
-        self.prev: object = None
-
-    def arm(self, client: Client) -> None:
-        self.client = weakref.ref(client)
-        if not self.armed:
-            self.prev = signal.signal(signal.SIGINT, self)
-            self.armed = True
-
-    def __call__(self, signum, frame) -> None:
-        c = None if self.client is None else self.client()
-        if c is not None and c._drop_now is not None:  # ours: the scheduler dropped a block
-            d = c._drop_now
-            if d != c._running:
-                c._drop_now = None
-                return  # its body ended before the signal came: nothing to stop
-            if frame is not None and frame.f_code.co_filename in _OUR_FILES:
-                return  # not in the block's code: the heartbeat thread sends it again
-            c._drop_now = None
-            raise BlockDropped(f"block {d}: a backup copy of it finished first")
-        prev = self.prev
-        if callable(prev):
-            prev(signum, frame)
-        elif prev != signal.SIG_IGN:
-            raise KeyboardInterrupt
-
-
-_SIGINT = _SigintHandler()
-_OUR_FILES = frozenset({__file__, contextlib.__file__})
 
 
 @atexit.register
