@@ -68,15 +68,16 @@ def test_forked_workers_import_no_numba_or_numpy(out):
 
 
 def test_sigkilled_forked_worker_is_replaced_by_a_forked_one(out):
-    states = run([make_task("sk", 30, templatefns.sigkill_once_on_5, max_workers=3, max_retries=1)])
+    # one worker, so that a replacement is needed whatever the timing (with 3, the survivors may
+    # already hold every remaining block when the death is seen: no restart, seen in CI on a quiet
+    # machine)
+    states = run([make_task("sk", 30, templatefns.sigkill_once_on_5, max_workers=1, max_retries=1)])
     st = states["sk"]
     assert st.completed_count == 30 and st.failed_count == 0
     assert attempts(out, "sk", 5) == 2
-    # a restart, or a job end if the killed worker had finished blocks before block 5
-    assert st.worker_failure_count == 1 and st.worker_restart_count + st.worker_job_end_count == 1
-    # 3 workers and the replacement; a growth spawn (not a restart) can add one when a worker's
-    # exit and the ready blocks interleave (seen once in CI at load ~2)
-    assert st.worker_start_count in (4, 5)
+    # a local block worker's death is a crash (no job-end exemption), replaced as a restart
+    assert st.worker_failure_count == 1 and st.worker_restart_count == 1 and st.worker_job_end_count == 0
+    assert st.worker_start_count == 2
     assert "exited with code -9" in st.last_worker_error  # the template's report of the SIGKILL
     (template,) = parents(out, "sk")
     assert template != os.getpid()
