@@ -26,7 +26,7 @@ from daisy_nb.runtime.local.records import BUSY, BlockProcess
 
 __all__ = ["Batches"]
 
-_SUCCESS, _FAILED = BlockStatus.SUCCESS, BlockStatus.FAILED
+_CREATED, _SUCCESS, _FAILED = BlockStatus.CREATED, BlockStatus.SUCCESS, BlockStatus.FAILED
 
 
 class Batches:
@@ -70,9 +70,10 @@ class Batches:
         actions = self.core.batch_done(w.wid, st, elapsed, dispatch=redispatch, now_ns=time.monotonic_ns())
         t = self.core.tasks[tr.tid]
         tr.per_block, tr.batch_k = t.per_block, t.batch_k
-        if self.timeline is not None and n:  # one bar per batch: its run time is in shared memory
+        ran = n - int(np.count_nonzero(st == _CREATED))  # not the blocks it left (given back: they run elsewhere)
+        if self.timeline is not None and ran:  # one bar per batch: its run time is in shared memory
             t1 = time.monotonic()
-            self.timeline.bar(("w", w.wid), tr.tid, t1 - elapsed / 1e9, t1, n, int(np.count_nonzero(st == _FAILED)))
+            self.timeline.bar(("w", w.wid), tr.tid, t1 - elapsed / 1e9, t1, ran, int(np.count_nonzero(st == _FAILED)))
         return actions
 
     def raised(self, w: BlockProcess, error: wire.Raised) -> None:
