@@ -25,6 +25,13 @@ if TYPE_CHECKING:
 
 __all__ = ["ListedCalls"]
 
+
+def _as_lists(b) -> list[list[int]]:
+    """A :class:`~daisy_nb.scheduler.BlockBatch` as flat lists, one per block (what a ``BLOCK`` frame carries)."""
+    cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)
+    return [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
+
+
 # what ks.step is in plain mode (kernels/surface_plain.py): calls of several blocks then take lists
 # from the plain surface; one-block calls go through ks.step in both modes. Compared on every call:
 # switching to compiled kernels (kernels/_jit.py) rebinds ks.step, also in the middle of a run.
@@ -76,9 +83,12 @@ class ListedCalls:
                 if rows:
                     s._handed_out(len(rows))
                 return rows
-        b = s.acquire_blocks(task_id, max_n)
-        cols = (b.index, b.spatial_id, b.read_offset, b.read_shape, b.write_offset, b.write_shape)
-        return [[i, sid, *ro, *rs, *wo, *ws] for i, sid, ro, rs, wo, ws in zip(*(c.tolist() for c in cols))]
+        return _as_lists(s.acquire_blocks(task_id, max_n))
+
+    def describe(self, task_id: str, rows: list[int]) -> list[list[int]]:
+        """Blocks of ``task_id`` by row, as :meth:`acquire` gives them, without acquiring them (a
+        backup copy of a block in flight, ``runtime/net/backups.py``)."""
+        return _as_lists(self._s.describe_blocks(task_id, rows))
 
     def release(self, task_id: str, index: list[int], status: list[int]) -> None:
         """Take back blocks of ``task_id`` as ``Scheduler.release_blocks`` does, from the lists a runtime built.

@@ -18,7 +18,7 @@ speculation core what the hand-out sees and says what to do; the hand-out
 * **the backup.** When the hand-out serves its parked connections, the core names the blocks
   to copy (past half the task, run past ``k`` times the median block time, at most one per
   parked job). A copy is the same block, described again by the Scheduler
-  (``describe_blocks``), sent to a parked job, not acquired again: it stays in flight once.
+  (``ListedCalls.describe``), sent to a parked job, not acquired again: it stays in flight once.
 * **the first success wins.** Its release counts (tracking and counters count it once); the
   other copy is forgotten and its job is told to drop it (``DROP``): a ``Client`` whose block
   runs in its main thread interrupts it and asks for the next block (at the tail: it is told
@@ -37,7 +37,7 @@ the core counts as running is the first block its connection holds.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from daisy_nb.scheduling.speculation import Speculation
@@ -51,12 +51,15 @@ class ClientBackups:
     Parameters
     ----------
     scheduler : Scheduler
-        The run's scheduler: the tasks' ``speculative`` factors, their blocks in this run, and
-        the description of a block to copy.
+        The run's scheduler: the tasks' ``speculative`` factors and their blocks in this run.
+    describe : callable
+        ``describe(task_id, rows)``: those blocks as the hand-out sends them, without acquiring
+        them (:meth:`daisy_nb.scheduling.listed.ListedCalls.describe`).
     """
 
-    def __init__(self, scheduler) -> None:
+    def __init__(self, scheduler, describe: Callable[[str, list[int]], list[list[int]]]) -> None:
         s = self.s = scheduler
+        self.describe = describe
         tids = list(s.task_ids)
         factors = [getattr(s.tasks[tid], "speculative", None) for tid in tids]
         self.t = {tid: i for i, tid in enumerate(tids)}
@@ -164,9 +167,7 @@ class ClientBackups:
                 continue
             idle = list(ccs)
             for b in spec.candidates(self.t[tid], now_ns / 1e9, len(idle)):
-                d = self.s.describe_blocks(tid, [b.row])
-                row = [b.row, int(d.spatial_id[0]), *d.read_offset[0].tolist(), *d.read_shape[0].tolist()]
-                row += [*d.write_offset[0].tolist(), *d.write_shape[0].tolist()]
+                (row,) = self.describe(tid, [b.row])
                 out.append((idle.pop(0), row))
                 self.launched += 1
         return out

@@ -465,7 +465,9 @@ class HandOut(_Copies):
         # which connections stay parked when no block is ready, and for how long (net/tail.py)
         self.tail = TailKeep(scheduler, start_secs=jobs.job_start_secs)
         self.walltime = WalltimeRule()  # which jobs end before their walltime (net/walltime.py)
-        self.bk = ClientBackups(scheduler)  # backups of stragglers, Task(speculative=...) (net/backups.py)
+        self.bk = ClientBackups(
+            scheduler, self.listed.describe
+        )  # backups of stragglers, Task(speculative=...) (net/backups.py)
         self.quiet_secs = 0.0  # how long the connections may go unread after the last pass
         self.aborting = False  # blocks cut short are given back, not failed
         self.stopped = False  # no more blocks handed out (Ctrl-C)
