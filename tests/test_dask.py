@@ -463,13 +463,30 @@ def test_killed_worker_never_stalls_the_run(tmp_path, no_leaks):
                         out[f.name[len(prefix) :]] = float(t)
             return out
 
+        def announced():
+            """Batch starts the victim announced that reached the dask scheduler: a worker killed
+            before its announcement left it has its batch rerun by dask, unseen by the driver."""
+            topics = client.get_events()
+            return sum(
+                1
+                for name, events in topics.items()
+                if str(name).startswith("daisy_nb-")
+                for _, msg in events
+                if isinstance(msg, dict) and msg.get("pid") == victim and "bid" in msg and not msg.get("end")
+            )
+
         def killer():
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 done = mine("done_")
                 running = {b: t for b, t in mine("start_").items() if b not in done}
-                # in the middle of a block: 4 finished, one started less than half a block ago
-                if len(done) >= 4 and any(time.monotonic() - t < sleep / 2 for t in running.values()):
+                # in the middle of a block: 4 finished, one started less than half a block ago,
+                # and its start announced (the driver counts a lost worker by its started batches)
+                if (
+                    len(done) >= 4
+                    and any(time.monotonic() - t < sleep / 2 for t in running.values())
+                    and announced() >= len(done) + len(running)
+                ):
                     killed_at.append(time.time())
                     os.kill(victim, signal.SIGKILL)
                     return

@@ -33,7 +33,10 @@ The daisy_nb :class:`~daisy_nb.Scheduler` stays in the calling process (the
   (``remove-worker``, not ``expected``), the batches that *started* there are
   cancelled (so dask does not silently rerun them) and their blocks fail once and
   are retried; batches that were merely queued there are left to dask, which runs
-  them elsewhere. A future that errors (``KilledWorker``, ``CancelledError``, a
+  them elsewhere. A worker killed before its announcement left it (the worker
+  sends it on its next flush, a few ms) leaves a batch the driver never saw start:
+  dask runs it elsewhere as a queued one, its lost worker is not counted, and
+  nothing is lost. A future that errors (``KilledWorker``, ``CancelledError``, a
   deserialization error on the worker) fails its blocks once too. Each lost worker
   counts as a worker failure of the task (``worker_failure_count``); after
   ``max_worker_restarts`` of them the task is abandoned, as with the local pool; one
