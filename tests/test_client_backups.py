@@ -6,12 +6,13 @@ take 20 ms. At the task's tail a job stays parked, gets a copy of block 0, and t
 to succeed counts; the other job is told to drop the block, its body is interrupted
 (``BlockDropped``) and its loop goes on to its clean end. The counts are those of a run
 without stragglers: every block done once, no failure, no job lost. Also the client's
-``SIGINT`` handler: a drop interrupts only the block it names, and any other ``SIGINT`` still
-reaches the handler it replaced.
+drop handler: a drop interrupts only the block it names, any other signal of that number still
+reaches the handler it replaced, and the program's ``SIGINT`` is left alone.
 """
 
 import contextlib
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,46 +76,69 @@ def test_a_straggler_copy_wins_or_loses_and_the_other_is_interrupted(out, mode):
         assert (out / f"attempt_{sid}").read_text() == "x", f"block {sid} ran more than once"
 
 
-@pytest.fixture(params=["default", "ignored"])
+@pytest.fixture(params=["default", "ignored", "a handler"])
 def armed_handler(request):
-    """A client's SIGINT handler, armed for a client's drops over Python's default handler or over
-    ``SIG_IGN`` (a program started in the background); the previous handler restored after."""
-    prev = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler if request.param == "default" else signal.SIG_IGN)
-    h = net_drops.SigintHandler()
+    """A client's drop handler, armed over the drop signal's default action, ``SIG_IGN`` or a
+    program's own handler (it records the signals it gets); the previous handler restored after."""
+    sig = net_drops.DROP_SIGNAL
+    got: list = []
+    before = {"default": signal.SIG_DFL, "ignored": signal.SIG_IGN, "a handler": lambda n, f: got.append(n)}
+    prev = signal.signal(sig, before[request.param])
+    h = net_drops.DropHandler()
     c = net_drops.Drops()
     h.arm(c)
     try:
-        yield h, c
+        yield h, c, got
     finally:
-        signal.signal(signal.SIGINT, prev)
+        signal.signal(sig, prev)
 
 
-def test_a_drop_interrupts_only_the_block_it_names_and_other_sigints_reach_the_old_handler(armed_handler):
-    h, c = armed_handler
-    assert signal.getsignal(signal.SIGINT) is h
+def test_a_drop_interrupts_only_the_block_it_names_and_other_signals_reach_the_old_handler(armed_handler):
+    h, c, got = armed_handler
+    sig = net_drops.DROP_SIGNAL
+    assert signal.getsignal(sig) is h and sig != signal.SIGINT
     c.running, c.now = 7, 7  # the block that runs was dropped: its body gets BlockDropped
     with pytest.raises(net_drops.BlockDropped):
-        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(sig)
     assert c.now is None
     c.running, c.now = None, 7  # its body ended before the signal came: nothing happens
-    signal.raise_signal(signal.SIGINT)
-    assert c.now is None
-    c.running = 8  # a SIGINT that is not a drop (Ctrl-C, the run's end): the handler it replaced
-    if h.prev is signal.SIG_IGN:
-        signal.raise_signal(signal.SIGINT)  # ignored, as before the client armed its handler
+    signal.raise_signal(sig)
+    assert c.now is None and got == []
+    c.running = 8  # the same signal, not a drop (sent by someone else): the handler it replaced
+    if h.prev is signal.SIG_DFL:  # the default action ends the process: seen in a child
+        code = (
+            "import signal; from daisy_nb.runtime.net import drops as d; "
+            "c = d.Drops(); d.DropHandler().arm(c); c.running = 8; signal.raise_signal(d.DROP_SIGNAL); print('alive')"
+        )
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert child.returncode == -sig and "alive" not in child.stdout, (child.returncode, child.stderr)
     else:
-        assert h.prev is signal.default_int_handler
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(sig)  # ignored, or the program's handler called
+        assert got == ([] if h.prev is signal.SIG_IGN else [sig])
+    assert signal.getsignal(sig) is h
+
+
+def test_arming_the_drop_handler_leaves_sigint_and_what_children_inherit_alone():
+    """A job started in the background (SIGINT ignored) keeps SIGINT ignored once its client
+    armed the drop handler, and so do the programs it starts (they inherit the disposition)."""
+    prev_int, prev_drop = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.getsignal(net_drops.DROP_SIGNAL)
+    try:
+        net_drops.DropHandler().arm(net_drops.Drops())
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert child.stdout.strip() == "True", child.stderr
+    finally:
+        signal.signal(signal.SIGINT, prev_int)
+        signal.signal(net_drops.DROP_SIGNAL, prev_drop)
 
 
 def test_a_drop_that_comes_while_the_client_itself_runs_waits_to_be_sent_again(armed_handler):
-    h, c = armed_handler
+    h, c, _ = armed_handler
     c.running, c.now = 3, 3
     for mod in (net_client, net_drops, contextlib):  # the client's own code runs: not raised, kept for the next send
-        h(signal.SIGINT, SimpleNamespace(f_code=SimpleNamespace(co_filename=mod.__file__)))
+        h(net_drops.DROP_SIGNAL, SimpleNamespace(f_code=SimpleNamespace(co_filename=mod.__file__)))
         assert c.now == 3
     with pytest.raises(net_drops.BlockDropped):
-        h(signal.SIGINT, sys._getframe())  # the block's own code
+        h(net_drops.DROP_SIGNAL, sys._getframe())  # the block's own code
     assert c.now is None

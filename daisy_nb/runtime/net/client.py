@@ -68,8 +68,8 @@ connection is seen within half a second and a vanished machine after
 copy of a straggling block ran in another job and succeeded first, and the scheduler says
 ``D`` (drop). A block not started yet is never started (the client asks for another); a
 block running in the main thread is interrupted within ``DROP_TICK_SECS`` (its body gets
-:class:`BlockDropped`, from the client's own ``SIGINT`` handler, which passes every other
-``SIGINT`` to the handler it replaced: :mod:`.drops`). ``acquire_block`` takes it: no failure
+:class:`BlockDropped`, from the client's handler of a signal of its own, not ``SIGINT``, which
+stays the program's: :mod:`.drops`). ``acquire_block`` takes it: no failure
 is reported, the loop goes on (a ``BlockDropped`` is a ``BaseException``: ``except
 Exception`` in a block body lets it through). A body in another thread is not interrupted;
 its end counts for nothing. The block function of a speculative task must be idempotent

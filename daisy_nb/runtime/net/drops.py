@@ -7,13 +7,19 @@ blocks dropped before they started (never started: the client asks for another).
 
 **The interrupt.** The client's heartbeat thread reads the connection every
 ``DROP_TICK_SECS`` (50 ms) for a speculative task's client; a drop for the block that runs in
-the main thread sends ``SIGINT`` to that thread. Its handler (:class:`SigintHandler`, installed
-once, at the client's first block in the main thread) raises :class:`BlockDropped` in the block
-body if that block still runs and the signal came while the block's own code ran; one that
-came while the client itself or ``contextlib`` ran is left pending and sent again at the next
-tick; one for a block that has ended is ignored. Any other ``SIGINT`` (Ctrl-C, the run's end)
-goes to the handler it replaced. A body in another thread is not interrupted: its end counts
-for nothing at the scheduler.
+the main thread sends :data:`DROP_SIGNAL` to that thread. Its handler (:class:`DropHandler`,
+installed once, at the client's first block in the main thread) raises :class:`BlockDropped` in
+the block body if that block still runs and the signal came while the block's own code ran; one
+that came while the client itself or ``contextlib`` ran is left pending and sent again at the
+next tick; one for a block that has ended is ignored. A body in another thread is not
+interrupted: its end counts for nothing at the scheduler.
+
+**A signal of its own.** :data:`DROP_SIGNAL` is a real-time signal (``SIGRTMIN + 7``; ``SIGUSR2``
+where there are none), not ``SIGINT``: the program's ``SIGINT`` stays as it found it, Ctrl-C
+and the run's end included, and so does the disposition the programs it starts inherit (a
+job started with ``SIGINT`` ignored starts its children with it ignored). A drop signal that is
+not a drop (sent by someone else) goes to the handler it replaced: called, ignored, or the
+default action.
 
 Standard library only: worker programs import this.
 """
@@ -29,9 +35,12 @@ from typing import Any
 
 from daisy_nb.runtime.net import wire
 
-__all__ = ["DROP_TICK_SECS", "BlockDropped", "Drops", "SigintHandler"]
+__all__ = ["DROP_SIGNAL", "DROP_TICK_SECS", "BlockDropped", "DropHandler", "Drops"]
 
 DROP_TICK_SECS = 0.05  # a speculative task's client reads DROP frames this often while a block runs
+# the signal that interrupts a dropped block's body (module docstring): not SIGINT, so that the
+# program's SIGINT stays its own
+DROP_SIGNAL = signal.SIGRTMIN + 7 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 
 
 class BlockDropped(BaseException):  # noqa: N818 - what happened, as KeyboardInterrupt
@@ -41,7 +50,7 @@ class BlockDropped(BaseException):  # noqa: N818 - what happened, as KeyboardInt
 
 class Drops:
     """One client's drops (module docstring). ``running``: the block whose body runs in the main
-    thread (None: none); ``now``: a drop that came for it, its ``SIGINT`` sent; ``early``: blocks
+    thread (None: none); ``now``: a drop that came for it, its :data:`DROP_SIGNAL` sent; ``early``: blocks
     dropped before they started."""
 
     __slots__ = ("__weakref__", "early", "now", "running")
@@ -53,7 +62,7 @@ class Drops:
 
     def begin(self, index: int) -> None:
         """The main thread starts block ``index``'s body (the handler is armed for it)."""
-        _SIGINT.arm(self)
+        _HANDLER.arm(self)
         self.now = None
         self.running = index
 
@@ -66,12 +75,12 @@ class Drops:
         the running block is interrupted, any other never started."""
         for m in [m for m in inbox if isinstance(m, wire.Drop)]:
             inbox.remove(m)
-            if m.block == self.running and _SIGINT.armed:
+            if m.block == self.running and _HANDLER.armed:
                 self.now = m.block
             else:
                 self.early.add(m.block)
         if self.now is not None and self.now == self.running:  # again if it came at a bad moment
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+            signal.pthread_kill(threading.main_thread().ident, DROP_SIGNAL)  # type: ignore[arg-type]
 
     def skip(self, msg) -> bool:
         """A message the client takes between blocks: True for a drop (noted) or a block dropped
@@ -85,8 +94,8 @@ class Drops:
         return False
 
 
-class SigintHandler:
-    """The ``SIGINT`` handler of a speculative task's client (module docstring)."""
+class DropHandler:
+    """The :data:`DROP_SIGNAL` handler of a speculative task's client (module docstring)."""
 
     def __init__(self) -> None:
         self.armed = False
@@ -96,7 +105,7 @@ class SigintHandler:
     def arm(self, drops: Drops) -> None:
         self.drops = weakref.ref(drops)
         if not self.armed:
-            self.prev = signal.signal(signal.SIGINT, self)
+            self.prev = signal.signal(DROP_SIGNAL, self)
             self.armed = True
 
     def __call__(self, signum, frame) -> None:
@@ -112,11 +121,13 @@ class SigintHandler:
         prev = self.prev
         if callable(prev):
             prev(signum, frame)
-        elif prev != signal.SIG_IGN:
-            raise KeyboardInterrupt
+        elif prev == signal.SIG_DFL:  # the default action (a real-time signal's: the process ends)
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+            signal.signal(signum, self)  # a default action that let the process live: ours again
 
 
-_SIGINT = SigintHandler()
+_HANDLER = DropHandler()
 # the client's own code (client.py, this module, the context manager): a drop that comes while
 # it runs waits for the next tick
 OUR_FILES = {os.path.join(os.path.dirname(__file__), "client.py"), __file__, contextlib.__file__}
