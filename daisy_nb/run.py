@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -251,7 +252,9 @@ def check_run(tasks: Tasks, multiprocessing: bool, executor: Any, resources: Map
     What each runtime checks again when it starts (serial: a block function per task with
     blocks; pool: a process function per task and ``requires`` within ``resources``;
     dask: a block function per task with blocks), said here with the task's name and the
-    parameter, before a tracking file is opened or a worker started.
+    parameter, before a tracking file is opened or a worker started. A ``speculative`` task
+    in a serial or dask run gets a ``UserWarning``: only the pool and ``Client`` jobs launch
+    backup copies.
 
     Raises
     ------
@@ -293,6 +296,15 @@ def check_run(tasks: Tasks, multiprocessing: bool, executor: Any, resources: Map
                     "run_blockwise(executor=dask_client) runs 1-argument block functions only: write "
                     "process_function(block) (use Task(init_fn=...) and daisy_nb.dask.worker_state() for "
                     "per-worker setup), or run this task with the local pool (no executor)."
+                )
+            if task.speculative is not None and has_blocks and not pool:
+                mode = "serial (multiprocessing=False)" if not multiprocessing else "dask (executor=...)"
+                warnings.warn(
+                    f"task {task.task_id!r}: speculative={task.speculative:g} has no effect in a {mode} run: "
+                    "backup copies of stragglers are launched by the local worker pool and by Client jobs "
+                    "(docs/explanation/pool.md#backups); its blocks run once each, as without it",
+                    UserWarning,
+                    stacklevel=4,  # run_blockwise's caller
                 )
             if pool:
                 for k, v in task.requires.items():

@@ -204,7 +204,7 @@ class Task(TaskParams):
         jobs of a 0-argument worker function launch copies (a ``Client`` whose copy lost has
         its block body interrupted: ``daisy_nb.runtime.net.client.BlockDropped``;
         docs/explanation/pool.md#backups; the rule: :mod:`daisy_nb.scheduling.speculation`);
-        dask and serial runs ignore it.
+        dask and serial runs ignore it, with a ``UserWarning`` naming the task.
 
     Raises
     ------

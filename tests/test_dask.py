@@ -641,3 +641,19 @@ def test_failed_blocks_come_back_structured_and_group_as_raised(both_workers, tm
         m = re.match(r"block \('g', (3|9)\) failed on dask worker tcp://\S+ \(pid \d+\):\nTraceback", text)
         assert m, text
         assert text.rstrip().endswith(f"DiskGone: disk {m.group(1)} is gone\nsecond line: ask the admin")
+
+
+def test_a_speculative_task_on_dask_warns_that_it_has_no_backups(both_workers):
+    """dask runs no backup copies: the run says so for the task that asked, and runs it as usual."""
+    t = daisy_nb.Task(
+        "spec",
+        Roi((0,), (8,)),
+        Roi((0,), (1,)),
+        Roi((0,), (1,)),
+        process_function=noop,
+        speculative=True,
+        tracking_path=False,
+    )
+    with pytest.warns(UserWarning, match=r"task 'spec': speculative=3 has no effect in a dask"):
+        st = daisy_nb.run_blockwise(t, executor=both_workers, progress=False, summary=False, return_states=True)
+    assert st["spec"].completed_count == 8 and st["spec"].failed_count == 0

@@ -507,3 +507,23 @@ def test_summary_keeps_one_line_per_task_whatever_its_id():
     rows = [line for line in buf.getvalue().splitlines() if "✔" in line]
     assert [r.split()[0] for r in rows] == ["a\\nb", "tab\\there", "ünï"]
     assert len({len(r) for r in rows}) == 1  # aligned: every row as wide
+
+
+def test_a_speculative_task_in_a_serial_run_warns_that_it_has_no_backups():
+    """Backup copies need workers (the pool, Client jobs): a serial run says so, naming the task, at
+    the user's call, and runs every block once; a plain task runs without the warning."""
+    import warnings
+
+    ran = []
+
+    def task(tid, **kw):
+        return daisy.Task(tid, Roi((0,), (6,)), Roi((0,), (1,)), Roi((0,), (1,)), process_function=ran.append, **kw)
+
+    with pytest.warns(UserWarning, match=r"task 'spec': speculative=2\.5 has no effect in a serial") as rec:
+        states = run([task("spec", speculative=2.5), task("plain")], progress=False, return_states=True)
+    ours = [w for w in rec if "speculative" in str(w.message)]
+    assert len(ours) == 1 and ours[0].filename == __file__  # the caller's line (stacklevel)
+    assert states["spec"].completed_count == 6 and len(ran) == 12
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a plain task: no warning at all
+        run(task("plain2"), progress=False)
