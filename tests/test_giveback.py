@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from types import SimpleNamespace
 
 import numpy as np
 from funlib.geometry import Roi
@@ -23,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import daisy_nb
 from daisy_nb.block import BlockStatus
+from daisy_nb.runtime.local import pool
 from daisy_nb.runtime.local.blocks import BlockCore, Kill, Quit, SendBatch
 from daisy_nb.runtime.local.giveback import CONFIRM_NS, Cut, Running
 
@@ -503,3 +505,11 @@ def test_a_speculative_task_keeps_one_parked_worker_per_block_in_flight_at_its_t
         m.apply(m.core.dispatch_parked())
         assert len(m.core.parked_of("a")) == 1
         m.valid()
+    # meanwhile the pool looks for the straggler's copy every CHECK_SECS, not every POLL_SECS
+    procs = SimpleNamespace(blocks=SimpleNamespace(core=m.core))
+    assert m.core.backups.copies_due() and pool._wait_limit(False, None, procs) == pool.CHECK_SECS
+    finish_block(m, slow)
+    m.read_limit(slow)
+    m.act(slow)
+    assert m.core.inflight("a") == 0 and not m.core.backups.copies_due()
+    assert pool._wait_limit(False, None, procs) == pool.POLL_SECS

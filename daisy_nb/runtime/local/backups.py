@@ -79,6 +79,15 @@ class PoolBackups:
         others = sum(1 for wid in core.parked_of(tid) if wid != w.wid)
         return others < core.inflight(tid)
 
+    def copies_due(self) -> bool:
+        """A speculative task has workers parked for backups and blocks in flight: a straggler's
+        copy may be due at any look, so the pool looks every ``CHECK_SECS``, not every
+        ``POLL_SECS`` (a copy launched up to 0.1 s late was most of a speculative run's tail)."""
+        if self.spec is None:
+            return False
+        core = self.core
+        return any(self.factor(tid) is not None and core.inflight(tid) and core.parked_of(tid) for tid in self.t)
+
     # ------------------------------------------------------------------ at a look
     def look(self, now_ns: int, running: Mapping[int, Running]) -> list:
         """Copies the look sees start, and the backups it launches (``SendBatch`` actions)."""

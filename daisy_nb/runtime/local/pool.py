@@ -81,12 +81,15 @@ SHUTDOWN_GRACE_SECS = 2.0  # after "quit", before SIGKILL
 WORKER_FUNCTION_GRACE_SECS = 10.0  # a worker function may clean up after its loop
 
 
-def _wait_limit(more_spawns: bool, retry_at: float | None) -> float:
+def _wait_limit(more_spawns: bool, retry_at: float | None, procs=None) -> float:
     """How long the loop may wait for its descriptors: not at all while workers are still to be
-    started, else ``POLL_SECS``, or less when a held retry (``Task(retry_backoff=...)``) is due sooner."""
+    started, else ``POLL_SECS``, or less when a held retry (``Task(retry_backoff=...)``) is due sooner,
+    or ``CHECK_SECS`` while parked workers wait for a straggler's backup copy (``procs``' backups:
+    :meth:`.backups.PoolBackups.copies_due`)."""
     if more_spawns:
         return 0.0
-    return POLL_SECS if retry_at is None else min(POLL_SECS, max(0.0, retry_at - time.monotonic()))
+    limit = CHECK_SECS if procs is not None and procs.blocks.core.backups.copies_due() else POLL_SECS
+    return limit if retry_at is None else min(limit, max(0.0, retry_at - time.monotonic()))
 
 
 class _Pool:
@@ -325,7 +328,7 @@ class _Pool:
             else:
                 stalled = 0
             readable = []
-            for obj in self.waitables.wait(tcp.wait_timeout(_wait_limit(self.more_spawns, retry_at))):
+            for obj in self.waitables.wait(tcp.wait_timeout(_wait_limit(self.more_spawns, retry_at, procs))):
                 if obj == self.wake_r:
                     try:
                         os.read(self.wake_r, 4096)
