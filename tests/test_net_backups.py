@@ -125,6 +125,7 @@ def test_a_plain_task_launches_no_copy_and_keeps_at_most_one_job_for_a_retry():
     h.core.serve_parked(h.now)
     h.run()
     assert h.core.counts["backups"] == 0 and x not in h.blocks(2)
+    assert not h.core.copies_due()  # a job parked for a retry waits for no copy: the pool wakes as usual
 
 
 def test_no_copy_before_the_straggler_has_run_past_k_times_the_median():
@@ -132,10 +133,12 @@ def test_no_copy_before_the_straggler_has_run_past_k_times_the_median():
     h.core.serve_parked(h.now)
     h.run()
     assert h.core.counts["backups"] == 0 and h.core.conns[2].parked
+    assert h.core.copies_due()  # meanwhile the pool wakes often: the copy goes out when it is due
     h.now += 2000 * MS
     h.core.serve_parked(h.now)
     h.run()
     assert h.core.counts["backups"] == 1 and h.blocks(2)[-1] == x
+    assert not h.core.copies_due()  # nobody waits, and the straggler had its copy
 
 
 def test_the_tail_keeps_one_parked_job_per_block_in_flight_then_ends_them():

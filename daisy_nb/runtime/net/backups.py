@@ -45,6 +45,9 @@ from daisy_nb.scheduling.speculation import Speculation
 __all__ = ["ClientBackups"]
 
 
+COPY_LOOK_SECS = 0.02  # how often the pool looks for a due copy while jobs wait parked for one
+
+
 class ClientBackups:
     """The hand-out's side of the backups of speculative tasks (module docstring).
 
@@ -153,6 +156,14 @@ class ClientBackups:
         if self.factor(tid) is None or s.is_abandoned(tid) or s.is_task_done(tid):
             return False
         return kept_others < self.spec.can_back(self.t[tid])  # type: ignore[union-attr]
+
+    def copies_due(self, parked: Iterable[Any]) -> bool:
+        """Jobs are parked (``parked``: their task runs) for a block that may still get a copy: one
+        may be due at any moment, so the pool wakes every ``COPY_LOOK_SECS``, not every 0.1 s."""
+        if self.spec is None:
+            return False
+        spec = self.spec
+        return any(self.factor(tr.tid) is not None and spec.can_back(self.t[tr.tid]) for tr in parked)
 
     def launch(self, parked: Mapping[Any, Iterable[Any]], now_ns: int) -> list[tuple[Any, list[int]]]:
         """The backups to send now: ``(connection, block row)`` pairs, a parked connection of the

@@ -426,6 +426,10 @@ class _Copies(_Timers):
             self.bk.started(cc, next(iter(cc.held)), now_ns)
         return counts
 
+    def copies_due(self) -> bool:
+        """Jobs wait parked for a straggler's copy (:meth:`.backups.ClientBackups.copies_due`)."""
+        return not self.stopped and not self.aborting and self.bk.copies_due(self.parked)
+
     def _launch_backups(self, now_ns: int) -> None:
         """Send the backups the rule asks for now, each to a parked job of its task."""
         if self.bk.spec is None or self.stopped or self.aborting:

@@ -44,6 +44,7 @@ from typing import Any
 from daisy_nb.runtime.local.functions import MUST_BLOCK
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.net import wire
+from daisy_nb.runtime.net.backups import COPY_LOOK_SECS
 from daisy_nb.runtime.net.handout import QUIET_FRACTION, QUIET_MAX_SECS, Close, Conn, HandOut, Jobs
 
 __all__ = ["QUIET_FRACTION", "QUIET_MAX_SECS", "ClientConn", "Clients", "Jobs"]
@@ -179,6 +180,8 @@ class Clients:
     def wait_timeout(self, limit: float) -> float:
         """How long the pool may wait (at most ``limit``): the quiet time's deadline; once it has
         passed, the connections are watched again."""
+        if self.core.copies_due():  # a straggler's copy may be due: launched at the next turn
+            limit = min(limit, COPY_LOOK_SECS)
         until = self.quiet_until
         if until is None:
             return limit
