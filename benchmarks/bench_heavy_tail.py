@@ -25,6 +25,10 @@ round: lognormal, median 20 ms, sigma 0.5 (mean 22.7 ms). The block function is
   all workers. ``max_retries=2`` (in every workload; daisy's default).
 * **W3**: one 3-D task of 20³ blocks (write 4³, context 1, ``read_write_conflict=True``):
   8 levels of 1,000 blocks, each block after its neighbours of the levels before.
+* **W4**: three chained 3-D tasks ``a -> b -> c`` of 14³ blocks each (8,232 in all; W3's
+  geometry, ``a`` with ``read_write_conflict=True``, ``b`` and ``c`` without), 32 workers in
+  all: each task ``requires={"cpu": 1}`` within ``resources={"cpu": 32}``. A block of ``b``
+  waits for the blocks of ``a`` whose write ROIs its read ROI meets (up to 27), ``c`` for ``b``'s.
 
 Both libraries run with ``block_tracking=False``, ``progress=False``, ``summary=False``,
 ``host="127.0.0.1"``, in a fresh temporary working directory per run (daisy 2.0.0 writes its
@@ -77,7 +81,7 @@ STRAGGLER_SHARE = 0.003
 STRAGGLER_FACTOR = 60.0
 FAIL_SHARE = 0.01
 MAX_RETRIES = 2
-ALL_WORKLOADS = ("W1", "W2", "W5", "W3", "W2a", "W2b")
+ALL_WORKLOADS = ("W1", "W2", "W5", "W3", "W4", "W2a", "W2b")
 DESCRIPTION = {
     "W1": "1-D, independent",
     "W2": f"W1 + {STRAGGLER_SHARE:.1%} stragglers x{STRAGGLER_FACTOR:g}",
@@ -85,7 +89,13 @@ DESCRIPTION = {
     "W2b": "W2a; daisy_nb with speculative=True",
     "W5": f"W1, {FAIL_SHARE:.0%} fail once",
     "W3": "3-D, conflict, 8 levels",
+    "W4": "three chained 3-D tasks, 32 workers in all",
 }
+
+
+def task_ids(workload: str) -> list[str]:
+    """The workload's tasks, upstream first."""
+    return ["a", "b", "c"] if workload == "W4" else [TASK_ID]
 
 
 def draw(task_id: str, block_id: int, workload: str) -> tuple[float, bool]:
@@ -133,27 +143,28 @@ def sleep_block(block) -> None:
     d, fails = draw(task_id, block_id, w["workload"])
     if attempt_straggles(task_id, block_id, w["workload"]):
         try:  # the first attempt creates the block's marker and is the slow one
-            os.close(os.open(os.path.join(w["out"], f"slow_{block_id}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(os.open(os.path.join(w["out"], f"slow_{task_id}_{block_id}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             d *= STRAGGLER_FACTOR
         except FileExistsError:
             pass
     time.sleep(d)
     if fails:
         try:  # the first attempt creates the block's marker; a retry finds it
-            os.close(os.open(os.path.join(w["out"], f"attempt_{block_id}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(os.open(os.path.join(w["out"], f"attempt_{task_id}_{block_id}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             fails = False
-    w["log"].write(f"{block_id} {'F' if fails else 'S'}\n")
+    w["log"].write(f"{task_id} {block_id} {'F' if fails else 'S'}\n")
     if fails:
         block.status = w["failed"]
 
 
 # ---------------------------------------------------------------- in the children
-def geometry(workload: str, blocks: int):
+def geometry(workload: str, blocks: int, task_id: str = TASK_ID):
     """(total, read, write) ROIs as tuples of (offset, shape), and read_write_conflict."""
-    if workload == "W3":
-        k = max(2, round(blocks ** (1 / 3)))
-        return ((-1,) * 3, (4 * k + 2,) * 3), ((-1,) * 3, (6,) * 3), ((0,) * 3, (4,) * 3), True
+    if workload in ("W3", "W4"):
+        k = max(2, round((blocks / len(task_ids(workload))) ** (1 / 3)))
+        conflict = task_id in (TASK_ID, "a")
+        return ((-1,) * 3, (4 * k + 2,) * 3), ((-1,) * 3, (6,) * 3), ((0,) * 3, (4,) * 3), conflict
     return ((0,), (blocks,)), ((0,), (1,)), ((0,), (1,)), False
 
 
@@ -171,42 +182,56 @@ def driver(lib: str, workload: str, out: str, blocks: int, workers: int) -> None
         import daisy_nb as daisy
         from daisy_nb import Roi
     os.environ["BENCH_HEAVY_TAIL"] = json.dumps({"lib": lib, "workload": workload, "out": out})
-    total, read, write, conflict = geometry(workload, blocks)
-    task = daisy.Task(
-        TASK_ID,
-        Roi(*total),
-        Roi(*read),
-        Roi(*write),
-        process_function=bench_heavy_tail.sleep_block,
-        read_write_conflict=conflict,
-        max_workers=workers,
-        max_retries=MAX_RETRIES,
-        **({"speculative": True} if lib != "daisy" and workload == "W2b" else {}),
-    )
+    tasks: list = []
+    pipeline = workload == "W4"  # 32 workers in all: a budget the tasks share
+    for tid in task_ids(workload):
+        total, read, write, conflict = geometry(workload, blocks, tid)
+        tasks.append(
+            daisy.Task(
+                tid,
+                Roi(*total),
+                Roi(*read),
+                Roi(*write),
+                process_function=bench_heavy_tail.sleep_block,
+                read_write_conflict=conflict,
+                max_workers=workers,
+                max_retries=MAX_RETRIES,
+                upstream_tasks=tasks[-1:] or None,
+                **({"requires": {"cpu": 1}} if pipeline else {}),
+                **({"speculative": True} if lib != "daisy" and workload == "W2b" else {}),
+            )
+        )
     own0, reaped0 = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     t0 = time.monotonic()
     states = daisy.run_blockwise(
-        task, progress=False, block_tracking=False, return_states=True, host="127.0.0.1", summary=False
+        tasks,
+        progress=False,
+        block_tracking=False,
+        return_states=True,
+        host="127.0.0.1",
+        summary=False,
+        **({"resources": {"cpu": workers}} if pipeline else {}),
     )
     wall = time.monotonic() - t0
     own1, reaped1 = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    s = states[TASK_ID]
+    count = {
+        k: sum(getattr(states[t], f"{k}_count") for t in task_ids(workload))
+        for k in ("total_block", "completed", "failed", "orphaned", "skipped")
+    }
     _util.emit(
         {
             "wall": wall,
             "cpu_driver": own1.ru_utime + own1.ru_stime - own0.ru_utime - own0.ru_stime,
             "cpu_workers": reaped1.ru_utime + reaped1.ru_stime - reaped0.ru_utime - reaped0.ru_stime,
-            "total": s.total_block_count,
-            "completed": s.completed_count,
-            "failed": s.failed_count,
-            "orphaned": s.orphaned_count,
-            "skipped": s.skipped_count,
+            "total": count["total_block"],
+            **{k: count[k] for k in ("completed", "failed", "orphaned", "skipped")},
         }
     )
 
 
 def bound(workload: str, blocks: int, workers: int) -> None:
-    """The task's block ids and the makespan's ideal (module docstring), from daisy_nb's graph."""
+    """The tasks' block ids and the makespan's ideal (module docstring), from daisy_nb's graph;
+    a downstream block (W4) after the upstream blocks whose write ROIs its read ROI meets."""
     sys.path.insert(0, ROOT)
     import numpy as np
 
@@ -216,27 +241,43 @@ def bound(workload: str, blocks: int, workers: int) -> None:
     sys.path.insert(0, HERE)
     import _util
 
-    total, read, write, conflict = geometry(workload, blocks)
-    g = BlockwiseDependencyGraph(TASK_ID, Roi(*read), Roi(*write), conflict, "valid", total_read_roi=Roi(*total))
-    a = g.to_arrays()
-    ids = a.block_id.tolist()
-    cost = np.empty(len(ids))
-    n_fail = n_long = 0
-    for row, bid in enumerate(ids):
-        d, fails = draw(TASK_ID, bid, workload)
-        cost[row] = 2 * d if fails else d  # a failed first attempt sleeps too, before its retry
-        n_fail += fails
-        n_long += d > MEDIAN_SECS * STRAGGLER_FACTOR / 4
-    finish = np.zeros(len(ids))
-    for row in np.argsort(a.level, kind="stable").tolist():  # upstream blocks are on lower levels
-        up = a.upstream_indices[a.upstream_indptr[row] : a.upstream_indptr[row + 1]]
-        finish[row] = cost[row] + (finish[up].max() if len(up) else 0.0)
-    work = float(cost.sum())
-    chain = float(finish.max())
+    ids: list[list] = []
+    work = chain = 0.0
+    levels = n_fail = n_long = 0
+    up_finish: dict[tuple, float] = {}  # the upstream task's blocks: write offset -> finish time
+    for tid in task_ids(workload):
+        total, read, write, conflict = geometry(workload, blocks, tid)
+        g = BlockwiseDependencyGraph(tid, Roi(*read), Roi(*write), conflict, "valid", total_read_roi=Roi(*total))
+        a = g.to_arrays()
+        cost = np.empty(len(a.block_id))
+        for row, bid in enumerate(a.block_id.tolist()):
+            d, fails = draw(tid, bid, workload)
+            cost[row] = 2 * d if fails else d  # a failed first attempt sleeps too, before its retry
+            n_fail += fails
+            n_long += d > MEDIAN_SECS * STRAGGLER_FACTOR / 4
+            ids.append([tid, bid])
+        offsets = [tuple(o) for o in a.write_offset.tolist()]
+        step = tuple(int(x) for x in a.write_shape[0])
+        finish = np.zeros(len(cost))
+        for row in np.argsort(a.level, kind="stable").tolist():  # upstream blocks are on lower levels
+            up = a.upstream_indices[a.upstream_indptr[row] : a.upstream_indptr[row + 1]]
+            start = finish[up].max() if len(up) else 0.0
+            if up_finish:  # the upstream task's blocks under this one's read ROI (context 1 < a block)
+                o = offsets[row]
+                for dz in (-1, 0, 1):
+                    for dy in (-1, 0, 1):
+                        for dx in (-1, 0, 1):
+                            n = (o[0] + dz * step[0], o[1] + dy * step[1], o[2] + dx * step[2])
+                            start = max(start, up_finish.get(n, 0.0))
+            finish[row] = cost[row] + start
+        up_finish = dict(zip(offsets, finish.tolist()))
+        work += float(cost.sum())
+        chain = max(chain, float(finish.max()))
+        levels += int(a.level.max()) + 1
     _util.emit(
         {
             "ids": ids,
-            "levels": int(a.level.max()) + 1,
+            "levels": levels,
             "work": work,
             "chain": chain,
             "ideal": max(work / workers, chain),
@@ -247,31 +288,31 @@ def bound(workload: str, blocks: int, workers: int) -> None:
 
 
 # ------------------------------------------------------------------ in the parent
-def check_attempts(out: str, ids: list[int], workload: str) -> tuple[int, int, list[str]]:
+def check_attempts(out: str, ids: list[list], workload: str) -> tuple[int, int, list[str]]:
     """Attempts and worker processes seen in the logs; problems found (module docstring)."""
-    seen: dict[int, list[str]] = {}
+    seen: dict[tuple[str, int], list[str]] = {}
     procs = 0
     for name in os.listdir(out):
         if name.startswith("ran_"):
             procs += 1
             with open(os.path.join(out, name)) as f:
                 for line in f:
-                    bid, outcome = line.split()
-                    seen.setdefault(int(bid), []).append(outcome)
+                    tid, bid, outcome = line.split()
+                    seen.setdefault((tid, int(bid)), []).append(outcome)
     problems = []
-    expected = set(ids)
-    for bid in ids:
-        want = ["F", "S"] if draw(TASK_ID, bid, workload)[1] else ["S"]
-        got = sorted(seen.get(bid, []))
+    expected = {(tid, bid) for tid, bid in ids}
+    for key in sorted(expected):
+        want = ["F", "S"] if draw(*key, workload)[1] else ["S"]
+        got = sorted(seen.get(key, []))
         if got == ["S", "S"] and workload == "W2b":
             continue  # a block and its backup copy both ended before the loser was stopped
         if got != want:
-            problems.append(f"block {bid}: attempts {got}, expected {want}")
-    problems += [f"block {bid} is not in the task but ran" for bid in seen if bid not in expected]
+            problems.append(f"block {key}: attempts {got}, expected {want}")
+    problems += [f"block {key} is not in the tasks but ran" for key in seen if key not in expected]
     return sum(len(v) for v in seen.values()), procs, problems
 
 
-def one(python: str, lib: str, workload: str, blocks: int, workers: int, ids: list[int]) -> dict:
+def one(python: str, lib: str, workload: str, blocks: int, workers: int, ids: list[list]) -> dict:
     """One run in a fresh child and a fresh working directory; its result plus the attempt check."""
     import _util
 
@@ -316,7 +357,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--daisy-python", default=None, help="a python with daisy==2.0.0 installed")
     ap.add_argument("--quick", action="store_true", help="800 blocks, 8 workers, one round, W1 (smoke run)")
-    ap.add_argument("--only", default=None, help="workloads, comma-separated (default W1,W2,W5,W3; W1 with --quick)")
+    ap.add_argument("--only", default=None, help="workloads, comma-separated (default all; W1 with --quick)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 1 with --quick)")
     ap.add_argument("--blocks", type=int, default=None, help="blocks per task (default 8,000; 800 with --quick)")
     ap.add_argument("--workers", type=int, default=None, help="max_workers (default 32; 8 with --quick)")
