@@ -143,14 +143,18 @@ def sleep_block(block) -> None:
     d, fails = draw(task_id, block_id, w["workload"])
     if attempt_straggles(task_id, block_id, w["workload"]):
         try:  # the first attempt creates the block's marker and is the slow one
-            os.close(os.open(os.path.join(w["out"], f"slow_{task_id}_{block_id}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(
+                os.open(os.path.join(w["out"], f"slow_{task_id}_{block_id}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            )
             d *= STRAGGLER_FACTOR
         except FileExistsError:
             pass
     time.sleep(d)
     if fails:
         try:  # the first attempt creates the block's marker; a retry finds it
-            os.close(os.open(os.path.join(w["out"], f"attempt_{task_id}_{block_id}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(
+                os.open(os.path.join(w["out"], f"attempt_{task_id}_{block_id}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            )
         except FileExistsError:
             fails = False
     w["log"].write(f"{task_id} {block_id} {'F' if fails else 'S'}\n")
