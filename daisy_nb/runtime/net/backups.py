@@ -128,11 +128,14 @@ class ClientBackups:
         r = self.running.get(cc)
         if r is None or r[2] != index:
             return True
-        self._end(cc, index)
-        counts = self.spec.lost(r[0]).counts  # type: ignore[union-attr]
+        counts = self.lost(cc)
+        self.next_started(cc, now_ns)
+        return counts
+
+    def next_started(self, cc, now_ns: int) -> None:
+        """``cc``'s first block ended or went elsewhere: the block behind it, if any, is its copy now."""
         if cc.held:
             self.started(cc, next(iter(cc.held)), now_ns)
-        return counts
 
     def _end(self, cc, index: int) -> tuple[int, str] | None:
         """Forget ``cc``'s copy of ``index``: its copy id and task, or None if it ran no such copy."""
@@ -160,10 +163,10 @@ class ClientBackups:
     def copies_due(self, parked: Iterable[Any]) -> bool:
         """Jobs are parked (``parked``: their task runs) for a block that may still get a copy: one
         may be due at any moment, so the pool wakes every ``COPY_LOOK_SECS``, not every 0.1 s."""
-        if self.spec is None:
-            return False
         spec = self.spec
-        return any(self.factor(tr.tid) is not None and spec.can_back(self.t[tr.tid]) for tr in parked)
+        return spec is not None and any(
+            self.factor(tr.tid) is not None and spec.can_back(self.t[tr.tid]) for tr in parked
+        )
 
     def launch(self, parked: Mapping[Any, Iterable[Any]], now_ns: int) -> list[tuple[Any, list[int]]]:
         """The backups to send now: ``(connection, block row)`` pairs, a parked connection of the

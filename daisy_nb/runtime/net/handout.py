@@ -420,10 +420,8 @@ class _Copies(_Timers):
         if twin is not None:
             twin.held.pop(index, None)
             self._out.append(Send(twin.cid, wire.encode_drop(index)))
-            if twin.held:
-                self.bk.started(twin, next(iter(twin.held)), now_ns)
-        if cc.held:
-            self.bk.started(cc, next(iter(cc.held)), now_ns)
+            self.bk.next_started(twin, now_ns)
+        self.bk.next_started(cc, now_ns)
         return counts
 
     def copies_due(self) -> bool:
@@ -469,9 +467,8 @@ class HandOut(_Copies):
         # which connections stay parked when no block is ready, and for how long (net/tail.py)
         self.tail = TailKeep(scheduler, start_secs=jobs.job_start_secs)
         self.walltime = WalltimeRule()  # which jobs end before their walltime (net/walltime.py)
-        self.bk = ClientBackups(
-            scheduler, self.listed.describe
-        )  # backups of stragglers, Task(speculative=...) (net/backups.py)
+        # backups of stragglers, Task(speculative=...) (net/backups.py)
+        self.bk = ClientBackups(scheduler, self.listed.describe)
         self.quiet_secs = 0.0  # how long the connections may go unread after the last pass
         self.aborting = False  # blocks cut short are given back, not failed
         self.stopped = False  # no more blocks handed out (Ctrl-C)
