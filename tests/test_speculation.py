@@ -3,12 +3,14 @@
 * the rule and the bookkeeping of copies against their slow twin (``tests/reference/speculation.py``),
   a hypothesis state machine with a fake clock: the same events, the same candidates, the same
   outcomes, ``validate()`` after every step;
-* the rules one by one: no backup before half the blocks or below ``k`` x the median, never a
-  third copy, never next to a running neighbour, the first success wins and its twin is
-  interrupted, one counted failure when both copies fail;
+* the rules one by one: no backup before the median settles (half the blocks, or a full
+  window) or below ``k`` x the median, never a third copy, never next to a running neighbour,
+  the first success wins and its twin is interrupted, one counted failure when both copies
+  fail, a backup slow itself is stopped and its block runs on;
 * the keyword: its accepted values and its errors (which name the task and the parameter).
 
-No runtime launches copies yet, so there is no run here.
+Runs with real processes: ``test_giveback.py`` (the local pool), ``test_net_backups.py`` and
+``test_client_backups.py`` (``Client`` jobs).
 """
 
 from __future__ import annotations
@@ -125,6 +127,15 @@ class SpeculationMachine(RuleBasedStateMachine):
         assert tuple(out) == self.slow.finished(t, row, c, self.now, ok)
         event(f"end {'counts' if out.counts else 'dropped'}{' interrupt' if out.interrupt else ''}")
 
+    @rule(data=st.data())
+    def stop_slow_backups(self, data):
+        """Backups that ran past k x the median themselves: the same of both, told to stop."""
+        t = data.draw(st.sampled_from(self.tasks))
+        got = self.fast.slow_backups(t, self.now)
+        assert [tuple(i) for i in got] == self.slow.slow_backups(t, self.now)
+        if got:
+            event("a slow backup stopped")
+
     @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 1.0, 4.0, 20.0]))
     def tick(self, dt):
         self.now += dt
@@ -138,9 +149,14 @@ class SpeculationMachine(RuleBasedStateMachine):
         for t in range(len(self.totals)):
             assert self.fast.running(t) == self.slow.running(t)
             assert self.fast.can_back(t) == self.slow.can_back(t)
+            attempt = self.slow.replay()["attempt"]
+            for row, cs in self.slow.running(t).items():
+                for c in cs:
+                    assert self.fast.alone(t, row, c) == (cs == [c] and attempt[(t, row)] == 1)
             assert self.fast.tasks[t].n_done == len(self.slow.done_rows(t))
             assert self.fast.tasks[t].median() == self.slow.median(t)
-            assert self.fast.tasks[t].past_half() == (2 * len(self.slow.done_rows(t)) >= self.totals[t])
+            n = len(self.slow.done_rows(t))
+            assert self.fast.tasks[t].warm() == (n >= ref.WINDOW or 2 * n >= self.totals[t])
             got = [tuple(b) for b in self.fast.candidates(t, self.now, 2, {1}.__contains__)]
             assert got == self.slow.candidates(t, self.now, 2, {1}.__contains__)
             if got:
@@ -166,7 +182,7 @@ def _warm(total=10, n=5, secs=1.0, factor=3.0):
 def test_no_backup_before_half_the_blocks():
     s = _warm(total=12, n=5)  # 5 of 12: the median is known, but not half of the blocks are done
     s.started(0, 5, 1, 0.0)
-    assert s.tasks[0].median() == 1.0 and not s.tasks[0].past_half()
+    assert s.tasks[0].median() == 1.0 and not s.tasks[0].warm()
     assert s.candidates(0, 1000.0, 4) == []
     s.started(0, 6, 2, 1000.0)
     s.finished(0, 6, 2, 1001.0, True)  # 6 of 12: half
@@ -176,8 +192,46 @@ def test_no_backup_before_half_the_blocks():
 def test_no_backup_before_the_median_is_known():
     s = _warm(total=8, n=4)  # past half, but only 4 block times
     s.started(0, 4, 1, 0.0)
-    assert s.tasks[0].past_half() and s.tasks[0].median() is None
+    assert s.tasks[0].warm() and s.tasks[0].median() is None
     assert s.candidates(0, 1000.0, 4) == []
+
+
+def test_a_big_task_backs_up_once_its_window_is_full():
+    """A task of 1,000 blocks does not wait for 500 successes: 64 (a full window) settle its median."""
+    s = _warm(total=1000, n=sp.WINDOW - 1)
+    s.started(0, 999, 1, 0.0)
+    assert not s.tasks[0].warm() and s.candidates(0, 1000.0, 4) == []
+    s.started(0, 998, 2, 0.0)
+    s.finished(0, 998, 2, 1.0, True)
+    assert s.tasks[0].warm() and s.tasks[0].n_done == sp.WINDOW
+    assert s.candidates(0, 1000.0, 4) == [Backup(0, 999, 1)]
+
+
+def test_a_slow_backup_is_stopped_and_its_block_runs_on():
+    """A backup that itself runs past 2 x k x the median means the block, not its attempt, is slow:
+    the backup is stopped, the first copy runs on and decides, and the block gets no third copy."""
+    s = _warm(factor=3.0)  # median 1 s
+    s.started(0, 5, 1, 0.0)
+    s.started(0, 5, 2, 4.0)  # the backup, at 4 s
+    assert s.slow_backups(0, 8.0) == []  # 4 s: a block long anyway may still win
+    assert s.slow_backups(0, 10.0) == []  # 6 s: exactly 2 x k x the median, not longer
+    assert s.slow_backups(0, 10.5) == [Interrupt(0, 5, 2)]
+    assert s.running(0) == {5: [1]} and s.stopping() == [2] and s.can_back(0) == 0
+    assert s.slow_backups(0, 100.0) == [] and s.candidates(0, 100.0, 4) == []  # asked once; no other backup
+    with pytest.raises(ValueError, match="third copy"):
+        s.started(0, 5, 3, 8.0)
+    s.validate()
+    assert s.finished(0, 5, 2, 9.0, True) == Outcome(False, None, True)  # its late end counts for nothing
+    assert s.finished(0, 5, 1, 10.0, True) == Outcome(True)  # the first copy decides, alone
+    assert s.tasks[0].n_done == 6 and s.stopping() == []
+    s.validate()
+    s.started(0, 6, 4, 20.0)  # and when the first copy fails, the attempt ends with its failure
+    s.started(0, 6, 5, 24.0)
+    assert s.slow_backups(0, 31.0) == [Interrupt(0, 6, 5)]
+    assert s.finished(0, 6, 4, 32.0, False) == Outcome(True)
+    s.validate()  # the stopped backup's row neither runs nor succeeded: it was a slow backup
+    assert s.lost(5) == Outcome(False, None, True)
+    s.validate()
 
 
 def test_no_backup_below_k_times_the_median():

@@ -3,9 +3,9 @@
 ``Task(speculative=...)`` (a daisy_nb keyword; None or False, the default: off; True: the
 factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, per task:
 
-* **when**: once at least half of the task's blocks (``total``: the blocks this run runs) have
-  succeeded, and the median block time is known: the median of the task's last ``WINDOW`` (64)
-  successful block times, taken once there are at least ``MIN_SAMPLES`` (5) of them;
+* **when**: once the task's median block time is settled: ``WINDOW`` (64) of its blocks, or half
+  of them (``total``: the blocks this run runs), have succeeded; the median is of the task's last
+  ``WINDOW`` successful block times (and is not taken from fewer than ``MIN_SAMPLES``, 5);
 * **which**: a block whose one running copy has run longer than ``k`` x that median (strictly),
   oldest start first, at most one per idle worker; never a block that has had a second copy in
   this attempt (so never a third copy, also after one of two copies failed), and never one a
@@ -18,12 +18,22 @@ factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, pe
   counts for nothing. A failure (or loss: its worker died) of a copy whose twin still runs is
   dropped silently and the twin decides; the failure of the last copy counts, so when both
   fail exactly one failure counts, and the Scheduler retries or fails the block as it would
-  have without a backup.
+  have without a backup;
+* **a slow block, not a slow attempt**: a backup that has itself run longer than
+  ``BACKUP_GIVE_UP`` (2) x ``k`` x the median while its first copy still runs is stopped
+  (:meth:`Speculation.slow_backups`: an :class:`Interrupt` of the backup); the first copy,
+  ahead of it, runs on, and the block gets no other backup in this attempt. So a block that
+  is slow wherever it runs costs a backup at most ``2k`` median block times, while a block
+  that is long anyway (up to ``2k`` medians) and slow on its first attempt still gets the
+  backup that saves it (``k`` alone stopped such backups a moment before they won).
 
-Why after half the blocks: before that, fresh blocks keep the workers busy, and a backup takes
-a worker from them; the median of a task's first few blocks (cold caches, the JIT) is not its
-usual block time either. Why ``k`` = 3 by default: a copy costs a worker up to one more block
-time, so only blocks far out of the usual spread are worth one. A block function of a
+Why a settled median, not half the task (cubed's and Spark's rule): a backup that wins frees
+the worker its straggler held, so it pays in the bulk of a task as much as at its tail, and
+the runtimes give a due backup the next free worker, before fresh blocks (a straggler of the
+first half, left alone, held its worker many block times). The median of a task's first few
+blocks (cold caches, the JIT) is not its usual block time, hence a full window first. Why
+``k`` = 3 by default: a backup costs a worker up to ``k`` block times (it is stopped after
+that, above), so only blocks far out of the usual spread are worth one. A block function of a
 speculative task must be idempotent (chunk-aligned zarr writes are): both copies may write
 its output, the loser until it is stopped.
 
@@ -33,14 +43,15 @@ events are :meth:`Speculation.started` (a copy of a block started: the first, or
 :meth:`Speculation.finished` (a copy's block function returned: success or failure) and
 :meth:`Speculation.lost` (a copy's worker died); each started copy ends with exactly one of
 the last two, interrupted ones included (``lost`` once it is killed, or ``finished`` if its
-result came first). The query :meth:`Speculation.candidates` says which blocks get a backup now.
+result came first). The query :meth:`Speculation.candidates` says which blocks get a backup now,
+and :meth:`Speculation.slow_backups` which backups to stop now (it marks them told to stop).
 Copy ids are the caller's (any int unique among the live copies, e.g. a worker id);
 rows are the task's block rows.
 
 The local pool carries it out (``daisy_nb/runtime/local/backups.py``: copy ids are its worker
 ids and rows). So does the TCP hand-out for ``Client`` jobs (``daisy_nb/runtime/net/backups.py``: a copy id
-per block a connection starts running); dask and the serial runner launch no copies and
-ignore the keyword. Not here: the hand-out of a backup (the runtime's, with the Scheduler's block),
+per block a connection starts running); dask and the serial runner launch no copies (they
+warn that the keyword does nothing there). Not here: the hand-out of a backup (the runtime's, with the Scheduler's block),
 the neighbour geometry (the caller's ``busy_neighbours``), the kill, the clock, the Scheduler's
 counters and retries (it is told about one end per attempt: the one that counts).
 """
@@ -53,11 +64,22 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-__all__ = ["DEFAULT_FACTOR", "MIN_SAMPLES", "WINDOW", "Backup", "Interrupt", "Outcome", "Speculation", "TaskTimes"]
+__all__ = [
+    "BACKUP_GIVE_UP",
+    "DEFAULT_FACTOR",
+    "MIN_SAMPLES",
+    "WINDOW",
+    "Backup",
+    "Interrupt",
+    "Outcome",
+    "Speculation",
+    "TaskTimes",
+]
 
 DEFAULT_FACTOR = 3.0  # Task(speculative=True): a backup once a block ran 3 x the median block time
 WINDOW = 64  # the median is of the task's last 64 successful block times (as the walltime rule's)
 MIN_SAMPLES = 5  # no median, hence no backup, before 5 successful blocks of the task
+BACKUP_GIVE_UP = 2.0  # a backup still running after 2 x k x the median is stopped (the block is slow)
 
 
 class Backup(NamedTuple):
@@ -147,9 +169,9 @@ class TaskTimes:
         """The median of the last ``WINDOW`` successful block times, None before ``MIN_SAMPLES``."""
         return self._median
 
-    def past_half(self) -> bool:
-        """Whether at least half of the task's blocks succeeded."""
-        return 2 * self.n_done >= self.total
+    def warm(self) -> bool:
+        """Whether the median is settled: ``WINDOW`` blocks, or half the task's blocks, succeeded."""
+        return self.n_done >= WINDOW or 2 * self.n_done >= self.total
 
     def validate(self) -> None:
         """Raise ``AssertionError`` if this task's counts and times disagree."""
@@ -179,11 +201,11 @@ class Speculation:
     Invariants (:meth:`validate`): a row has one or two copies running, never more, and two
     only if it is marked as backed in this attempt; each live copy id maps to exactly one
     running row, and that row lists it; a copy told to stop is neither live nor listed, and
-    its row succeeded; a row that succeeded runs no copy; per task, the done count is its done
+    its row succeeded or it was a slow backup; a row that succeeded runs no copy; per task, the done count is its done
     rows and never exceeds its total; only tasks with a factor have rows.
     """
 
-    __slots__ = ("tasks", "_copies", "_rows", "_backed", "_stopping", "_seq")
+    __slots__ = ("tasks", "_copies", "_rows", "_backed", "_stopping", "_slow", "_seq")
 
     def __init__(self, factors: Sequence[float | None], totals: Sequence[int]) -> None:
         if len(factors) != len(totals):
@@ -193,6 +215,7 @@ class Speculation:
         self._rows: list[dict[int, list[int]]] = [{} for _ in self.tasks]  # per task: row -> its live copies
         self._backed: list[set[int]] = [set() for _ in self.tasks]  # per task: rows with a second copy this attempt
         self._stopping: dict[int, _Copy] = {}  # copies told to stop, until their end is reported
+        self._slow: set[int] = set()  # of those, the backups stopped as slow (their row may run on)
         self._seq = 0
 
     def on(self, t: int) -> bool:
@@ -208,6 +231,11 @@ class Speculation:
         backup in this attempt (whether they will depends on time: :meth:`candidates`)."""
         backed = self._backed[t]
         return sum(1 for row, cs in self._rows[t].items() if len(cs) == 1 and row not in backed)
+
+    def alone(self, t: int, row: int, copy: int) -> bool:
+        """Whether row ``row`` of task ``t`` runs in copy ``copy`` alone, with no backup in this
+        attempt (a candidate still waiting for its backup)."""
+        return self._rows[t].get(row) == [copy] and row not in self._backed[t]
 
     def start_of(self, copy: int) -> float | None:
         """When live copy ``copy`` started, or None if it is not a live copy."""
@@ -265,6 +293,7 @@ class Speculation:
             raise ValueError(f"copy {copy} is not running row {row} of task {t}")
         if copy in self._stopping:
             del self._stopping[copy]
+            self._slow.discard(copy)
             return Outcome(False, None, True)
         if now < c.start:
             raise ValueError(f"copy {copy} finished at {now}, before its start {c.start}")
@@ -288,6 +317,7 @@ class Speculation:
         """
         if copy in self._stopping:
             del self._stopping[copy]
+            self._slow.discard(copy)
             return Outcome(False, None, True)
         c = self._copies.get(copy)
         if c is None:
@@ -339,7 +369,7 @@ class Speculation:
             are reported with :meth:`started` when they start).
         """
         tt = self.tasks[t]
-        if tt.factor is None or idle_workers <= 0 or not tt.past_half():
+        if tt.factor is None or idle_workers <= 0 or not tt.warm():
             return []
         med = tt.median()
         if med is None:
@@ -360,6 +390,37 @@ class Speculation:
                 break
             if busy_neighbours is None or not busy_neighbours(row):
                 out.append(Backup(t, row, copy))
+        return out
+
+    def slow_backups(self, t: int, now: float) -> list[Interrupt]:
+        """The backups of task ``t`` to stop at ``now``: second copies that have run longer than
+        ``BACKUP_GIVE_UP`` x ``k`` x the median themselves while their first copy still runs (the block is slow, not
+        its first attempt). They are told to stop (their ends, when reported, count for nothing);
+        their rows run on in their first copies and get no other backup in this attempt.
+
+        Returns
+        -------
+        list of Interrupt
+            Oldest start first.
+        """
+        tt = self.tasks[t]
+        med = tt.median()
+        if tt.factor is None or med is None or not self._backed[t]:
+            return []
+        limit = BACKUP_GIVE_UP * tt.factor * med
+        late = []
+        for row in self._backed[t]:  # (the rows with two copies are among them)
+            copies = self._rows[t][row]
+            if len(copies) == 2:
+                c = self._copies[copies[1]]
+                if now - c.start > limit:
+                    late.append((c.start, c.seq, row, copies[1]))
+        out: list[Interrupt] = []
+        for _, _, row, copy in sorted(late):
+            self._rows[t][row].remove(copy)
+            self._stopping[copy] = self._copies.pop(copy)
+            self._slow.add(copy)
+            out.append(Interrupt(t, row, copy))
         return out
 
     # -- invariants ----------------------------------------------------------------------------
@@ -383,7 +444,9 @@ class Speculation:
             assert self._backed[t] <= rows.keys(), f"task {t}: a backed row that does not run"
         assert listed == len(self._copies), f"{len(self._copies)} live copies, {listed} listed at rows"
         assert not self._copies.keys() & self._stopping.keys(), "a copy both live and stopping"
+        assert self._slow <= self._stopping.keys(), "a slow backup that is not stopping"
         for cid, c in self._stopping.items():
-            assert self.tasks[c.task].is_done(c.row), f"stopping copy {cid}: its row did not succeed"
+            ok = self.tasks[c.task].is_done(c.row) or cid in self._slow
+            assert ok, f"stopping copy {cid}: its row did not succeed, and it was not a slow backup"
         seqs = [c.seq for c in self._copies.values()] + [c.seq for c in self._stopping.values()]
         assert len(set(seqs)) == len(seqs) and all(s < self._seq for s in seqs), "start numbers broken"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 WINDOW = 64
 MIN_SAMPLES = 5
+GIVE_UP = 2  # a backup past 2 x k x the median is stopped
 
 
 def median(xs):
@@ -25,7 +26,7 @@ class Speculation:
     def __init__(self, factors, totals):
         self.factors = list(factors)
         self.totals = list(totals)
-        self.log = []  # ("start", t, row, copy, now) | ("end", copy, now, ok) ; lost is an end with ok False
+        self.log = []  # ("start", t, row, copy, now) | ("end", copy, now, ok) | ("stop", copy); lost: an end, ok False
         self._memo = (-1, None)  # (log length, its replay): the log only grows, so this is its replay
 
     def replay(self):
@@ -43,6 +44,9 @@ class Speculation:
                 live[copy] = (t, row, now, order)
                 attempt[(t, row)] = attempt.get((t, row), 0) + 1
                 last = None
+                continue
+            if ev[0] == "stop":  # a slow backup told to stop: no longer live, its row runs on
+                stopping[ev[1]] = live.pop(ev[1])
                 continue
             _, copy, now, ok = ev
             if copy in stopping:
@@ -126,7 +130,8 @@ class Speculation:
         if not self.on(t) or idle_workers <= 0:
             return []
         s = self.replay()
-        if 2 * len(s["done"][t]) < self.totals[t]:
+        n = len(s["done"][t])
+        if n < WINDOW and 2 * n < self.totals[t]:
             return []
         med = self.median(t)
         if med is None:
@@ -138,3 +143,19 @@ class Speculation:
             if now - start > self.factors[t] * med and not busy_neighbours(row):
                 late.append((start, order, row, c))
         return [(t, row, c) for _, _, row, c in sorted(late)][:idle_workers]
+
+    def slow_backups(self, t, now):
+        """Backups (the later of a row's two live copies) that ran past 2 x k x the median: told to stop."""
+        if not self.on(t) or self.median(t) is None:
+            return []
+        s = self.replay()
+        out = []
+        for row, copies in self.running(t).items():
+            if len(copies) == 2:
+                start, order = s["live"][copies[1]][2:]
+                if now - start > GIVE_UP * self.factors[t] * self.median(t):
+                    out.append((start, order, row, copies[1]))
+        out.sort()
+        for _, _, _, c in out:
+            self.log.append(("stop", c))
+        return [(t, row, c) for _, _, row, c in out]
