@@ -513,3 +513,68 @@ def test_a_speculative_task_keeps_one_parked_worker_per_block_in_flight_at_its_t
     m.act(slow)
     assert m.core.inflight("a") == 0 and not m.core.backups.copies_due()
     assert pool._wait_limit(False, None, procs) == pool.POLL_SECS
+
+
+def backup_in_the_bulk(n: int = 200) -> tuple[GiveBackMachine, int, int, int]:
+    """A speculative task (factor 2) past its median's window (64 blocks) with blocks still
+    ready: worker 0's block straggles while worker 1 runs batch after batch. Returns the
+    machine, the straggler's worker, the worker that took its backup, and its row."""
+    m = GiveBackMachine()
+    m.in_hypothesis = False
+    m.start(n=n, workers=2, speculative=2.0)
+    m.spawns = False
+    slow = None
+    for _ in range(5000):
+        for wid in list(m.busy()):
+            w = m.w[wid]
+            warm = m.core.backups.spec.tasks[0].warm()
+            if slow is None and wid == 0 and warm and w.cur >= 0 and w.running():
+                slow = int(w.slots[w.order[0]].rows[w.cur])
+            step_unless_straggling(m, wid, slow is not None and wid == 0)
+        m.look(0.01)
+        pair = m.core.backups.twins.get(("a", slow)) if slow is not None else None
+        if pair:
+            (copy_wid,) = pair - {0}
+            return m, 0, copy_wid, slow
+    raise AssertionError("no backup was launched")
+
+
+def test_a_due_backup_takes_the_next_free_worker_before_fresh_blocks():
+    """In the bulk of a task no worker is parked: the straggler's backup is due, no batch is sent
+    ahead meanwhile, and the next worker with nothing to run takes the backup, not fresh blocks."""
+    m, orig, copy, row = backup_in_the_bulk()
+    assert copy == 1 and m.s.ready_count("a") > 0, "the backup did not come before the ready blocks"
+    assert [list(rows) for _, rows in m.core.workers[copy].queue] == [[row]], "a fresh batch beside the backup"
+    assert m.core.workers[orig].queue[0][1][-1] == row and m.w[orig].running()
+    for _ in range(3):  # the backup runs, wins, and the straggler's worker is stopped
+        step_unless_straggling(m, copy, False)
+    assert m.w[orig].killed and not m.w[copy].killed
+    m.reap(orig)
+    m.teardown()
+    assert counts(m) == (200, 0, 0, 0)
+    assert m.ran[row] == 2 and sum(m.ran.values()) == 201  # only the straggler ran twice
+
+
+def test_a_backup_that_is_slow_itself_is_stopped_and_the_straggler_runs_on():
+    """The block is slow, not its first attempt: its backup, once it has run 2k x the median
+    block time itself, is killed (no crash), and the straggler's end counts, once."""
+    m, orig, copy, row = backup_in_the_bulk()
+    m.read_limit(copy)
+    m.act(copy)  # the backup starts the block
+    done, failed, busy, ready = counts(m)
+    for _ in range(100):
+        if m.w[copy].killed:
+            break
+        m.look(0.01)
+        for wid in list(m.busy()):
+            step_unless_straggling(m, wid, wid in (orig, copy))
+    assert m.w[copy].killed and not m.w[orig].killed and m.w[orig].running()
+    assert ("a", row) not in m.core.backups.twins
+    m.reap(copy)  # no crash (checked in reap)
+    finish_block(m, orig)
+    m.read_limit(orig)
+    m.act(orig)
+    assert m.s.counts("a").completed >= done + 1 and m.s.counts("a").failed == failed
+    m.teardown()
+    assert counts(m) == (200, 0, 0, 0)
+    assert m.ran[row] == 2

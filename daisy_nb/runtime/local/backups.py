@@ -11,18 +11,23 @@ sees and does what it answers, within :class:`.blocks.BlockCore`:
 * **who runs it.** At its tail (nothing ready, blocks in flight) a speculative task keeps
   workers parked, one per block in flight at most, instead of letting them quit
   (``docs/explanation/pool.md#tail``); they run the backups.
-* **the backup.** At a look, the core names the blocks to copy (past half the task, run past
-  ``k`` times the median block time, one copy at most per idle worker). A copy goes to a
-  worker of the task that waits for work (parked) as a batch of that one block, without
-  acquiring it again from the Scheduler: the block stays in flight once. Only a block that
-  is the last of its worker's batches is copied (the blocks after it were given back first:
-  :mod:`.giveback`, which runs at ``min(4, k)`` times the typical block time for such tasks),
-  so the loser can be cut off without losing anything.
+* **the backup.** At a look, the core names the blocks to copy (once the task's median is
+  settled, run past ``k`` times it). A copy goes to a worker of the task that waits for work
+  (parked) as a batch of that one block, without acquiring it again from the Scheduler: the
+  block stays in flight once. With no worker parked, the copies are *due*: the next worker
+  of the task that has nothing to run takes one before any fresh block, and no batch is sent
+  ahead to the task's workers meanwhile, so one is soon free (in the bulk of a task, a
+  straggler left alone held its worker for many block times, while a backup that wins
+  frees it). Only a block that is the last of its worker's batches is copied (the blocks
+  after it were given back first: :mod:`.giveback`, which runs at ``min(4, k)`` times the
+  typical block time for such tasks), so the loser can be cut off without losing anything.
 * **the first success wins.** The batch that reports it releases the block (tracking and
   counters count it once); the other copy is cut from its worker's batch and the worker is
   killed as we end a worker (not a crash, no restart counted; the pool starts another if
   blocks wait). A copy that fails, raises or dies while its twin runs is dropped: the twin
-  decides, and the Scheduler sees one end of the attempt.
+  decides, and the Scheduler sees one end of the attempt. A backup that runs past ``2k``
+  times the median itself is stopped the same way (the block is slow, not its first attempt):
+  its twin runs on.
 
 ``read_write_conflict`` blocks need no neighbour check: a block's conflicting neighbours are on
 other dependency levels, and none of them runs while it is in flight.
@@ -65,6 +70,8 @@ class PoolBackups:
         self.spec = Speculation(factors, [s.remaining_count(tid) for tid in s.task_ids]) if self.on else None
         self.seen: dict[int, dict[int, int]] = {}  # worker id -> its copies: row -> copy id
         self.twins: dict[tuple[str, int], set[int]] = {}  # (task, row) of a copied block -> its workers
+        self.due: dict[str, list] = {}  # per task, the backups the last look found no parked worker for
+        self.now = 0.0  # the latest clock an event brought (seconds): a due copy's start
 
     def factor(self, tid: str) -> float | None:
         return None if self.spec is None else self.spec.tasks[self.t[tid]].factor
@@ -94,6 +101,7 @@ class PoolBackups:
         if self.spec is None:
             return []
         core, spec, now = self.core, self.spec, now_ns / 1e9
+        self.now = max(self.now, now)
         now_running: set[tuple[str, int]] = set()  # a worker's earlier rows ended (their "done" may come later)
         for wid, r in running.items():
             w = core.workers.get(wid)
@@ -112,22 +120,43 @@ class PoolBackups:
                     continue
                 mine[row] = copy
         out: list = []
+        self.due = {}
         for tid, t in self.t.items():
             if spec.tasks[t].factor is None or core.aborting or core.s.is_abandoned(tid):
                 continue
+            for i in spec.slow_backups(t, now):  # the block is slow, not its first attempt
+                self.twins.pop((tid, i.row), None)
+                out += self._stop(tid, i.row, i.copy >> _SHIFT)
             idle = sorted(core.parked_of(tid))
             ended = lambda row, tid=tid: (tid, row) not in now_running  # noqa: E731
-            for b in spec.candidates(t, now, len(idle), ended):  # (rows that ended get no copy either)
-                wid = b.copy >> _SHIFT
-                w = core.workers.get(wid)
-                if w is None or not _last_in_flight(w, b.row):
+            for b in spec.candidates(t, now, len(core.of_task[tid]), ended):  # (rows that ended get none)
+                if self._origin(tid, b) is None:
                     continue  # the blocks behind it are not given back yet
-                out.append(self._launch(tid, b.row, core.workers[idle.pop(0)], now, w))
+                if idle:
+                    out.append(self._launch(tid, b.row, core.workers[idle.pop(0)], self._origin(tid, b)))
+                else:
+                    self.due.setdefault(tid, []).append(b)
         return out
 
-    def _launch(self, tid: str, row: int, p, now: float, orig):
+    def take_due(self, w) -> list:
+        """``w`` has nothing to run: a due backup of its task for it (a ``SendBatch``), if any is
+        still due (its straggler runs on, alone)."""
+        due = self.due.get(w.tid)
+        while due:
+            b = due.pop(0)
+            orig = self._origin(w.tid, b)
+            if orig is not None and orig is not w and self.spec.alone(b.task, b.row, b.copy):  # type: ignore[union-attr]
+                return [self._launch(w.tid, b.row, w, orig)]
+        return []
+
+    def _origin(self, tid: str, b):
+        """The worker running backup candidate ``b``, if the block is the last it holds."""
+        w = self.core.workers.get(b.copy >> _SHIFT)
+        return w if w is not None and w.tid == tid and not w.doomed and _last_in_flight(w, b.row) else None
+
+    def _launch(self, tid: str, row: int, p, orig):
         copy = p.wid << _SHIFT | row
-        self.spec.started(self.t[tid], row, copy, now)  # type: ignore[union-attr]
+        self.spec.started(self.t[tid], row, copy, self.now)  # type: ignore[union-attr]
         self.seen.setdefault(p.wid, {})[row] = copy
         self.twins[(tid, row)] = {orig.wid, p.wid}
         return self.core.queue_batch(p, self.core.s.describe_blocks(tid, [row]))
@@ -140,6 +169,8 @@ class PoolBackups:
         if self.spec is None or self.factor(w.tid) is None:
             return []
         spec, t, now = self.spec, self.t[w.tid], (now_ns / 1e9 if now_ns is not None else None)
+        if now is not None:
+            self.now = max(self.now, now)
         mine = self.seen.get(w.wid, {})
         out: list = []
         for i, row in enumerate(rows.tolist()):
@@ -190,6 +221,8 @@ class PoolBackups:
 
 def _last_in_flight(w, row: int) -> bool:
     """``row`` is the last block ``w`` holds: the end of its oldest batch, any later batch empty."""
+    if not w.queue:
+        return False
     rows0 = w.queue[0][1]
     return bool(len(rows0)) and int(rows0[-1]) == row and all(not len(r) for _, r in list(w.queue)[1:])
 

@@ -384,6 +384,10 @@ class BlockCore:
             return []  # killed (it lost a race of copies): it stays idle until it is gone
         if self._abandoned(tid) or self.s.is_task_done(tid):
             return self.quit(w.wid)
+        if self.backups.due:  # a straggler's backup before fresh blocks (.backups)
+            copy = self.backups.take_due(w)
+            if copy:
+                return copy
         ready = self.s.ready_count(tid)
         if ready > 0:
             sent = self._send(w, self._batch_size(w, ready))
@@ -397,8 +401,8 @@ class BlockCore:
 
     def _prefetch(self, w: BlockWorker) -> list[Action]:
         """A second batch behind the one ``w`` runs, if nobody can be held back by it."""
-        if len(w.queue) >= self.slots or self._abandoned(w.tid) or w.doomed:
-            return []
+        if len(w.queue) >= self.slots or self._abandoned(w.tid) or w.doomed or self.backups.due.get(w.tid):
+            return []  # (a due backup: one of the task's workers is soon free for it)
         active = 0
         for x in self.of_task[w.tid]:
             if x.state in (WorkerState.IDLE, WorkerState.PARKED):
