@@ -16,15 +16,19 @@ speculation core what the hand-out sees and says what to do; the hand-out
   backups. A job costs while it waits, so once every block in flight had its copy the others
   end. A plain task keeps at most one (for a retry).
 * **the backup.** When the hand-out serves its parked connections, the core names the blocks
-  to copy (past half the task, run past ``k`` times the median block time, at most one per
-  parked job). A copy is the same block, described again by the Scheduler
-  (``ListedCalls.describe``), sent to a parked job, not acquired again: it stays in flight once.
+  to copy (once the task's median is settled, run past ``k`` times it, at most one per parked
+  job). In the bulk of a task no job is parked: at most every ``COPY_LOOK_SECS`` the core
+  names the blocks due for a copy, and the next jobs of the task that ask for a block (holding
+  none) get those copies before fresh blocks (:meth:`ClientBackups.take_due`). A copy is the
+  same block, described again by the Scheduler (``ListedCalls.describe``), sent to a job, not
+  acquired again: it stays in flight once.
 * **the first success wins.** Its release counts (tracking and counters count it once); the
   other copy is forgotten and its job is told to drop it (``DROP``): a ``Client`` whose block
   runs in its main thread interrupts it and asks for the next block (at the tail: it is told
   to end); its release or failure, when it comes, counts for nothing. A copy that fails or
   is lost while its twin runs is dropped: the twin decides, and the Scheduler sees one end
-  of the attempt.
+  of the attempt. A copy that runs past ``2k`` times the median itself is dropped the same
+  way (:meth:`ClientBackups.slow`: the block is slow, not its first attempt); its twin runs on.
 
 ``read_write_conflict`` needs no neighbour check: a block's conflicting neighbours are on
 other dependency levels, and none of them runs while it is in flight.
@@ -71,6 +75,8 @@ class ClientBackups:
         self.running: dict[Any, tuple[int, str, int]] = {}  # connection -> (copy id, task id, index) it runs
         self.holders: dict[tuple[str, int], list[Any]] = {}  # (task id, index) -> connections running a copy
         self.launched = 0  # backups sent
+        self.due: dict[str, list] = {}  # per task, the backups due at the last look, for the next asking jobs
+        self.looked_ns: int | None = None  # when the core last looked for due backups
 
     def factor(self, tid: str) -> float | None:
         """Task ``tid``'s slowness factor, or None: no backups."""
@@ -184,6 +190,46 @@ class ClientBackups:
                 (row,) = self.describe(tid, [b.row])
                 out.append((idle.pop(0), row))
                 self.launched += 1
+        return out
+
+    def take_due(self, tid: str, k: int, now_ns: int) -> list[list[int]]:
+        """Up to ``k`` backups of ``tid`` for jobs that ask for a block and hold none, before
+        fresh blocks: the blocks due for a copy (looked for at most every ``COPY_LOOK_SECS``), as
+        the hand-out sends them."""
+        spec = self.spec
+        if spec is None or self.factor(tid) is None or k <= 0 or self.s.is_abandoned(tid):
+            return []
+        if self.looked_ns is None or now_ns - self.looked_ns >= COPY_LOOK_SECS * 1e9:
+            self.looked_ns = now_ns
+            self.due = {}
+            for tid_, t in self.t.items():
+                if spec.tasks[t].factor is not None and not self.s.is_abandoned(tid_):
+                    self.due[tid_] = spec.candidates(t, now_ns / 1e9, len(spec.running(t)))
+        due = self.due.get(tid)
+        out: list[list[int]] = []
+        while due and len(out) < k:
+            b = due.pop(0)
+            if spec.alone(b.task, b.row, b.copy):
+                (row,) = self.describe(tid, [b.row])
+                out.append(row)
+                self.launched += 1
+        return out
+
+    def slow(self, now_ns: int) -> list[tuple[Any, int]]:
+        """Backups that ran past ``2k`` times the median themselves (the block is slow, not its
+        first attempt): ``(connection, block)`` pairs to tell to drop it; the core forgets them
+        (their ends, when they come, count for nothing) and their twins run on."""
+        spec = self.spec
+        if spec is None or not self.holders:
+            return []
+        out: list[tuple[Any, int]] = []
+        for tid, t in self.t.items():
+            for i in spec.slow_backups(t, now_ns / 1e9):
+                cc = next((c for c in self.holders.get((tid, i.row), ()) if self.running[c][0] == i.copy), None)
+                if cc is not None:
+                    self._end(cc, i.row)
+                    spec.lost(i.copy)
+                    out.append((cc, i.row))
         return out
 
     # ------------------------------------------------------------------ invariants

@@ -435,6 +435,33 @@ class _Copies(_Timers):
         for cc, row in self.bk.launch(self.parked, now_ns):
             self._send_block(cc, row, now_ns)
             self.counts["backups"] += 1
+        self._drop_slow(now_ns)
+
+    def _due_backups(self, tid: str, group: list[Conn], now_ns: int) -> int:
+        """Backups due in the bulk of ``tid`` to the first of ``group`` (jobs asking for a block,
+        holding none), before fresh blocks: how many were sent."""
+        if self.bk.spec is None or self.stopped or self.aborting:
+            return 0
+        rows = self.bk.take_due(tid, len(group), now_ns)
+        for cc, row in zip(group, rows):
+            self._send_block(cc, row, now_ns)
+            self.counts["backups"] += 1
+        return len(rows)
+
+    def check_timeouts(self, now_ns: int) -> None:
+        """Blocks past their task's timeout (``_Timers``), and backups slow themselves dropped."""
+        self._drop_slow(now_ns)
+        super().check_timeouts(now_ns)
+
+    def _drop_slow(self, now_ns: int) -> None:
+        """Backups slow themselves are dropped (:meth:`.backups.ClientBackups.slow`); their twins run on."""
+        if self.bk.spec is None or self.aborting:
+            return
+        for cc, index in self.bk.slow(now_ns):
+            cc.held.pop(index, None)
+            self._out.append(Send(cc.cid, wire.encode_drop(index)))
+            self.bk.next_started(cc, now_ns)
+            self.counts["slow backups"] = self.counts.get("slow backups", 0) + 1
 
 
 class HandOut(_Copies):
@@ -656,6 +683,8 @@ class HandOut(_Copies):
         for tr, group in by_task.items():
             if self.timed and not self.stopped:
                 group = self._walltime(tr, group, ahead, now_ns)
+            if not ahead and self.bk.spec is not None:  # a straggler's backup before fresh blocks
+                group = group[self._due_backups(tr.tid, group, now_ns) :]
             k = 0
             if not (self.stopped or s.is_abandoned(tr.tid)):
                 ready = s.ready_count(tr.tid)
