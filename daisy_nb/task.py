@@ -197,9 +197,10 @@ class Task(TaskParams):
         :mod:`daisy_nb.scheduling.backoff`.
     speculative : bool or float, optional
         Backup copies of stragglers (daisy_nb extension; None or False, the default: off).
-        True (factor 3) or a factor ``k > 1``: once half the task's blocks have succeeded, a
-        block running longer than ``k`` times the median block time is to get a second copy
-        on an idle worker, the first to finish winning, so the block function must be
+        True (factor 3) or a factor ``k > 1``: once 64 of the task's blocks (or half of them)
+        have succeeded, a block running longer than ``k`` times the median block time gets a
+        second copy on the next free worker (a copy that runs ``2k`` medians itself is
+        stopped: the block is slow), the first to finish winning, so the block function must be
         idempotent (as chunk-aligned zarr writes are). The local worker pool and the ``Client``
         jobs of a 0-argument worker function launch copies (a ``Client`` whose copy lost has
         its block body interrupted: ``daisy_nb.runtime.net.client.BlockDropped``;
