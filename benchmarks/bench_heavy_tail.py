@@ -18,6 +18,9 @@ round: lognormal, median 20 ms, sigma 0.5 (mean 22.7 ms). The block function is
   ideal counts every block at its normal time (a backup can avoid the slowness entirely);
   any block may then end twice (a slow block at the tail and its copy, both ending before the
   loser is stopped).
+* **W2s**: W2 (the blocks are slow, wherever they run), daisy_nb with ``speculative=True``
+  (daisy 2.0.0 runs W2): what backups cost when they cannot win. A straggler's backup is
+  stopped once it has run 3 median block times itself; the ideal is W2's.
 * **W5**: W1 where 1% of the blocks (drawn per block) fail on their first attempt, after
   sleeping: the block function sets ``block.status = FAILED`` (both libraries take that as
   a failure without raising; in daisy 2.0.0 a raised exception also ends the worker
@@ -81,12 +84,13 @@ STRAGGLER_SHARE = 0.003
 STRAGGLER_FACTOR = 60.0
 FAIL_SHARE = 0.01
 MAX_RETRIES = 2
-ALL_WORKLOADS = ("W1", "W2", "W5", "W3", "W4", "W2a", "W2b")
+ALL_WORKLOADS = ("W1", "W2", "W5", "W3", "W4", "W2a", "W2b", "W2s")
 DESCRIPTION = {
     "W1": "1-D, independent",
     "W2": f"W1 + {STRAGGLER_SHARE:.1%} stragglers x{STRAGGLER_FACTOR:g}",
     "W2a": "W2, slowness of the first attempt",
     "W2b": "W2a; daisy_nb with speculative=True",
+    "W2s": "W2; daisy_nb with speculative=True",
     "W5": f"W1, {FAIL_SHARE:.0%} fail once",
     "W3": "3-D, conflict, 8 levels",
     "W4": "three chained 3-D tasks, 32 workers in all",
@@ -104,7 +108,7 @@ def draw(task_id: str, block_id: int, workload: str) -> tuple[float, bool]:
     d = MEDIAN_SECS * math.exp(SIGMA * rng.gauss(0.0, 1.0))
     straggler = rng.random() < STRAGGLER_SHARE
     fails = rng.random() < FAIL_SHARE
-    if straggler and workload == "W2":
+    if straggler and workload in ("W2", "W2s"):
         d *= STRAGGLER_FACTOR
     return d, fails and workload == "W5"
 
@@ -202,7 +206,7 @@ def driver(lib: str, workload: str, out: str, blocks: int, workers: int) -> None
                 max_retries=MAX_RETRIES,
                 upstream_tasks=tasks[-1:] or None,
                 **({"requires": {"cpu": 1}} if pipeline else {}),
-                **({"speculative": True} if lib != "daisy" and workload == "W2b" else {}),
+                **({"speculative": True} if lib != "daisy" and workload in ("W2b", "W2s") else {}),
             )
         )
     own0, reaped0 = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
@@ -308,7 +312,7 @@ def check_attempts(out: str, ids: list[list], workload: str) -> tuple[int, int, 
     for key in sorted(expected):
         want = ["F", "S"] if draw(*key, workload)[1] else ["S"]
         got = sorted(seen.get(key, []))
-        if got == ["S", "S"] and workload == "W2b":
+        if got == ["S", "S"] and workload in ("W2b", "W2s"):
             continue  # a block and its backup copy both ended before the loser was stopped
         if got != want:
             problems.append(f"block {key}: attempts {got}, expected {want}")
@@ -424,7 +428,7 @@ def main() -> None:
             + (f", {b['failing']} blocks fail once" if w == "W5" else "")
             + (
                 f", {b['long']} stragglers (blocks over {MEDIAN_SECS * STRAGGLER_FACTOR / 4:.2f} s)"
-                if w == "W2"
+                if w in ("W2", "W2s")
                 else ""
             )
         )
