@@ -578,3 +578,29 @@ def test_a_backup_that_is_slow_itself_is_stopped_and_the_straggler_runs_on():
     m.teardown()
     assert counts(m) == (200, 0, 0, 0)
     assert m.ran[row] == 2
+
+
+def test_at_the_tail_a_worker_kept_for_a_block_that_had_its_backup_quits():
+    """Three workers, one straggler at the tail: two are parked for it until its backup goes to
+    one of them; the other then quits (a parked worker holds its share of ``resources``)."""
+    m = GiveBackMachine()
+    m.in_hypothesis = False
+    m.start(n=12, workers=3, speculative=2.0)
+    m.spawns = False
+    slow = None
+    for _ in range(1000):
+        for wid in list(m.busy()):
+            w = m.w[wid]
+            if slow is None and w.cur == 0 and w.running() and m.s.ready_count("a") == 0:
+                slow = wid
+            step_unless_straggling(m, wid, wid == slow)
+        if slow is not None and m.s.counts("a").processing == 1 and not [x for x in m.busy() if x != slow]:
+            break
+    m.apply(m.core.dispatch_parked())
+    assert len(m.core.parked_of("a")) == 1  # one block in flight: one kept
+    m.look(10.0)  # the straggler's backup goes to the parked worker
+    assert len(m.busy()) == 2 and m.core.parked_of("a") == []
+    m.spawn()  # a worker that asks now is not kept: the one block in flight had its copy
+    m.apply(m.core.dispatch_parked())
+    assert m.core.parked_of("a") == [] and m.core.backups.may_get_copy("a") == 0 and m.core.inflight("a") == 2
+    m.valid()

@@ -151,6 +151,7 @@ class SpeculationMachine(RuleBasedStateMachine):
             assert self.fast.can_back(t) == self.slow.can_back(t)
             attempt = self.slow.replay()["attempt"]
             for row, cs in self.slow.running(t).items():
+                assert self.fast.is_backed(t, row) == (attempt[(t, row)] >= 2)
                 for c in cs:
                     assert self.fast.alone(t, row, c) == (cs == [c] and attempt[(t, row)] == 1)
             assert self.fast.tasks[t].n_done == len(self.slow.done_rows(t))

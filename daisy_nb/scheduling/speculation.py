@@ -232,6 +232,10 @@ class Speculation:
         backed = self._backed[t]
         return sum(1 for row, cs in self._rows[t].items() if len(cs) == 1 and row not in backed)
 
+    def is_backed(self, t: int, row: int) -> bool:
+        """Whether row ``row`` of task ``t`` had its backup in this attempt (it gets no other)."""
+        return row in self._backed[t]
+
     def alone(self, t: int, row: int, copy: int) -> bool:
         """Whether row ``row`` of task ``t`` runs in copy ``copy`` alone, with no backup in this
         attempt (a candidate still waiting for its backup)."""

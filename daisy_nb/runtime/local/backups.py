@@ -9,7 +9,7 @@ sees and does what it answers, within :class:`.blocks.BlockCore`:
   that finished before any look saw it running counts as done, with its batch's time per
   block (so the task's progress and median block time are right).
 * **who runs it.** At its tail (nothing ready, blocks in flight) a speculative task keeps
-  workers parked, one per block in flight at most, instead of letting them quit
+  workers parked, one per block in flight that had no copy yet at most, instead of letting them quit
   (``docs/explanation/pool.md#tail``); they run the backups.
 * **the backup.** At a look, the core names the blocks to copy (once the task's median is
   settled, run past ``k`` times it). A copy goes to a worker of the task that waits for work
@@ -78,13 +78,21 @@ class PoolBackups:
 
     def keep_at_tail(self, w) -> bool:
         """Whether ``w``, with nothing to take at its task's tail, stays parked for backups: a
-        speculative task, while its other parked workers are fewer than its blocks in flight (not
-        abandoned, the run not aborting)."""
+        speculative task, while its other parked workers are fewer than its blocks in flight that
+        may still get a copy (not abandoned, the run not aborting). A block counts from when it
+        starts, not from when a look first sees it running, as the TCP hand-out's ``can_back``
+        would: only the blocks that had their copy are left out."""
         core, tid = self.core, w.tid
         if self.factor(tid) is None or core.aborting or core.s.is_abandoned(tid) or core.s.is_task_done(tid):
             return False
         others = sum(1 for wid in core.parked_of(tid) if wid != w.wid)
-        return others < core.inflight(tid)
+        return others < self.may_get_copy(tid)
+
+    def may_get_copy(self, tid: str) -> int:
+        """``tid``'s blocks in flight (in its workers' batches, a copied one once) that had no copy."""
+        t, spec = self.t[tid], self.spec
+        rows = {int(r) for w in self.core.of_task.get(tid, ()) for _, rs in w.queue for r in rs}
+        return sum(1 for r in rows if not spec.is_backed(t, r))  # type: ignore[union-attr]
 
     def copies_due(self) -> bool:
         """A speculative task has workers parked for backups and blocks in flight: a straggler's

@@ -502,8 +502,8 @@ def check_tail(core: BlockCore) -> None:
     it should have quit), once the parked workers have tried again (:meth:`BlockCore.dispatch_parked`)."""
     s = core.s
     for tid in {w.tid for w in core.workers.values() if w.state == WorkerState.PARKED}:
-        if core.backups.factor(tid) is not None:  # kept for backup copies: one per block in flight at most
-            assert len(core.parked_of(tid)) <= max(1, core.inflight(tid)), f"task {tid!r}: too many parked"
+        if core.backups.factor(tid) is not None:  # kept for backup copies: one per block in flight without one
+            assert len(core.parked_of(tid)) <= max(1, core.backups.may_get_copy(tid)), f"task {tid!r}: too many parked"
             continue
         if s.ready_count(tid) == 0 and core.nothing_left(tid):
             raise AssertionError(f"task {tid!r}: workers {core.parked_of(tid)} parked at its tail")
