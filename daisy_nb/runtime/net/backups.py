@@ -19,7 +19,9 @@ speculation core what the hand-out sees and says what to do; the hand-out
   to copy (once the task's median is settled, run past ``k`` times it, at most one per parked
   job). In the bulk of a task no job is parked: at most every ``COPY_LOOK_SECS`` the core
   names the blocks due for a copy, and the next jobs of the task that ask for a block (holding
-  none) get those copies before fresh blocks (:meth:`ClientBackups.take_due`). A copy is the
+  none) get those copies before fresh blocks (:meth:`ClientBackups.take_due`); meanwhile no
+  block is sent ahead to the task's jobs (:meth:`ClientBackups.has_due`), so one soon asks
+  holding none. A copy is the
   same block, described again by the Scheduler (``ListedCalls.describe``), sent to a job, not
   acquired again: it stays in flight once.
 * **the first success wins.** Its release counts (tracking and counters count it once); the
@@ -199,12 +201,7 @@ class ClientBackups:
         spec = self.spec
         if spec is None or self.factor(tid) is None or k <= 0 or self.s.is_abandoned(tid):
             return []
-        if self.looked_ns is None or now_ns - self.looked_ns >= COPY_LOOK_SECS * 1e9:
-            self.looked_ns = now_ns
-            self.due = {}
-            for tid_, t in self.t.items():
-                if spec.tasks[t].factor is not None and not self.s.is_abandoned(tid_):
-                    self.due[tid_] = spec.candidates(t, now_ns / 1e9, len(spec.running(t)))
+        self._look(now_ns)
         due = self.due.get(tid)
         out: list[list[int]] = []
         while due and len(out) < k:
@@ -214,6 +211,29 @@ class ClientBackups:
                 out.append(row)
                 self.launched += 1
         return out
+
+    def has_due(self, tid: str, now_ns: int) -> bool:
+        """A backup of ``tid`` waits for a job that asks holding nothing: the hand-out sends no
+        block ahead to the task's jobs meanwhile (else, with blocks ready, none would ever ask
+        holding nothing before the task's tail)."""
+        if self.spec is None or self.factor(tid) is None:
+            return False
+        self._look(now_ns)
+        spec, due = self.spec, self.due.get(tid)
+        while due and not spec.alone(due[0].task, due[0].row, due[0].copy):
+            due.pop(0)
+        return bool(due)
+
+    def _look(self, now_ns: int) -> None:
+        """The blocks due for a backup, per speculative task, at most every ``COPY_LOOK_SECS``."""
+        spec = self.spec
+        if spec is None or (self.looked_ns is not None and now_ns - self.looked_ns < COPY_LOOK_SECS * 1e9):
+            return
+        self.looked_ns = now_ns
+        self.due = {}
+        for tid, t in self.t.items():
+            if spec.tasks[t].factor is not None and not self.s.is_abandoned(tid):
+                self.due[tid] = spec.candidates(t, now_ns / 1e9, len(spec.running(t)))
 
     def slow(self, now_ns: int) -> list[tuple[Any, int]]:
         """Backups that ran past ``2k`` times the median themselves (the block is slow, not its

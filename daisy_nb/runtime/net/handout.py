@@ -643,8 +643,8 @@ class HandOut(_Copies):
                 a = gone.get(tr.tid)
                 if a is None:
                     a = gone[tr.tid] = self.s.is_abandoned(tr.tid)
-                if a:
-                    continue
+                if a or (self.bk.spec is not None and self.bk.has_due(tr.tid, now_ns)):
+                    continue  # (a straggler's backup waits for a job that asks holding nothing)
                 if tr.tid in self.client_block_secs:  # after its first block
                     ahead[cc] = None
             if ahead:
