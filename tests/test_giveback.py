@@ -484,9 +484,9 @@ def test_pool_backup_copy_of_a_hanging_block_wins_and_the_straggler_is_no_crash(
     assert (out / "slow_started").exists()
 
 
-def test_a_speculative_task_keeps_one_parked_worker_per_block_in_flight_at_its_tail():
-    """At the tail (one straggler in flight) the parked workers trying again keep exactly one
-    of them for its backup, however often they try; the others quit."""
+def straggler_alone_at_the_tail() -> tuple[GiveBackMachine, int]:
+    """A speculative task (factor 2) on three workers whose every block but one finished: the
+    machine and the straggler's worker (no look has run: no backup yet)."""
     m = GiveBackMachine()
     m.in_hypothesis = False
     m.start(n=12, workers=3, speculative=2.0)
@@ -499,7 +499,14 @@ def test_a_speculative_task_keeps_one_parked_worker_per_block_in_flight_at_its_t
                 slow = wid  # the first block of its batch: alone in flight once the others ended
             step_unless_straggling(m, wid, wid == slow)
         if slow is not None and m.s.counts("a").processing == 1 and not [x for x in m.busy() if x != slow]:
-            break
+            return m, slow
+    raise AssertionError("the straggler was never alone")
+
+
+def test_a_speculative_task_keeps_one_parked_worker_per_block_in_flight_at_its_tail():
+    """At the tail (one straggler in flight) the parked workers trying again keep exactly one
+    of them for its backup, however often they try; the others quit."""
+    m, slow = straggler_alone_at_the_tail()
     assert m.core.inflight("a") == 1
     for _ in range(3):
         m.apply(m.core.dispatch_parked())
@@ -583,19 +590,7 @@ def test_a_backup_that_is_slow_itself_is_stopped_and_the_straggler_runs_on():
 def test_at_the_tail_a_worker_kept_for_a_block_that_had_its_backup_quits():
     """Three workers, one straggler at the tail: two are parked for it until its backup goes to
     one of them; the other then quits (a parked worker holds its share of ``resources``)."""
-    m = GiveBackMachine()
-    m.in_hypothesis = False
-    m.start(n=12, workers=3, speculative=2.0)
-    m.spawns = False
-    slow = None
-    for _ in range(1000):
-        for wid in list(m.busy()):
-            w = m.w[wid]
-            if slow is None and w.cur == 0 and w.running() and m.s.ready_count("a") == 0:
-                slow = wid
-            step_unless_straggling(m, wid, wid == slow)
-        if slow is not None and m.s.counts("a").processing == 1 and not [x for x in m.busy() if x != slow]:
-            break
+    m, _ = straggler_alone_at_the_tail()
     m.apply(m.core.dispatch_parked())
     assert len(m.core.parked_of("a")) == 1  # one block in flight: one kept
     m.look(10.0)  # the straggler's backup goes to the parked worker

@@ -79,9 +79,7 @@ class PoolBackups:
     def keep_at_tail(self, w) -> bool:
         """Whether ``w``, with nothing to take at its task's tail, stays parked for backups: a
         speculative task, while its other parked workers are fewer than its blocks in flight that
-        may still get a copy (not abandoned, the run not aborting). A block counts from when it
-        starts, not from when a look first sees it running, as the TCP hand-out's ``can_back``
-        would: only the blocks that had their copy are left out."""
+        may still get a copy (not abandoned, the run not aborting): :meth:`may_get_copy`."""
         core, tid = self.core, w.tid
         if self.factor(tid) is None or core.aborting or core.s.is_abandoned(tid) or core.s.is_task_done(tid):
             return False
@@ -89,7 +87,9 @@ class PoolBackups:
         return others < self.may_get_copy(tid)
 
     def may_get_copy(self, tid: str) -> int:
-        """``tid``'s blocks in flight (in its workers' batches, a copied one once) that had no copy."""
+        """``tid``'s blocks in flight that had no copy in this attempt. Counted from the workers'
+        batches (a copied block once), so a block counts from when it was sent, before any look
+        saw it running."""
         t, spec = self.t[tid], self.spec
         rows = {int(r) for w in self.core.of_task.get(tid, ()) for _, rs in w.queue for r in rs}
         return sum(1 for r in rows if not spec.is_backed(t, r))  # type: ignore[union-attr]
