@@ -239,6 +239,44 @@ class SubmissionMachine(RuleBasedStateMachine):
 test_submission_core = SubmissionMachine.TestCase
 
 
+def test_a_lost_worker_running_both_tasks_abandons_the_upstream_and_its_downstream_once():
+    """A worker running batches of ``a`` and of its downstream ``b`` is lost with no restart left:
+    ``a`` is abandoned, which orphans ``b`` and takes its batches; the loss is then not counted
+    again for ``b`` (its batch on that worker is gone with the abandonment). Found by the
+    machine above (a KeyError when ``b``'s batch was dropped twice)."""
+    s = daisy_nb.Scheduler(pipeline(False, 0, 0, None, 0), block_tracking=False)
+    trs = {tid: DaskTaskRun(s.tasks[tid]) for tid in s.task_ids}
+    core = Submission(s, trs, target_secs=0.01, per_thread=2, max_batch=1)
+    core.set_workers({"tcp://w0": 2, "tcp://w1": 2})
+
+    def ok(bid):
+        b = core.batches[bid]
+        return {"status": bytes([2] * b.n), "elapsed_ns": 10**6, "first_error": None, "last_error": None,
+                "init_error": None, "worker": b.worker}  # fmt: skip
+
+    held = None  # one block of a, running on w1 until the end
+    for _ in range(100):
+        core.submit(100.0)
+        for bid, b in sorted(core.batches.items()):
+            if b.t_start is None:
+                on = "tcp://w1" if (held is None and b.tid == "a") or b.tid == "b" else "tcp://w0"
+                core.started(bid, on, 1000 + bid, 100.0)
+                held = bid if held is None else held
+        done = [bid for bid, b in core.batches.items() if b.worker == "tcp://w0"]
+        for bid in done:
+            core.finished(bid, ok(bid))
+        core.end_pass()
+        if not done:
+            break
+    on_w1 = {b.tid for b in core.batches.values() if b.worker == "tcp://w1"}
+    assert on_w1 == {"a", "b"}, "the scenario needs batches of both tasks on the lost worker"
+    out = core.worker_removed("tcp://w1", expected=False)
+    assert s.is_abandoned("a") and s.is_abandoned("b") and not core.batches
+    assert any(isinstance(x, Cancel) for x in out)
+    assert s.counters["a"].worker_failure_count == 1 and s.counters["b"].worker_failure_count == 0
+    core.validate()
+
+
 def test_shutdown_gives_every_batch_back():
     s = daisy_nb.Scheduler(pipeline(False, 1, 1, None, 0), block_tracking=False)
     core = Submission(s, {t: DaskTaskRun(s.tasks[t]) for t in s.task_ids}, target_secs=0.1, per_thread=2, max_batch=4)

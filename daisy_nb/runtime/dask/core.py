@@ -192,6 +192,9 @@ class Submission:
             if b.worker == addr and b.t_start is not None:
                 by_task.setdefault(b.tid, []).append(b)
         for tid, bs in by_task.items():
+            bs = [b for b in bs if b.bid in self.batches]
+            if not bs:  # an upstream task's abandonment, just above, orphaned this one and took its batches
+                continue
             pid, nblk = bs[0].pid, sum(b.n for b in bs)
             for b in bs:
                 self._drop(b, out, stop=True)
