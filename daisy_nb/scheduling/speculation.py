@@ -32,7 +32,7 @@ the worker its straggler held, so it pays in the bulk of a task as much as at it
 the runtimes give a due backup the next free worker, before fresh blocks (a straggler of the
 first half, left alone, held its worker many block times). The median of a task's first few
 blocks (cold caches, the JIT) is not its usual block time, hence a full window first. Why
-``k`` = 3 by default: a backup costs a worker up to ``k`` block times (it is stopped after
+``k`` = 3 by default: a backup costs a worker up to ``2k`` block times (it is stopped after
 that, above), so only blocks far out of the usual spread are worth one. A block function of a
 speculative task must be idempotent (chunk-aligned zarr writes are): both copies may write
 its output, the loser until it is stopped.
@@ -51,8 +51,8 @@ rows are the task's block rows.
 The local pool carries it out (``daisy_nb/runtime/local/backups.py``: copy ids are its worker
 ids and rows). So does the TCP hand-out for ``Client`` jobs (``daisy_nb/runtime/net/backups.py``: a copy id
 per block a connection starts running); dask and the serial runner launch no copies (they
-warn that the keyword does nothing there). Not here: the hand-out of a backup (the runtime's, with the Scheduler's block),
-the neighbour geometry (the caller's ``busy_neighbours``), the kill, the clock, the Scheduler's
+warn that the keyword does nothing there). Not here: the hand-out of a backup (the runtime's,
+with the Scheduler's block), the neighbour geometry (the caller's ``busy_neighbours``), the kill, the clock, the Scheduler's
 counters and retries (it is told about one end per attempt: the one that counts).
 """
 
@@ -201,8 +201,9 @@ class Speculation:
     Invariants (:meth:`validate`): a row has one or two copies running, never more, and two
     only if it is marked as backed in this attempt; each live copy id maps to exactly one
     running row, and that row lists it; a copy told to stop is neither live nor listed, and
-    its row succeeded or it was a slow backup; a row that succeeded runs no copy; per task, the done count is its done
-    rows and never exceeds its total; only tasks with a factor have rows.
+    its row succeeded or it was a slow backup; a row that succeeded runs no copy; per task,
+    the done count is its done rows and never exceeds its total; only tasks with a factor
+    have rows.
     """
 
     __slots__ = ("tasks", "_copies", "_rows", "_backed", "_stopping", "_slow", "_seq")
