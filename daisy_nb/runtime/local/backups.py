@@ -137,11 +137,12 @@ class PoolBackups:
                 out += self._stop(tid, i.row, i.copy >> _SHIFT)
             idle = sorted(core.parked_of(tid))
             ended = lambda row, tid=tid: (tid, row) not in now_running  # noqa: E731
-            for b in spec.candidates(t, now, len(core.of_task[tid]), ended):  # (rows that ended get none)
-                if self._origin(tid, b) is None:
+            for b in spec.candidates(t, now, spec.can_back(t), ended):  # (rows that ended get none)
+                orig = self._origin(tid, b)
+                if orig is None:
                     continue  # the blocks behind it are not given back yet
                 if idle:
-                    out.append(self._launch(tid, b.row, core.workers[idle.pop(0)], self._origin(tid, b)))
+                    out.append(self._launch(tid, b.row, core.workers[idle.pop(0)], orig))
                 else:
                     self.due.setdefault(tid, []).append(b)
         return out

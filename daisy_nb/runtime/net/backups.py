@@ -112,12 +112,7 @@ class ClientBackups:
         assert spec is not None  # a copy is followed only for a speculative task
         start = spec.start_of(copy)
         o = spec.finished(t, index, copy, max(now_ns / 1e9, start or 0.0), ok)
-        twin = None
-        if o.interrupt is not None:
-            twin = next((c for c in self.holders.get((tid, index), ()) if self.running[c][0] == o.interrupt.copy), None)
-            if twin is not None:  # told to stop: its end, when it comes, counts for nothing
-                self._end(twin, index)
-                spec.lost(o.interrupt.copy)
+        twin = None if o.interrupt is None else self._told_to_stop(tid, index, o.interrupt.copy)
         return o.counts, twin
 
     def lost(self, cc) -> bool:
@@ -233,7 +228,7 @@ class ClientBackups:
         self.due = {}
         for tid, t in self.t.items():
             if spec.tasks[t].factor is not None and not self.s.is_abandoned(tid):
-                self.due[tid] = spec.candidates(t, now_ns / 1e9, len(spec.running(t)))
+                self.due[tid] = spec.candidates(t, now_ns / 1e9, spec.can_back(t))
 
     def slow(self, now_ns: int) -> list[tuple[Any, int]]:
         """Backups that ran past ``2k`` times the median themselves (the block is slow, not its
@@ -245,12 +240,20 @@ class ClientBackups:
         out: list[tuple[Any, int]] = []
         for tid, t in self.t.items():
             for i in spec.slow_backups(t, now_ns / 1e9):
-                cc = next((c for c in self.holders.get((tid, i.row), ()) if self.running[c][0] == i.copy), None)
+                cc = self._told_to_stop(tid, i.row, i.copy)
                 if cc is not None:
-                    self._end(cc, i.row)
-                    spec.lost(i.copy)
                     out.append((cc, i.row))
         return out
+
+    def _told_to_stop(self, tid: str, index: int, copy: int):
+        """Copy ``copy`` of block ``index`` was told to stop (its twin won, or it is slow itself):
+        forgotten, its end reported to the core (when it comes, it counts for nothing); returns
+        the connection running it, or None."""
+        cc = next((c for c in self.holders.get((tid, index), ()) if self.running[c][0] == copy), None)
+        if cc is not None:
+            self._end(cc, index)
+            self.spec.lost(copy)  # type: ignore[union-attr]
+        return cc
 
     # ------------------------------------------------------------------ invariants
     def copied(self, tid: str, index: int, ccs: list) -> bool:

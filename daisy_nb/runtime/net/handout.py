@@ -418,11 +418,16 @@ class _Copies(_Timers):
         told to drop it; the block behind either, if any, starts now."""
         counts, twin = self.bk.ended(cc, index, ok, now_ns)
         if twin is not None:
-            twin.held.pop(index, None)
-            self._out.append(Send(twin.cid, wire.encode_drop(index)))
-            self.bk.next_started(twin, now_ns)
+            self._tell_drop(twin, index, now_ns)
         self.bk.next_started(cc, now_ns)
         return counts
+
+    def _tell_drop(self, cc: Conn, index: int, now_ns: int) -> None:
+        """``cc``'s copy of block ``index`` was told to stop: it is told to drop it (``D``); the block
+        behind it, if any, is its copy now."""
+        cc.held.pop(index, None)
+        self._out.append(Send(cc.cid, wire.encode_drop(index)))
+        self.bk.next_started(cc, now_ns)
 
     def copies_due(self) -> bool:
         """Jobs wait parked for a straggler's copy (:meth:`.backups.ClientBackups.copies_due`)."""
@@ -458,9 +463,7 @@ class _Copies(_Timers):
         if self.bk.spec is None or self.aborting:
             return
         for cc, index in self.bk.slow(now_ns):
-            cc.held.pop(index, None)
-            self._out.append(Send(cc.cid, wire.encode_drop(index)))
-            self.bk.next_started(cc, now_ns)
+            self._tell_drop(cc, index, now_ns)
             self.counts["slow backups"] = self.counts.get("slow backups", 0) + 1
 
 
