@@ -289,6 +289,12 @@ WORKER_START: Variable[str] = Variable(
     "fork",
     "`exec` starts every block worker as a fresh interpreter instead of forking it from the worker template.",
 )
+REUSE_WORKERS = _bool(
+    "DAISY_NB_REUSE_WORKERS",
+    True,
+    "`0` starts new worker processes for every task; by default a block worker with nothing left in its "
+    "task serves the next task with the same `requires` (its `init_fn` runs again for that task).",
+)
 PYTHONPATH: Variable[str | None] = Variable(
     "PYTHONPATH",
     None,

@@ -186,8 +186,9 @@ class Task(TaskParams):
         Measure each block's wall time, CPU, peak RSS and IO in the worker and report
         them per task.
     init_fn : callable, optional
-        ``init_fn()``, run once per worker process before its first block; its result
-        is :func:`daisy_nb.worker_state` there.
+        ``init_fn()``, run once per worker process of the task before its first block of
+        the task (a local worker that moves on from another task runs it as it arrives); its
+        result is :func:`daisy_nb.worker_state` there.
     retry_backoff : float or datetime.timedelta, optional
         Seconds a failed block waits before it is tried again (daisy_nb extension; None or
         0, the default: retried at once, as daisy does). The wait after a block's ``k``-th

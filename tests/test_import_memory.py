@@ -61,6 +61,7 @@ def _run(tmp_path: Path, out: Path, memory: Path, round_: str) -> dict:
         ZM_OUT=str(out),
         ZM_ROUND=round_,
         DAISY_NB_IMPORT_MEMORY=str(memory),
+        DAISY_NB_REUSE_WORKERS="0",  # each task forks its own workers: what the template learned shows
     )
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(RUN)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=170

@@ -22,11 +22,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import daisy_nb
 from daisy_nb.block import BlockStatus
-from daisy_nb.runtime.local.blocks import BlockCore, Kill, Quit, SendBatch, WorkerState, check_tail
+from daisy_nb.runtime.local.blocks import BlockCore, Kill, Quit, Retask, SendBatch, WorkerState, check_tail
 from daisy_nb.runtime.local.budget import Budget, TaskNeed, plan_spawns
 from daisy_nb.runtime.local.exits import ExitKind
 
 CAPACITY = 64
+MAX_WORKERS = 4  # per task, for the spawn plan and for workers that move between tasks
 
 
 def noop(block):
@@ -74,12 +75,15 @@ class CoreMachine(RuleBasedStateMachine):
         conflict=st.booleans(),
         retries=st.integers(0, 2),
         second=st.booleans(),
+        reuse=st.booleans(),
     )
-    def start(self, n, conflict, retries, second):
+    def start(self, n, conflict, retries, second, reuse):
         self.s = scheduler(n, conflict, retries, second)
         self.core = BlockCore(self.s, target_secs=0.01, capacity=CAPACITY)
         for tid in self.s.task_ids:
             self.core.add_task(tid, timeout_ns=10**9)
+            if reuse:  # a worker with nothing left in its task may serve the other (runtime/local/reuse.py)
+                self.core.reuse.add_task(tid, MAX_WORKERS, self.s.task_ids)
 
     def apply(self, actions):
         for a in actions:
@@ -90,6 +94,11 @@ class CoreMachine(RuleBasedStateMachine):
                 w.order.append(a.slot)
             elif isinstance(a, (Quit, Kill)):
                 assert a.wid in self.core.workers
+            elif isinstance(a, Retask):  # it starts again, as the other task's: ready comes later
+                cw = self.core.workers[a.wid]
+                assert cw.tid == a.tid and cw.state == WorkerState.STARTING and not cw.queue
+                assert not self.w[a.wid].order, "a worker moved while it holds batches"
+                event("a worker moved to another task")
             else:
                 raise AssertionError(a)
 
@@ -253,12 +262,17 @@ def check_settled(core: BlockCore) -> None:
             event("workers at a task's tail")
         if s.is_abandoned(tid) or s.is_task_done(tid):
             continue
-        if core.nothing_left(tid) and any(w.state == WorkerState.PARKED for w in core.of_task.get(tid, ())):
-            raise AssertionError(f"task {tid!r}: a worker parked at its tail")  # check_tail's, said plainly
+        parked = [w for w in core.of_task.get(tid, ()) if w.state == WorkerState.PARKED]
+        for w in parked:
+            if core.nothing_left(tid):  # check_tail's, said plainly: only to serve the other task
+                other = core.reuse.waits_for(w)
+                assert other is not None, f"task {tid!r}: a worker parked at its tail"
+                assert not core.nothing_left(other) and core.alive(other) < MAX_WORKERS
+                event("a worker waits at its tail for the other task")
         ready, alive, waiting = s.ready_count(tid), core.alive(tid), core.waiting(tid)
-        if ready and not waiting and alive < 4:
+        if ready and not waiting and alive < MAX_WORKERS:
             event("a ready block and no waiting worker")
-            plan = plan_spawns([TaskNeed(tid, ready, alive, waiting, 4)], Budget({}), 4)
+            plan = plan_spawns([TaskNeed(tid, ready, alive, waiting, MAX_WORKERS)], Budget({}), 4)
             assert plan.start, f"task {tid!r}: {ready} ready blocks and no worker started for them"
 
 

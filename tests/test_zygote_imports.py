@@ -75,7 +75,8 @@ def test_a_later_task_starts_with_what_an_earlier_task_imported(tmp_path):
         for k, v in os.environ.items()
         if k not in ("PYTHONPATH", "DAISY_NB_WORKER_START") and not k.endswith("_NUM_THREADS")
     }
-    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]), ZI_OUT=str(out))
+    # each task forks its own workers (no worker moves to the next task): what the template learned shows
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]), ZI_OUT=str(out), DAISY_NB_REUSE_WORKERS="0")
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(RUN)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=170
     )
@@ -146,7 +147,8 @@ def test_a_task_started_while_the_previous_one_runs_finds_its_imports(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DAISY_NB_WORKER_START")}
-    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]), ZI_OUT=str(out))
+    # each task forks its own workers (no worker moves to the next task): what the template learned shows
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]), ZI_OUT=str(out), DAISY_NB_REUSE_WORKERS="0")
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(OVERLAP_RUN)],
         capture_output=True,

@@ -108,6 +108,13 @@ class Timeline:
             row.job = job
         return row
 
+    def moved(self, key, task: str) -> None:
+        """The worker serves ``task`` from now on (a local block worker that moved: its row shows it)."""
+        self._task(task)
+        row = self.rows.get(key)
+        if row is not None:
+            row.task = task
+
     def ended(self, key, lost: bool = False, t: float | None = None, job=None) -> None:
         """The worker is gone; ``lost``: it failed (died, killed after a timeout, went silent);
         ``job``: its job id, if it was learnt after it started."""

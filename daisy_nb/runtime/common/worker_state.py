@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["bind", "bind_report", "report_job", "set_worker_state", "unbind", "worker_state"]
+__all__ = ["bind", "bind_report", "forget_worker_states", "report_job", "set_worker_state", "unbind", "worker_state"]
 
 _PROCESS_STATES: dict = {}  # task_id -> init_fn() result (one task per process)
 _current = threading.local()  # .states, .task_id while a dask batch runs in this thread
@@ -91,6 +91,12 @@ def worker_state(task_id: str | None = None) -> Any:
 def set_worker_state(task_id: str, state) -> None:
     """Make ``worker_state(task_id)`` return ``state`` in this process."""
     _PROCESS_STATES[task_id] = state
+
+
+def forget_worker_states() -> None:
+    """This pool worker moves to another task: the states of the tasks it served go (what they hold
+    is released), and ``worker_state()`` means the next task's."""
+    _PROCESS_STATES.clear()
 
 
 def bind(states, task_id):

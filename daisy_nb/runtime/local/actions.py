@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Action", "Cut", "Kill", "Quit", "SendBatch"]
+__all__ = ["Action", "Cut", "Kill", "Quit", "Retask", "SendBatch"]
 
 
 @dataclass(frozen=True)
@@ -47,4 +47,13 @@ class Cut:
     keep: int
 
 
-Action = SendBatch | Quit | Kill | Cut
+@dataclass(frozen=True)
+class Retask:
+    """Worker ``wid``, idle at its task's tail, serves task ``tid`` from now on: send it that task's
+    set-up (its function, ``init_fn``, log files); it answers "ready" (:mod:`.reuse`)."""
+
+    wid: int
+    tid: str
+
+
+Action = SendBatch | Quit | Kill | Cut | Retask

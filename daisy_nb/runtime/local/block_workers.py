@@ -17,7 +17,7 @@ from typing import Any
 
 from daisy_nb.runtime.local import _shm, wire
 from daisy_nb.runtime.local.batches import Batches
-from daisy_nb.runtime.local.blocks import BlockCore, Cut, ExitReport, Kill, Quit, SendBatch
+from daisy_nb.runtime.local.blocks import BlockCore, Cut, ExitReport, Kill, Quit, Retask, SendBatch
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun
 from daisy_nb.runtime.local.records import BlockProcess
 from daisy_nb.runtime.local.starter import CAPACITY
@@ -46,9 +46,11 @@ class BlockWorkers:
         workers: Mapping[int, Any],
         kill: Callable[[Any], None],
         workers_total: Callable[[], int],
+        retask: Callable[[Any, str], None] | None = None,
     ):
         self.workers = workers  # every worker process, by id (the process owner's registry, read here)
         self._kill = kill
+        self._retask = retask  # the process owner's: a worker's set-up for another task (.reuse)
         self.core = BlockCore(
             scheduler, target_secs=batch_target_secs, capacity=CAPACITY, slots=_shm.SLOTS, workers_total=workers_total
         )
@@ -61,10 +63,27 @@ class BlockWorkers:
     def alive(self, tid: str) -> int:
         return self.core.alive(tid)
 
-    def add(self, wid: int, tr: PoolTaskRun):
-        """A block worker of ``tr`` starts: the core's record of it."""
+    def register(self, trs: Mapping[str, PoolTaskRun], reuse: bool) -> None:
+        """The run's block-function tasks, and which of them a worker may move between (``reuse``,
+        :mod:`.reuse`): the same ``requires``, number of dimensions and ``resource_tracking``; a task
+        whose restart cap is reached takes no worker."""
+        blocks = [tr for tr in trs.values() if tr.arity == 1]
+        for tr in blocks:
+            self._task(tr)
+            key = (tr.requires, tr.ndim, tr.track)
+            self.core.reuse.add_task(
+                tr.tid, tr.max_workers, [u.tid for u in blocks if reuse and (u.requires, u.ndim, u.track) == key]
+            )
+        counters = self.core.s.counters
+        self.core.reuse.may_join = lambda tid: not trs[tid].restarts.cap_reached(counters[tid])
+
+    def _task(self, tr: PoolTaskRun) -> None:
         t = self.core.add_task(tr.tid, tr.timeout_ns)
         t.block_secs = tr.block_secs  # one deque: the hang alarm reads the task run's
+
+    def add(self, wid: int, tr: PoolTaskRun):
+        """A block worker of ``tr`` starts: the core's record of it."""
+        self._task(tr)
         return self.core.add(wid, tr.tid)
 
     # ------------------------------------------------------------------------ events
@@ -137,5 +156,9 @@ class BlockWorkers:
             elif isinstance(a, Cut):
                 assert isinstance(w, BlockProcess)
                 self.batches.cut(w, a.slot, a.keep)
+            elif isinstance(a, Retask):
+                if self._retask is None:
+                    raise RuntimeError(f"worker {a.wid} moved to task {a.tid!r}, but this pool cannot move workers")
+                self._retask(w, a.tid)
             else:
                 raise TypeError(f"unknown action {a!r}")

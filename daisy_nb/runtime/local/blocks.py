@@ -61,10 +61,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from daisy_nb.block import BlockStatus
-from daisy_nb.runtime.local.actions import Action, Cut, Kill, Quit, SendBatch
+from daisy_nb.runtime.local.actions import Action, Cut, Kill, Quit, Retask, SendBatch
 from daisy_nb.runtime.local.backups import DROPPED, PoolBackups
 from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
 from daisy_nb.runtime.local.giveback import Running, straggling
+from daisy_nb.runtime.local.reuse import Reuse
 from daisy_nb.runtime.local.sizing import BatchSizing, BlockTask
 
 __all__ = [
@@ -74,6 +75,7 @@ __all__ = [
     "Cut",
     "Kill",
     "Quit",
+    "Retask",
     "SendBatch",
     "WorkerState",
     "check_invariants",
@@ -156,6 +158,7 @@ class BlockCore:
         self._parked: set[BlockWorker] = set()
         self.aborting = False
         self.backups = PoolBackups(self)  # Task(speculative=...): backup copies of stragglers
+        self.reuse = Reuse(self)  # a worker with nothing left in its task serves another
 
     # ------------------------------------------------------------------ tasks and workers
     def add_task(self, tid: str, timeout_ns: int | None = None) -> BlockTask:
@@ -185,6 +188,10 @@ class BlockCore:
 
     def parked_of(self, tid: str) -> list[int]:
         return sorted(w.wid for w in self.of_task.get(tid, ()) if w.state == WorkerState.PARKED)
+
+    def parked(self) -> list[BlockWorker]:
+        """Every parked worker."""
+        return [w for w in self._parked if w.state == WorkerState.PARKED]
 
     def inflight(self, tid: str) -> int:
         """Blocks of ``tid`` in block workers' batches."""
@@ -322,9 +329,11 @@ class BlockCore:
 
     def dispatch_parked(self) -> list[Action]:
         """Parked workers try again (blocks may have become ready)."""
-        if not self._parked:
-            return []
-        parked, self._parked = self._parked, set()
+        out = self._dispatch_parked(self._parked)
+        return out + self._dispatch_parked(self.reuse.waiting())  # once the tasks' own workers took theirs
+
+    def _dispatch_parked(self, parked: set[BlockWorker]) -> list[Action]:
+        self._parked = self._parked - parked
         out: list[Action] = []
         for w in sorted(parked, key=lambda w: w.wid):  # in start order
             if w.state == WorkerState.PARKED:
@@ -383,7 +392,7 @@ class BlockCore:
         if w.doomed:
             return []  # killed (it lost a race of copies): it stays idle until it is gone
         if self._abandoned(tid) or self.s.is_task_done(tid):
-            return self.quit(w.wid)
+            return self.reuse.leave(w)
         if self.backups.due:  # a straggler's backup before fresh blocks (.backups)
             copy = self.backups.take_due(w)
             if copy:
@@ -394,10 +403,14 @@ class BlockCore:
             if sent is not None:
                 return [sent, *self._prefetch(w)]
         if self.nothing_left(tid) and not self.backups.keep_at_tail(w):
-            return self.quit(w.wid)
+            return self.reuse.leave(w)  # another task's worker, parked for one, or it quits
+        self.park(w)
+        return []
+
+    def park(self, w: BlockWorker) -> None:
+        """``w`` waits for work."""
         w.state = WorkerState.PARKED
         self._parked.add(w)
-        return []
 
     def _prefetch(self, w: BlockWorker) -> list[Action]:
         """A second batch behind the one ``w`` runs, if nobody can be held back by it."""
@@ -499,11 +512,13 @@ def check_invariants(core: BlockCore, held_elsewhere: Mapping[str, int] | None =
 
 def check_tail(core: BlockCore) -> None:
     """Raise ``AssertionError`` if a worker is parked at its task's tail (nothing ready or pending:
-    it should have quit), once the parked workers have tried again (:meth:`BlockCore.dispatch_parked`)."""
+    it should have quit, unless it waits to serve another task, :mod:`.reuse`), once the parked
+    workers have tried again (:meth:`BlockCore.dispatch_parked`)."""
     s = core.s
     for tid in {w.tid for w in core.workers.values() if w.state == WorkerState.PARKED}:
+        idle = [wid for wid in core.parked_of(tid) if core.reuse.waits_for(core.workers[wid]) is None]
         if core.backups.factor(tid) is not None:  # kept for backup copies: one per block in flight without one
-            assert len(core.parked_of(tid)) <= max(1, core.backups.may_get_copy(tid)), f"task {tid!r}: too many parked"
+            assert len(idle) <= max(1, core.backups.may_get_copy(tid)), f"task {tid!r}: too many parked"
             continue
-        if s.ready_count(tid) == 0 and core.nothing_left(tid):
-            raise AssertionError(f"task {tid!r}: workers {core.parked_of(tid)} parked at its tail")
+        if idle and s.ready_count(tid) == 0 and core.nothing_left(tid):
+            raise AssertionError(f"task {tid!r}: workers {idle} parked at its tail")

@@ -196,6 +196,7 @@ class _Pool:
                         f"{{{k}: {self.budget.get(k, 0)}}}"
                     )
             self.trs[tid] = tr
+        self.procs.prepare()
         if any(tr.arity == 0 for tr in self.trs.values()):
             self._start_listener()
         else:

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from daisy_nb import config
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.local import _zygote, ending, wire
 from daisy_nb.runtime.local.block_workers import BlockWorkers
@@ -95,12 +96,17 @@ class Processes:
             workers=self.roster.workers,
             kill=self._kill,
             workers_total=self.count,
+            retask=self._retask,
         )
         self.starter = Starter(tasks, template)  # tasks: whether the template preloads the Client
         self.aborting = False
         self.timeline: Any = None  # a dashboard.timeline.Timeline, or None (no dashboard or report)
 
     # ------------------------------------------------------------- coordination
+    def prepare(self) -> None:
+        """The run's tasks are known: which of them a block worker may move between (:mod:`.reuse`)."""
+        self.blocks.register(self.starter.trs, config.REUSE_WORKERS.get())
+
     def attach_timeline(self, timeline) -> None:
         self.timeline = self.blocks.batches.timeline = timeline
 
@@ -179,11 +185,24 @@ class Processes:
             self.waitables.add(w.pidfd, "pidfd", w)
         self.waitables.add(w.conn, "w", w)  # a worker function's: job reports only
         self.roster.add(w)
-        self.s.counters[tr.tid].job_seconds.started(w, w.t_spawn)  # held until _forget
+        self.s.counters[tr.tid].job_seconds.started(w, w.t_spawn)  # held until _forget or a move
         if self.timeline is not None:  # the dashboard's worker timeline (dashboard/timeline.py)
             self.timeline.worker(
                 ("w", wid), tr.tid, "worker" if tr.arity else "job", f"worker {wid}", w.proc.pid, None, w.t_spawn
             )
+
+    def _retask(self, w: Worker, tid: str) -> None:
+        """The core moved block worker ``w`` to task ``tid`` (:mod:`.reuse`): a worker start of ``tid``
+        (its timeline row stays: one per process, its bars in each task's colour)."""
+        tr, now = self.starter.trs[tid], time.monotonic()
+        self.s.counters[w.tr.tid].job_seconds.ended(w, now)
+        self.s.counters[tid].job_seconds.started(w, now)
+        tr.restarts.started(self.s.counters[tid])
+        self.roster.move(w, tr)
+        w.slot, tr.next_slot = tr.next_slot, tr.next_slot + 1
+        self.starter.retask(w, self._make_context(tr, w.wid))  # it answers "ready"
+        if self.timeline is not None:
+            self.timeline.moved(("w", w.wid), tid)
 
     # ------------------------------------------------------------ signals
     def _stop(self, w) -> None:

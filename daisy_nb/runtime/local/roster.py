@@ -66,6 +66,14 @@ class Roster:
         self.workers.pop(w.wid, None)
         self.budget.give(w.tr.requires)
 
+    def move(self, w: Worker, tr: PoolTaskRun) -> None:
+        """``w`` serves ``tr`` from now on (its ``requires`` are the same: the budget does not change)."""
+        self.of(w.tr).discard(w)
+        self.budget.give(w.tr.requires)
+        w.tr = tr
+        self.budget.take(tr.requires)
+        self.of(tr).add(w)
+
     def __iter__(self) -> Iterator[Worker]:
         """Every worker, on a copy (callers may remove workers while iterating)."""
         return iter(list(self.workers.values()))

@@ -65,19 +65,7 @@ class Starter:
         """Start ``w``'s process: its shared memory (block functions), socket pair (``w.conn``),
         log files, setup and function sent; ``w.pidfd`` when this platform has one."""
         tr = w.tr
-        setup = {
-            "sys_path": list(sys.path),
-            "log_basedir": None if dlog.get_log_basedir() is None else str(dlog.get_log_basedir()),
-            "log_mode": dlog.get_log_mode(),
-            "log_level": dlog.get_log_level(),
-            "task_id": tr.tid,
-            "worker_id": w.wid,
-            "arity": tr.arity,
-            "wants_context": tr.wants_context,
-            "capacity": CAPACITY,
-            "ndim": tr.ndim,
-            "wire": wire.VERSION,
-        }
+        setup = _setup(w)
         keep_fds = []
         if tr.arity:
             w.shm = _shm.Segment(_shm.segment_bytes(CAPACITY, tr.ndim, tr.track))
@@ -128,6 +116,27 @@ class Starter:
                 w.pidfd = os.pidfd_open(w.proc.pid)
             except OSError:
                 w.pidfd = None
+
+    def retask(self, w, context: Context) -> None:
+        """Send block worker ``w``, moved to the task ``w.tr`` (:mod:`.reuse`), that task's set-up: its
+        log files (the worker points its fds 1/2, or its copies, at them), ``DAISY_CONTEXT`` and its
+        function; its shared memory stays (the same layout: the same ``ndim`` and tracking)."""
+        tr = w.tr
+        setup = _setup(w)
+        setup["context"] = context.to_env()
+        logs = dlog.open_worker_logs(tr.tid, w.slot)
+        if logs:
+            key = "tee_files" if dlog.get_log_mode() == "both" else "log_files"
+            setup[key] = (logs[0].name, logs[1].name)
+            w.err_path, w.err_offset = logs[1].name, logs[1].tell()
+            logs[0].close()
+            logs[1].close()
+        try:
+            w.conn.send_bytes(wire.Kind.TASK)
+            w.conn.send_bytes(pickle.dumps(setup))
+            w.conn.send_bytes(tr.payload or b"")
+        except OSError:
+            pass  # died already: its pidfd says so
 
     def _start_process(self, env: dict, fd: int, keep_fds: list, logs, tid: str):
         """Fork the worker from the run's template (started on first use), else exec it."""
@@ -183,3 +192,21 @@ class Starter:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _setup(w) -> dict:
+    """What worker ``w`` is told of its task ``w.tr`` and the run (the first frame of :mod:`.wire`)."""
+    tr = w.tr
+    return {
+        "sys_path": list(sys.path),
+        "log_basedir": None if dlog.get_log_basedir() is None else str(dlog.get_log_basedir()),
+        "log_mode": dlog.get_log_mode(),
+        "log_level": dlog.get_log_level(),
+        "task_id": tr.tid,
+        "worker_id": w.wid,
+        "arity": tr.arity,
+        "wants_context": tr.wants_context,
+        "capacity": CAPACITY,
+        "ndim": tr.ndim,
+        "wire": wire.VERSION,
+    }

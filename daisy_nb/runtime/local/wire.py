@@ -5,7 +5,9 @@ Worker side too: the standard library only.
 Frames are ``multiprocessing.connection``'s (4-byte big-endian length, then the bytes).
 Pool -> worker: one pickled setup dict (its ``"wire"`` entry is :data:`VERSION`), the
 function bytes, then :data:`Kind.RUN` + slot ("run the batch in shared-memory slot
-``slot``") or :data:`Kind.QUIT`. Worker -> pool: :data:`Kind.READY`,
+``slot``") or :data:`Kind.QUIT`, or to a block worker with nothing to run :data:`Kind.TASK`
+then a new setup and function bytes (it serves another task from then on, and says ready
+again). Worker -> pool: :data:`Kind.READY`,
 :data:`Kind.DONE` + slot (the statuses are in shared memory), :data:`Kind.RAISED` + slot
 + a :class:`Raised` (a block raised: its exception's type, message and capped traceback as
 separate fields, so the pool records a structured ``daisy_nb.errors.WorkerError``; the
@@ -36,7 +38,7 @@ __all__ = [
     "version_error",
 ]
 
-VERSION = 3  # 2: a raised block's fields apart; 3: a batch's limit word in shared memory (give-back)
+VERSION = 4  # 2: a raised block's fields apart; 3: a batch's limit word in shared memory (give-back); 4: TASK
 VERSION_MISMATCH_EXIT = 86  # the worker's exit code when the pool speaks another version
 
 
@@ -45,6 +47,7 @@ class Kind:
 
     RUN = b"R"  # pool -> worker: run the batch in slot k
     QUIT = b"Q"  # pool -> worker: leave
+    TASK = b"T"  # pool -> block worker: serve another task; its setup and function bytes follow
     READY = b"I"  # worker -> pool: set up, ready for work
     DONE = b"D"  # worker -> pool: the batch in slot k is done
     RAISED = b"X"  # worker -> pool: a block of the batch in slot k raised; the worker exits

@@ -8,7 +8,9 @@ travel through a shared-memory segment (layout in :mod:`._shm`).
 
 Protocol: :mod:`daisy_nb.runtime.local.wire` (both ends, the version): one pickled
 setup dict, the function bytes (cloudpickle, loadable with plain pickle), then "run the
-batch in slot k" or "quit"; this worker answers "ready", "slot k done" (statuses in
+batch in slot k", "quit", or "serve another task" (a new setup and function follow; its
+``init_fn`` runs, ``DAISY_CONTEXT`` and the log files change: ``runtime/local/reuse.py``);
+this worker answers "ready", "slot k done" (statuses in
 shared memory) or "a block of slot k raised" (and exits); a 0-argument worker
 function's process keeps its end only for its launcher's job reports
 (:mod:`daisy_nb.launch`). The parent may send the next batch while one runs (two
@@ -199,14 +201,17 @@ def _after_first_batch() -> None:
         pass
 
 
-def _run_block_loop(conn, fn, setup: dict) -> int:
+NEXT_TASK = -1  # _run_block_loop's return when the pool moves this worker to another task
+
+
+def _run_block_loop(conn, fn, setup: dict, shm) -> int:
+    """Run the batches the pool sends; returns the exit code, or :data:`NEXT_TASK` (``Kind.TASK``)."""
     from daisy_nb.block import Block, BlockStatus
     from daisy_nb.runtime.local import _shm, wire
 
     PROCESSING, SUCCESS, FAILED = BlockStatus.PROCESSING, BlockStatus.SUCCESS, BlockStatus.FAILED
-    RUN = wire.Kind.RUN
+    RUN, TASK = wire.Kind.RUN, wire.Kind.TASK
 
-    shm = _shm.attach(setup.get("shm_name"), setup.get("shm_fd"))
     cap, nd = setup["capacity"], setup["ndim"]
     track = bool(setup.get("resource_tracking"))
     o = _shm.offsets(cap, nd, track)
@@ -234,8 +239,8 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
                 msg = conn.recv_bytes()
             except (EOFError, OSError):
                 return 0  # parent gone
-            if msg[:1] != RUN:  # QUIT
-                return 0
+            if msg[:1] != RUN:  # QUIT, or TASK
+                return NEXT_TASK if msg[:1] == TASK else 0
             slot = msg[1] if len(msg) > 1 else 0
             q = slots[slot]
             if pos is not None:  # once per batch; untracked workers pay nothing per block
@@ -298,7 +303,6 @@ def _run_block_loop(conn, fn, setup: dict) -> int:
         if fbase is not None:
             fbase.release()
         del q, slots, base, fslots, fbase
-        shm.close()
 
 
 def serve(fd: int, shm_fd: int | None = None) -> int:
@@ -336,11 +340,59 @@ def serve(fd: int, shm_fd: int | None = None) -> int:
         os.set_inheritable(conn.fd, False)
         bind_report(conn)  # the launchers tell the pool their job ids on the socket pair
         return _run_worker_function(fn, setup.get("wants_context", False))
-    if init_fn is not None:
-        from daisy_nb.runtime.common.worker_state import set_worker_state
+    from daisy_nb.runtime.local import _shm
 
-        set_worker_state(setup["task_id"], init_fn())  # raising is a dirty exit
-    return _run_block_loop(conn, fn, setup)
+    shm = _shm.attach(setup.get("shm_name"), setup.get("shm_fd"))
+    try:
+        while True:  # one turn per task this worker serves (runtime/local/reuse.py)
+            if init_fn is not None:
+                from daisy_nb.runtime.common.worker_state import set_worker_state
+
+                set_worker_state(setup["task_id"], init_fn())  # raising is a dirty exit
+            code = _run_block_loop(conn, fn, setup, shm)
+            if code != NEXT_TASK:
+                return code
+            try:
+                setup, fn, init_fn = _next_task(conn, setup)
+            except (EOFError, OSError):
+                return 0
+            from daisy_nb.runtime.common.worker_state import forget_worker_states
+
+            forget_worker_states()  # worker_state() is the new task's (its init_fn runs next)
+    finally:
+        shm.close()
+
+
+def _next_task(conn, old: dict):
+    """The pool moved this worker to another task: its setup (the shared memory stays), log files,
+    ``DAISY_CONTEXT`` and function."""
+    setup = pickle.loads(conn.recv_bytes())
+    payload = conn.recv_bytes()
+    for key in ("shm_name", "shm_fd", "slots", "resource_tracking"):  # the same segment and layout
+        if key in old:
+            setup[key] = old[key]
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if isinstance(sys.stdout, _Tee):  # log mode "both": the earlier task's copies end
+        sys.stdout._file.close()
+        sys.stdout = sys.stdout._stream
+    if isinstance(sys.stderr, _Tee):
+        sys.stderr._file.close()
+        sys.stderr = sys.stderr._stream
+    for target, path in zip((1, 2), setup.get("log_files") or ()):  # log mode "file": fds 1/2 are the files
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, target)
+        os.close(fd)
+    _apply_setup(setup)
+    if setup.get("context"):
+        from daisy_nb import config
+
+        os.environ[config.CONTEXT.name] = setup["context"]
+    fn, init_fn = pickle.loads(payload)
+    return setup, fn, init_fn
 
 
 def main(argv=None) -> int:
