@@ -53,7 +53,6 @@ batches per worker, each in a distinct slot; and :meth:`.sizing.BatchSizing.vali
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -67,6 +66,7 @@ from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
 from daisy_nb.runtime.local.giveback import Running, straggling
 from daisy_nb.runtime.local.reuse import Reuse
 from daisy_nb.runtime.local.sizing import BatchSizing, BlockTask
+from daisy_nb.runtime.local.states import WorkerState
 
 __all__ = [
     "BlockCore",
@@ -88,15 +88,6 @@ _CREATED, _PROCESSING, _SUCCESS, _FAILED = (
     BlockStatus.SUCCESS,
     BlockStatus.FAILED,
 )
-
-
-class WorkerState(enum.IntEnum):
-    STARTING = 0  # its process starts; not ready for work yet
-    IDLE = 1  # ready, nothing sent (transient: dispatch follows at once)
-    BUSY = 2  # runs a batch (and maybe holds a second one)
-    PARKED = 3  # waits for blocks to become ready
-    QUITTING = 4  # told to quit (or a block raised): it exits
-    DEAD = 5  # its process ended
 
 
 @dataclass(eq=False)

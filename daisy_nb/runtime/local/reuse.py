@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from daisy_nb.runtime.local.actions import Action, Retask
+from daisy_nb.runtime.local.states import WorkerState
 
 __all__ = ["Reuse"]
 
@@ -68,8 +69,6 @@ class Reuse:
 
     def _move(self, w, tid: str) -> list[Action]:
         """``w`` (no batch) is task ``tid``'s worker from now on; it starts again."""
-        from daisy_nb.runtime.local.blocks import WorkerState  # (it imports this module)
-
         core = self.core
         if w.queue or w.doomed or w.raised:
             raise RuntimeError(f"block worker {w.wid} moved to task {tid!r} while it holds batches or exits")
