@@ -55,13 +55,19 @@ def core_of(s, max_workers=2, reuse=True):
     return core
 
 
+def two_workers_of_a(max_workers=2, reuse=True):
+    """``a -> b`` (2 blocks, 1 block), workers 0 and 1 of ``a`` ready: each runs one block of ``a``."""
+    s = pipeline(2, 1)
+    core = core_of(s, max_workers, reuse)
+    for wid in (0, 1):
+        core.add(wid, "a")
+        assert isinstance(core.ready(wid)[0], SendBatch)
+    return s, core
+
+
 # ---------------------------------------------------------------- the decisions, no processes
 def test_a_worker_at_its_tail_joins_the_next_task_with_ready_blocks():
-    s = pipeline(2, 1)
-    core = core_of(s)
-    core.add(0, "a")
-    core.add(1, "a")
-    assert isinstance(core.ready(0)[0], SendBatch) and isinstance(core.ready(1)[0], SendBatch)  # a0, a1
+    s, core = two_workers_of_a()
     # a0 done: b0 is ready, a has only a1 left, in flight; b has no worker: worker 0 moves
     assert core.batch_done(0, OK, 10**7) == [Retask(0, "b")]
     w = core.workers[0]
@@ -74,12 +80,7 @@ def test_a_worker_at_its_tail_joins_the_next_task_with_ready_blocks():
 
 @pytest.mark.parametrize("max_workers", [1, 2])
 def test_a_worker_waits_at_its_tail_for_the_next_task_then_joins_or_quits(max_workers):
-    s = pipeline(2, 1)
-    core = core_of(s, max_workers)
-    core.add(0, "a")
-    core.add(1, "a")
-    core.ready(0)
-    core.ready(1)
+    s, core = two_workers_of_a(max_workers)
     # a1 done first: b0 waits for a0 (in flight), so worker 1 has nothing to run; it waits for b
     assert core.batch_done(1, OK, 10**7) == []
     assert core.workers[1].state == WorkerState.PARKED and core.reuse.waits_for(core.workers[1]) == "b"
@@ -98,22 +99,13 @@ def test_a_worker_waits_at_its_tail_for_the_next_task_then_joins_or_quits(max_wo
 
 
 def test_without_a_task_to_serve_a_worker_at_its_tail_quits():
-    s = pipeline(2, 1)
-    core = core_of(s, reuse=False)
-    core.add(0, "a")
-    core.add(1, "a")
-    core.ready(0)
-    core.ready(1)
+    s, core = two_workers_of_a(reuse=False)
     assert core.batch_done(1, OK, 10**7) == [Quit(1)]
     assert core.batch_done(0, OK, 10**7) == [Quit(0)]
 
 
 def test_a_waiting_worker_quits_when_the_task_it_waits_for_is_abandoned():
-    s = pipeline(2, 1)
-    core = core_of(s)
-    for wid in (0, 1):
-        core.add(wid, "a")
-        core.ready(wid)
+    s, core = two_workers_of_a()
     core.batch_done(1, OK, 10**7)
     assert core.workers[1].state == WorkerState.PARKED
     s.abandon_task("b", "test")
@@ -121,11 +113,7 @@ def test_a_waiting_worker_quits_when_the_task_it_waits_for_is_abandoned():
 
 
 def test_a_moved_worker_counts_only_for_its_new_task_and_dies_as_its_worker():
-    s = pipeline(2, 1)
-    core = core_of(s)
-    for wid in (0, 1):
-        core.add(wid, "a")
-        core.ready(wid)
+    s, core = two_workers_of_a()
     core.batch_done(0, OK, 10**7)  # moves to b
     core.ready(0)
     rep = core.exited(0, [np.array([BlockStatus.PROCESSING], np.uint8)], -9)
