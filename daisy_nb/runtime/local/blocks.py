@@ -30,8 +30,10 @@ ready queue, without a lock, never run twice (:mod:`.giveback`).
 
 **The tail.** (Of a speculative task, workers stay parked at the tail, one per block in
 flight at most, to run backup copies: :mod:`.backups`.) A worker with nothing to take while every block its task has left is in
-flight (no ready and no pending block: the task's tail) quits at once, freeing its slot
-and its share of ``resources`` for the next task's workers, instead of staying parked.
+flight (no ready and no pending block: the task's tail), or whose task is done, moves to
+another task it can serve, or waits parked for one that has blocks left (:mod:`.reuse`);
+else it quits at once, freeing its slot and its share of ``resources`` for the next task's
+workers, instead of staying parked.
 None is kept for a retry, as the TCP hand-out keeps one job
 (``daisy_nb/runtime/net/tail.py``): a local worker is forked in milliseconds, so when a
 block fails at the tail the pool's spawn plan (:func:`.budget.plan_spawns`, for ready
