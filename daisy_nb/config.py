@@ -289,11 +289,14 @@ WORKER_START: Variable[str] = Variable(
     "fork",
     "`exec` starts every block worker as a fresh interpreter instead of forking it from the worker template.",
 )
-REUSE_WORKERS = _bool(
+REUSE_WORKERS: Variable[str] = Variable(
     "DAISY_NB_REUSE_WORKERS",
-    True,
-    "`0` starts new worker processes for every task; by default a block worker with nothing left in its "
-    "task serves the next task with the same `requires` (its `init_fn` runs again for that task).",
+    "same",
+    _choice("same", "any", "off", aliases={w: "off" for w in FALSE_WORDS} | {w: "same" for w in TRUE_WORDS}),
+    "same",
+    "Which task a local block worker with nothing left in its task may serve next: `same` another task "
+    "that runs the same block function (the same `requires`, dimensions and tracking); `any` any such task, "
+    "whatever its function; `off` none (every task's workers are new processes, as with daisy).",
 )
 PYTHONPATH: Variable[str | None] = Variable(
     "PYTHONPATH",

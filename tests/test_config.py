@@ -54,7 +54,11 @@ TABLE: dict[str, tuple[object, list[tuple[str, object]], list[str]]] = {
     ),
     "DAISY_NB_TRACKING_IO": ("auto", [("mmap", "mmap"), ("PWRITE", "pwrite"), (" auto", "auto")], ["fast", "1"]),
     "DAISY_NB_WORKER_START": ("fork", [("exec", "exec"), ("Fork", "fork")], ["spawn", "0"]),
-    "DAISY_NB_REUSE_WORKERS": (True, [("0", False), ("off", False), ("1", True)], ["2", "never"]),
+    "DAISY_NB_REUSE_WORKERS": (
+        "same",
+        [("same", "same"), ("ANY", "any"), ("off", "off"), ("0", "off"), ("no", "off"), ("1", "same")],
+        ["2", "never", "all"],
+    ),
     "DAISY_NB_HANG_SECS": (60.0, [("0", 0.0), ("2.5", 2.5), ("inf", math.inf)], ["soon", "-1", "nan"]),
     "DAISY_NB_HANG_FACTOR": (10.0, [("0", 0.0), ("20", 20.0)], ["x", "-0.5"]),
     "DAISY_NB_AUTH_TIMEOUT_SECS": (5.0, [("0.3", 0.3), ("20", 20.0)], ["0", "-1", "inf", "nan", "soon"]),

@@ -123,16 +123,17 @@ def test_a_moved_worker_counts_only_for_its_new_task_and_dies_as_its_worker():
 
 
 # ---------------------------------------------------------------- real worker processes
-def chain(n, fn=reusefns.record, requires=({"cpu": 1},) * 3, **kw):
-    """``a -> b -> c``, ``n`` blocks each (block i of each reads and writes [10 i, 10 i + 10))."""
+def chain(n, fn=reusefns.record, requires=({"cpu": 1},) * 3, fns=None, **kw):
+    """``a -> b -> c``, ``n`` blocks each (block i of each reads and writes [10 i, 10 i + 10)), with
+    block function ``fn`` (or one per task: ``fns``)."""
     tasks = []
-    for tid, req in zip("abc", requires):
+    for tid, req, f in zip("abc", requires, fns or (fn,) * 3):
         t = daisy_nb.Task(
             tid,
             Roi((0,), (10 * n,)),
             Roi((0,), (10,)),
             Roi((0,), (10,)),
-            process_function=fn,
+            process_function=f,
             init_fn=reusefns.init,
             max_workers=2,
             requires=req,
@@ -200,17 +201,23 @@ def test_a_pipeline_runs_on_the_first_tasks_workers(out, tmp_path, log_mode):
 @pytest.mark.mp
 @pytest.mark.timeout(60)
 @pytest.mark.usefixtures("no_leaks")
-def test_reuse_off_or_other_requires_start_new_workers(out, monkeypatch):
-    monkeypatch.setenv("DAISY_NB_REUSE_WORKERS", "0")
-    run_chain(chain(4))
+@pytest.mark.parametrize(
+    "reuse, kw, moves",
+    [
+        ("off", {}, False),
+        ("same", {"requires": ({"cpu": 1}, {"cpu": 2}, {"cpu": 1})}, False),  # b needs both cpus
+        ("same", {"fns": (reusefns.record, reusefns.record_too, reusefns.record)}, False),  # by default
+        ("any", {"fns": (reusefns.record, reusefns.record_too, reusefns.record)}, True),
+    ],
+)
+def test_which_tasks_a_worker_moves_between(out, monkeypatch, reuse, kw, moves):
+    """Off: every task's own processes. By default (``same``) only between tasks that run the same
+    block function (a process keeps what another task's function left in it); ``any``: whatever
+    the function, with the same ``requires``."""
+    monkeypatch.setenv("DAISY_NB_REUSE_WORKERS", reuse)
+    run_chain(chain(4, **kw))
     pids = ran(out)
-    assert not (pids["a"] & pids["b"]) and not (pids["b"] & pids["c"])
-    for f in out.iterdir():
-        f.unlink()
-    monkeypatch.delenv("DAISY_NB_REUSE_WORKERS")
-    run_chain(chain(4, requires=({"cpu": 1}, {"cpu": 2}, {"cpu": 1})))  # b needs both cpus: its own workers
-    pids = ran(out)
-    assert not (pids["a"] & pids["b"]) and not (pids["b"] & pids["c"])
+    assert bool(pids["a"] & pids["b"]) == moves and bool(pids["b"] & pids["c"]) == moves
 
 
 @pytest.mark.mp

@@ -38,3 +38,8 @@ def record_raise_b1(block) -> None:
     record(block)
     if block.task_id == "b" and block.spatial_id == 1:
         raise ValueError("block b1 fails")
+
+
+def record_too(block) -> None:
+    """``record`` under another name: a task with another block function."""
+    record(block)

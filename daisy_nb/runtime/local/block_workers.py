@@ -63,17 +63,20 @@ class BlockWorkers:
     def alive(self, tid: str) -> int:
         return self.core.alive(tid)
 
-    def register(self, trs: Mapping[str, PoolTaskRun], reuse: bool) -> None:
-        """The run's block-function tasks, and which of them a worker may move between (``reuse``,
-        :mod:`.reuse`): the same ``requires``, number of dimensions and ``resource_tracking``; a task
-        whose restart cap is reached takes no worker."""
+    def register(self, trs: Mapping[str, PoolTaskRun], reuse: str) -> None:
+        """The run's block-function tasks, and which of them a worker may move between (:mod:`.reuse`):
+        with ``reuse`` ``"any"``, those with the same ``requires``, number of dimensions and
+        ``resource_tracking``; with ``"same"``, of those the ones that run the same block function;
+        with ``"off"``, none. A task whose restart cap is reached takes no worker."""
         blocks = [tr for tr in trs.values() if tr.arity == 1]
+
+        def key(tr: PoolTaskRun) -> tuple:
+            return (tr.requires, tr.ndim, tr.track, tr.fn if reuse == "same" else None)  # (bound methods: ==)
+
         for tr in blocks:
             self._task(tr)
-            key = (tr.requires, tr.ndim, tr.track)
-            self.core.reuse.add_task(
-                tr.tid, tr.max_workers, [u.tid for u in blocks if reuse and (u.requires, u.ndim, u.track) == key]
-            )
+            same = [u.tid for u in blocks if reuse != "off" and key(u) == key(tr)]
+            self.core.reuse.add_task(tr.tid, tr.max_workers, same)
         counters = self.core.s.counters
         self.core.reuse.may_join = lambda tid: not trs[tid].restarts.cap_reached(counters[tid])
 

@@ -5,13 +5,15 @@ task's tail), or whose task is done, used to quit; the next task's workers were 
 afresh: a fork, the worker's set-up, its first imports, while the slots stood idle (32 workers
 on 2 cores: about 0.15 s per task of a pipeline). With :class:`Reuse`, such a worker *moves* to
 another task of the run that it can serve: a block-function task (``process_function(block)``)
-with the same ``requires`` (so the ``resources`` it holds are the same), the same number of
-dimensions and the same ``resource_tracking`` (its batches' shared-memory layout). The worker
+that runs the same function (``DAISY_NB_REUSE_WORKERS=same``, the default; ``any``: whatever its
+function), with the same ``requires`` (so the ``resources`` it holds are the same), the same
+number of dimensions and the same ``resource_tracking`` (its batches' shared-memory layout). The worker
 gets that task's set-up (its function, log files, ``DAISY_CONTEXT``) and runs the task's
 ``init_fn``: ``init_fn`` still runs once per worker process of each task. What a worker keeps
 from its earlier task is what a process keeps: the modules it imported, and what the block
-functions kept in module globals (``docs/explanation/pool.md#reuse``). ``DAISY_NB_REUSE_WORKERS=0``
-turns reuse off (every task's workers are new processes, as with daisy).
+functions kept in module globals (``docs/explanation/pool.md#reuse``), which is why by default
+only a task with the same function is served. ``DAISY_NB_REUSE_WORKERS=off`` turns reuse off (every
+task's workers are new processes, as with daisy).
 
 The decisions, for a worker of task ``t`` with nothing more of ``t`` to run (:meth:`Reuse.leave`):
 
