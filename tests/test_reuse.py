@@ -243,3 +243,17 @@ def test_a_moved_workers_timeline_row_shows_its_task_and_keeps_its_bars():
     (row,) = tl.to_json(2.0, 0.0)["rows"]
     assert row["task"] == "b" and row["blocks"] == 2
     assert [b[2] for b in row["bars"]] == [0, 1]  # a's bar, then b's: each in its task's colour
+
+
+@pytest.mark.mp
+@pytest.mark.timeout(60)
+@pytest.mark.usefixtures("no_leaks")
+def test_tracked_tasks_move_and_measure_every_block_of_each_task(out):
+    """``resource_tracking`` tasks (per-block stats in the batches' shared memory) keep the layout
+    across a move: every block of each task is measured once, in the task it belongs to."""
+    states = run_chain(chain(6, resource_tracking=True))
+    pids = ran(out)
+    assert len(pids["a"]) == 2 and pids["b"] <= pids["a"] and pids["c"] <= pids["a"]
+    for t in "abc":
+        r = states[t].resource_stats
+        assert r.blocks == 6 and r.failed == 0 and r.wall_seconds >= 6 * 0.01
