@@ -106,7 +106,4 @@ class Reuse:
 
     def _waiting_for(self, u: str, but) -> int:
         """Workers other than ``but`` parked with nothing left in their task that can serve ``u``."""
-        core = self.core
-        return sum(
-            1 for x in core.parked() if x is not but and u in self.serves.get(x.tid, ()) and core.nothing_left(x.tid)
-        )
+        return sum(1 for x in self.waiting() if x is not but and u in self.serves[x.tid])

@@ -376,12 +376,11 @@ def _next_task(conn, old: dict):
             stream.flush()
         except (OSError, ValueError):
             pass
-    if isinstance(sys.stdout, _Tee):  # log mode "both": the earlier task's copies end
-        sys.stdout._file.close()
-        sys.stdout = sys.stdout._stream
-    if isinstance(sys.stderr, _Tee):
-        sys.stderr._file.close()
-        sys.stderr = sys.stderr._stream
+    for name in ("stdout", "stderr"):  # log mode "both": the earlier task's copies end
+        stream = getattr(sys, name)
+        if isinstance(stream, _Tee):
+            stream._file.close()
+            setattr(sys, name, stream._stream)
     for target, path in zip((1, 2), setup.get("log_files") or ()):  # log mode "file": fds 1/2 are the files
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(fd, target)
