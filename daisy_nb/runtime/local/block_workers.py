@@ -115,6 +115,8 @@ class BlockWorkers:
         running = self.batches.running(workers)
         if running:
             self.execute(self.core.straggling(now_ns, running))
+        else:
+            self.core.look_again_ns = None  # no cut waits for a look
 
     def quit(self, wid: int) -> None:
         self.execute(self.core.quit(wid))

@@ -24,8 +24,11 @@ early: the worker's "batch done" says which blocks it ran (status 1-3) and which
 decision costs the worker one word read per block.
 
 :func:`straggling` is the rule, run by :class:`.blocks.BlockCore` on every look at the
-running blocks (the pool's timeout scan, ``CHECK_SECS``); :class:`CutMark` is what the core
-remembers of a cut, per batch slot, until the batch's "done" (or the worker's exit).
+running blocks (the pool's timeout scan, ``CHECK_SECS``); it also says when the next look is
+due sooner than that (``core.look_again_ns``: ``CONFIRM_NS`` after a cut, so the blocks go
+back, and a speculative task's backup copy goes out, a few ms after the cut rather than a
+scan later). :class:`CutMark` is what the core remembers of a cut, per batch slot, until the
+batch's "done" (or the worker's exit).
 
 Invariants (checked by :func:`.blocks.check_invariants`): a worker's batches carry marks
 only for slots it holds; a settled mark's batch holds exactly its ``keep`` rows, an
@@ -82,6 +85,7 @@ def straggling(core, now_ns: int, running: Mapping[int, Running]) -> list[Cut]:
     """One look at the running blocks: new cuts to make, and cuts confirmed (their blocks given
     back to the scheduler, the batches trimmed)."""
     out: list[Cut] = []
+    again = None
     for wid, r in running.items():
         w = core.workers.get(wid)
         if w is None or not w.queue or core.aborting or core.s.is_abandoned(w.tid):
@@ -90,6 +94,11 @@ def straggling(core, now_ns: int, running: Mapping[int, Running]) -> list[Cut]:
             _settle(core, w, now_ns, r)
         else:
             out += _cut(core, w, now_ns, r)
+        for m in w.cuts.values():  # a cut not yet confirmable: the look that confirms it is due then
+            due = m.t_ns + CONFIRM_NS
+            if not m.settled and due > now_ns:
+                again = due if again is None else min(again, due)
+    core.look_again_ns = again
     return out
 
 

@@ -85,10 +85,14 @@ def _wait_limit(more_spawns: bool, retry_at: float | None, procs=None) -> float:
     """How long the loop may wait for its descriptors: not at all while workers are still to be
     started, else ``POLL_SECS``, or less when a held retry (``Task(retry_backoff=...)``) is due sooner,
     or ``CHECK_SECS`` while parked workers wait for a straggler's backup copy (``procs``' backups:
-    :meth:`.backups.PoolBackups.copies_due`)."""
+    :meth:`.backups.PoolBackups.copies_due`), or less when a straggler's cut batch is to be confirmed
+    (the block core's ``look_again_ns``: its blocks given back, its backup copy sent, a few ms after the cut)."""
     if more_spawns:
         return 0.0
     limit = CHECK_SECS if procs is not None and procs.blocks.core.backups.copies_due() else POLL_SECS
+    again = None if procs is None else procs.blocks.core.look_again_ns
+    if again is not None:
+        retry_at = again / 1e9 if retry_at is None else min(retry_at, again / 1e9)
     return limit if retry_at is None else min(limit, max(0.0, retry_at - time.monotonic()))
 
 
@@ -355,6 +359,9 @@ class _Pool:
                 self._check_timeouts()
                 tcp.check_heartbeats()
                 heartbeat(now)
+                again = procs.blocks.core.look_again_ns  # a cut to confirm (.giveback): look again sooner
+                if again is not None:
+                    next_checks = min(next_checks, again / 1e9)
         if alarm is not None:
             alarm.close()
 
