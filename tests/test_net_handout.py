@@ -405,6 +405,38 @@ def test_a_downstream_task_keeps_only_as_many_clients_as_blocks_can_still_come()
     assert len(h.blocks(waiting)) == 1 and not h.core.conns[waiting].parked
 
 
+def test_a_client_waiting_for_a_pending_block_waits_no_longer_than_a_job_takes_to_start():
+    """``b``'s last block waits on a straggler of ``a``: the client kept for it is told to end
+    once it has waited as long as a new job takes to start (2 s), not for the straggler's whole
+    length; when the block is ready, nobody waits for it (the spawn plan starts a job)."""
+    h = Harness(n_a=3, n_b=3, retries=0)
+    h.jobs.start_secs = 2.0
+    for c in (1, 2):
+        h.open(c)
+    h.frames((1, [HELLO_A, REQ]), (2, [wire.encode_hello("a", 2), REQ]))
+    (straggler,) = h.blocks(1)
+    while h.inbox[2][-1] is not wire.NO_MORE:
+        h.frames((2, [rel(h.blocks(2)[-1])]))
+    for c in (3, 4, 5):
+        h.open(c)
+    h.frames(*[(c, [wire.encode_hello("b", c), REQ]) for c in (3, 4, 5)])
+    busy = [c for c in (3, 4, 5) if h.blocks(c)]
+    (waiting,) = [c for c in (3, 4, 5) if not h.blocks(c)]
+    h.frames(*[(c, [rel(h.blocks(c)[0])]) for c in busy])
+    h.now += 1_900 * MS
+    h.core.serve_parked(h.now)
+    h.run()
+    assert h.core.conns[waiting].parked, "told to end before it waited as long as a job takes to start"
+    h.now += 200 * MS
+    h.core.serve_parked(h.now)
+    h.run()
+    check_tail(h.core, h.trs, h.now)
+    assert h.inbox.get(waiting, [])[-1:] == [wire.NO_MORE], "kept for the straggler's whole length"
+    assert not h.core.parked.get(h.trs["b"])
+    h.frames((1, [rel(straggler)]))  # the straggler is done: b's last block is ready, for a new job
+    assert h.s.ready_count("b") == 1
+
+
 def test_the_kept_client_waits_no_longer_than_a_job_takes_to_start():
     """Ski rental: kept for a retry that may never come, a client is told to end once it has waited
     as long as a new job takes to start (here 2 s); before that, it stays."""

@@ -9,7 +9,12 @@ end. Two chained tasks whose upstream task waits on one straggler: the downstrea
 keeps one job for the one block that waits on the straggler, and its other jobs end,
 where daisy holds them all until the straggler is done. When the pending blocks become
 ready, the waiting jobs take them; a block no waiting job can take makes the pool start a
-worker function (its spawn plan, as for a retry).
+worker function (its spawn plan, as for a retry). **No job waits longer than a new job takes
+to start** (the ski-rental rule below), for a pending block either: a job waiting for the
+block behind an upstream straggler would otherwise be held for the straggler's whole
+length (in the cluster benchmark, three downstream jobs idled 1-3 s each behind two
+stragglers), while ending it and starting one when the block is ready costs at most what
+it had waited.
 
 A task is at its **tail** when no block of it is ready and none is pending (waiting for
 upstream blocks): every block it has left is in flight. A ``Client`` that asks for a
@@ -107,12 +112,12 @@ class TailKeep:
         block or (at the tail) a retry. ``kept_others``: the task's other parked jobs; ``held``: the
         rows of ``tid`` in flight (asked only when it matters); ``waited_secs``: how long this job
         has been without a block."""
-        if self.s.is_abandoned(tid):
-            return False
+        if self.s.is_abandoned(tid) or self.waited_enough(tid, waited_secs):
+            return False  # ski rental: idle as long as a new job takes to start
         pending = pending_count(self.s, tid)
         if kept_others < pending:
             return True
-        if kept_others >= pending + self.keep or self.waited_enough(tid, waited_secs):
+        if kept_others >= pending + self.keep:
             return False
         self._changed.discard(tid)
         return retry_possible(self.s, tid, held())
@@ -126,7 +131,7 @@ class TailKeep:
             return True
         pending = pending_count(self.s, tid)
         if n_parked <= pending:
-            return False
+            return self.waited_enough(tid, waited())
         return (
             n_parked > pending + self.keep
             or tid in self._changed
@@ -137,8 +142,8 @@ class TailKeep:
 
 def check_tail(core: Any, trs: Mapping[str, Any], now_ns: int | None = None) -> None:
     """Raise ``AssertionError`` unless, for every task with no ready block, at most its pending blocks
-    plus ``keep`` connections are parked, and more than its pending blocks only while a block in
-    flight could still need a retry and (given ``now_ns``, the time of the ``serve_parked`` just
+    plus ``keep`` connections are parked, more than its pending blocks only while a block in
+    flight could still need a retry, and (given ``now_ns``, the time of the ``serve_parked`` just
     done) the longest waiting has waited less than a job takes to start."""
     s = core.s
     for tid, tr in trs.items():
@@ -154,8 +159,8 @@ def check_tail(core: Any, trs: Mapping[str, Any], now_ns: int | None = None) -> 
         if len(ccs) > pending:
             held = [i for cc in core.conns.values() if cc.tr is tr for i in cc.held]
             assert retry_possible(s, tid, held), f"task {tid!r}: a connection kept for a retry, but no retry can come"
-            if now_ns is not None:
-                waited = (now_ns - min(cc.t_free_ns for cc in ccs)) / 1e9
-                assert not core.tail.waited_enough(tid, waited), (
-                    f"task {tid!r}: a connection kept for a retry after waiting {waited:.3f} s, as long as a job takes to start"
-                )
+        if now_ns is not None:
+            waited = (now_ns - min(cc.t_free_ns for cc in ccs)) / 1e9
+            assert not core.tail.waited_enough(tid, waited), (
+                f"task {tid!r}: a connection parked after waiting {waited:.3f} s, as long as a job takes to start"
+            )
