@@ -74,6 +74,7 @@ class FakeJobs:
         self.results: list[tuple] = []
         self.lost: list[int] = []
         self.released: list[int] = []  # told that no block is left
+        self.ready: list[int] = []  # first asks for a block
         self.acquired = 0
 
     def is_worker(self, wid):
@@ -81,6 +82,9 @@ class FakeJobs:
 
     def job_connected(self, wid, tr):
         return wid >= 0
+
+    def job_ready(self, wid, tr):
+        self.ready.append(wid)
 
     def job_acquired(self, wid):
         self.acquired += 1
@@ -435,6 +439,26 @@ def test_a_client_waiting_for_a_pending_block_waits_no_longer_than_a_job_takes_t
     assert not h.core.parked.get(h.trs["b"])
     h.frames((1, [rel(straggler)]))  # the straggler is done: b's last block is ready, for a new job
     assert h.s.ready_count("b") == 1
+
+
+def test_a_job_waits_from_its_first_ask_not_from_its_hello():
+    """A job that sets up after its hello (a model it loads: 3 s here) and then asks for a block that
+    is pending is not told to end for having "waited" while it set up: its wait starts at its
+    ask. What a job takes to start is measured to that first ask."""
+    h = Harness(n_a=3, n_b=3, retries=0)
+    h.jobs.start_secs = 2.0
+    h.open(1)
+    h.frames((1, [HELLO_A, REQ]))
+    h.open(2)
+    h.frames((2, [wire.encode_hello("b", 2)]))  # hello, then its set-up
+    h.now += 3_000 * MS
+    h.frames((2, [REQ]))  # b's blocks wait on a's: pending
+    assert h.core.conns[2].parked and h.inbox.get(2, [])[-1:] != [wire.NO_MORE]
+    assert h.jobs.ready == [0, 2], "the first ask is what a job's start is measured to"
+    h.now += 2_100 * MS  # waited as long as a job takes to start: told to end
+    h.core.serve_parked(h.now)
+    h.run()
+    assert h.inbox[2][-1] is wire.NO_MORE
 
 
 def test_the_kept_client_waits_no_longer_than_a_job_takes_to_start():

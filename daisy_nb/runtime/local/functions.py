@@ -128,7 +128,7 @@ class Functions:
         self.released_wids: set[int] = set()  # worker functions whose Client was told no block is left
         self.connected_tids: set[str] = set()  # tasks a Client has said hello for
         self.warned: set[tuple[str, str]] = set()  # (task id, kind) of the diagnoses logged once
-        # task id -> recent times from a worker function's start to its Client's hello (job_start_secs)
+        # task id -> recent times from a worker function's start to its Client's first ask (job_start_secs)
         self.start_secs: dict[str, deque[float]] = {}
 
     def attach(self, procs: _Procs, server: Server) -> None:
@@ -158,14 +158,21 @@ class Functions:
         w = self._w(wid, tr)
         if w is None:
             return False
-        if not w.connected:
-            self.start_secs.setdefault(tr.tid, deque(maxlen=START_SAMPLES)).append(time.monotonic() - w.t_spawn)
         w.connected = True
         return True
 
+    def job_ready(self, wid: int, tr: PoolTaskRun) -> None:
+        """The Client of worker ``wid`` asked for its first block: its job is set up (a model loaded
+        after its hello counts), which is how long a job of ``tr`` takes to start."""
+        w = self._w(wid, tr)
+        if w is not None and not w.ready:
+            w.ready = True
+            self.start_secs.setdefault(tr.tid, deque(maxlen=START_SAMPLES)).append(time.monotonic() - w.t_spawn)
+
     def job_start_secs(self, tid: str) -> float | None:
         """How long a job of ``tid`` takes to start: the median time from its worker function's start
-        to its Client's hello (submission, queue, start-up), over its last jobs; None before the first."""
+        to its Client's first ask for a block (submission, queue, start-up, the program's own set-up),
+        over its last jobs; None before the first."""
         xs = self.start_secs.get(tid)
         return statistics.median(xs) if xs else None
 

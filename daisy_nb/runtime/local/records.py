@@ -119,6 +119,7 @@ class FunctionWorker(_Process):
         self.timed_out = False  # a client of its job exceeded the block timeout: killed
         self.lost = False  # a client of its job went silent (heartbeat): killed
         self.connected = False  # a Client of its job said hello
+        self.ready = False  # and asked for its first block (Functions.job_ready)
         self.acquired = 0  # blocks its job's clients acquired
         self.finished = 0  # blocks its job's clients finished successfully
         self.raised = False  # its job's last block raised (its exit is a crash)

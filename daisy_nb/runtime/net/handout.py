@@ -121,6 +121,7 @@ class Jobs(Protocol):
 
     def is_worker(self, wid: int) -> bool: ...
     def job_connected(self, wid: int, tr: Any) -> bool: ...
+    def job_ready(self, wid: int, tr: Any) -> None: ...
     def returned(self, wid: int) -> bool: ...
     def job_acquired(self, wid: int) -> None: ...
     def job_released(self, wid: int) -> None: ...
@@ -144,8 +145,8 @@ class Conn:
     """One connection as the core sees it (the dashboard reads ``wid`` and ``held``)."""
 
     __slots__ = (
-        "cid", "end_ns", "ended", "held", "last_seen", "last_sent", "need_ns", "parked", "peer", "t_free_ns",
-        "tl_key", "tr", "wid",
+        "asked", "cid", "end_ns", "ended", "held", "last_seen", "last_sent", "need_ns", "parked", "peer",
+        "t_free_ns", "tl_key", "tr", "wid",
     )  # fmt: skip
 
     def __init__(self, cid: Hashable, peer: Any, now_ns: int):
@@ -157,7 +158,8 @@ class Conn:
         self.parked = False
         self.ended = False  # told that no block is left (NO_MORE): it leaves
         self.last_seen = self.last_sent = now_ns  # heartbeats
-        self.t_free_ns = now_ns  # when its previous block ended (block time estimates)
+        self.t_free_ns = now_ns  # when its previous block ended, or it first asked (block times, waits)
+        self.asked = False  # it asked for a block (its job's set-up is done)
         self.tl_key: Any = None  # its row in the dashboard's timeline
         self.end_ns: int | None = None  # when its job ends, on the core's clock (its hello); None: not known
         self.need_ns: int | None = None  # the time left the walltime rule asked for its newest block (None: none)
@@ -579,6 +581,9 @@ class HandOut(_Copies):
             self._drop(cc)
             return
         if msg is wire.ACQUIRE:
+            if not cc.asked:  # its job is set up: what a job takes to start; its wait starts now
+                cc.asked, cc.t_free_ns = True, now_ns
+                self.jobs.job_ready(cc.wid, tr)
             self._request(cc, batch)
         elif isinstance(msg, wire.Release):
             self._finished(cc, tr, msg.block, msg.status, msg.stats, batch, now_ns)

@@ -26,8 +26,9 @@ job (a GPU, on a cluster) idle while the last, slowest blocks run.
 need a retry (its failed attempts are fewer than the task's ``max_retries``), and it is
 told to end as soon as none can (the last retryable block finished, or failed for good,
 or the task was abandoned), **or once it has waited as long as a new job takes to start**
-(the task's measured time from a worker function's start to its Client's hello:
-submission, queue, start-up). That is the ski-rental rule: a job kept idle for a retry
+(the task's measured time from a worker function's start to its Client's first ask for a
+block: submission, queue, start-up, and what the program sets up after its hello, a model
+loaded say; a job's wait counts from that ask, not from its hello). That is the ski-rental rule: a job kept idle for a retry
 that may never come costs at most what starting one for it would have cost in waiting,
 so a long straggler's tail does not hold a second job for its whole length (without it,
 two chained tasks with a 2 s straggler each held 8 job-seconds more than daisy, whose jobs
