@@ -28,11 +28,11 @@ told to end as soon as none can (the last retryable block finished, or failed fo
 or the task was abandoned), **or once it has waited as long as a new job takes to start**
 (the task's measured time from a worker function's start to its Client's first ask for a
 block: submission, queue, start-up, and what the program sets up after its hello, a model
-loaded say; a job's wait counts from that ask, not from its hello). That is the ski-rental rule: a job kept idle for a retry
-that may never come costs at most what starting one for it would have cost in waiting,
-so a long straggler's tail does not hold a second job for its whole length (without it,
-two chained tasks with a 2 s straggler each held 8 job-seconds more than daisy, whose jobs
-all end). Until a job of the task has started there is no measure, and the job stays
+loaded say; a job's wait counts from that ask, not from its hello). That is the ski-rental
+rule: a job kept idle for a retry that may never come costs at most what starting one for
+it would have cost in waiting, so a long straggler's tail does not hold a second job for
+its whole length (without it, two chained tasks with a 2 s straggler each held 8
+job-seconds more than daisy, whose jobs all end). Until a job of the task has started there is no measure, and the job stays
 while a retry can come. When a block fails at the tail, the kept job takes its
 retry at once instead of a new job waiting in the batch system's queue; a second
 failure at the same moment (or one after the kept job has gone) is served by the pool's
