@@ -445,10 +445,11 @@ def test_a_job_waits_from_its_first_ask_not_from_its_hello():
     """A job that sets up after its hello (a model it loads: 3 s here) and then asks for a block that
     is pending is not told to end for having "waited" while it set up: its wait starts at its
     ask. What a job takes to start is measured to that first ask."""
-    h = Harness(n_a=3, n_b=3, retries=0)
+    h = Harness(n_a=1, n_b=1, retries=0)
     h.jobs.start_secs = 2.0
     h.open(1)
     h.frames((1, [HELLO_A, REQ]))
+    assert at_tail(h.s, "a"), "a's one block is in flight"
     h.open(2)
     h.frames((2, [wire.encode_hello("b", 2)]))  # hello, then its set-up
     h.now += 3_000 * MS
@@ -458,6 +459,38 @@ def test_a_job_waits_from_its_first_ask_not_from_its_hello():
     h.now += 2_100 * MS  # waited as long as a job takes to start: told to end
     h.core.serve_parked(h.now)
     h.run()
+    assert h.inbox[2][-1] is wire.NO_MORE
+
+
+def test_a_downstream_job_waits_while_the_upstream_task_still_hands_out_blocks():
+    """``b`` waits on ``a``, whose one client runs a block every 5 s: while ``a`` still hands out
+    blocks, ``b``'s job waits 5 s for each of its blocks, longer than a job takes to start (2 s),
+    and stays (ending it would start a job per block); once ``a``'s last block is in flight, it
+    waits no longer than a job takes to start."""
+    h = Harness(n_a=6, n_b=6, retries=0)
+    h.jobs.start_secs = 2.0
+    h.open(1)
+    h.frames((1, [HELLO_A, REQ]))
+    h.open(2)
+    h.frames((2, [wire.encode_hello("b", 2), REQ]))
+    ran = 0
+    while not at_tail(h.s, "a"):
+        h.now += 5_000 * MS
+        h.core.serve_parked(h.now)
+        h.run()
+        check_tail(h.core, h.trs, h.now)
+        assert h.inbox.get(2, [])[-1:] != [wire.NO_MORE], "told to end while a still hands out blocks"
+        h.frames((1, [rel(next(iter(h.core.conns[1].held)))]))  # a's block done: b's is ready
+        h.core.serve_parked(h.now)
+        h.run()
+        for i in list(h.core.conns[2].held):  # b's job runs it at once, and asks again
+            h.frames((2, [rel(i)]))
+            ran += 1
+    assert ran == 5 and h.core.conns[2].parked  # b's last block waits on a's last, in flight
+    h.now += 2_100 * MS
+    h.core.serve_parked(h.now)
+    h.run()
+    check_tail(h.core, h.trs, h.now)
     assert h.inbox[2][-1] is wire.NO_MORE
 
 
