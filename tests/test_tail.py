@@ -125,3 +125,23 @@ def test_two_stragglers_that_fail_at_the_tail_start_one_job_between_them(out, mo
         assert done(out, sid)[2] == 2
     assert st.worker_failure_count == 2
     assert st.worker_start_count == JOBS + 1, st.worker_start_count
+
+
+def test_a_slow_task_feeding_a_fast_one_starts_no_job_per_block(out):
+    """``b``'s blocks wait on ``a``'s, which come every 0.2 s (two jobs of ``a``, 0.4 s blocks):
+    between blocks ``b``'s jobs wait longer than a job takes to start, and stay while ``a`` still
+    hands out blocks; only behind ``a``'s last blocks in flight do they end and get replaced
+    (``net/tail.py``). Ending them at every wait started a job per block (12 here)."""
+    n = 12
+
+    def task(tid, fn):
+        return daisy_nb.Task(
+            tid, Roi((0,), (10 * n,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=fn,
+            read_write_conflict=False, max_workers=2, tracking_path=False,
+        )  # fmt: skip
+
+    pipeline = task("a", tailfns.slow_client) + task("b", tailfns.fast_client)
+    states = daisy_nb.run_blockwise(pipeline, progress=False, summary=False, return_states=True)
+    assert [states[t].completed_count for t in "ab"] == [n, n]
+    assert states["a"].worker_start_count == 2
+    assert states["b"].worker_start_count <= 6, f"b started {states['b'].worker_start_count} jobs for {n} blocks"

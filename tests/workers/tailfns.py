@@ -22,3 +22,28 @@ def one_straggler():
 def two_stragglers():
     queued()
     subprocess.run([sys.executable, PROG, "2"], check=True)
+
+
+SLOW_BLOCK_SECS = 0.4  # a's blocks in the pipeline test: modelled work
+FAST_BLOCK_SECS = 0.01  # b's
+
+
+def _client_loop(secs: float) -> None:
+    import daisy_nb
+
+    client = daisy_nb.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                return
+            time.sleep(secs)
+
+
+def slow_client():
+    """A job of the upstream task: a Client loop in the worker function itself, slow blocks."""
+    _client_loop(SLOW_BLOCK_SECS)
+
+
+def fast_client():
+    """A job of the downstream task: fast blocks, which wait on the slow ones."""
+    _client_loop(FAST_BLOCK_SECS)
