@@ -381,10 +381,11 @@ def test_at_the_tail_one_client_is_kept_and_takes_the_retry_of_a_block_that_fail
     assert h.s.task_states["a"].completed_count == 4 and h.inbox[kept][-1] is wire.NO_MORE
 
 
-def test_a_downstream_task_keeps_only_as_many_clients_as_blocks_can_still_come():
-    """``b`` waits on one straggler of ``a``: of its three clients, one stays parked for the one
-    pending block, the others are told to end; the one kept takes the block once it is ready."""
-    h = Harness(n_a=3, n_b=3, retries=0)
+def b_behind_a_straggler(h: Harness) -> tuple[int, list[int], int]:
+    """Client 1 runs a straggler of ``a`` (3 blocks), client 2 ran ``a``'s others and was told to
+    end; ``b``'s three clients asked, two ran a block each and asked again (told to end: ``b``'s
+    last block is pending on the straggler), one waits parked for it. Returns the straggler,
+    the two that ran and the one that waits."""
     for c in (1, 2):
         h.open(c)
     h.frames((1, [HELLO_A, REQ]), (2, [wire.encode_hello("a", 2), REQ]))
@@ -398,6 +399,14 @@ def test_a_downstream_task_keeps_only_as_many_clients_as_blocks_can_still_come()
     (waiting,) = [c for c in (3, 4, 5) if not h.blocks(c)]
     assert len(busy) == 2 and h.core.conns[waiting].parked
     h.frames(*[(c, [rel(h.blocks(c)[0])]) for c in busy])  # done, and asking again: b has one pending block
+    return straggler, busy, waiting
+
+
+def test_a_downstream_task_keeps_only_as_many_clients_as_blocks_can_still_come():
+    """``b`` waits on one straggler of ``a``: of its three clients, one stays parked for the one
+    pending block, the others are told to end; the one kept takes the block once it is ready."""
+    h = Harness(n_a=3, n_b=3, retries=0)
+    straggler, busy, waiting = b_behind_a_straggler(h)
     assert all(h.inbox[c][-1] is wire.NO_MORE for c in busy)
     assert h.core.conns[waiting].parked
     h.core.serve_parked(h.now)  # nothing changed: the kept client waits on
@@ -415,18 +424,7 @@ def test_a_client_waiting_for_a_pending_block_waits_no_longer_than_a_job_takes_t
     length; when the block is ready, nobody waits for it (the spawn plan starts a job)."""
     h = Harness(n_a=3, n_b=3, retries=0)
     h.jobs.start_secs = 2.0
-    for c in (1, 2):
-        h.open(c)
-    h.frames((1, [HELLO_A, REQ]), (2, [wire.encode_hello("a", 2), REQ]))
-    (straggler,) = h.blocks(1)
-    while h.inbox[2][-1] is not wire.NO_MORE:
-        h.frames((2, [rel(h.blocks(2)[-1])]))
-    for c in (3, 4, 5):
-        h.open(c)
-    h.frames(*[(c, [wire.encode_hello("b", c), REQ]) for c in (3, 4, 5)])
-    busy = [c for c in (3, 4, 5) if h.blocks(c)]
-    (waiting,) = [c for c in (3, 4, 5) if not h.blocks(c)]
-    h.frames(*[(c, [rel(h.blocks(c)[0])]) for c in busy])
+    straggler, _, waiting = b_behind_a_straggler(h)
     h.now += 1_900 * MS
     h.core.serve_parked(h.now)
     h.run()

@@ -96,6 +96,13 @@ def _wait_limit(more_spawns: bool, retry_at: float | None, procs=None) -> float:
     return limit if retry_at is None else min(limit, max(0.0, retry_at - time.monotonic()))
 
 
+def _next_scan(now: float, procs) -> float:
+    """When the scans after the one at ``now`` are due: ``CHECK_SECS`` on, or sooner when a
+    straggler's cut batch is to be confirmed (the block core's ``look_again_ns``, :mod:`.giveback`)."""
+    again = procs.blocks.core.look_again_ns
+    return now + CHECK_SECS if again is None else min(now + CHECK_SECS, again / 1e9)
+
+
 class _Pool:
     """The main loop over the parts (see the module docstring); owns the run records and the
     dispatch across tasks."""
@@ -354,14 +361,11 @@ class _Pool:
                 tcp.on_readable(readable, quiet=not procs.roster.block_workers)  # may leave them unread a while
             now = time.monotonic()
             if now >= next_checks:  # the scans over every worker and connection, a few times a second
-                next_checks = now + CHECK_SECS
                 procs.poll_exits()
                 self._check_timeouts()
                 tcp.check_heartbeats()
                 heartbeat(now)
-                again = procs.blocks.core.look_again_ns  # a cut to confirm (.giveback): look again sooner
-                if again is not None:
-                    next_checks = min(next_checks, again / 1e9)
+                next_checks = _next_scan(now, procs)
         if alarm is not None:
             alarm.close()
 
