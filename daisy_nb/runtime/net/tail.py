@@ -29,25 +29,25 @@ job (a GPU, on a cluster) idle while the last, slowest blocks run.
 
 **One job stays** per task (``KEEP_AT_TAIL``), parked, while a block in flight could still
 need a retry (its failed attempts are fewer than the task's ``max_retries``), and it is
-told to end as soon as none can (the last retryable block finished, or failed for good,
-or the task was abandoned), **or once it has waited as long as a new job takes to start**
+told to end as soon as none can (the last retryable block finished, or failed for good, or
+the task was abandoned), **or once it has waited as long as a new job takes to start**
 (the task's measured time from a worker function's start to its Client's first ask for a
 block: submission, queue, start-up, and what the program sets up after its hello, a model
 loaded say; a job's wait counts from that ask, not from its hello). That is the ski-rental
 rule: a job kept idle for a retry that may never come costs at most what starting one for
 it would have cost in waiting, so a long straggler's tail does not hold a second job for
 its whole length (without it, two chained tasks with a 2 s straggler each held 8
-job-seconds more than daisy, whose jobs all end). Until a job of the task has started there is no measure, and the job stays
-while a retry can come. When a block fails at the tail, the kept job takes its
-retry at once instead of a new job waiting in the batch system's queue; a second
-failure at the same moment (or one after the kept job has gone) is served by the pool's
-spawn plan, which starts one worker function per ready block that no waiting job can
-take (:meth:`daisy_nb.runtime.local.functions.Functions.waiting` counts the parked and the
-not yet connected jobs). Why one, not none and not one per retryable block: none makes
-every tail failure wait for a job to be submitted, queued and started (seconds on a
-local launcher, minutes on a busy cluster); one per block keeps most of the jobs idle
-for the whole straggler time to cover failures that rarely come together. One costs at
-most one idle job per task for the length of its tail, and is none with
+job-seconds more than daisy, whose jobs all end). Until a job of the task has started
+there is no measure, and the job stays while a retry can come. When a block fails at the
+tail, the kept job takes its retry at once instead of a new job waiting in the batch
+system's queue; a second failure at the same moment (or one after the kept job has gone)
+is served by the pool's spawn plan, which starts one worker function per ready block that
+no waiting job can take (:meth:`daisy_nb.runtime.local.functions.Functions.waiting` counts
+the parked and the not yet connected jobs). Why one, not none and not one per retryable
+block: none makes every tail failure wait for a job to be submitted, queued and started
+(seconds on a local launcher, minutes on a busy cluster); one per block keeps most of the
+jobs idle for the whole straggler time to cover failures that rarely come together. One
+costs at most one idle job per task for the length of its tail, and is none with
 ``max_retries=0``.
 
 :class:`TailKeep` decides; :class:`daisy_nb.runtime.net.handout.HandOut` asks it when a
