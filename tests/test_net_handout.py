@@ -509,6 +509,65 @@ def test_the_kept_client_waits_no_longer_than_a_job_takes_to_start():
     assert kept in h.jobs.released  # its worker function's return is a clean end
 
 
+def test_no_second_client_is_kept_for_a_retry_once_the_first_waited_in_vain():
+    """Ski rental, once per tail: two stragglers of ``a`` run (clients 1, 2); client 3, kept for a
+    retry, waits as long as a job takes to start (2 s) and ends. When client 1's straggler is done
+    and it asks, it is told to end at once, not kept for another 2 s: the rent was paid. Once a
+    block fails and its retry is handed out, a client may be kept again."""
+    h = Harness(n_a=4, n_b=1, retries=2)
+    h.jobs.start_secs = 2.0
+    for c in (1, 2, 3):
+        h.open(c)
+        h.frames((c, [wire.encode_hello("a", c), REQ]))
+    h.frames((3, [rel(h.blocks(3)[0])]))  # the fourth block, then a's tail: 3 is kept for a retry
+    h.frames((3, [rel(h.blocks(3)[-1])]))
+    assert at_tail(h.s, "a") and h.core.conns[3].parked
+    h.now += 2_100 * MS
+    h.core.serve_parked(h.now)
+    h.run()
+    assert h.inbox[3][-1] is wire.NO_MORE, "kept for a retry longer than a job takes to start"
+    h.frames((1, [rel(h.blocks(1)[0])]))  # a straggler done; its client asks at the tail
+    check_tail(h.core, h.trs, h.now)
+    assert h.inbox[1][-1] is wire.NO_MORE and not h.core.parked.get(h.trs["a"]), "the rent paid twice"
+    (straggler,) = h.blocks(2)
+    h.frames((2, [rel(straggler, 3)]))  # it fails: its retry goes to client 2 at once
+    assert h.blocks(2)[-1] == straggler
+    h.open(4)
+    h.frames((4, [wire.encode_hello("a", 4), REQ]))  # a job that asks now may be kept again
+    assert h.core.conns[4].parked and h.inbox.get(4, []) == []
+
+
+def test_no_second_client_waits_for_a_pending_block_once_one_waited_in_vain():
+    """``b``'s last block waits on a straggler of ``a`` (drained): the client parked for it waits
+    as long as a job takes to start and ends. A client of ``b`` that finishes its block and asks
+    afterwards is told to end at once instead of waiting another 2 s for the same block; when the
+    straggler is done, the block is ready for a new job, and the rentals start again."""
+    h = Harness(n_a=3, n_b=3, retries=0)
+    h.jobs.start_secs = 2.0
+    for c in (1, 2):
+        h.open(c)
+    h.frames((1, [HELLO_A, REQ]), (2, [wire.encode_hello("a", 2), REQ]))
+    (straggler,) = h.blocks(1)
+    while h.inbox[2][-1] is not wire.NO_MORE:
+        h.frames((2, [rel(h.blocks(2)[-1])]))
+    for c in (3, 4, 5):
+        h.open(c)
+    h.frames(*[(c, [wire.encode_hello("b", c), REQ]) for c in (3, 4, 5)])
+    busy = [c for c in (3, 4, 5) if h.blocks(c)]
+    (waiting,) = [c for c in (3, 4, 5) if not h.blocks(c)]
+    h.now += 2_100 * MS
+    h.core.serve_parked(h.now)
+    h.run()
+    assert h.inbox[waiting][-1] is wire.NO_MORE
+    h.frames((busy[0], [rel(h.blocks(busy[0])[0])]))  # b's one pending block: its rent was paid
+    check_tail(h.core, h.trs, h.now)
+    assert h.inbox[busy[0]][-1] is wire.NO_MORE, "a second job waited for the same pending block"
+    h.frames((1, [rel(straggler)]))  # the straggler is done: b's last block is ready
+    assert h.s.ready_count("b") == 1
+    h.frames((busy[1], [rel(h.blocks(busy[1])[0])]))  # a job asks: it takes it
+    assert len(h.blocks(busy[1])) == 2 and h.core.tail.bought("b") == 0
+
+
 @pytest.mark.parametrize("how", ["finishes", "fails_for_good"])
 def test_the_kept_client_is_told_to_end_once_no_retry_can_come(how):
     h = _at_tail_with_three_clients(retries=1)

@@ -707,6 +707,7 @@ class HandOut(_Copies):
                 for cc, row in zip(group, rows):
                     self._send_block(cc, row, now_ns)
                 self.tail.touch(tr.tid)
+                self.tail.handed_out(tr.tid)
                 self.counts["sent"] += k
                 if ahead:
                     self.counts["ahead"] += k

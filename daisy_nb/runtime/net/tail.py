@@ -21,6 +21,12 @@ job stays: ending it there started a job per block (a slow upstream task feeding
 one, 40 blocks: 38 job starts instead of 2). A task with no upstream task (its pending
 blocks wait on its own blocks of the level before) counts as drained.
 
+**The rent is paid once.** A job that waited in vain that long and ended has paid, for its
+task, the rent of one pending block (or of the tail's retry): a job that asks later behind
+the same tail (its own block done) is told to end at once instead of renting again, which
+would double what the rule bounds. Handing out a block of the task (a retry, or a pending
+block that became ready) starts the rentals again, for no more blocks than are pending.
+
 A task is at its **tail** when no block of it is ready and none is pending (waiting for
 upstream blocks): every block it has left is in flight. A ``Client`` that asks for a
 block then is told to end (``NO_MORE``: its ``acquire_block()`` yields None, its program
@@ -103,10 +109,35 @@ class TailKeep:
         self.keep = keep
         self.start_secs = start_secs  # task id -> how long a new job takes to start (None: not known)
         self._changed: set[str] = set()  # tasks whose blocks in flight changed since their kept job was judged
+        # rentals that ran out since the task last handed out a block (the rent was paid: not again)
+        self._bought_pending: dict[str, int] = {}  # jobs that waited behind a drained upstream, then ended
+        self._bought_retry: set[str] = set()  # the job kept for a retry waited, then ended
 
     def touch(self, tid: str) -> None:
         """Blocks of ``tid`` were released or acquired: a kept job of it is judged again."""
         self._changed.add(tid)
+
+    def handed_out(self, tid: str) -> None:
+        """``tid`` handed out blocks: a retry, or pending blocks that became ready. What its jobs have
+        waited in vain so far was for other blocks: the rentals start again, but never for more
+        pending blocks than are left."""
+        self._bought_retry.discard(tid)
+        if tid in self._bought_pending:
+            left = min(self._bought_pending[tid], pending_count(self.s, tid))
+            if left > 0:
+                self._bought_pending[tid] = left
+            else:
+                del self._bought_pending[tid]
+
+    def retry_rent_paid(self, tid: str) -> bool:
+        """A job of ``tid`` kept for a retry waited as long as a job takes to start and ended, and the
+        task has handed out no block since: no job is kept for a retry again before it does."""
+        return tid in self._bought_retry
+
+    def bought(self, tid: str) -> int:
+        """Pending blocks of ``tid`` behind a drained upstream no job waits for any more: one waited
+        for each as long as a job takes to start, and ended."""
+        return min(self._bought_pending.get(tid, 0), pending_count(self.s, tid))
 
     def waited_enough(self, tid: str, waited_secs: float) -> bool:
         """A job of ``tid`` kept for a retry has waited as long as a new one takes to start."""
@@ -128,8 +159,19 @@ class TailKeep:
         pending = pending_count(self.s, tid)
         long = self.waited_enough(tid, waited_secs)  # ski rental: idle as long as a new job takes to start
         if kept_others < pending:
-            return not (long and self.upstream_drained(tid))
-        if kept_others >= pending + self.keep or long:
+            if not self.upstream_drained(tid):
+                self._bought_pending.pop(tid, None)  # the upstream hands out blocks again: its rhythm
+                return True
+            if kept_others >= pending - self.bought(tid):  # this block's rent was paid once: not again
+                return False
+            if long:
+                self._bought_pending[tid] = self.bought(tid) + 1
+                return False
+            return True
+        if kept_others >= pending + self.keep or tid in self._bought_retry:
+            return False
+        if long:
+            self._bought_retry.add(tid)
             return False
         self._changed.discard(tid)
         return retry_possible(self.s, tid, held())
@@ -143,9 +185,12 @@ class TailKeep:
             return True
         pending = pending_count(self.s, tid)
         if n_parked <= pending:
-            return self.upstream_drained(tid) and self.waited_enough(tid, waited())
+            return self.upstream_drained(tid) and (
+                n_parked > pending - self.bought(tid) or self.waited_enough(tid, waited())
+            )
         return (
             n_parked > pending + self.keep
+            or tid in self._bought_retry
             or tid in self._changed
             or self.s.processing_count(tid) == 0
             or self.waited_enough(tid, waited())
@@ -168,6 +213,14 @@ def check_tail(core: Any, trs: Mapping[str, Any], now_ns: int | None = None) -> 
             continue
         assert len(ccs) <= pending + core.tail.keep, (
             f"task {tid!r}: {len(ccs)} connections parked for {pending} pending block(s)"
+        )
+        bought = core.tail.bought(tid) if core.tail.upstream_drained(tid) else 0
+        assert not bought or len(ccs) <= pending - bought, (
+            f"task {tid!r}: {len(ccs)} connections parked for {pending} pending block(s), {bought} of which"
+            " a job already waited for in vain"
+        )
+        assert len(ccs) <= pending or not core.tail.retry_rent_paid(tid), (
+            f"task {tid!r}: a connection kept for a retry after the one kept before had waited in vain"
         )
         if len(ccs) > pending:
             held = [i for cc in core.conns.values() if cc.tr is tr for i in cc.held]
