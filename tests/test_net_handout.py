@@ -381,11 +381,11 @@ def test_at_the_tail_one_client_is_kept_and_takes_the_retry_of_a_block_that_fail
     assert h.s.task_states["a"].completed_count == 4 and h.inbox[kept][-1] is wire.NO_MORE
 
 
-def b_behind_a_straggler(h: Harness) -> tuple[int, list[int], int]:
+def b_behind_a_straggler(h: Harness, ask_again: bool = True) -> tuple[int, list[int], int]:
     """Client 1 runs a straggler of ``a`` (3 blocks), client 2 ran ``a``'s others and was told to
     end; ``b``'s three clients asked, two ran a block each and asked again (told to end: ``b``'s
-    last block is pending on the straggler), one waits parked for it. Returns the straggler,
-    the two that ran and the one that waits."""
+    last block is pending on the straggler; ``ask_again`` False: they still run theirs), one
+    waits parked for it. Returns the straggler, the two that ran and the one that waits."""
     for c in (1, 2):
         h.open(c)
     h.frames((1, [HELLO_A, REQ]), (2, [wire.encode_hello("a", 2), REQ]))
@@ -398,7 +398,8 @@ def b_behind_a_straggler(h: Harness) -> tuple[int, list[int], int]:
     busy = [c for c in (3, 4, 5) if h.blocks(c)]
     (waiting,) = [c for c in (3, 4, 5) if not h.blocks(c)]
     assert len(busy) == 2 and h.core.conns[waiting].parked
-    h.frames(*[(c, [rel(h.blocks(c)[0])]) for c in busy])  # done, and asking again: b has one pending block
+    if ask_again:
+        h.frames(*[(c, [rel(h.blocks(c)[0])]) for c in busy])  # done, and asking again: b has one pending block
     return straggler, busy, waiting
 
 
@@ -544,17 +545,7 @@ def test_no_second_client_waits_for_a_pending_block_once_one_waited_in_vain():
     straggler is done, the block is ready for a new job, and the rentals start again."""
     h = Harness(n_a=3, n_b=3, retries=0)
     h.jobs.start_secs = 2.0
-    for c in (1, 2):
-        h.open(c)
-    h.frames((1, [HELLO_A, REQ]), (2, [wire.encode_hello("a", 2), REQ]))
-    (straggler,) = h.blocks(1)
-    while h.inbox[2][-1] is not wire.NO_MORE:
-        h.frames((2, [rel(h.blocks(2)[-1])]))
-    for c in (3, 4, 5):
-        h.open(c)
-    h.frames(*[(c, [wire.encode_hello("b", c), REQ]) for c in (3, 4, 5)])
-    busy = [c for c in (3, 4, 5) if h.blocks(c)]
-    (waiting,) = [c for c in (3, 4, 5) if not h.blocks(c)]
+    straggler, busy, waiting = b_behind_a_straggler(h, ask_again=False)
     h.now += 2_100 * MS
     h.core.serve_parked(h.now)
     h.run()
