@@ -203,8 +203,9 @@ class Task(TaskParams):
         second copy on the next free worker (a copy that runs ``2k`` medians itself is
         stopped: the block is slow), the first to finish winning, so the block function must be
         idempotent (as chunk-aligned zarr writes are). The local worker pool and the ``Client``
-        jobs of a 0-argument worker function launch copies (a ``Client`` whose copy lost has
-        its block body interrupted: ``daisy_nb.runtime.net.client.BlockDropped``;
+        jobs of a 0-argument worker function launch copies (a local worker or a ``Client`` whose
+        copy lost has its block body interrupted, and runs on with what its ``init_fn``
+        loaded: ``daisy_nb.runtime.net.client.BlockDropped``;
         docs/explanation/pool.md#backups; the rule: :mod:`daisy_nb.scheduling.speculation`);
         dask and serial runs ignore it, with a ``UserWarning`` naming the task.
 

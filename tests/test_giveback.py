@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import daisy_nb
 from daisy_nb.block import BlockStatus
 from daisy_nb.runtime.local import pool
-from daisy_nb.runtime.local.blocks import BlockCore, Kill, Quit, SendBatch
+from daisy_nb.runtime.local.blocks import BlockCore, Drop, Kill, Quit, SendBatch
 from daisy_nb.runtime.local.giveback import CONFIRM_NS, Cut, Running
 
 CREATED, PROCESSING, SUCCESS, FAILED = (
@@ -75,6 +75,8 @@ class ModelWorker:
         self.between = True  # the running block's status is written; the limit not read yet
         self.decided: int | None = None  # the limit was read: the position to start next (-1: stop)
         self.killed = False  # the pool killed its process: it exits at the model's next reap
+        self.drop: tuple[int, int] | None = None  # (slot, position): a drop signal on its way
+        self.dropped = 0  # blocks a drop interrupted (the worker ran on)
 
     def running(self) -> bool:
         return not self.between and self.decided is None
@@ -127,6 +129,9 @@ class GiveBackMachine(RuleBasedStateMachine):
                 sl = self.w[a.wid].slots[a.slot]
                 assert a.keep < sl.limit, "a cut that gives nothing back"
                 sl.limit = a.keep
+            elif isinstance(a, Drop):
+                self.note("a losing copy's drop sent")
+                self.w[a.wid].drop = (a.slot, a.pos)
             elif isinstance(a, Kill):
                 self.note("a copy's worker killed")
                 self.w[a.wid].killed = True
@@ -154,6 +159,26 @@ class GiveBackMachine(RuleBasedStateMachine):
         w.between = True
 
     @rule(data=st.data())
+    @precondition(lambda self: self.s is not None and any(w.drop is not None for w in self.w.values()))
+    def drop_signal_arrives(self, data):
+        self.land_drop(data.draw(st.sampled_from([wid for wid, w in sorted(self.w.items()) if w.drop is not None])))
+
+    def land_drop(self, wid: int) -> None:
+        """The drop signal reaches worker ``wid``: it interrupts the block only if that block still
+        runs (status CREATED, the batch ends there, the worker runs on); before or after it, the
+        signal is ignored (the pool sends it again at its next look)."""
+        w = self.w[wid]
+        slot, pos = w.drop
+        w.drop = None
+        if w.order and w.order[0] == slot and w.cur == pos and w.running():
+            self.note("a drop interrupted its block")
+            w.slots[slot].status[pos] = CREATED
+            w.between = True
+            w.dropped += 1
+        else:
+            self.note("a drop came before or after its block")
+
+    @rule(data=st.data())
     @precondition(lambda self: self.s is not None and any(w.between and w.order for w in self.w.values()))
     def worker_reads_limit(self, data):
         self.read_limit(data.draw(st.sampled_from([wid for wid in self.busy() if self.w[wid].between])))
@@ -178,8 +203,12 @@ class GiveBackMachine(RuleBasedStateMachine):
         sl = w.slots[k]
         i, w.decided = w.decided, None
         if i >= 0:
-            # (a killed worker, the loser of a race of copies, may start the block cut from it: its end counts for nothing)
-            assert i < self.core_rows(wid, k) or w.killed, f"worker {wid} starts row {sl.rows[i]}, which was given back"
+            # (the loser of a race of copies, killed or being dropped, may start the block cut from it: its
+            # end counts for nothing)
+            dropping = self.core.workers[wid].dropping is not None
+            assert i < self.core_rows(wid, k) or w.killed or dropping, (
+                f"worker {wid} starts row {sl.rows[i]}, which was given back"
+            )
             sl.status[i] = PROCESSING
             w.cur, w.start_ns = i, self.now
             sl.start_ns = self.now if sl.start_ns is None else sl.start_ns
@@ -191,6 +220,8 @@ class GiveBackMachine(RuleBasedStateMachine):
             self.note("the worker stopped at a lowered limit")
         w.order.pop(0)
         del w.slots[k]
+        if w.drop is not None and w.drop[0] == k:  # the next batch in this slot starts with no drop
+            w.drop = None
         w.cur, w.between = -1, True
         elapsed = max(1, self.now - (self.now if sl.start_ns is None else sl.start_ns))  # the batch's run time
         self.apply(self.core.batch_done(wid, statuses, elapsed, now_ns=self.now))
@@ -431,6 +462,8 @@ def counts(m):
 
 
 def test_the_backup_that_succeeds_first_wins_and_the_straggler_is_stopped():
+    """The copy wins: the straggler's block is cut from its batch and dropped by a signal; its
+    worker runs on (what its ``init_fn`` loaded kept), and its batch's end counts nothing again."""
     m, orig, copy, row = backed_up_straggler()
     done, failed, busy, ready = counts(m)
     m.read_limit(copy)
@@ -439,10 +472,40 @@ def test_the_backup_that_succeeds_first_wins_and_the_straggler_is_stopped():
     m.read_limit(copy)
     m.act(copy)  # and reports it done first
     assert counts(m) == (done + 1, failed, busy - 1, ready)
-    assert m.w[orig].killed and not m.w[copy].killed
+    assert not m.w[orig].killed and not m.w[copy].killed
     assert m.w[orig].slots[m.w[orig].order[0]].limit == m.w[orig].cur, "the straggler's block was not cut from it"
-    m.reap(orig)  # its exit is no crash (checked in reap), and nothing of it counts again
+    assert m.w[orig].drop == (m.w[orig].order[0], m.w[orig].cur), "the straggler's block is not dropped"
+    m.land_drop(orig)
+    m.read_limit(orig)
+    m.act(orig)  # its batch ends where the block was dropped: nothing of it counts again
+    assert m.w[orig].dropped == 1 and orig in m.core.workers and not m.core.backups.dropping
     assert counts(m) == (done + 1, failed, busy - 1, ready)
+    m.teardown()
+    assert counts(m) == (12, 0, 0, 0)
+
+
+def test_a_drop_that_does_not_stop_the_block_is_sent_again_then_the_worker_is_killed():
+    """The straggler's body ignores the drop (a signal that came before its code ran, or C code
+    that does not return): the drop is sent again at every look, and after ``DROP_GRACE_NS`` its
+    worker is killed, an expected exit that counts as no crash."""
+    from daisy_nb.runtime.local.backups import DROP_GRACE_NS
+
+    m, orig, copy, row = backed_up_straggler()
+    m.read_limit(copy)
+    m.act(copy)
+    finish_block(m, copy)
+    m.read_limit(copy)
+    m.act(copy)  # the copy won: the straggler's block is dropped
+    assert m.w[orig].drop is not None
+    sent = 0
+    while not m.w[orig].killed:
+        assert m.w[orig].drop is not None, "a drop under way was not sent again"
+        m.w[orig].drop = None  # the signal is lost on the way
+        sent += 1
+        m.look(0.1)
+        assert sent * 0.1 <= DROP_GRACE_NS / 1e9 + 0.2, "the worker was not killed after the grace"
+    assert sent >= int(DROP_GRACE_NS / 1e9 / 0.1) - 1
+    m.reap(orig)  # no crash (checked in reap)
     m.teardown()
     assert counts(m) == (12, 0, 0, 0)
 
@@ -484,6 +547,30 @@ def test_pool_backup_copy_of_a_hanging_block_wins_and_the_straggler_is_no_crash(
     assert (s.worker_failure_count, s.worker_restart_count) == (0, 0)
     done = sorted(int(f.split(".")[0]) for f in os.listdir(out / "done"))
     assert done == list(range(g.N)), "a block ran to its end twice, or never"
+    assert (out / "slow_started").exists()
+
+
+def test_pool_a_losing_copy_is_dropped_and_its_worker_keeps_what_init_fn_loaded(out, no_leaks):
+    """Real worker processes, ``speculative=True`` and an ``init_fn``: the hanging first attempt
+    loses to its backup and is interrupted by a signal, not killed. Its worker runs on: the task
+    ran in its two workers only, each ran ``init_fn`` once, and blocks ran in both after the
+    drop; every block counts once and ran to its end once."""
+    import givebackfns as g
+
+    task = daisy_nb.Task(
+        "s", Roi((0,), (10 * g.N,)), Roi((0,), (10,)), Roi((0,), (10,)),
+        process_function=g.first_attempt_hangs, init_fn=g.init_once, max_workers=2, max_retries=0,
+        speculative=True, tracking_path=False,
+    )  # fmt: skip
+    states = daisy_nb.run_blockwise(task, progress=False, summary=False, return_states=True)
+    s = states["s"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (g.N, 0, 0)
+    assert (s.worker_failure_count, s.worker_restart_count) == (0, 0)
+    done = [f.split(".") for f in os.listdir(out / "done")]
+    assert sorted(int(b) for b, _, _ in done) == list(range(g.N)), "a block ran to its end twice, or never"
+    inits = {int(p) for p in os.listdir(out / "init")}
+    assert len(inits) == 2, f"init_fn ran in {len(inits)} processes: a losing copy's worker was replaced"
+    assert {int(pid) for _, pid, _ in done} == inits
     assert (out / "slow_started").exists()
 
 
@@ -556,10 +643,10 @@ def test_a_due_backup_takes_the_next_free_worker_before_fresh_blocks():
     assert copy == 1 and m.s.ready_count("a") > 0, "the backup did not come before the ready blocks"
     assert [list(rows) for _, rows in m.core.workers[copy].queue] == [[row]], "a fresh batch beside the backup"
     assert m.core.workers[orig].queue[0][1][-1] == row and m.w[orig].running()
-    for _ in range(3):  # the backup runs, wins, and the straggler's worker is stopped
+    for _ in range(3):  # the backup runs, wins, and the straggler's block is dropped
         step_unless_straggling(m, copy, False)
-    assert m.w[orig].killed and not m.w[copy].killed
-    m.reap(orig)
+    assert m.w[orig].drop is not None and not m.w[orig].killed and not m.w[copy].killed
+    m.land_drop(orig)
     m.teardown()
     assert counts(m) == (200, 0, 0, 0)
     assert m.ran[row] == 2 and sum(m.ran.values()) == 201  # only the straggler ran twice
@@ -573,14 +660,16 @@ def test_a_backup_that_is_slow_itself_is_stopped_and_the_straggler_runs_on():
     m.act(copy)  # the backup starts the block
     done, failed, busy, ready = counts(m)
     for _ in range(100):
-        if m.w[copy].killed:
+        if m.w[copy].drop is not None:
             break
         m.look(0.01)
         for wid in list(m.busy()):
             step_unless_straggling(m, wid, wid in (orig, copy))
-    assert m.w[copy].killed and not m.w[orig].killed and m.w[orig].running()
+    assert m.w[copy].drop is not None and not m.w[orig].killed and m.w[orig].running()
     assert ("a", row) not in m.core.backups.twins
-    m.reap(copy)  # no crash (checked in reap)
+    m.land_drop(copy)  # the backup stops; its worker runs on
+    step_unless_straggling(m, copy, False)
+    assert m.w[copy].dropped == 1 and copy in m.core.workers
     finish_block(m, orig)
     m.read_limit(orig)
     m.act(orig)

@@ -58,3 +58,12 @@ def first_attempt_hangs(block) -> None:
             raise RuntimeError("no backup copy of the hanging block came")
     time.sleep(WORK_SECS)
     _done(block)
+
+
+def init_once() -> int:
+    """A worker's ``init_fn`` (a model loaded on a GPU, say): leaves ``init/<pid>`` behind, and
+    fails if it runs twice in one process."""
+    d = os.path.join(os.environ["DAISY_NB_TEST_OUT"], "init")
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, str(os.getpid())), "x").close()
+    return os.getpid()

@@ -46,6 +46,7 @@ class TaskRun:
         self.restarts = failures.Restarts(self.max_restarts)  # the restart rule and its cap
         self.requires = {k: int(v) for k, v in task.requires.items()}
         self.track = bool(task.resource_tracking)
+        self.speculative = bool(getattr(task, "speculative", None))  # Task(speculative=...): backup copies
         self.res = None  # TaskResourceStats when the task tracks resources and the runtime measures them
         if self.track and self.measures_resources:
             from daisy_nb.profiling import TaskResourceStats

@@ -4,7 +4,7 @@ The segment holds ``SLOTS`` batch slots of ``words(capacity, ndim)`` words each,
 that the parent can queue the next batch while the worker runs the current one
 (slots are used round-robin and run in the order they were sent). One slot::
 
-    header[8]   n, cur, cur_start_ns, batch_elapsed_ns, limit, -, -, -
+    header[8]   n, cur, cur_start_ns, batch_elapsed_ns, limit, drop, -, -
     index[C]    task-local block index          (parent writes)
     spatial[C]  spatial block id                 (parent writes)
     status[C]   0 not started, 1 running, 2 success, 3 failed   (worker writes)
@@ -18,6 +18,11 @@ or 3 has its stats in place (also when the worker dies later in the batch).
 ``limit`` (parent writes: ``n`` with the batch, lowered later) is the give-back of a batch's
 unstarted blocks (``daisy_nb/runtime/local/giveback.py``): the worker starts block ``i`` only
 while ``i < limit``, read just before it starts it; the blocks it did not start keep status 0.
+
+``drop`` (parent writes: 0 with the batch) is ``i + 1`` once the copy of block ``i`` that the
+worker runs lost to its twin (``Task(speculative=...)``, ``daisy_nb/runtime/local/backups.py``):
+the parent then sends the worker ``DROP_SIGNAL``, whose handler interrupts the block only if
+``drop`` names the block it runs, so a late signal finds nothing to stop.
 
 ``cur``/``cur_start_ns`` (``time.monotonic_ns``, one clock for all processes on a
 machine) let the parent find the block a worker is running and enforce the task's
@@ -39,7 +44,7 @@ SLOTS = 2
 HDR = 8
 NAME_PREFIX = "dnb_"  # named segments (no memfd): /dev/shm/dnb_<random> on Linux
 MEMFD_NAME = "daisy_nb_worker"  # memfd segments: "/memfd:daisy_nb_worker (deleted)" in /proc/<pid>/maps
-H_N, H_CUR, H_START, H_ELAPSED, H_LIMIT = 0, 1, 2, 3, 4
+H_N, H_CUR, H_START, H_ELAPSED, H_LIMIT, H_DROP = 0, 1, 2, 3, 4, 5
 
 
 NSTATS = 5  # per-block stats words: BlockStats' first five fields

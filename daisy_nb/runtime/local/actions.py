@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Action", "Cut", "Kill", "Quit", "Retask", "SendBatch"]
+__all__ = ["Action", "Cut", "Drop", "Kill", "Quit", "Retask", "SendBatch"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,17 @@ class Cut:
 
 
 @dataclass(frozen=True)
+class Drop:
+    """Interrupt block ``pos`` of worker ``wid``'s batch in ``slot``: its copy lost to its twin
+    (:mod:`.backups`). The worker's block function is interrupted by a signal and the worker runs on,
+    its ``init_fn`` state kept; sent again while the block still runs."""
+
+    wid: int
+    slot: int
+    pos: int
+
+
+@dataclass(frozen=True)
 class Retask:
     """Worker ``wid``, idle at its task's tail, serves task ``tid`` from now on: send it that task's
     set-up (its function, ``init_fn``, log files); it answers "ready" (:mod:`.reuse`)."""
@@ -56,4 +67,4 @@ class Retask:
     tid: str
 
 
-Action = SendBatch | Quit | Kill | Cut | Retask
+Action = SendBatch | Quit | Kill | Cut | Drop | Retask

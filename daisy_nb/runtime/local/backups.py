@@ -22,12 +22,16 @@ sees and does what it answers, within :class:`.blocks.BlockCore`:
   after it were given back first: :mod:`.giveback`, which runs at ``min(4, k)`` times the
   typical block time for such tasks), so the loser can be cut off without losing anything.
 * **the first success wins.** The batch that reports it releases the block (tracking and
-  counters count it once); the other copy is cut from its worker's batch and the worker is
-  killed as we end a worker (not a crash, no restart counted; the pool starts another if
-  blocks wait). A copy that fails, raises or dies while its twin runs is dropped: the twin
-  decides, and the Scheduler sees one end of the attempt. A backup that runs past ``2k``
-  times the median itself is stopped the same way (the block is slow, not its first attempt):
-  its twin runs on.
+  counters count it once); the other copy is cut from its worker's batch and, if the worker
+  runs it, dropped (``Drop``: ``_shm``'s ``drop`` word and a signal, whose handler in the
+  worker raises ``BlockDropped`` in the block's body): the worker ends that batch and runs on,
+  its ``init_fn`` state kept. The drop is sent again at every look until the batch ends; a
+  worker still in the block ``DROP_GRACE_NS`` after the drop (C code that never returns to
+  Python, a body that swallowed the exception) is killed as we end a worker (not a crash, no
+  restart counted; the pool starts another if blocks wait). A copy that fails, raises or dies
+  while its twin runs is dropped: the twin decides, and the Scheduler sees one end of the
+  attempt. A backup that runs past ``2k`` times the median itself is stopped the same way (the
+  block is slow, not its first attempt): its twin runs on.
 
 ``read_write_conflict`` blocks need no neighbour check: a block's conflicting neighbours are on
 other dependency levels, and none of them runs while it is in flight.
@@ -44,15 +48,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from daisy_nb.block import BlockStatus
-from daisy_nb.runtime.local.actions import Cut, Kill
+from daisy_nb.runtime.local.actions import Cut, Drop, Kill
 from daisy_nb.scheduling.speculation import Speculation
 
 if TYPE_CHECKING:  # pragma: no cover
     from daisy_nb.runtime.local.giveback import Running
 
-__all__ = ["DROPPED", "PoolBackups"]
+__all__ = ["DROPPED", "DROP_GRACE_NS", "PoolBackups"]
 
 DROPPED = 255  # a status :meth:`PoolBackups.ended` writes for a copy's end that does not count
+DROP_GRACE_NS = 1_000_000_000  # a losing copy still running this long after its drop: its worker is killed
 
 _SUCCESS, _PROCESSING = int(BlockStatus.SUCCESS), int(BlockStatus.PROCESSING)
 _SHIFT = 40  # copy id = worker id << 40 | row (rows < 2**40)
@@ -72,6 +77,7 @@ class PoolBackups:
         self.twins: dict[tuple[str, int], set[int]] = {}  # (task, row) of a copied block -> its workers
         self.due: dict[str, list] = {}  # per task, the backups the last look found no parked worker for
         self.now = 0.0  # the latest clock an event brought (seconds): a due copy's start
+        self.dropping: set[int] = set()  # workers whose losing copy is being interrupted (BlockWorker.dropping)
 
     def factor(self, tid: str) -> float | None:
         return None if self.spec is None else self.spec.tasks[self.t[tid]].factor
@@ -100,6 +106,8 @@ class PoolBackups:
         ``POLL_SECS`` (a copy launched up to 0.1 s late was most of a speculative run's tail)."""
         if self.spec is None:
             return False
+        if self.dropping:  # a drop is sent again at every look until the copy stops
+            return True
         core = self.core
         return any(self.factor(tid) is not None and core.inflight(tid) and core.parked_of(tid) for tid in self.t)
 
@@ -110,6 +118,7 @@ class PoolBackups:
             return []
         core, spec, now = self.core, self.spec, now_ns / 1e9
         self.now = max(self.now, now)
+        out: list = self._drops(now_ns) if self.dropping else []
         now_running: set[tuple[str, int]] = set()  # a worker's earlier rows ended (their "done" may come later)
         for wid, r in running.items():
             w = core.workers.get(wid)
@@ -127,7 +136,6 @@ class PoolBackups:
                 except ValueError:  # its one backup in this attempt ran already
                     continue
                 mine[row] = copy
-        out: list = []
         self.due = {}
         for tid, t in self.t.items():
             if spec.tasks[t].factor is None or core.aborting or core.s.is_abandoned(tid):
@@ -174,12 +182,15 @@ class PoolBackups:
     def ended(self, w, rows: np.ndarray, st: np.ndarray, now_ns: int | None, per_block: float) -> list:
         """``w``'s batch ``rows`` ended with statuses ``st`` (a batch done; or, at an exit, 1 for the
         block it was running). Marks, in ``st``, the ends that do not count (the caller
-        drops them: :data:`DROPPED`) and returns the actions for the twins to stop (``Kill``)."""
+        drops them: :data:`DROPPED`) and returns the actions for the twins to stop (``Cut``, ``Drop``)."""
         if self.spec is None or self.factor(w.tid) is None:
             return []
         spec, t, now = self.spec, self.t[w.tid], (now_ns / 1e9 if now_ns is not None else None)
         if now is not None:
             self.now = max(self.now, now)
+        if w.dropping is not None and w.dropping[0][1] is rows:  # the batch whose copy was dropped ended
+            w.dropping = None
+            self.dropping.discard(w.wid)
         mine = self.seen.get(w.wid, {})
         out: list = []
         ran = np.flatnonzero(st >= _SUCCESS)
@@ -210,24 +221,53 @@ class PoolBackups:
         return out
 
     def _stop(self, tid: str, row: int, wid: int) -> list:
-        """The losing copy's worker: the block cut from its batches, the worker killed (expected)."""
+        """The losing copy's worker: the block cut from its batches and, if it runs it, interrupted
+        (``Drop``: a signal; the worker runs on with what its ``init_fn`` loaded). :meth:`_drops`
+        sends the drop again until the copy stops, and kills the worker (an expected exit, no
+        restart counted) if it still runs the block ``DROP_GRACE_NS`` later (a body in C code that
+        does not return, or one that swallowed the interrupt)."""
         w = self.core.workers.get(wid)
         if w is None:
             return []
         out: list = []
         for i, (slot, rows) in enumerate(w.queue):
             if len(rows) and int(rows[-1]) == row:
-                w.queue[i] = (slot, rows[:-1])
+                entry = (slot, rows[:-1])
+                w.queue[i] = entry
                 w.cuts.pop(slot, None)
                 out.append(Cut(wid, slot, len(rows) - 1))  # if it has not started it yet, it will not
+                out.append(Drop(wid, slot, len(rows) - 1))  # if it runs it, it stops
+                w.dropping = (entry, int(self.now * 1e9))
+                self.dropping.add(wid)
                 break
         mine = self.seen.get(wid, {})
         copy = mine.pop(row, None)
         if copy is not None:
             self.spec.lost(copy)  # type: ignore[union-attr]  # told to stop: its end counts for nothing
-        w.expected_exit = True  # not a crash, no restart
-        w.doomed = True  # nothing more is sent to it
-        return [*out, Kill(wid)]
+        return out
+
+    def _drops(self, now_ns: int) -> list:
+        """The drops under way: sent again while the batch is not done, the worker killed after
+        ``DROP_GRACE_NS`` (:meth:`_stop`)."""
+        out: list = []
+        for wid in sorted(self.dropping):
+            w = self.core.workers.get(wid)
+            d = None if w is None else w.dropping
+            if w is None or d is None or not any(e is d[0] for e in w.queue):
+                if w is not None:
+                    w.dropping = None
+                self.dropping.discard(wid)
+                continue
+            (slot, rows), since = d
+            if now_ns - since <= DROP_GRACE_NS:
+                out.append(Drop(wid, slot, len(rows)))
+                continue
+            w.dropping = None
+            self.dropping.discard(wid)
+            w.expected_exit = True  # not a crash, no restart
+            w.doomed = True  # nothing more is sent to it
+            out.append(Kill(wid))
+        return out
 
 
 def _last_in_flight(w, row: int) -> bool:

@@ -10,6 +10,7 @@ are :class:`.processes.Processes`'s.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -50,6 +51,7 @@ class Batches:
         a[o["write_shape"] : o["write_shape"] + m] = b.write_shape.reshape(-1)
         a[_shm.H_N] = n
         a[_shm.H_LIMIT] = n
+        a[_shm.H_DROP] = 0
         a[_shm.H_CUR] = -1
         if w.tr.t_first is None:
             w.tr.t_first = time.monotonic()
@@ -142,6 +144,16 @@ class Batches:
     def cut(self, w: BlockProcess, k: int, keep: int) -> None:
         """Lower the limit of ``w``'s batch in slot ``k``: it starts none of its blocks from ``keep`` on."""
         w.bufs[k][_shm.H_LIMIT] = keep
+
+    def drop(self, w: BlockProcess, k: int, pos: int) -> None:
+        """Interrupt block ``pos`` of ``w``'s batch in slot ``k`` if it runs it (``_shm``'s ``drop``)."""
+        from daisy_nb.runtime.net.drops import DROP_SIGNAL
+
+        w.bufs[k][_shm.H_DROP] = pos + 1
+        try:
+            os.kill(w.proc.pid, DROP_SIGNAL)
+        except (ProcessLookupError, PermissionError):  # it has just ended: its exit is reaped as any
+            pass
 
     def current_block(self, w: BlockProcess) -> tuple[int | None, float | None]:
         """The block ``w`` runs now (its row) and since when (monotonic seconds), else ``(None, None)``."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from daisy_nb.runtime.local import _shm, wire
 from daisy_nb.runtime.local.batches import Batches
-from daisy_nb.runtime.local.blocks import BlockCore, Cut, ExitReport, Kill, Quit, Retask, SendBatch
+from daisy_nb.runtime.local.blocks import BlockCore, Cut, Drop, ExitReport, Kill, Quit, Retask, SendBatch
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun
 from daisy_nb.runtime.local.records import BlockProcess
 from daisy_nb.runtime.local.starter import CAPACITY
@@ -113,7 +113,7 @@ class BlockWorkers:
         if started:
             self.execute(self.core.tick(now_ns, started))
         running = self.batches.running(workers)
-        if running:
+        if running or self.core.backups.dropping:  # (a copy being dropped is not "running": it was cut)
             self.execute(self.core.straggling(now_ns, running))
         else:
             self.core.look_again_ns = None  # no cut waits for a look
@@ -161,6 +161,9 @@ class BlockWorkers:
             elif isinstance(a, Cut):
                 assert isinstance(w, BlockProcess)
                 self.batches.cut(w, a.slot, a.keep)
+            elif isinstance(a, Drop):
+                assert isinstance(w, BlockProcess)
+                self.batches.drop(w, a.slot, a.pos)
             elif isinstance(a, Retask):
                 if self._retask is None:
                     raise RuntimeError(f"worker {a.wid} moved to task {a.tid!r}, but this pool cannot move workers")

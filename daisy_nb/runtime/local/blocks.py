@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from daisy_nb.block import BlockStatus
-from daisy_nb.runtime.local.actions import Action, Cut, Kill, Quit, Retask, SendBatch
+from daisy_nb.runtime.local.actions import Action, Cut, Drop, Kill, Quit, Retask, SendBatch
 from daisy_nb.runtime.local.backups import DROPPED, PoolBackups
 from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
 from daisy_nb.runtime.local.giveback import Running, straggling
@@ -75,6 +75,7 @@ __all__ = [
     "BlockTask",
     "BlockWorker",
     "Cut",
+    "Drop",
     "Kill",
     "Quit",
     "Retask",
@@ -106,7 +107,8 @@ class BlockWorker:
     timed_out: bool = False
     expected_exit: bool = False  # we told it to quit or killed it
     cuts: dict = field(default_factory=dict)  # batch slot -> giveback.CutMark: a straggler's batches cut
-    doomed: bool = False  # it lost a race of copies (backups.py): killed, nothing more is sent to it
+    doomed: bool = False  # a copy it runs lost, and no drop stopped it (backups.py): killed, nothing more sent
+    dropping: tuple | None = None  # (batch, since ns): the last block of that batch of its queue is being dropped
 
     @property
     def inflight(self) -> int:
@@ -281,8 +283,8 @@ class BlockCore:
         out: list[Action] = []
         for wid, t0 in started_ns.items():
             w = self.workers.get(wid)
-            if w is None or w.timed_out or w.state != WorkerState.BUSY:
-                continue
+            if w is None or w.timed_out or w.state != WorkerState.BUSY or w.dropping is not None:
+                continue  # (a losing copy being dropped is the backups' to kill: backups.py)
             limit = self.tasks[w.tid].timeout_ns
             if limit is not None and now_ns - t0 > limit:
                 w.timed_out = True
@@ -481,7 +483,8 @@ def check_invariants(core: BlockCore, held_elsewhere: Mapping[str, int] | None =
         assert set(w.cuts) <= {k for k, _ in w.queue}, f"worker {wid}: a cut of a batch it does not hold"
         for k, index in w.queue:
             m = w.cuts.get(k)
-            assert 0 < len(index) <= core.capacity or ((m is not None or w.doomed) and not len(index)), (
+            dropped = w.dropping is not None and w.dropping[0][1] is index
+            assert 0 < len(index) <= core.capacity or ((m is not None or w.doomed or dropped) and not len(index)), (
                 f"worker {wid}: a batch of {len(index)} blocks"
             )
             assert m is None or (len(index) == m.keep if m.settled else len(index) > m.keep), (

@@ -206,6 +206,7 @@ def _setup(w) -> dict:
         "worker_id": w.wid,
         "arity": tr.arity,
         "wants_context": tr.wants_context,
+        "speculative": tr.speculative,
         "capacity": CAPACITY,
         "ndim": tr.ndim,
         "wire": wire.VERSION,

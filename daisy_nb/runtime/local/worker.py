@@ -204,12 +204,51 @@ def _after_first_batch() -> None:
 NEXT_TASK = -1  # _run_block_loop's return when the pool moves this worker to another task
 
 
+class _DropHandler:
+    """The ``DROP_SIGNAL`` handler of a speculative task's block worker: raises ``BlockDropped`` in the
+    body of the block the pool dropped (its copy lost to its twin: ``_shm``'s ``drop``), only while
+    that block's own code runs; a signal that comes before or after it, or while this module's
+    code runs, is ignored (the pool sends it again while the block still runs)."""
+
+    def __init__(self) -> None:
+        self.q = None  # the running batch's slot (int64 view) while a block body runs, else None
+        self.i = -1  # the block's position in it
+        self.exc: type[BaseException] | None = None
+
+    def arm(self) -> None:
+        if self.exc is None:
+            from daisy_nb.runtime.net.drops import DROP_SIGNAL, BlockDropped
+
+            self.exc = BlockDropped
+            signal.signal(DROP_SIGNAL, self)
+
+    def __call__(self, signum, frame) -> None:
+        from daisy_nb.runtime.local._shm import H_DROP
+
+        q, i = self.q, self.i
+        if q is None or i < 0 or q[H_DROP] != i + 1:
+            return  # not for the block that runs (it ended, or this is another batch)
+        if frame is not None and frame.f_code.co_filename == __file__:
+            return  # between the block's code and ours: the next signal stops it
+        self.q, self.i = None, -1
+        assert self.exc is not None
+        raise self.exc(f"block at position {i} of its batch: a copy of it elsewhere finished first")
+
+
+_DROP = _DropHandler()
+
+
 def _run_block_loop(conn, fn, setup: dict, shm) -> int:
     """Run the batches the pool sends; returns the exit code, or :data:`NEXT_TASK` (``Kind.TASK``)."""
     from daisy_nb.block import Block, BlockStatus
     from daisy_nb.runtime.local import _shm, wire
 
-    PROCESSING, SUCCESS, FAILED = BlockStatus.PROCESSING, BlockStatus.SUCCESS, BlockStatus.FAILED
+    CREATED, PROCESSING, SUCCESS, FAILED = (
+        BlockStatus.CREATED,
+        BlockStatus.PROCESSING,
+        BlockStatus.SUCCESS,
+        BlockStatus.FAILED,
+    )
     RUN, TASK = wire.Kind.RUN, wire.Kind.TASK
 
     cap, nd = setup["capacity"], setup["ndim"]
@@ -232,6 +271,11 @@ def _run_block_loop(conn, fn, setup: dict, shm) -> int:
     o_idx, o_sp, o_st = o["index"], o["spatial"], o["status"]
     o_ro, o_rs, o_wo, o_ws = o["read_offset"], o["read_shape"], o["write_offset"], o["write_shape"]
     H_CUR, H_START, H_LIMIT = _shm.H_CUR, _shm.H_START, _shm.H_LIMIT
+    drop = _DROP if setup.get("speculative") else None  # copies that lose are interrupted (_DropHandler)
+    dropped: tuple = ()  # what a drop raises in the block body
+    if drop is not None:
+        drop.arm()
+        dropped = (drop.exc,)
     try:
         conn.send_bytes(wire.ready())
         while True:
@@ -255,6 +299,7 @@ def _run_block_loop(conn, fn, setup: dict, shm) -> int:
             ws = q[o_ws : o_ws + m].tolist()
             err = None  # the block that raised (wire.Raised)
             t0 = mono()
+            dropped_at = None  # when the block the pool dropped started (its time is not the batch's)
             for i in range(n):
                 if i >= q[H_LIMIT]:  # the pool gave the rest back (a straggler ran before them)
                     break
@@ -262,12 +307,22 @@ def _run_block_loop(conn, fn, setup: dict, shm) -> int:
                 b = make(task_id, sp[i], (tuple(ro[j:k]), tuple(rs[j:k])), (tuple(wo[j:k]), tuple(ws[j:k])), idx[i])
                 b._status = PROCESSING
                 q[o_st + i] = PROCESSING
-                q[H_START] = mono()  # before cur: the parent reads cur, then its start
+                q[H_START] = t_start = mono()  # before cur: the parent reads cur, then its start
                 q[H_CUR] = i
                 try:
+                    if drop is not None:
+                        drop.q, drop.i = q, i
                     fn(b)
+                    if drop is not None:
+                        drop.q = None
                     s = FAILED if b._status == FAILED else SUCCESS
+                except dropped:  # its twin won (the pool cut it from the batch): the worker runs on
+                    q[o_st + i] = CREATED
+                    dropped_at = t_start
+                    break
                 except Exception as e:
+                    if drop is not None:
+                        drop.q = None
                     # daisy 2.0: an exception ends the worker (a dirty exit, counted toward
                     # max_worker_restarts); the blocks after it were never started
                     from daisy_nb.runtime.common.run_block import cap_traceback, exception_message, format_exception
@@ -283,7 +338,7 @@ def _run_block_loop(conn, fn, setup: dict, shm) -> int:
                     raise
                 q[o_st + i] = s
             q[H_CUR] = -1
-            q[_shm.H_ELAPSED] = mono() - t0
+            q[_shm.H_ELAPSED] = (mono() if dropped_at is None else dropped_at) - t0
             try:
                 sys.stdout.flush()
             except (OSError, ValueError):  # a closed or broken stdout: the block's output is lost, not the block
