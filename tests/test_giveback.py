@@ -574,6 +574,29 @@ def test_pool_a_losing_copy_is_dropped_and_its_worker_keeps_what_init_fn_loaded(
     assert (out / "slow_started").exists()
 
 
+def test_pool_a_losing_copy_that_cannot_be_interrupted_has_its_worker_killed(out, no_leaks):
+    """Real worker processes: the hanging first attempt blocks the drop signal (C code that does
+    not return to Python): a second after its backup won, its worker is killed, with no crash or
+    restart counted, and the run ends long before the hang's own deadline."""
+    import time
+
+    import givebackfns as g
+
+    task = daisy_nb.Task(
+        "s", Roi((0,), (10 * g.N,)), Roi((0,), (10,)), Roi((0,), (10,)),
+        process_function=g.first_attempt_hangs_unstoppable, max_workers=2, max_retries=0,
+        speculative=True, tracking_path=False,
+    )  # fmt: skip
+    t0 = time.monotonic()
+    states = daisy_nb.run_blockwise(task, progress=False, summary=False, return_states=True)
+    s = states["s"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (g.N, 0, 0)
+    assert (s.worker_failure_count, s.worker_restart_count) == (0, 0)
+    assert time.monotonic() - t0 < g.DEADLINE_SECS / 2, "the uninterruptible copy was waited out"
+    done = sorted(int(f.split(".")[0]) for f in os.listdir(out / "done"))
+    assert done == list(range(g.N)), "a block ran to its end twice, or never"
+
+
 def straggler_alone_at_the_tail() -> tuple[GiveBackMachine, int]:
     """A speculative task (factor 2) on three workers whose every block but one finished: the
     machine and the straggler's worker (no look has run: no backup yet)."""

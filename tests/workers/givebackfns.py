@@ -67,3 +67,15 @@ def init_once() -> int:
     os.makedirs(d, exist_ok=True)
     open(os.path.join(d, str(os.getpid())), "x").close()
     return os.getpid()
+
+
+def first_attempt_hangs_unstoppable(block) -> None:
+    """As :func:`first_attempt_hangs`, but the hanging attempt blocks the pool's drop signal (as C
+    code that never returns to Python would): only killing its worker stops it."""
+    if block.spatial_id == SLOW and not os.path.exists(os.path.join(os.environ["DAISY_NB_TEST_OUT"], "slow_started")):
+        import signal
+
+        from daisy_nb.runtime.net.drops import DROP_SIGNAL
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, {DROP_SIGNAL})
+    first_attempt_hangs(block)
