@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 from funlib.geometry import Roi
-from hypothesis import event, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -528,6 +528,36 @@ def test_a_backup_that_fails_while_the_straggler_runs_is_dropped():
     assert not any(w.killed for w in m.w.values())
     m.teardown()
     assert counts(m) == (12, 0, 0, 0)
+
+
+@given(steps=st.lists(st.sampled_from(["copy", "orig", "land", "lose", "look", "long look"]), min_size=1, max_size=30))
+@settings(max_examples=200, deadline=None)
+def test_a_race_of_copies_ends_with_one_end_counted_whatever_the_drop_meets(steps):
+    """A straggler and its backup race; the loser's drop lands, is lost, or comes too late, in
+    any order with the copies' own steps and the pool's looks (``long look``: past the grace).
+    The block counts once, a dropped worker runs on, a killed one's exit is no crash, and the
+    core's invariants hold at every step."""
+    m, orig, copy, row = backed_up_straggler()
+    for step in steps:
+        if step in ("copy", "orig"):
+            wid = copy if step == "copy" else orig
+            if wid in m.w and not m.w[wid].killed and m.w[wid].order:
+                step_unless_straggling(m, wid, False)
+        elif step in ("land", "lose"):
+            for wid in (orig, copy):
+                if wid in m.w and m.w[wid].drop is not None:
+                    if step == "land":
+                        m.land_drop(wid)
+                    else:
+                        m.w[wid].drop = None  # lost on the way (or came while the worker's own code ran)
+        else:
+            m.look(0.01 if step == "look" else 1.5)
+        for wid in [wid for wid, w in sorted(m.w.items()) if w.killed]:
+            m.reap(wid)  # no crash (checked in reap)
+        m.valid()
+    m.teardown()
+    assert counts(m) == (12, 0, 0, 0)
+    assert m.ran[row] <= 2
 
 
 def test_pool_backup_copy_of_a_hanging_block_wins_and_the_straggler_is_no_crash(out, no_leaks):
