@@ -205,7 +205,7 @@ class GiveBackMachine(RuleBasedStateMachine):
         if i >= 0:
             # (the loser of a race of copies, killed or being dropped, may start the block cut from it: its
             # end counts for nothing)
-            dropping = self.core.workers[wid].dropping is not None
+            dropping = wid in self.core.backups.dropping
             assert i < self.core_rows(wid, k) or w.killed or dropping, (
                 f"worker {wid} starts row {sl.rows[i]}, which was given back"
             )

@@ -77,7 +77,8 @@ class PoolBackups:
         self.twins: dict[tuple[str, int], set[int]] = {}  # (task, row) of a copied block -> its workers
         self.due: dict[str, list] = {}  # per task, the backups the last look found no parked worker for
         self.now = 0.0  # the latest clock an event brought (seconds): a due copy's start
-        self.dropping: set[int] = set()  # workers whose losing copy is being interrupted (BlockWorker.dropping)
+        # workers whose losing copy is being interrupted: their batch (the queue's entry, cut) and since when (ns)
+        self.dropping: dict[int, tuple[tuple, int]] = {}
 
     def factor(self, tid: str) -> float | None:
         return None if self.spec is None else self.spec.tasks[self.t[tid]].factor
@@ -188,9 +189,9 @@ class PoolBackups:
         spec, t, now = self.spec, self.t[w.tid], (now_ns / 1e9 if now_ns is not None else None)
         if now is not None:
             self.now = max(self.now, now)
-        if w.dropping is not None and w.dropping[0][1] is rows:  # the batch whose copy was dropped ended
-            w.dropping = None
-            self.dropping.discard(w.wid)
+        d = self.dropping.get(w.wid)
+        if d is not None and d[0][1] is rows:  # the batch whose copy was dropped ended
+            del self.dropping[w.wid]
         mine = self.seen.get(w.wid, {})
         out: list = []
         ran = np.flatnonzero(st >= _SUCCESS)
@@ -237,8 +238,7 @@ class PoolBackups:
                 w.cuts.pop(slot, None)
                 out.append(Cut(wid, slot, len(rows) - 1))  # if it has not started it yet, it will not
                 out.append(Drop(wid, slot, len(rows) - 1))  # if it runs it, it stops
-                w.dropping = (entry, int(self.now * 1e9))
-                self.dropping.add(wid)
+                self.dropping[wid] = (entry, int(self.now * 1e9))
                 break
         mine = self.seen.get(wid, {})
         copy = mine.pop(row, None)
@@ -250,20 +250,16 @@ class PoolBackups:
         """The drops under way: sent again while the batch is not done, the worker killed after
         ``DROP_GRACE_NS`` (:meth:`_stop`)."""
         out: list = []
-        for wid in sorted(self.dropping):
+        for wid, (entry, since) in sorted(self.dropping.items()):
             w = self.core.workers.get(wid)
-            d = None if w is None else w.dropping
-            if w is None or d is None or not any(e is d[0] for e in w.queue):
-                if w is not None:
-                    w.dropping = None
-                self.dropping.discard(wid)
+            if w is None or not any(e is entry for e in w.queue):  # gone, or the batch ended
+                del self.dropping[wid]
                 continue
-            (slot, rows), since = d
+            slot, rows = entry
             if now_ns - since <= DROP_GRACE_NS:
                 out.append(Drop(wid, slot, len(rows)))
                 continue
-            w.dropping = None
-            self.dropping.discard(wid)
+            del self.dropping[wid]
             w.expected_exit = True  # not a crash, no restart
             w.doomed = True  # nothing more is sent to it
             out.append(Kill(wid))

@@ -108,7 +108,6 @@ class BlockWorker:
     expected_exit: bool = False  # we told it to quit or killed it
     cuts: dict = field(default_factory=dict)  # batch slot -> giveback.CutMark: a straggler's batches cut
     doomed: bool = False  # a copy it runs lost, and no drop stopped it (backups.py): killed, nothing more sent
-    dropping: tuple | None = None  # (batch, since ns): the last block of that batch of its queue is being dropped
 
     @property
     def inflight(self) -> int:
@@ -283,7 +282,7 @@ class BlockCore:
         out: list[Action] = []
         for wid, t0 in started_ns.items():
             w = self.workers.get(wid)
-            if w is None or w.timed_out or w.state != WorkerState.BUSY or w.dropping is not None:
+            if w is None or w.timed_out or w.state != WorkerState.BUSY or wid in self.backups.dropping:
                 continue  # (a losing copy being dropped is the backups' to kill: backups.py)
             limit = self.tasks[w.tid].timeout_ns
             if limit is not None and now_ns - t0 > limit:
@@ -483,7 +482,8 @@ def check_invariants(core: BlockCore, held_elsewhere: Mapping[str, int] | None =
         assert set(w.cuts) <= {k for k, _ in w.queue}, f"worker {wid}: a cut of a batch it does not hold"
         for k, index in w.queue:
             m = w.cuts.get(k)
-            dropped = w.dropping is not None and w.dropping[0][1] is index
+            d = core.backups.dropping.get(wid)
+            dropped = d is not None and d[0][1] is index
             assert 0 < len(index) <= core.capacity or ((m is not None or w.doomed or dropped) and not len(index)), (
                 f"worker {wid}: a batch of {len(index)} blocks"
             )

@@ -214,19 +214,19 @@ class _DropHandler:
         self.q = None  # the running batch's slot (int64 view) while a block body runs, else None
         self.i = -1  # the block's position in it
         self.exc: type[BaseException] | None = None
+        self.h_drop = 0  # the slot header's drop word
 
     def arm(self) -> None:
         if self.exc is None:
+            from daisy_nb.runtime.local._shm import H_DROP
             from daisy_nb.runtime.net.drops import DROP_SIGNAL, BlockDropped
 
-            self.exc = BlockDropped
+            self.exc, self.h_drop = BlockDropped, H_DROP
             signal.signal(DROP_SIGNAL, self)
 
     def __call__(self, signum, frame) -> None:
-        from daisy_nb.runtime.local._shm import H_DROP
-
         q, i = self.q, self.i
-        if q is None or i < 0 or q[H_DROP] != i + 1:
+        if q is None or i < 0 or q[self.h_drop] != i + 1:
             return  # not for the block that runs (it ended, or this is another batch)
         if frame is not None and frame.f_code.co_filename == __file__:
             return  # between the block's code and ours: the next signal stops it
