@@ -37,7 +37,7 @@ from collections import deque
 
 import pytest
 from funlib.geometry import Roi
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -390,8 +390,8 @@ def b_behind_a_straggler(h: Harness, ask_again: bool = True) -> tuple[int, list[
         h.open(c)
     h.frames((1, [HELLO_A, REQ]), (2, [wire.encode_hello("a", 2), REQ]))
     (straggler,) = h.blocks(1)
-    while h.inbox[2][-1] is not wire.NO_MORE:  # client 2 runs a's other blocks; a's tail ends it
-        h.frames((2, [rel(h.blocks(2)[-1])]))
+    while h.core.conns[2].held:  # client 2 runs a's other blocks; a's tail ends it (or keeps it for a retry)
+        h.frames((2, [rel(next(iter(h.core.conns[2].held)))]))
     for c in (3, 4, 5):
         h.open(c)
     h.frames(*[(c, [wire.encode_hello("b", c), REQ]) for c in (3, 4, 5)])
@@ -557,6 +557,65 @@ def test_no_second_client_waits_for_a_pending_block_once_one_waited_in_vain():
     assert h.s.ready_count("b") == 1
     h.frames((busy[1], [rel(h.blocks(busy[1])[0])]))  # a job asks: it takes it
     assert len(h.blocks(busy[1])) == 2 and h.core.tail.bought("b") == 0
+
+
+@given(
+    steps=st.lists(
+        st.sampled_from(["wait", "long wait", "serve", "b asks", "b runs", "straggler ends", "straggler fails"]),
+        max_size=40,
+    )
+)
+@settings(max_examples=200, deadline=None)
+def test_behind_a_straggler_no_rent_is_paid_twice_and_every_block_still_runs(steps):
+    """``b`` waits on a straggler of ``a`` (retries left; a job takes 2 s to start). In any order of
+    time passing, the parked jobs served, ``b``'s jobs asking or running their blocks and the
+    straggler ending or failing: no job waits where one already waited in vain (``check_tail``
+    after every serve), and once jobs come for what is ready the run ends, every block done or
+    failed for good."""
+    h = Harness(n_a=3, n_b=3, retries=1)
+    h.jobs.start_secs = 2.0
+    straggler, busy, waiting = b_behind_a_straggler(h, ask_again=False)
+    cid = 10
+    for step in steps:
+        if step in ("wait", "long wait"):
+            h.now += (300 if step == "wait" else 2_100) * MS
+        elif step == "serve":
+            h.core.serve_parked(h.now)
+            h.run()
+            check_settled(h)
+        elif step == "b asks":  # a new job of b (the spawn plan's, or one that was queued)
+            h.open(cid)
+            h.frames((cid, [wire.encode_hello("b", cid), REQ]))
+            cid += 1
+        elif step == "b runs":  # every b job holding a block finishes it and asks again
+            pairs = [(c, [rel(i)]) for c, cc in sorted(h.core.conns.items()) if cc.tr is h.trs["b"] for i in cc.held]
+            if pairs:
+                h.frames(*pairs)
+        elif 1 in h.core.conns and straggler in h.core.conns[1].held:
+            h.frames((1, [rel(straggler, 2 if step == "straggler ends" else 3)]))
+        h.core.validate()
+    for _ in range(50):  # the run goes on: jobs come for what is ready, every block finishes
+        if h.s.is_done():
+            break
+        h.now += 100 * MS
+        h.core.serve_parked(h.now)
+        h.run()
+        check_settled(h)
+        held = [(c, [rel(i)]) for c, cc in sorted(h.core.conns.items()) if cc.held for i in cc.held]
+        if held:
+            h.frames(*held)
+        elif not h.core.parked.get(h.trs["a"]) and h.s.ready_count("a"):
+            h.open(cid)
+            h.frames((cid, [HELLO_A, REQ]))
+            cid += 1
+        elif not h.core.parked.get(h.trs["b"]) and h.s.ready_count("b"):
+            h.open(cid)
+            h.frames((cid, [wire.encode_hello("b", cid), REQ]))
+            cid += 1
+    assert h.s.is_done(), "the run did not finish"
+    for tid in ("a", "b"):  # every block ended: done, or failed for good (the straggler twice) and orphaned
+        st_ = h.s.task_states[tid]
+        assert st_.completed_count + st_.failed_count + st_.orphaned_count == 3, f"task {tid}: {st_}"
 
 
 @pytest.mark.parametrize("how", ["finishes", "fails_for_good"])
