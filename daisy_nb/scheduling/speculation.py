@@ -15,10 +15,10 @@ factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, pe
   block once, the counters count it once, its time goes into the window) and the other copy,
   if it still runs, is to be interrupted (:class:`Interrupt`: a local worker's block body
   interrupted by a signal, the worker killed only if that fails; a ``Client`` told to drop
-  it); its end, when it comes, counts for nothing. A failure (or loss: its worker died) of a copy whose twin still runs is
-  dropped silently and the twin decides; the failure of the last copy counts, so when both
-  fail exactly one failure counts, and the Scheduler retries or fails the block as it would
-  have without a backup;
+  it); its end, when it comes, counts for nothing. A failure (or loss: its worker died) of a
+  copy whose twin still runs is dropped silently and the twin decides; the failure of the last
+  copy counts, so when both fail exactly one failure counts, and the Scheduler retries or fails
+  the block as it would have without a backup;
 * **a slow block, not a slow attempt**: a backup that has itself run longer than
   ``BACKUP_GIVE_UP`` (2) x ``k`` x the median while its first copy still runs is stopped
   (:meth:`Speculation.slow_backups`: an :class:`Interrupt` of the backup); the first copy,
