@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 scipy = pytest.importorskip("scipy")
 zarr = pytest.importorskip("zarr")
@@ -206,6 +209,52 @@ def test_same_partition():
     assert not demo.same_partition(a, np.where(a == 3, 1, a))[0]  # merged
     assert not demo.same_partition(np.where(a == 3, 1, a), a)[0]  # split
     assert not demo.same_partition(a, np.where(a == 2, 0, a))[0]  # background differs
+
+
+_label_volumes = st.integers(1, 40).flatmap(
+    lambda n: st.tuples(
+        hnp.arrays(np.int64, n, elements=st.integers(0, 5)),
+        st.sampled_from([np.uint8, np.uint32, np.int32, np.int64, np.uint64]),
+        st.sampled_from(["permuted", "merged", "split", "background", "independent", "huge"]),
+        hnp.arrays(np.int64, n, elements=st.integers(0, 5)),
+        st.randoms(use_true_random=False),
+    )
+)
+
+
+@given(_label_volumes)
+@settings(max_examples=400, deadline=None)
+def test_same_partition_agrees_with_the_sorted_count(case):
+    """The linear-time answer (and its info) is the sort-based twin's, for relabellings that are
+    bijections and for every way one can fail (merged, split, background, unrelated, ids too
+    large for a table)."""
+    a, dtype, how, other, rnd = case
+    perm = list(range(1, 7))
+    rnd.shuffle(perm)
+    b = np.where(a > 0, np.take([0, *perm], a), 0)
+    if how == "merged" and a.max() > 1:
+        b = np.where(a == a.max(), np.take([0, *perm], 1), b)
+    elif how == "split":
+        b = np.where((a > 0) & (np.arange(a.size) % 2 == 1), 7, b)
+    elif how == "background":
+        b = np.where(np.arange(a.size) == rnd.randrange(a.size), 0, b)
+    elif how == "independent":
+        b = other
+    elif how == "huge":
+        b = np.where(b > 0, b + 10**9, 0)
+    if how == "huge":
+        dtype = np.int64  # ids past a table's size: the sorted count answers
+    a, b = a.astype(dtype), b.astype(dtype)
+    assert demo.same_partition(a, b) == demo.same_partition_sorted(a, b)
+    assert demo.same_partition(b, a) == demo.same_partition_sorted(b, a)
+    if how == "permuted":
+        assert demo.same_partition(a, b)[0]
+
+
+def test_same_partition_negative_ids_take_the_sorted_count():
+    a = np.array([0, -3, -3, 2])
+    assert demo.same_partition(a, np.array([0, 5, 5, 1])) == demo.same_partition_sorted(a, np.array([0, 5, 5, 1]))
+    assert demo.same_partition(a, np.array([0, 5, 5, 1]))[0]
 
 
 def _args(**kw):
