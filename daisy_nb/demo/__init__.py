@@ -303,9 +303,12 @@ def same_partition(a: np.ndarray, b: np.ndarray) -> tuple[bool, dict]:
     del fa, fb
     if la.size == 0 or not (_small_ids(la) and _small_ids(lb)):
         return same_partition_sorted(a, b)
+    la, lb = la.astype(np.intp, copy=False), lb.astype(np.intp, copy=False)  # table indices (numpy 1.26 too)
     if not (_maps_onto(la, lb) and _maps_onto(lb, la)):
         return same_partition_sorted(a, b)
-    n = int(np.count_nonzero(np.bincount(la)))
+    seen = np.zeros(int(la.max()) + 1, dtype=bool)
+    seen[la] = True
+    n = int(np.count_nonzero(seen))
     return True, {"background_equal": True, "labels": n, "reference_labels": n, "label_pairs": n}
 
 
