@@ -347,8 +347,8 @@ def check_result(p: dict) -> dict:
     """Recompute the whole volume at once with scipy/numpy and compare with the blockwise output.
 
     The reference is computed from ``raw`` alone, on the whole volume at once. While it is, a
-    second thread reads the blockwise outputs it is compared with next (zarr's decompression
-    and scipy's filters release the GIL, so both cores work), one array ahead: at most one of
+    second thread reads the blockwise outputs it is compared with next (scipy's filter and
+    labelling release the GIL, so both cores work), one array ahead: at most one of
     them waits in memory beside the reference (at 512³ the check peaks at 1.68 GiB, where the
     sequential one with sorted labels took 2.12)."""
     from concurrent.futures import ThreadPoolExecutor
