@@ -32,6 +32,7 @@ it, quiet time only when everybody holds two blocks.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections import deque
 
@@ -618,6 +619,100 @@ def test_behind_a_straggler_no_rent_is_paid_twice_and_every_block_still_runs(ste
         assert st_.completed_count + st_.failed_count + st_.orphaned_count == 3, f"task {tid}: {st_}"
 
 
+def _a_straggler_then_blocks_of(h: Harness, secs: float, ahead: bool = False, lead_ms: int = 0) -> int:
+    """Client 1 starts ``a``'s straggler; ``lead_ms`` later client 2 runs ``a``'s other blocks,
+    ``secs`` each (the median); ``ahead``: client 2 keeps the last one it was sent ahead of its
+    running one."""
+    for c in (1, 2):
+        h.open(c)
+    h.frames((1, [HELLO_A, REQ]))
+    (straggler,) = h.blocks(1)
+    h.now += lead_ms * MS
+    h.frames((2, [wire.encode_hello("a", 2), REQ]))
+    while h.core.conns[2].held and not (ahead and len(h.core.conns[2].held) == 2):
+        h.now += int(secs * 1e9)
+        h.frames((2, [rel(next(iter(h.core.conns[2].held)))]))
+    return straggler
+
+
+def test_no_client_waits_for_a_pending_block_only_behind_stragglers():
+    """``b``'s last block waits on ``a``'s straggler (a job takes 2 s to start, ``a``'s median is
+    0.1 s): a client of ``b`` that asks once the straggler has run 2 s (and 4 medians) is told to
+    end at once, without paying the rent; one that asked before waits, and is told to end on the
+    serve after the straggler has run that long, though it waited less than a job's start. When
+    the straggler is done, the block is ready for a new job (``net/tail.py``, "Behind stragglers")."""
+    h = Harness(n_a=3, n_b=3, retries=0)
+    h.jobs.start_secs = 2.0
+    t0 = h.now
+    straggler = _a_straggler_then_blocks_of(h, 0.1)
+    for c in (3, 4, 5):
+        h.open(c)
+    h.frames(*[(c, [wire.encode_hello("b", c), REQ]) for c in (3, 4, 5)])
+    (waiting,) = [c for c in (3, 4, 5) if not h.blocks(c)]
+    busy = [c for c in (3, 4, 5) if h.blocks(c)]
+    assert h.core.conns[waiting].parked
+    h.now = t0 + 1_500 * MS  # the straggler has run 1.5 s, less than a job's start
+    h.core.serve_parked(h.now)
+    h.run()
+    assert h.core.conns[waiting].parked, "told to end behind a block that is no straggler yet"
+    assert h.core.running_secs("a", h.now) == [1.5]
+    h.now = t0 + 2_050 * MS  # 2.05 s: the waiting client waited 1.85 s
+    h.core.serve_parked(h.now)
+    h.run()
+    assert h.inbox[waiting][-1] is wire.NO_MORE and not h.core.parked
+    assert h.core.tail.bought("b") == 0  # no rent paid
+    check_tail(h.core, h.trs, h.now)
+    h.frames((busy[0], [rel(h.blocks(busy[0])[0])]))  # a client that asks now ends at once
+    assert h.inbox[busy[0]][-1] is wire.NO_MORE
+    h.frames((1, [rel(straggler)]))
+    assert h.s.ready_count("b") == 1
+    h.frames((busy[1], [rel(h.blocks(busy[1])[0])]))  # a job that asks takes it
+    assert len(h.blocks(busy[1])) == 2
+
+
+def test_the_client_kept_for_a_retry_is_told_to_end_once_the_blocks_in_flight_are_stragglers():
+    """At ``a``'s tail (retries left, a job takes 2 s to start, median 0.5 s) one client is kept for
+    a retry of the straggler; once the straggler has run 2 s it is told to end, having waited 1.5 s,
+    less than a job's start: the rent would most likely be paid in vain."""
+    h = Harness(n_a=4, n_b=1, retries=1)
+    h.jobs.start_secs = 2.0
+    t0 = h.now
+    _a_straggler_then_blocks_of(h, 0.5)
+    assert h.core.conns[2].parked and h.now == t0 + 1_500 * MS
+    h.now = t0 + 1_950 * MS
+    h.core.serve_parked(h.now)
+    h.run()
+    assert h.core.conns[2].parked, "told to end before the straggler ran a job's start"
+    h.now = t0 + 2_050 * MS
+    h.core.serve_parked(h.now)
+    h.run()
+    assert h.inbox[2][-1] is wire.NO_MORE and not h.core.parked
+    check_tail(h.core, h.trs, h.now)
+
+
+def test_a_block_sent_ahead_counts_as_long_as_the_one_before_it_and_one_no_client_holds_is_unknown():
+    """The time each block of a task in flight has run, as the tail's rule sees it: a block sent
+    ahead starts when its connection's running block ends, so it counts as long as that one
+    (young behind a young block, a straggler's time behind a straggler); a task whose blocks in
+    flight are not all held by connections has no answer, and nobody is told to end on it."""
+    h = Harness(n_a=20, n_b=1, retries=1)
+    h.jobs.start_secs = 2.0
+    _a_straggler_then_blocks_of(h, 0.001, ahead=True, lead_ms=3_000)  # fast blocks: one goes ahead
+    held = list(h.core.conns[2].held)
+    assert len(held) == 2
+    running = functools.partial(h.core.running_secs, now_ns=h.now)
+    straggler, young, ahead = running("a")
+    assert straggler > 3.0 and young == ahead < 0.1
+    assert not h.core.tail.behind_stragglers("a", True, running)
+    h.now += 2_500 * MS  # client 2's block has run 2.5 s too: what it holds is behind a straggler
+    running = functools.partial(h.core.running_secs, now_ns=h.now)
+    assert running("a")[1:] == [2.5, 2.5]
+    assert h.core.tail.behind_stragglers("a", True, running)
+    h.core.conns[2].held.pop(held[-1])  # as if a block were in flight elsewhere (a local worker)
+    assert running("a") is None
+    assert not h.core.tail.behind_stragglers("a", True, running)
+
+
 @pytest.mark.parametrize("how", ["finishes", "fails_for_good"])
 def test_the_kept_client_is_told_to_end_once_no_retry_can_come(how):
     h = _at_tail_with_three_clients(retries=1)
@@ -880,7 +975,10 @@ class TailMachine(RuleBasedStateMachine):
     die, blocks that fail: runs that reach a task's tail, where clients are told to end or kept."""
 
     @initialize(
-        n_a=st.integers(1, 8), n_b=st.integers(1, 3), retries=st.integers(0, 2), start=st.sampled_from([None, 0.5])
+        n_a=st.integers(1, 8),
+        n_b=st.integers(1, 3),
+        retries=st.integers(0, 2),
+        start=st.sampled_from([None, 0.05, 0.5]),
     )
     def setup(self, n_a, n_b, retries, start):
         self.h = Harness(n_a, n_b, retries)

@@ -145,3 +145,40 @@ def test_a_slow_task_feeding_a_fast_one_starts_no_job_per_block(out):
     assert [states[t].completed_count for t in "ab"] == [n, n]
     assert states["a"].worker_start_count == 2
     assert states["b"].worker_start_count <= 6, f"b started {states['b'].worker_start_count} jobs for {n} blocks"
+
+
+def test_no_job_waits_behind_an_upstream_straggler_that_has_run_longer_than_a_job_takes_to_start(out, monkeypatch):
+    """``a``'s block 0 is a straggler (it runs until every job of ``b`` has ended); ``b``'s block 0
+    waits on it. By the time ``b``'s jobs have run their other blocks, the straggler has run longer
+    than a job takes to start (3 s in the queue) and 4 times ``a``'s median block time: no job of
+    ``b`` waits for its pending block; they end at once instead of after a job's start
+    (``net/tail.py``, "Behind stragglers"). When the straggler is done, one job of ``b`` is
+    started for its last block."""
+    n = 8
+    monkeypatch.setenv("TAIL_QUEUE_SECS", str(QUEUE_SECS))
+    monkeypatch.setenv("TAIL_B_JOBS", str(JOBS))
+
+    def task(tid, fn):
+        return daisy_nb.Task(
+            tid, Roi((0,), (10 * n,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=fn,
+            read_write_conflict=False, max_workers=JOBS, max_retries=2, tracking_path=False,
+        )  # fmt: skip
+
+    states = daisy_nb.run_blockwise(
+        task("a", tailfns.pipe_a) + task("b", tailfns.pipe_b), progress=False, summary=False, return_states=True
+    )
+    assert [states[t].completed_count for t in "ab"] == [n, n]
+
+    def times(prefix):
+        return {p.name[len(prefix) :]: float(p.read_text().split()[0]) for p in out.glob(prefix + "*")}
+
+    done_a, done_b = times("done_a_"), times("done_b_")
+    ended_a, ended_b = sorted(times("ended_a_").values()), sorted(times("ended_b_").values())
+    assert done_a["0"] > max(ended_b[:JOBS]), "the straggler did not see b's first jobs end"
+    assert max(ended_a) < done_a["0"] + QUEUE_SECS / 2, "a job of a outlived its task"
+    # b's jobs ended soon after b's other blocks were done, though b's block 0 was still to come
+    # (the rent would have held one for a job's start, over 3 s)
+    last_other_b = max(t for s, t in done_b.items() if s != "0")
+    assert max(ended_b[:JOBS]) - last_other_b < QUEUE_SECS / 2, (ended_b, last_other_b)
+    assert states["b"].worker_start_count == JOBS + 1  # one job for the block behind the straggler
+    assert states["a"].worker_start_count == JOBS and states["a"].worker_failure_count == 0

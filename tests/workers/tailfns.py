@@ -47,3 +47,50 @@ def slow_client():
 def fast_client():
     """A job of the downstream task: fast blocks, which wait on the slow ones."""
     _client_loop(FAST_BLOCK_SECS)
+
+
+PIPE_BLOCK_SECS = 0.1  # every block of the pipeline test but the straggler: modelled work
+PIPE_DEADLINE_SECS = 60.0
+
+
+def _pipe_note(name: str, text: str) -> None:
+    with open(os.path.join(os.environ["DAISY_NB_TEST_OUT"], name), "w") as f:
+        f.write(text)
+
+
+def _pipe_loop(tid: str) -> None:
+    """A Client loop in the worker function itself (its job, after the queue): ``a``'s block 0 waits
+    (polling, with a deadline) until every job of ``b`` that started so far has ended, then
+    finishes; other blocks take ``PIPE_BLOCK_SECS``. Leaves ``done_<tid>_<block>`` and
+    ``ended_<tid>_<pid>`` (when, blocks run)."""
+    import daisy_nb
+
+    out = os.environ["DAISY_NB_TEST_OUT"]
+    queued()
+    client = daisy_nb.Client()
+    ran = 0
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            sid = block.block_id[1]
+            if tid == "a" and sid == 0:
+                jobs = int(os.environ["TAIL_B_JOBS"])
+                deadline = time.monotonic() + PIPE_DEADLINE_SECS
+                while sum(n.startswith("ended_b_") for n in os.listdir(out)) < jobs:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.01)
+            else:
+                time.sleep(PIPE_BLOCK_SECS)
+            _pipe_note(f"done_{tid}_{sid}", repr(time.time()))
+            ran += 1
+    _pipe_note(f"ended_{tid}_{os.getpid()}", f"{time.time()} {ran}")
+
+
+def pipe_a():
+    _pipe_loop("a")
+
+
+def pipe_b():
+    _pipe_loop("b")
