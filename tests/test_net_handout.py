@@ -119,16 +119,21 @@ class FakeJobs:
         return self.start_secs
 
 
-def make_tasks(n_a: int, n_b: int, retries: int, speculative=None):
+def make_tasks(n_a: int, n_b: int, retries: int, speculative=None, conflict: bool = False):
     """``a`` (n_a blocks) and ``b`` downstream of it (its blocks wait: parking); ``speculative``:
-    both tasks' ``Task(speculative=...)``."""
+    both tasks' ``Task(speculative=...)``; ``conflict``: ``b`` reads its neighbours' writes
+    (``read_write_conflict``: its blocks also wait on its own blocks of the level before)."""
     a = daisy_nb.Task(
         "a", Roi((0,), (10 * n_a,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=_noop,
         read_write_conflict=False, max_retries=retries, tracking_path=False, speculative=speculative,
     )  # fmt: skip
+    if conflict:  # b's blocks write [10 i + 10, 10 i + 20) and read 10 more on each side
+        rois = Roi((0,), (10 * n_b + 20,)), Roi((0,), (30,)), Roi((10,), (10,))
+    else:
+        rois = Roi((0,), (10 * n_b,)), Roi((0,), (10,)), Roi((0,), (10,))
     b = daisy_nb.Task(
-        "b", Roi((0,), (10 * n_b,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=_noop,
-        read_write_conflict=False, max_retries=retries, tracking_path=False, speculative=speculative,
+        "b", *rois, process_function=_noop, read_write_conflict=conflict, max_retries=retries,
+        tracking_path=False, speculative=speculative,
     )  # fmt: skip
     return a + b
 
@@ -140,9 +145,17 @@ class Harness:
     """A core, its scheduler, and the clients' view of what was sent (the shell's part, without sockets)."""
 
     def __init__(
-        self, n_a=6, n_b=4, retries=1, timeout_ns=None, timed_out_keeps=False, fail_sends=(), speculative=None
+        self,
+        n_a=6,
+        n_b=4,
+        retries=1,
+        timeout_ns=None,
+        timed_out_keeps=False,
+        fail_sends=(),
+        speculative=None,
+        conflict=False,
     ):
-        self.s = Scheduler(make_tasks(n_a, n_b, retries, speculative))
+        self.s = Scheduler(make_tasks(n_a, n_b, retries, speculative, conflict))
         self.trs = {"a": TaskRun("a", timeout_ns), "b": TaskRun("b")}
         self.jobs = FakeJobs(timed_out_keeps)
         self.core = HandOut(self.s, self.trs, self.jobs, self.abandon, net=NET, connected_too_late=self.too_late)
@@ -713,6 +726,78 @@ def test_a_block_sent_ahead_counts_as_long_as_the_one_before_it_and_one_no_clien
     assert not h.core.tail.behind_stragglers("a", True, running)
 
 
+@given(
+    conflict=st.booleans(),
+    young=st.booleans(),
+    steps=st.lists(
+        st.sampled_from(["wait", "long wait", "serve", "b asks", "b runs", "young ends", "straggler ends"]),
+        max_size=40,
+    ),
+)
+@settings(max_examples=300, deadline=None)
+def test_jobs_behind_stragglers_end_and_every_block_still_runs(conflict, young, steps):
+    """``a``'s straggler runs (a job takes 1 s to start, ``a``'s median is 0.1 s), ``young``: beside
+    a block of ``a`` that has just started; ``b``'s jobs come and ask at any time, run their blocks,
+    and time passes. After every serve nobody is parked behind stragglers only (``check_tail``);
+    a job that asks behind the young block stays for it; whatever the order, once jobs come for
+    what is ready every block runs (``b`` with or without ``read_write_conflict``)."""
+    h = Harness(n_a=5, n_b=4, retries=1, conflict=conflict)
+    h.jobs.start_secs = 1.0
+    for c in (1, 2):
+        h.open(c)
+    h.frames((1, [HELLO_A, REQ]))
+    (straggler,) = h.blocks(1)
+    h.frames((2, [wire.encode_hello("a", 2), REQ]))
+    while h.core.conns[2].held and (h.s.ready_count("a") or not young):  # a's other blocks, 0.1 s each
+        h.now += 100 * MS
+        h.frames((2, [rel(next(iter(h.core.conns[2].held)))]))
+    assert bool(h.core.conns.get(2) and h.core.conns[2].held) == young  # young: its last one has just started
+    cid = 10
+    for step in steps:
+        if step in ("wait", "long wait"):
+            h.now += (200 if step == "wait" else 1_100) * MS
+        elif step == "serve":
+            h.core.serve_parked(h.now)
+            h.run()
+            check_settled(h)
+        elif step == "b asks":
+            h.open(cid)
+            h.frames((cid, [wire.encode_hello("b", cid), REQ]))
+            behind = h.core.tail.behind_stragglers("b", False, functools.partial(h.core.running_secs, now_ns=h.now))
+            event(f"b's pending blocks behind stragglers only: {behind}")
+            if young and 2 in h.core.conns and h.core.conns[2].held:
+                if (h.now - max(h.core.conns[2].held.values())) / 1e9 < 1.0:
+                    assert not behind, "a block of a that is no straggler yet is in flight"
+            cid += 1
+        elif step == "b runs":
+            pairs = [(c, [rel(i)]) for c, cc in sorted(h.core.conns.items()) if cc.tr is h.trs["b"] for i in cc.held]
+            if pairs:
+                h.frames(*pairs)
+        elif step == "young ends":
+            if 2 in h.core.conns and h.core.conns[2].held:
+                h.frames((2, [rel(next(iter(h.core.conns[2].held)))]))
+        elif 1 in h.core.conns and straggler in h.core.conns[1].held:
+            h.frames((1, [rel(straggler)]))
+        h.core.validate()
+    for _ in range(80):  # the run goes on: jobs come for what is ready, every block finishes
+        if h.s.is_done():
+            break
+        h.now += 100 * MS
+        h.core.serve_parked(h.now)
+        h.run()
+        check_settled(h)
+        held = [(c, [rel(i)]) for c, cc in sorted(h.core.conns.items()) if cc.held for i in cc.held]
+        if held:
+            h.frames(*held)
+        for tid in ("a", "b"):
+            if not h.core.parked.get(h.trs[tid]) and h.s.ready_count(tid):
+                h.open(cid)
+                h.frames((cid, [wire.encode_hello(tid, cid), REQ]))
+                cid += 1
+    assert h.s.is_done(), "the run did not finish"
+    assert [h.s.task_states[t].completed_count for t in "ab"] == [5, 4]
+
+
 @pytest.mark.parametrize("how", ["finishes", "fails_for_good"])
 def test_the_kept_client_is_told_to_end_once_no_retry_can_come(how):
     h = _at_tail_with_three_clients(retries=1)
@@ -979,9 +1064,10 @@ class TailMachine(RuleBasedStateMachine):
         n_b=st.integers(1, 3),
         retries=st.integers(0, 2),
         start=st.sampled_from([None, 0.05, 0.5]),
+        conflict=st.booleans(),
     )
-    def setup(self, n_a, n_b, retries, start):
-        self.h = Harness(n_a, n_b, retries)
+    def setup(self, n_a, n_b, retries, start, conflict):
+        self.h = Harness(n_a, n_b, retries, conflict=conflict)
         self.h.jobs.start_secs = start  # a job takes this long to start: a kept one waits no longer
         self.next_cid = 0
 

@@ -72,9 +72,10 @@ stragglers. A straggler's time is heavy-tailed (a slow node, a dense region): on
 ``t`` typically has as long again to run, longer than the rent. A job waiting for a pending
 block behind them would wait out the whole rent in vain, and a job kept for a retry would need
 one of them to fail within the rent, while they will most likely still run when it runs out.
-So the job ends at once (:meth:`TailKeep.behind_stragglers`); when a block it would have
-waited for is ready, the pool starts a job for it, as it does after a rent ran out, so the
-block waits no longer than it would have then. The rule needs every block in flight's time
+So the job ends at once (:meth:`TailKeep.behind_stragglers`): pending blocks behind
+stragglers only keep no job (one may still stay for a retry of the task's own blocks in
+flight, as above); when a block it would have waited for is ready, the pool starts a job for
+it, as it does after a rent ran out, so the block waits no longer than it would have then. The rule needs every block in flight's time
 (the hand-out knows it for the blocks its connections run; a block sent ahead starts when the
 one before it ends, so it counts as long as that one), the job's start and the medians:
 without any of them, the rent is paid as above. A retry that waits out a ``retry_backoff`` is
@@ -82,7 +83,7 @@ pending on its own clock, not behind a block: a task with one pays the rent. In 
 benchmark (``benchmarks/bench_tail.py``: two chained tasks, 1% of the blocks 25x longer), the
 jobs kept behind stragglers waited about 3.4 job-seconds per run for nothing (every one of
 them ended when its rent ran out): with the rule, the jobs' busy share of the job-seconds held
-rose from 0.90-0.91 to 0.96.
+rose from 0.90-0.91 to 0.95.
 
 A ``Task(speculative=...)`` keeps more at its tail: up to one parked job per block in flight,
 for backup copies of stragglers (:mod:`daisy_nb.runtime.net.backups`), until the task is done.
@@ -231,7 +232,7 @@ class TailKeep:
         has been without a block; ``running``: as for :meth:`behind_stragglers`."""
         if self.s.is_abandoned(tid):
             return False
-        pending = pending_count(self.s, tid)
+        pending = self._waited_for(tid, running)
         long = self.waited_enough(tid, waited_secs)  # ski rental: idle as long as a new job takes to start
         if kept_others < pending:
             if not self.upstream_drained(tid):
@@ -242,7 +243,7 @@ class TailKeep:
             if long:
                 self._bought_pending[tid] = self.bought(tid) + 1
                 return False
-            return not self.behind_stragglers(tid, False, running)
+            return True
         if kept_others >= pending + self.keep or tid in self._bought_retry:
             return False
         if long:
@@ -262,13 +263,10 @@ class TailKeep:
         in flight, it has waited long enough, or they are all stragglers)."""
         if self.s.is_abandoned(tid):
             return True
-        pending = pending_count(self.s, tid)
-        behind_pending = pending > 0 and self.upstream_drained(tid)  # the rents are on (else: the rhythm)
+        pending = self._waited_for(tid, running)
         if n_parked <= pending:
-            return behind_pending and (
-                n_parked > pending - self.bought(tid)
-                or self.waited_enough(tid, waited())
-                or self.behind_stragglers(tid, False, running)
+            return self.upstream_drained(tid) and (
+                n_parked > pending - self.bought(tid) or self.waited_enough(tid, waited())
             )
         return (
             n_parked > pending + self.keep
@@ -277,8 +275,15 @@ class TailKeep:
             or self.s.processing_count(tid) == 0
             or self.waited_enough(tid, waited())
             or self.behind_stragglers(tid, True, running)
-            or (behind_pending and self.behind_stragglers(tid, False, running))
         )
+
+    def _waited_for(self, tid: str, running: Running) -> int:
+        """The pending blocks of ``tid`` a job may wait for: none once the upstream tasks are
+        drained and those blocks wait behind stragglers only (then a job stays only for a retry)."""
+        pending = pending_count(self.s, tid)
+        if pending and self.upstream_drained(tid) and self.behind_stragglers(tid, False, running):
+            return 0
+        return pending
 
 
 def check_tail(core: Any, trs: Mapping[str, Any], now_ns: int | None = None) -> None:
@@ -286,20 +291,32 @@ def check_tail(core: Any, trs: Mapping[str, Any], now_ns: int | None = None) -> 
     plus ``keep`` connections are parked, more than its pending blocks only while a block in
     flight could still need a retry, and (given ``now_ns``, the time of the ``serve_parked`` just
     done) the longest waiting has waited less than a job takes to start, when one is kept for a
-    retry or the task's upstream tasks are drained (:meth:`TailKeep.upstream_drained`), and then
-    not only behind stragglers (:meth:`TailKeep.behind_stragglers`)."""
+    retry or the task's upstream tasks are drained (:meth:`TailKeep.upstream_drained`). Given
+    ``now_ns``, pending blocks behind stragglers only (:meth:`TailKeep.behind_stragglers`) count
+    as none, and a connection is kept for a retry only while the task's own blocks in flight are
+    not all stragglers."""
     s = core.s
     for tid, tr in trs.items():
         ccs = core.parked.get(tr, {})
         if not ccs or s.is_abandoned(tid) or s.ready_count(tid) > 0:
             continue
-        pending = pending_count(s, tid)
         if core.bk.keep_at_tail(tid, len(ccs) - 1):  # kept for backup copies (net/backups.py)
             continue
+        pending = pending_count(s, tid)
+        running = None if now_ns is None else functools.partial(core.running_secs, now_ns=now_ns)
+        behind = bool(
+            running is not None
+            and pending
+            and core.tail.upstream_drained(tid)
+            and core.tail.behind_stragglers(tid, False, running)
+        )
+        if behind:
+            pending = 0  # no job waits for pending blocks behind stragglers only
         assert len(ccs) <= pending + core.tail.keep, (
             f"task {tid!r}: {len(ccs)} connections parked for {pending} pending block(s)"
+            + (" (the others wait behind stragglers only)" if behind else "")
         )
-        bought = core.tail.bought(tid) if core.tail.upstream_drained(tid) else 0
+        bought = core.tail.bought(tid) if core.tail.upstream_drained(tid) and not behind else 0
         assert not bought or len(ccs) <= pending - bought, (
             f"task {tid!r}: {len(ccs)} connections parked for {pending} pending block(s), {bought} of which"
             " a job already waited for in vain"
@@ -315,11 +332,7 @@ def check_tail(core: Any, trs: Mapping[str, Any], now_ns: int | None = None) -> 
             assert not core.tail.waited_enough(tid, waited), (
                 f"task {tid!r}: a connection parked after waiting {waited:.3f} s, as long as a job takes to start"
             )
-            running = functools.partial(core.running_secs, now_ns=now_ns)
+            assert running is not None
             assert len(ccs) <= pending or not core.tail.behind_stragglers(tid, True, running), (
                 f"task {tid!r}: a connection kept for a retry behind stragglers only"
-            )
-            drained = pending and core.tail.upstream_drained(tid)
-            assert not drained or not core.tail.behind_stragglers(tid, False, running), (
-                f"task {tid!r}: a connection parked for pending blocks behind stragglers only"
             )
