@@ -46,7 +46,7 @@ import daisy_nb
 from daisy_nb.runtime.local.budget import Budget, TaskNeed, plan_spawns
 from daisy_nb.runtime.net import wire
 from daisy_nb.runtime.net.handout import QUIET_MAX_SECS, WALLTIME_FACTOR, Close, HandOut, Send, check_walltime
-from daisy_nb.runtime.net.tail import at_tail, check_tail
+from daisy_nb.runtime.net.tail import at_tail, check_tail, running_secs
 from daisy_nb.scheduler import Scheduler
 
 MS = 1_000_000  # ns
@@ -165,6 +165,10 @@ class Harness:
         self.fail_sends = set(fail_sends)  # connections whose sends fail (a peer that stopped reading)
         self.returned: set[int] = set()  # worker ids whose worker function returned (too-late hellos)
         self.abandoned: list[str] = []
+
+    def running(self):
+        """Task id -> how long each of its blocks in flight has run now (``net/tail.running_secs``)."""
+        return functools.partial(running_secs, self.core.conns.values(), self.s, now_ns=self.now)
 
     def too_late(self, cc):
         return "connected too late" if cc.wid in self.returned else None
@@ -668,7 +672,7 @@ def test_no_client_waits_for_a_pending_block_only_behind_stragglers():
     h.core.serve_parked(h.now)
     h.run()
     assert h.core.conns[waiting].parked, "told to end behind a block that is no straggler yet"
-    assert h.core.running_secs("a", h.now) == [1.5]
+    assert h.running()("a") == [1.5]
     h.now = t0 + 2_050 * MS  # 2.05 s: the waiting client waited 1.85 s
     h.core.serve_parked(h.now)
     h.run()
@@ -713,17 +717,17 @@ def test_a_block_sent_ahead_counts_as_long_as_the_one_before_it_and_one_no_clien
     _a_straggler_then_blocks_of(h, 0.001, ahead=True, lead_ms=3_000)  # fast blocks: one goes ahead
     held = list(h.core.conns[2].held)
     assert len(held) == 2
-    running = functools.partial(h.core.running_secs, now_ns=h.now)
+    running = h.running()
     straggler, young, ahead = running("a")
     assert straggler > 3.0 and young == ahead < 0.1
-    assert not h.core.tail.behind_stragglers("a", True, running)
+    assert not h.core.tail.behind_stragglers("a", True, h.now)
     h.now += 2_500 * MS  # client 2's block has run 2.5 s too: what it holds is behind a straggler
-    running = functools.partial(h.core.running_secs, now_ns=h.now)
+    running = h.running()
     assert running("a")[1:] == [2.5, 2.5]
-    assert h.core.tail.behind_stragglers("a", True, running)
+    assert h.core.tail.behind_stragglers("a", True, h.now)
     h.core.conns[2].held.pop(held[-1])  # as if a block were in flight elsewhere (a local worker)
     assert running("a") is None
-    assert not h.core.tail.behind_stragglers("a", True, running)
+    assert not h.core.tail.behind_stragglers("a", True, h.now)
 
 
 @given(
@@ -763,7 +767,7 @@ def test_jobs_behind_stragglers_end_and_every_block_still_runs(conflict, young, 
         elif step == "b asks":
             h.open(cid)
             h.frames((cid, [wire.encode_hello("b", cid), REQ]))
-            behind = h.core.tail.behind_stragglers("b", False, functools.partial(h.core.running_secs, now_ns=h.now))
+            behind = h.core.tail.behind_stragglers("b", False, h.now)
             event(f"b's pending blocks behind stragglers only: {behind}")
             if young and 2 in h.core.conns and h.core.conns[2].held:
                 if (h.now - max(h.core.conns[2].held.values())) / 1e9 < 1.0:

@@ -497,9 +497,7 @@ class HandOut(_Copies):
         self.timed = 0  # connections whose job's end is known (the walltime rule asks about them only)
         self.parked: dict[Any, dict[Conn, None]] = {}  # task run -> connections waiting, oldest first
         # which connections stay parked when no block is ready, and for how long (net/tail.py)
-        self.tail = TailKeep(
-            scheduler, start_secs=jobs.job_start_secs, median_secs=lambda tid: median_block_secs(tasks[tid])
-        )
+        self.tail = TailKeep(scheduler, jobs.job_start_secs, lambda t: median_block_secs(tasks[t]), self.conns.values)
         self.walltime = WalltimeRule()  # which jobs end before their walltime (net/walltime.py)
         # backups of stragglers, Task(speculative=...) (net/backups.py)
         self.bk = ClientBackups(scheduler, self.listed.describe)
@@ -563,12 +561,7 @@ class HandOut(_Copies):
         for tr, ccs in self.parked.items():
             if ccs and (
                 self.s.ready_count(tr.tid) > 0
-                or self.tail.rejudge(
-                    tr.tid,
-                    len(ccs),
-                    functools.partial(_waited, ccs, now_ns),
-                    functools.partial(self.running_secs, now_ns=now_ns),
-                )
+                or self.tail.rejudge(tr.tid, len(ccs), functools.partial(_waited, ccs, now_ns), now_ns)
             ):
                 batch.want.update(ccs)
             elif ccs and self.timed:  # a job whose time ran short while it waited is told to end
@@ -753,26 +746,7 @@ class HandOut(_Copies):
         kept = self.parked.get(tr, {})
         if self.bk.spec is not None and self.bk.keep_at_tail(tr.tid, len(kept) - (cc in kept)):
             return True  # for a backup copy (net/backups.py)
-        held = self.conns.values()
-        return self.tail.stays(
-            tr.tid,
-            len(kept) - (cc in kept),
-            lambda: (i for c in held if c.tr is tr for i in c.held),
-            (now_ns - cc.t_free_ns) / 1e9,
-            functools.partial(self.running_secs, now_ns=now_ns),
-        )
-
-    def running_secs(self, tid: str, now_ns: int) -> list[float] | None:
-        """How long each block of ``tid`` in flight has run (s), or None unless the connections hold
-        every one of them, once (no block of a local worker, no backup copy): what
-        :meth:`TailKeep.behind_stragglers` asks. A block sent ahead starts when the one its
-        connection runs ends, so it cannot end sooner: it counts as long as that one."""
-        out: list[float] = []
-        for cc in self.conns.values():
-            if cc.held and cc.tr is not None and cc.tr.tid == tid:
-                started = max(next(iter(cc.held.values())), cc.t_free_ns)  # the oldest runs (block times)
-                out.extend([(now_ns - started) / 1e9] * len(cc.held))
-        return out if len(out) == self.s.processing_count(tid) else None
+        return self.tail.stays(tr.tid, len(kept) - (cc in kept), (now_ns - cc.t_free_ns) / 1e9, now_ns)
 
     def _send_block(self, cc: Conn, row: list[int], now_ns: int) -> None:
         first = not cc.held

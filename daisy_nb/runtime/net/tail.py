@@ -91,21 +91,40 @@ for backup copies of stragglers (:mod:`daisy_nb.runtime.net.backups`), until the
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["KEEP_AT_TAIL", "OUTLAST_MEDIANS", "TailKeep", "at_tail", "check_tail", "pending_count"]
+__all__ = [
+    "KEEP_AT_TAIL",
+    "OUTLAST_MEDIANS",
+    "TailKeep",
+    "at_tail",
+    "check_tail",
+    "held_rows",
+    "pending_count",
+    "running_secs",
+]
 
 KEEP_AT_TAIL = 1  # jobs of a task kept parked at its tail while a retry could need one
 OUTLAST_MEDIANS = 4.0  # a block in flight that ran this many median block times (and a job's start): a straggler
 
-# how long each block of a task in flight has run (s); None: not known for every one of them
-Running = Callable[[str], "list[float] | None"]
-
 
 def _unknown(tid: str) -> None:
     return None
+
+
+def running_secs(conns: Iterable[Any], s, tid: str, now_ns: int) -> list[float] | None:
+    """How long each block of ``tid`` in flight has run (s), from the hand-out's connections
+    (``conns``: :class:`daisy_nb.runtime.net.handout.Conn`), or None unless they hold every one
+    of them, once (no block of a local worker, no backup copy). A connection runs the first block
+    it holds, since it was sent or the one before it ended; a block sent ahead starts when that
+    one ends, so it cannot end sooner: it counts as long as that one."""
+    out: list[float] = []
+    for cc in conns:
+        if cc.held and cc.tr is not None and cc.tr.tid == tid:
+            started = max(next(iter(cc.held.values())), cc.t_free_ns)
+            out.extend([(now_ns - started) / 1e9] * len(cc.held))
+    return out if len(out) == s.processing_count(tid) else None
 
 
 def at_tail(s, tid: str) -> bool:
@@ -117,6 +136,11 @@ def pending_count(s, tid: str) -> int:
     """Blocks of ``tid`` neither ready, in flight nor finished: waiting for upstream blocks or
     neighbours, or failed ones waiting for their retry (``Task(retry_backoff=...)``)."""
     return max(0, s.remaining_count(tid) - s.processing_count(tid) - s.ready_count(tid))
+
+
+def held_rows(conns: Iterable[Any], tid: str) -> list[int]:
+    """The rows of ``tid`` the hand-out's connections hold (its blocks in flight there)."""
+    return [i for cc in conns if cc.tr is not None and cc.tr.tid == tid for i in cc.held]
 
 
 def retry_possible(s, tid: str, held: Iterable[int]) -> bool:
@@ -134,9 +158,10 @@ class TailKeep:
     def __init__(
         self,
         scheduler,
-        keep: int = KEEP_AT_TAIL,
         start_secs: Callable[[str], float | None] = _unknown,
         median_secs: Callable[[str], float | None] = _unknown,
+        conns: Callable[[], Iterable[Any]] = tuple,
+        keep: int = KEEP_AT_TAIL,
     ):
         if keep < 0:
             raise ValueError(f"keep must be >= 0, got {keep}")
@@ -144,6 +169,7 @@ class TailKeep:
         self.keep = keep
         self.start_secs = start_secs  # task id -> how long a new job takes to start (None: not known)
         self.median_secs = median_secs  # task id -> its median block time (None: no block finished yet)
+        self.conns = conns  # the hand-out's connections (what blocks in flight have run: running_secs)
         self._changed: set[str] = set()  # tasks whose blocks in flight changed since their kept job was judged
         # rentals that ran out since the task last handed out a block (the rent was paid: not again)
         self._bought_pending: dict[str, int] = {}  # jobs that waited behind a drained upstream, then ended
@@ -180,14 +206,13 @@ class TailKeep:
         limit = self.start_secs(tid)
         return limit is not None and waited_secs >= limit
 
-    def behind_stragglers(self, tid: str, for_retry: bool, running: Running = _unknown) -> bool:
+    def behind_stragglers(self, tid: str, for_retry: bool, now_ns: int | None) -> bool:
         """A job of ``tid`` would wait (``for_retry``: for a retry at the tail; else for pending
-        blocks) only behind stragglers: every block in flight it waits behind has run at least as
-        long as a job of ``tid`` takes to start and ``OUTLAST_MEDIANS`` times its task's median
-        (see "Behind stragglers" in the module docstring). ``running``: task id -> how long each
-        of its blocks in flight has run (asked only when it matters)."""
+        blocks) only behind stragglers: every block in flight it waits behind has run, at
+        ``now_ns``, at least as long as a job of ``tid`` takes to start and ``OUTLAST_MEDIANS``
+        times its task's median (see "Behind stragglers" in the module docstring)."""
         limit = self.start_secs(tid)
-        if limit is None:
+        if limit is None or now_ns is None:
             return False
         if for_retry:
             behind = [tid]
@@ -204,7 +229,7 @@ class TailKeep:
             med = self.median_secs(u)
             if med is None:
                 return False
-            secs = running(u)
+            secs = running_secs(self.conns(), self.s, u, now_ns)
             if secs is None:
                 return False
             need = max(limit, OUTLAST_MEDIANS * med)
@@ -222,17 +247,15 @@ class TailKeep:
         self,
         tid: str,
         kept_others: int,
-        held: Callable[[], Iterable[int]],
         waited_secs: float = 0.0,
-        running: Running = _unknown,
+        now_ns: int | None = None,
     ) -> bool:
         """A job of ``tid`` asks while no block of it is ready: True if it stays parked, for a pending
-        block or (at the tail) a retry. ``kept_others``: the task's other parked jobs; ``held``: the
-        rows of ``tid`` in flight (asked only when it matters); ``waited_secs``: how long this job
-        has been without a block; ``running``: as for :meth:`behind_stragglers`."""
+        block or (at the tail) a retry. ``kept_others``: the task's other parked jobs; ``waited_secs``:
+        how long this job has been without a block; ``now_ns``: when (None: no straggler rule)."""
         if self.s.is_abandoned(tid):
             return False
-        pending = self._waited_for(tid, running)
+        pending = self._waited_for(tid, now_ns)
         long = self.waited_enough(tid, waited_secs)  # ski rental: idle as long as a new job takes to start
         if kept_others < pending:
             if not self.upstream_drained(tid):
@@ -250,10 +273,11 @@ class TailKeep:
             self._bought_retry.add(tid)
             return False
         self._changed.discard(tid)
-        return retry_possible(self.s, tid, held()) and not self.behind_stragglers(tid, True, running)
+        held = held_rows(self.conns(), tid)
+        return retry_possible(self.s, tid, held) and not self.behind_stragglers(tid, True, now_ns)
 
     def rejudge(
-        self, tid: str, n_parked: int, waited: Callable[[], float] = lambda: 0.0, running: Running = _unknown
+        self, tid: str, n_parked: int, waited: Callable[[], float] = lambda: 0.0, now_ns: int | None = None
     ) -> bool:
         """No block of ``tid`` is ready and ``n_parked`` of its jobs are parked, the longest waiting
         for ``waited()`` seconds (asked only when it matters): judge them again? Yes when more are
@@ -263,7 +287,7 @@ class TailKeep:
         in flight, it has waited long enough, or they are all stragglers)."""
         if self.s.is_abandoned(tid):
             return True
-        pending = self._waited_for(tid, running)
+        pending = self._waited_for(tid, now_ns)
         if n_parked <= pending:
             return self.upstream_drained(tid) and (
                 n_parked > pending - self.bought(tid) or self.waited_enough(tid, waited())
@@ -274,14 +298,14 @@ class TailKeep:
             or tid in self._changed
             or self.s.processing_count(tid) == 0
             or self.waited_enough(tid, waited())
-            or self.behind_stragglers(tid, True, running)
+            or self.behind_stragglers(tid, True, now_ns)
         )
 
-    def _waited_for(self, tid: str, running: Running) -> int:
+    def _waited_for(self, tid: str, now_ns: int | None) -> int:
         """The pending blocks of ``tid`` a job may wait for: none once the upstream tasks are
         drained and those blocks wait behind stragglers only (then a job stays only for a retry)."""
         pending = pending_count(self.s, tid)
-        if pending and self.upstream_drained(tid) and self.behind_stragglers(tid, False, running):
+        if pending and self.upstream_drained(tid) and self.behind_stragglers(tid, False, now_ns):
             return 0
         return pending
 
@@ -303,13 +327,7 @@ def check_tail(core: Any, trs: Mapping[str, Any], now_ns: int | None = None) -> 
         if core.bk.keep_at_tail(tid, len(ccs) - 1):  # kept for backup copies (net/backups.py)
             continue
         pending = pending_count(s, tid)
-        running = None if now_ns is None else functools.partial(core.running_secs, now_ns=now_ns)
-        behind = bool(
-            running is not None
-            and pending
-            and core.tail.upstream_drained(tid)
-            and core.tail.behind_stragglers(tid, False, running)
-        )
+        behind = bool(pending and core.tail.upstream_drained(tid) and core.tail.behind_stragglers(tid, False, now_ns))
         if behind:
             pending = 0  # no job waits for pending blocks behind stragglers only
         assert len(ccs) <= pending + core.tail.keep, (
@@ -325,14 +343,14 @@ def check_tail(core: Any, trs: Mapping[str, Any], now_ns: int | None = None) -> 
             f"task {tid!r}: a connection kept for a retry after the one kept before had waited in vain"
         )
         if len(ccs) > pending:
-            held = [i for cc in core.conns.values() if cc.tr is tr for i in cc.held]
-            assert retry_possible(s, tid, held), f"task {tid!r}: a connection kept for a retry, but no retry can come"
+            assert retry_possible(s, tid, held_rows(core.conns.values(), tid)), (
+                f"task {tid!r}: a connection kept for a retry, but no retry can come"
+            )
         if now_ns is not None and (len(ccs) > pending or core.tail.upstream_drained(tid)):
             waited = (now_ns - min(cc.t_free_ns for cc in ccs)) / 1e9
             assert not core.tail.waited_enough(tid, waited), (
                 f"task {tid!r}: a connection parked after waiting {waited:.3f} s, as long as a job takes to start"
             )
-            assert running is not None
-            assert len(ccs) <= pending or not core.tail.behind_stragglers(tid, True, running), (
+            assert len(ccs) <= pending or not core.tail.behind_stragglers(tid, True, now_ns), (
                 f"task {tid!r}: a connection kept for a retry behind stragglers only"
             )
