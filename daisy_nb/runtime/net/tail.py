@@ -64,25 +64,26 @@ task's tail, at most ``KEEP_AT_TAIL`` of its connections are parked, and only wh
 block in flight could still need a retry.
 
 **Behind stragglers, no rent at all.** The rent is worth paying only while what a job waits
-behind may end within it. Once every block in flight that the wait is behind (for a retry: the
-task's own; for pending blocks: the upstream tasks', and the task's own when its blocks depend
-on each other, ``read_write_conflict``) has run at least as long as a job of the task takes to
-start and at least ``OUTLAST_MEDIANS`` (4) times its task's median block time, those blocks are
-stragglers. A straggler's time is heavy-tailed (a slow node, a dense region): one that has run
-``t`` typically has as long again to run, longer than the rent. A job waiting for a pending
-block behind them would wait out the whole rent in vain, and a job kept for a retry would need
-one of them to fail within the rent, while they will most likely still run when it runs out.
-So the job ends at once (:meth:`TailKeep.behind_stragglers`): pending blocks behind
-stragglers only keep no job (one may still stay for a retry of the task's own blocks in
-flight, as above); when a block it would have waited for is ready, the pool starts a job for
-it, as it does after a rent ran out, so the block waits no longer than it would have then. The rule needs every block in flight's time
-(the hand-out knows it for the blocks its connections run; a block sent ahead starts when the
-one before it ends, so it counts as long as that one), the job's start and the medians:
-without any of them, the rent is paid as above. A retry that waits out a ``retry_backoff`` is
-pending on its own clock, not behind a block: a task with one pays the rent. In the cluster
-benchmark (``benchmarks/bench_tail.py``: two chained tasks, 1% of the blocks 25x longer), the
-jobs kept behind stragglers waited about 3.4 job-seconds per run for nothing (every one of
-them ended when its rent ran out): with the rule, the jobs' busy share of the job-seconds held
+behind may end within it. Once every block in flight that the wait is behind (for a retry:
+the task's own; for pending blocks: the upstream tasks', and the task's own when its blocks
+depend on each other, ``read_write_conflict``) has run at least as long as a job of the task
+takes to start and at least ``OUTLAST_MEDIANS`` (4) times its task's median block time,
+those blocks are stragglers. A straggler's time is heavy-tailed (a slow node, a dense
+region): one that has run ``t`` typically has as long again to run, longer than the rent. A
+job waiting for a pending block behind them would wait out the whole rent in vain, and a job
+kept for a retry would need one of them to fail within the rent, while they will most likely
+still run when it runs out. So the job ends at once (:meth:`TailKeep.behind_stragglers`):
+pending blocks behind stragglers only keep no job (one may still stay for a retry of the
+task's own blocks in flight, as above); when a block it would have waited for is ready, the
+pool starts a job for it, as it does after a rent ran out, so the block waits no longer than
+it would have then. The rule needs every block in flight's time (the hand-out knows it for
+the blocks its connections run; a block sent ahead starts when the one before it ends, so it
+counts as long as that one), the job's start and the medians: without any of them, the rent
+is paid as above. A retry that waits out a ``retry_backoff`` is pending on its own clock,
+not behind a block: a task with one pays the rent. In the cluster benchmark
+(``benchmarks/bench_tail.py``: two chained tasks, 1% of the blocks 25x longer), the jobs
+kept behind stragglers waited about 3.4 job-seconds per run for nothing (every one of them
+ended when its rent ran out): with the rule, the jobs' busy share of the job-seconds held
 rose from 0.90-0.91 to 0.95.
 
 A ``Task(speculative=...)`` keeps more at its tail: up to one parked job per block in flight,
