@@ -577,6 +577,28 @@ def test_no_second_client_waits_for_a_pending_block_once_one_waited_in_vain():
     assert len(h.blocks(busy[1])) == 2 and h.core.tail.bought("b") == 0
 
 
+def _run_on(h: Harness, cid: int, turns: int = 80) -> None:
+    """The run goes on until it is done: every 100 ms the parked clients are served, every client
+    holding a block finishes it, and a new job (client ``cid``, ``cid + 1``...) comes for a task
+    with blocks ready and no client parked."""
+    for _ in range(turns):
+        if h.s.is_done():
+            break
+        h.now += 100 * MS
+        h.core.serve_parked(h.now)
+        h.run()
+        check_settled(h)
+        held = [(c, [rel(i)]) for c, cc in sorted(h.core.conns.items()) if cc.held for i in cc.held]
+        if held:
+            h.frames(*held)
+        for tid in ("a", "b"):
+            if not h.core.parked.get(h.trs[tid]) and h.s.ready_count(tid):
+                h.open(cid)
+                h.frames((cid, [wire.encode_hello(tid, cid), REQ]))
+                cid += 1
+    assert h.s.is_done(), "the run did not finish"
+
+
 @given(
     steps=st.lists(
         st.sampled_from(["wait", "long wait", "serve", "b asks", "b runs", "straggler ends", "straggler fails"]),
@@ -612,25 +634,7 @@ def test_behind_a_straggler_no_rent_is_paid_twice_and_every_block_still_runs(ste
         elif 1 in h.core.conns and straggler in h.core.conns[1].held:
             h.frames((1, [rel(straggler, 2 if step == "straggler ends" else 3)]))
         h.core.validate()
-    for _ in range(50):  # the run goes on: jobs come for what is ready, every block finishes
-        if h.s.is_done():
-            break
-        h.now += 100 * MS
-        h.core.serve_parked(h.now)
-        h.run()
-        check_settled(h)
-        held = [(c, [rel(i)]) for c, cc in sorted(h.core.conns.items()) if cc.held for i in cc.held]
-        if held:
-            h.frames(*held)
-        elif not h.core.parked.get(h.trs["a"]) and h.s.ready_count("a"):
-            h.open(cid)
-            h.frames((cid, [HELLO_A, REQ]))
-            cid += 1
-        elif not h.core.parked.get(h.trs["b"]) and h.s.ready_count("b"):
-            h.open(cid)
-            h.frames((cid, [wire.encode_hello("b", cid), REQ]))
-            cid += 1
-    assert h.s.is_done(), "the run did not finish"
+    _run_on(h, cid)
     for tid in ("a", "b"):  # every block ended: done, or failed for good (the straggler twice) and orphaned
         st_ = h.s.task_states[tid]
         assert st_.completed_count + st_.failed_count + st_.orphaned_count == 3, f"task {tid}: {st_}"
@@ -783,22 +787,7 @@ def test_jobs_behind_stragglers_end_and_every_block_still_runs(conflict, young, 
         elif 1 in h.core.conns and straggler in h.core.conns[1].held:
             h.frames((1, [rel(straggler)]))
         h.core.validate()
-    for _ in range(80):  # the run goes on: jobs come for what is ready, every block finishes
-        if h.s.is_done():
-            break
-        h.now += 100 * MS
-        h.core.serve_parked(h.now)
-        h.run()
-        check_settled(h)
-        held = [(c, [rel(i)]) for c, cc in sorted(h.core.conns.items()) if cc.held for i in cc.held]
-        if held:
-            h.frames(*held)
-        for tid in ("a", "b"):
-            if not h.core.parked.get(h.trs[tid]) and h.s.ready_count(tid):
-                h.open(cid)
-                h.frames((cid, [wire.encode_hello(tid, cid), REQ]))
-                cid += 1
-    assert h.s.is_done(), "the run did not finish"
+    _run_on(h, cid)
     assert [h.s.task_states[t].completed_count for t in "ab"] == [5, 4]
 
 

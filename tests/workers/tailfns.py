@@ -60,8 +60,8 @@ def _pipe_note(name: str, text: str) -> None:
 
 def _pipe_loop(tid: str) -> None:
     """A Client loop in the worker function itself (its job, after the queue): ``a``'s block 0 waits
-    (polling, with a deadline) until every job of ``b`` that started so far has ended, then
-    finishes; other blocks take ``PIPE_BLOCK_SECS``. Leaves ``done_<tid>_<block>`` and
+    (polling, with a deadline) until ``TAIL_B_JOBS`` jobs of ``b`` have ended, then finishes;
+    other blocks take ``PIPE_BLOCK_SECS``. Leaves ``done_<tid>_<block>`` and
     ``ended_<tid>_<pid>`` (when, blocks run)."""
     import daisy_nb
 
