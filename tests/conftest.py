@@ -1,7 +1,9 @@
 """Shared test set-up: import paths, hypothesis profiles, JIT warm-up."""
 
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -14,6 +16,12 @@ for p in (HERE, os.path.join(HERE, "golden"), os.path.join(HERE, "workers")):
 # runs started by the tests remember no imports in the user's cache (tests/test_import_memory.py
 # points the memory at a temporary directory where it tests it)
 os.environ.setdefault("DAISY_NB_IMPORT_MEMORY", "0")
+
+# dask.distributed's workers keep their scratch space under dask's temporary directory and leave
+# its lock files there when they close: the session's own (removed at its end), not
+# /tmp/dask-scratch-space. Set before any test module imports dask, which reads it once.
+_DASK_TMP = tempfile.mkdtemp(prefix="daisy_nb-tests-dask-")
+os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", _DASK_TMP)
 
 # deadline=None: the first example of a test may pay for JIT compilation
 settings.register_profile("default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
@@ -36,6 +44,12 @@ def _warm_kernels(tmp_path_factory):
     # worker logs of runs that do not choose a log directory go to a temp dir,
     # not ./daisy_logs in the checkout
     dlog.set_log_basedir(tmp_path_factory.mktemp("daisy_logs"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _dask_tmp():
+    yield
+    shutil.rmtree(_DASK_TMP, ignore_errors=True)
 
 
 @pytest.fixture
