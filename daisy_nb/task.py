@@ -198,8 +198,9 @@ class Task(TaskParams):
         :mod:`daisy_nb.scheduling.backoff`.
     speculative : bool or float, optional
         Backup copies of stragglers (daisy_nb extension; None or False, the default: off).
-        True (factor 3) or a factor ``k > 1``: once 64 of the task's blocks (or half of them)
-        have succeeded, a block running longer than ``k`` times the median block time gets a
+        True (factor 3) or a factor ``k > 1``: once about two blocks per worker (twice as many
+        as run; or 64, or half of the task's blocks) have succeeded, a block running longer than
+        ``k`` times the median block time gets a
         second copy on the next free worker (a copy that runs ``2k`` medians itself is
         stopped: the block is slow), the first to finish winning, so the block function must be
         idempotent (as chunk-aligned zarr writes are). The local worker pool and the ``Client``

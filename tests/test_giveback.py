@@ -677,7 +677,7 @@ def backup_in_the_bulk(n: int = 200) -> tuple[GiveBackMachine, int, int, int]:
     for _ in range(5000):
         for wid in list(m.busy()):
             w = m.w[wid]
-            warm = m.core.backups.spec.tasks[0].warm()
+            warm = m.core.backups.spec.settled(0)
             if slow is None and wid == 0 and warm and w.cur >= 0 and w.running():
                 slow = int(w.slots[w.order[0]].rows[w.cur])
             step_unless_straggling(m, wid, slow is not None and wid == 0)

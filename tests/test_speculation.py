@@ -3,8 +3,9 @@
 * the rule and the bookkeeping of copies against their slow twin (``tests/reference/speculation.py``),
   a hypothesis state machine with a fake clock: the same events, the same candidates, the same
   outcomes, ``validate()`` after every step;
-* the rules one by one: no backup before the median settles (half the blocks, or a full
-  window) or below ``k`` x the median, never a third copy, never next to a running neighbour,
+* the rules one by one: no backup before the median settles (two successes per running block,
+  half the blocks, or a full window) or below ``k`` x the median, running blocks counted as
+  longer than any in the first window's median, never a third copy, never next to a running neighbour,
   the first success wins and its twin is interrupted, one counted failure when both copies
   fail, a backup slow itself is stopped and its block runs on;
 * the keyword: its accepted values and its errors (which name the task and the parameter).
@@ -41,7 +42,7 @@ class SpeculationMachine(RuleBasedStateMachine):
     )  # fmt: skip
     def setup(self, first, more, warm, data):
         factors = [first, *more]
-        totals = [data.draw(st.integers(6, 12)), *(data.draw(st.integers(0, 12)) for _ in more)]
+        totals = [data.draw(st.sampled_from([6, 9, 12, 30])), *(data.draw(st.integers(0, 12)) for _ in more)]
         self.fast = sp.Speculation(factors, totals)
         self.slow = ref.Speculation(factors, totals)
         self.tasks = [t for t, k in enumerate(factors) if k is not None]
@@ -155,9 +156,10 @@ class SpeculationMachine(RuleBasedStateMachine):
                 for c in cs:
                     assert self.fast.alone(t, row, c) == (cs == [c] and attempt[(t, row)] == 1)
             assert self.fast.tasks[t].n_done == len(self.slow.done_rows(t))
-            assert self.fast.tasks[t].median() == self.slow.median(t)
-            n = len(self.slow.done_rows(t))
-            assert self.fast.tasks[t].warm() == (n >= ref.WINDOW or 2 * n >= self.totals[t])
+            assert self.fast.median(t) == self.slow.median(t)
+            assert self.fast.settled(t) == self.slow.settled(t)
+            secs = [x for _, x in self.slow.replay()["done"][t]][-ref.WINDOW :]
+            assert self.fast.tasks[t].median() == (ref.median(secs) if len(secs) >= ref.MIN_SAMPLES else None)
             got = [tuple(b) for b in self.fast.candidates(t, self.now, 2, {1}.__contains__)]
             assert got == self.slow.candidates(t, self.now, 2, {1}.__contains__)
             if got:
@@ -181,31 +183,77 @@ def _warm(total=10, n=5, secs=1.0, factor=3.0):
 
 
 def test_no_backup_before_half_the_blocks():
-    s = _warm(total=12, n=5)  # 5 of 12: the median is known, but not half of the blocks are done
-    s.started(0, 5, 1, 0.0)
-    assert s.tasks[0].median() == 1.0 and not s.tasks[0].warm()
+    """A small task with many blocks running: half of its blocks settle its median."""
+    s = _warm(total=12, n=5)  # 5 of 12 succeeded, 3 running: fewer than twice the running ones
+    for row in (5, 6, 7):
+        s.started(0, row, row, 0.0)
+    assert s.tasks[0].median() == 1.0 and not s.settled(0)
     assert s.candidates(0, 1000.0, 4) == []
-    s.started(0, 6, 2, 1000.0)
-    s.finished(0, 6, 2, 1001.0, True)  # 6 of 12: half
-    assert s.candidates(0, 1000.0, 4) == [Backup(0, 5, 1)]
+    s.started(0, 8, 8, 1000.0)
+    s.finished(0, 8, 8, 1001.0, True)  # 6 of 12: half
+    assert s.settled(0) and s.candidates(0, 1000.0, 4) == [Backup(0, 5, 5), Backup(0, 6, 6), Backup(0, 7, 7)]
 
 
 def test_no_backup_before_the_median_is_known():
     s = _warm(total=8, n=4)  # past half, but only 4 block times
     s.started(0, 4, 1, 0.0)
-    assert s.tasks[0].warm() and s.tasks[0].median() is None
+    assert s.settled(0) and s.tasks[0].median() is None and s.median(0) is None
     assert s.candidates(0, 1000.0, 4) == []
 
 
-def test_a_big_task_backs_up_once_its_window_is_full():
-    """A task of 1,000 blocks does not wait for 500 successes: 64 (a full window) settle its median."""
+def test_few_workers_back_up_after_two_blocks_each_not_a_window():
+    """8 jobs of a task of 1,000 blocks: a slow first attempt started first gets its backup once
+    16 blocks (two per job) succeeded, not after a window of 64: on a cluster with minute-long
+    blocks that is two minutes of the job it holds instead of eight."""
+    s = sp.Speculation([3.0], [1000])
+    s.started(0, 999, 999, 0.0)  # the straggler, on job 0
+    row, now = 0, 0.0
+    for _ in range(15):  # jobs 1-7 run blocks of 1 s, one after the other
+        s.started(0, row, row, now)
+        s.finished(0, row, row, now + 1.0, True)
+        row += 1
+    for j in range(7):  # and one block each runs now
+        s.started(0, row + j, row + j, 15.0)
+    assert s.tasks[0].n_done == 15 and not s.settled(0)
+    assert s.candidates(0, 15.5, 1) == []
+    s.started(0, 500, 500, 14.0)
+    s.finished(0, 500, 500, 15.0, True)  # the 16th success, 8 blocks running
+    assert s.settled(0) and s.median(0) == 1.0
+    assert s.candidates(0, 15.5, 1) == [Backup(0, 999, 999)]  # it has run 15.5 s, past 3 x 1 s
+    s.validate()
+
+
+def test_until_a_window_succeeded_running_blocks_count_as_longer_than_any():
+    """The first blocks to succeed are a task's short ones: until a window of them succeeded, the
+    rule's median counts every running block as longer than all (an upper bound of the median
+    of the blocks started), so no block of the usual spread is copied for a median that is too short."""
+    s = sp.Speculation([3.0], [1000])
+    for row in range(16):  # 16 successes of 1, 2, ..., 16 s
+        s.started(0, row, row, 0.0)
+        s.finished(0, row, row, float(row + 1), True)
+    for row in range(100, 108):  # 8 running
+        s.started(0, row, row, 0.0)
+    assert s.tasks[0].median() == 8.5  # of the successes alone
+    assert s.median(0) == 12.5  # of 24 blocks, 8 of them longer than all: the 12th and 13th success
+    assert s.candidates(0, 3 * 8.5 + 1, 8) == []  # 26.5 s: past 3 x 8.5, not past 3 x 12.5
+    assert len(s.candidates(0, 3 * 12.5 + 0.1, 8)) == 8
+    for row in range(108, 116):  # as many running as succeeded: the middle one is a running one
+        s.started(0, row, row, 0.0)
+    assert s.median(0) is None and s.candidates(0, 1000.0, 8) == []
+    s.validate()
+
+
+def test_a_full_window_settles_the_median_whatever_runs():
+    """64 successes (a full window) settle a task's median even with more than 32 blocks running,
+    and from then on its median is the window's, as after any number of successes."""
     s = _warm(total=1000, n=sp.WINDOW - 1)
-    s.started(0, 999, 1, 0.0)
-    assert not s.tasks[0].warm() and s.candidates(0, 1000.0, 4) == []
+    for row in range(900, 940):
+        s.started(0, row, row, 0.0)
+    assert not s.settled(0) and s.candidates(0, 1000.0, 4) == []
     s.started(0, 998, 2, 0.0)
     s.finished(0, 998, 2, 1.0, True)
-    assert s.tasks[0].warm() and s.tasks[0].n_done == sp.WINDOW
-    assert s.candidates(0, 1000.0, 4) == [Backup(0, 999, 1)]
+    assert s.settled(0) and s.tasks[0].n_done == sp.WINDOW and s.median(0) == 1.0
+    assert s.candidates(0, 1000.0, 2) == [Backup(0, 900, 900), Backup(0, 901, 901)]
 
 
 def test_a_slow_backup_is_stopped_and_its_block_runs_on():

@@ -3,9 +3,12 @@
 ``Task(speculative=...)`` (a daisy_nb keyword; None or False, the default: off; True: the
 factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, per task:
 
-* **when**: once the task's median block time is settled: ``WINDOW`` (64) of its blocks, or half
-  of them (``total``: the blocks this run runs), have succeeded; the median is of the task's last
-  ``WINDOW`` successful block times (and is not taken from fewer than ``MIN_SAMPLES``, 5);
+* **when**: once the task's median block time is settled: twice as many of its blocks have
+  succeeded as run now (``SETTLE_PER_RUNNING``: about two blocks per worker), or ``WINDOW`` (64)
+  of them, or half of them (``total``: the blocks this run runs); the median is of the task's
+  last ``WINDOW`` successful block times (and is not taken from fewer than ``MIN_SAMPLES``, 5),
+  and until ``WINDOW`` blocks have succeeded, every block still running counts in it as longer
+  than all of them (:meth:`Speculation.median`);
 * **which**: a block whose one running copy has run longer than ``k`` x that median (strictly),
   oldest start first, at most one per idle worker; never a block that has had a second copy in
   this attempt (so never a third copy, also after one of two copies failed), and never one a
@@ -30,8 +33,14 @@ factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, pe
 Why a settled median, not half the task (cubed's and Spark's rule): a backup that wins frees
 the worker its straggler held, so it pays in the bulk of a task as much as at its tail, and
 the runtimes give a due backup the next free worker, before fresh blocks (a straggler of the
-first half, left alone, held its worker many block times). The median of a task's first few
-blocks (cold caches, the JIT) is not its usual block time, hence a full window first. Why
+first half, left alone, held its worker many block times). Why about two blocks per worker, not
+a full window: on a cluster of 8 jobs with minute-long blocks, 64 successes are eight minutes,
+in which a slow first attempt held its job (a window on so few jobs came after the straggler
+had mostly run). The first blocks to succeed are the task's short ones (the long ones still
+run), so their median alone is too short and would copy blocks of the usual spread; counting
+every running block as longer than all of them gives a median that is, if anything, too long:
+a backup may come late, never for a block that is not slow. Each worker's first block (cold
+caches, the JIT) is half of the blocks then, and slower first blocks also make it longer. Why
 ``k`` = 3 by default: a backup costs a worker up to ``2k`` block times (it is stopped after
 that, above), so only blocks far out of the usual spread are worth one. A block function of a
 speculative task must be idempotent (chunk-aligned zarr writes are): both copies may write
@@ -68,6 +77,7 @@ __all__ = [
     "BACKUP_GIVE_UP",
     "DEFAULT_FACTOR",
     "MIN_SAMPLES",
+    "SETTLE_PER_RUNNING",
     "WINDOW",
     "Backup",
     "Interrupt",
@@ -79,6 +89,7 @@ __all__ = [
 DEFAULT_FACTOR = 3.0  # Task(speculative=True): a backup once a block ran 3 x the median block time
 WINDOW = 64  # the median is of the task's last 64 successful block times (as the walltime rule's)
 MIN_SAMPLES = 5  # no median, hence no backup, before 5 successful blocks of the task
+SETTLE_PER_RUNNING = 2  # the median settles once twice as many blocks succeeded as run (or a window)
 BACKUP_GIVE_UP = 2.0  # a backup still running after 2 x k x the median is stopped (the block is slow)
 
 
@@ -166,12 +177,13 @@ class TaskTimes:
         self._median = statistics.median(self._secs) if len(self._secs) >= MIN_SAMPLES else None
 
     def median(self) -> float | None:
-        """The median of the last ``WINDOW`` successful block times, None before ``MIN_SAMPLES``."""
+        """The median of the last ``WINDOW`` successful block times, None before ``MIN_SAMPLES``
+        (without the blocks still running: :meth:`Speculation.median` counts those)."""
         return self._median
 
-    def warm(self) -> bool:
-        """Whether the median is settled: ``WINDOW`` blocks, or half the task's blocks, succeeded."""
-        return self.n_done >= WINDOW or 2 * self.n_done >= self.total
+    def sorted_secs(self) -> list[float]:
+        """The last ``WINDOW`` successful block times, shortest first."""
+        return sorted(self._secs)
 
     def validate(self) -> None:
         """Raise ``AssertionError`` if this task's counts and times disagree."""
@@ -226,6 +238,30 @@ class Speculation:
     def running(self, t: int) -> dict[int, list[int]]:
         """Task ``t``'s running rows and their live copies (start order); a copy."""
         return {row: list(cs) for row, cs in self._rows[t].items()}
+
+    def settled(self, t: int) -> bool:
+        """Whether task ``t``'s median is settled (the module docstring's **when**): twice as many
+        blocks succeeded as run now, or ``WINDOW`` of them, or half of the task's blocks."""
+        tt = self.tasks[t]
+        n = tt.n_done
+        return n >= WINDOW or 2 * n >= tt.total or n >= max(MIN_SAMPLES, SETTLE_PER_RUNNING * len(self._rows[t]))
+
+    def median(self, t: int) -> float | None:
+        """Task ``t``'s median block time for the rule: of its last ``WINDOW`` successful block
+        times; until ``WINDOW`` blocks have succeeded, with each block running now counted as
+        longer than all of them (the first successes are the short blocks). None before
+        ``MIN_SAMPLES`` successes, or when the running blocks are half of all or more."""
+        tt = self.tasks[t]
+        med = tt.median()
+        running = len(self._rows[t])
+        if med is None or tt.n_done >= WINDOW or not running:
+            return med
+        secs = tt.sorted_secs()
+        n = len(secs) + running  # the running ones are the last, past every success
+        hi = n // 2  # the upper middle one (the middle one of an odd count)
+        if hi >= len(secs):
+            return None
+        return secs[hi] if n % 2 else (secs[hi - 1] + secs[hi]) / 2
 
     def can_back(self, t: int) -> int:
         """How many of task ``t``'s running rows may still get a backup: one copy running and no
@@ -374,9 +410,9 @@ class Speculation:
             are reported with :meth:`started` when they start).
         """
         tt = self.tasks[t]
-        if tt.factor is None or idle_workers <= 0 or not tt.warm():
+        if tt.factor is None or idle_workers <= 0 or not self.settled(t):
             return []
-        med = tt.median()
+        med = self.median(t)
         if med is None:
             return []
         limit = tt.factor * med
@@ -409,7 +445,7 @@ class Speculation:
             Oldest start first.
         """
         tt = self.tasks[t]
-        med = tt.median()
+        med = self.median(t)
         if tt.factor is None or med is None or not self._backed[t]:
             return []
         limit = BACKUP_GIVE_UP * tt.factor * med

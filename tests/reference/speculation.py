@@ -10,6 +10,7 @@ from __future__ import annotations
 
 WINDOW = 64
 MIN_SAMPLES = 5
+SETTLE = 2  # successes per running block that settle the median
 GIVE_UP = 2  # a backup past 2 x k x the median is stopped
 
 
@@ -103,8 +104,20 @@ class Speculation:
         return s["attempt"].get((t, row), 0) < 2
 
     def median(self, t):
-        secs = [x for _, x in self.replay()["done"][t]][-WINDOW:]
-        return median(secs) if len(secs) >= MIN_SAMPLES else None
+        """Of the last WINDOW successes; before WINDOW of them, each running row is one more
+        time, longer than any (infinite); an infinite middle means no median."""
+        done = [x for _, x in self.replay()["done"][t]]
+        secs = done[-WINDOW:]
+        if len(secs) < MIN_SAMPLES:
+            return None
+        if len(done) < WINDOW:
+            secs = secs + [float("inf")] * len(self.running(t))
+        m = median(secs)
+        return None if m == float("inf") else m
+
+    def settled(self, t):
+        n = len(self.replay()["done"][t])
+        return n >= WINDOW or 2 * n >= self.totals[t] or n >= max(MIN_SAMPLES, SETTLE * len(self.running(t)))
 
     # -- events --------------------------------------------------------------------------------
     def started(self, t, row, copy, now):
@@ -130,8 +143,7 @@ class Speculation:
         if not self.on(t) or idle_workers <= 0:
             return []
         s = self.replay()
-        n = len(s["done"][t])
-        if n < WINDOW and 2 * n < self.totals[t]:
+        if not self.settled(t):
             return []
         med = self.median(t)
         if med is None:
