@@ -289,6 +289,28 @@ WORKER_START: Variable[str] = Variable(
     "fork",
     "`exec` starts every block worker as a fresh interpreter instead of forking it from the worker template.",
 )
+
+
+def _mib(raw: str, name: str) -> int:
+    """A whole number of MiB from 0 to 2047 (what glibc's ``mallopt`` takes, in bytes, as an ``int``)."""
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number of MiB from 0 to 2047, got {raw!r}") from None
+    if not 0 <= v <= 2047:
+        raise ValueError(f"{name} must be a whole number of MiB from 0 to 2047, got {raw!r}")
+    return v
+
+
+WORKER_HEAP_MIB: Variable[int] = Variable(
+    "DAISY_NB_WORKER_HEAP_MIB",
+    64,
+    _mib,
+    "64",
+    "MiB of freed memory a local block worker keeps at the top of its heap for its next block, instead "
+    "of giving it back to the system and faulting it in again (glibc's `M_TOP_PAD`; "
+    "`docs/explanation/pool.md#heap`); `0` leaves malloc as it is. Linux with glibc only.",
+)
 REUSE_WORKERS: Variable[str] = Variable(
     "DAISY_NB_REUSE_WORKERS",
     "same",

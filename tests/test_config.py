@@ -54,6 +54,7 @@ TABLE: dict[str, tuple[object, list[tuple[str, object]], list[str]]] = {
     ),
     "DAISY_NB_TRACKING_IO": ("auto", [("mmap", "mmap"), ("PWRITE", "pwrite"), (" auto", "auto")], ["fast", "1"]),
     "DAISY_NB_WORKER_START": ("fork", [("exec", "exec"), ("Fork", "fork")], ["spawn", "0"]),
+    "DAISY_NB_WORKER_HEAP_MIB": (64, [("0", 0), (" 16 ", 16), ("2047", 2047)], ["-1", "2048", "1.5", "lots"]),
     "DAISY_NB_REUSE_WORKERS": (
         "same",
         [("same", "same"), ("ANY", "any"), ("off", "off"), ("0", "off"), ("no", "off"), ("1", "same")],
@@ -223,11 +224,13 @@ def test_bad_values_stop_a_run_before_it_starts(monkeypatch, tmp_path):
         ("DAISY_NB_DRY_RUN", "perhaps"),
         ("DAISY_NB_HANG_FACTOR", "-2"),
         ("DAISY_NB_EARLY_TEMPLATE", "x"),
+        ("DAISY_NB_WORKER_HEAP_MIB", "64M"),
     ]:
         with monkeypatch.context() as m:
             m.setenv(name, raw)
             with pytest.raises(ValueError, match=name):
-                daisy.run_blockwise([task], multiprocessing=name == "DAISY_NB_EARLY_TEMPLATE", progress=False)
+                local = name in ("DAISY_NB_EARLY_TEMPLATE", "DAISY_NB_WORKER_HEAP_MIB")
+                daisy.run_blockwise([task], multiprocessing=local, progress=False)
     assert ran == []
 
 

@@ -313,3 +313,24 @@ def test_workers_left_when_the_pool_closes_get_sigterm_and_a_grace_before_sigkil
     assert len(termed) == 1  # the one that handles SIGTERM had it (and left on its own)
     assert took >= TERM_GRACE_SECS - 0.1  # the other one was given the grace before its SIGKILL
     assert not any(harness.pid_alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_block_workers_keep_what_a_block_freed_for_the_next_one(out, monkeypatch, start):
+    """A block that allocates and frees buffers of varied sizes (zarr chunks, its arrays) takes
+    their pages from what the previous round freed, in a worker forked by the template and in
+    one started by exec (``DAISY_NB_WORKER_HEAP_MIB``, runtime/local/_heap.py); with ``0``,
+    glibc's malloc gives them back and faults them in again, thousands of pages a round."""
+    monkeypatch.setenv("DAISY_NB_WORKER_START", start)
+
+    def faults(tid):
+        run([make_task(tid, 4, templatefns.churn_buffers, max_workers=2)])
+        rows = done_lines(out, tid)
+        assert len(rows) == 4
+        return [int(extra.split(",")[1]) for _, extra in rows]
+
+    kept = faults("kept")
+    monkeypatch.setenv("DAISY_NB_WORKER_HEAP_MIB", "0")
+    given_back = faults("given")
+    assert min(given_back) > 500, given_back  # the default malloc: pages faulted in every round
+    assert max(kept) * 5 < min(given_back), (kept, given_back)

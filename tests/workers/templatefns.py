@@ -5,6 +5,8 @@ worker forked by the run's template is the template; of an exec'd worker, the po
 """
 
 import os
+import random
+import resource
 import signal
 import sys
 import time
@@ -21,6 +23,21 @@ def record_parent(block):
 def record_parent_and_imports(block):
     heavy = [m for m in ("numba", "numpy", "zarr") if m in sys.modules]
     done(block, f"{os.getppid()},{'+'.join(heavy) or 'none'}")
+
+
+def churn_buffers(block):
+    """Allocate and free buffers of varied sizes (zarr chunks, a block's arrays) 20 times; the
+    ``done`` line's extra is the minor page faults per round in this worker."""
+    attempt(block)
+    rng = random.Random(block.block_id[1])
+    bufs = [bytearray(rng.randrange(256 << 10, 4 << 20)) for _ in range(6)]  # the first round: faults either way
+    del bufs
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        bufs = [bytearray(rng.randrange(256 << 10, 4 << 20)) for _ in range(6)]
+        del bufs
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 20
+    done(block, f"{os.getppid()},{faults:.0f}")
 
 
 def sigkill_once_on_5(block):

@@ -67,6 +67,7 @@ PKG_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.
 def worker_env(environ=None) -> dict:
     """The environment of a worker (and of the template): ours, with this package first on PYTHONPATH."""
     env = dict(os.environ if environ is None else environ)
+    config.WORKER_HEAP_MIB.get()  # a value the workers would not accept fails here, before any work
     path = config.PYTHONPATH.name
     env[path] = PKG_PARENT + (os.pathsep + env[path] if env.get(path) else "")
     return env
@@ -457,7 +458,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool ends the run
     ctrl_fd, pool_pid = int(argv[0]), int(argv[1])
-    from daisy_nb.runtime.local import worker
+    from daisy_nb.runtime.local import _heap, worker
+
+    _heap.keep_freed_memory(config.WORKER_HEAP_MIB.get())  # before the imports: the forked workers inherit it
 
     worker._die_with_parent(pool_pid)
     # the worker side, once for every worker this template forks

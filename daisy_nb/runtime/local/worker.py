@@ -454,6 +454,10 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends workers
     fd, parent_pid = int(argv[0]), int(argv[1])
     _die_with_parent(parent_pid)
+    from daisy_nb import config
+    from daisy_nb.runtime.local import _heap
+
+    _heap.keep_freed_memory(config.WORKER_HEAP_MIB.get())  # (a forked worker has it from the template)
     return serve(fd)
 
 
