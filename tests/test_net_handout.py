@@ -656,6 +656,74 @@ def _a_straggler_then_blocks_of(h: Harness, secs: float, ahead: bool = False, le
     return straggler
 
 
+def _pace(h: Harness, producers: tuple[int, ...], consumers: tuple[int, ...], rounds: int) -> None:
+    """``rounds`` of 100 ms: each producer of ``a`` releases its running block; the blocks of ``b``
+    that became ready go to its parked consumers, which run each for 10 ms and ask again."""
+    for _ in range(rounds):
+        h.now += 90 * MS
+        for c in producers:
+            h.frames((c, [rel(next(iter(h.core.conns[c].held)))]))
+        h.core.serve_parked(h.now)
+        h.run()
+        h.now += 10 * MS
+        for c in consumers:
+            cc = h.core.conns.get(c)
+            for i in list(cc.held) if cc is not None and not cc.ended else ():
+                h.frames((c, [rel(i)]))
+        check_tail(h.core, h.trs, h.now)
+
+
+def test_a_downstream_task_ends_the_job_its_slowed_upstream_cannot_feed():
+    """``a`` has two jobs, one of them held by a straggler; ``b``'s two jobs take ``a``'s blocks
+    faster than the other one makes them, and wait in turns. Once they have waited, together and
+    beyond half a job, as long as a job takes to start (0.3 s), the next that asks with nothing
+    ready is told to end; the last one stays for ``b``'s pending blocks however long it waits
+    (net/tail.py: "Downstream jobs at the upstream's pace"). From then on ``b`` is paced: its
+    busy job counts, for the spawn plan, for the blocks it takes within a job's start."""
+    h = Harness(n_a=60, n_b=60, retries=0)
+    h.jobs.start_secs = 0.3
+    for c, t in ((1, "a"), (2, "a"), (3, "b"), (4, "b")):
+        h.open(c)
+        h.frames((c, [wire.encode_hello(t, c), REQ]))
+    assert h.core.conns[2].held, "a's second job runs its straggler all along"
+    _pace(h, (1,), (3, 4), 3)
+    assert not [c for c in (3, 4) if wire.NO_MORE in h.inbox.get(c, [])], "ended before a job's start was waited"
+    _pace(h, (1,), (3, 4), 20)
+    ended = [c for c in (3, 4) if h.inbox.get(c, [])[-1:] == [wire.NO_MORE]]
+    assert len(ended) == 1 and "b" in h.core.tail.paced
+    (left,) = {3, 4} - set(ended)
+    _pace(h, (1,), (left,), 30)  # it waits 90 ms of every 100 for a's next block, and stays
+    assert wire.NO_MORE not in h.inbox[left] and not at_tail(h.s, "b")
+    h.now += 10 * MS
+    h.frames((1, [rel(next(iter(h.core.conns[1].held)))]))
+    h.core.serve_parked(h.now)
+    h.run()
+    assert h.core.conns[left].held and h.core.soon_free(h.trs["b"], h.now) == 30  # 0.3 s of 10 ms blocks
+
+
+def test_downstream_jobs_that_keep_pace_with_their_upstream_all_stay():
+    """``a``'s two jobs feed ``b``'s two, whose blocks take as long as ``a``'s: a ``b`` job waits a few
+    ms for each block, far below half a job, and none is told to end; ``b`` is not paced."""
+    h = Harness(n_a=250, n_b=250, retries=0)
+    h.jobs.start_secs = 0.3
+    for c, t in ((1, "a"), (2, "a"), (3, "b"), (4, "b")):
+        h.open(c)
+        h.frames((c, [wire.encode_hello(t, c), REQ]))
+    for _ in range(100):  # every 100 ms a's jobs release a block each; b's take them 2 ms later
+        h.now += 98 * MS
+        for c in (3, 4):
+            for i in list(h.core.conns[c].held):
+                h.frames((c, [rel(i)]))
+        h.now += 2 * MS
+        for c in (1, 2):
+            h.frames((c, [rel(next(iter(h.core.conns[c].held)))]))
+        h.core.serve_parked(h.now)
+        h.run()
+        check_tail(h.core, h.trs, h.now)
+    assert not any(wire.NO_MORE in h.inbox.get(c, []) for c in (3, 4)) and "b" not in h.core.tail.paced
+    assert h.core.soon_free(h.trs["b"], h.now) == 0
+
+
 def test_no_client_waits_for_a_pending_block_only_behind_stragglers():
     """``b``'s last block waits on ``a``'s straggler (a job takes 2 s to start, ``a``'s median is
     0.1 s): a client of ``b`` that asks once the straggler has run 2 s (and 4 medians) is told to

@@ -182,3 +182,35 @@ def test_no_job_waits_behind_an_upstream_straggler_that_has_run_longer_than_a_jo
     assert max(ended_b[:JOBS]) - last_other_b < QUEUE_SECS / 2, (ended_b, last_other_b)
     assert states["b"].worker_start_count == JOBS + 1  # one job for the block behind the straggler
     assert states["a"].worker_start_count == JOBS and states["a"].worker_failure_count == 0
+
+
+def test_a_downstream_job_that_its_slowed_upstream_cannot_feed_ends(out, monkeypatch):
+    """``a`` and ``b`` have two jobs each and blocks of 0.1 s; ``a``'s block 0 runs until a job of
+    ``b`` has ended, so ``a`` makes a block per 0.1 s while ``b``'s two jobs could take two. Once
+    ``b``'s jobs have waited, together and beyond half a job, as long as a job takes to start, one
+    is told to end while ``a`` still hands out blocks (``net/tail.py``, "Downstream jobs at the
+    upstream's pace"), which lets the straggler finish; ``b`` is not given a job per block
+    afterwards (the spawn plan counts what its busy job takes within a job's start)."""
+    n = 60
+    monkeypatch.setenv("TAIL_QUEUE_SECS", "0.3")
+    monkeypatch.setenv("TAIL_B_JOBS", "1")
+
+    def task(tid, fn):
+        return daisy_nb.Task(
+            tid, Roi((0,), (10 * n,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=fn,
+            read_write_conflict=False, max_workers=2, max_retries=0, tracking_path=False,
+        )  # fmt: skip
+
+    states = daisy_nb.run_blockwise(
+        task("a", tailfns.pipe_a) + task("b", tailfns.pipe_b), progress=False, summary=False, return_states=True
+    )
+    assert [states[t].completed_count for t in "ab"] == [n, n]
+
+    def times(prefix):
+        return {p.name[len(prefix) :]: float(p.read_text().split()[0]) for p in out.glob(prefix + "*")}
+
+    done_a, ended_b = times("done_a_"), sorted(times("ended_b_").values())
+    last_other_a = max(t for s, t in done_a.items() if s != "0")
+    assert done_a["0"] - ended_b[0] < tailfns.PIPE_DEADLINE_SECS / 2, "the straggler waited out its deadline"
+    assert ended_b[0] < last_other_a, "b's job ended only once a was drained"
+    assert states["b"].worker_start_count <= 3, states["b"].worker_start_count

@@ -15,8 +15,10 @@ about it. :class:`Functions` is the narrow interface between the two sides:
   ``job_log``, ``job_label``, ``job_pid``, ``job_lost`` (its client went silent: ended),
   ``job_timed_out`` (its block timed out: ended), ``died_with_template``, ``is_worker``,
   ``has_workers``;
-* it asks the server two things: ``has_client(wid, tr)`` (a connection of worker ``wid``
-  is open) and ``idle_clients(tr)`` (connections of ``tr`` that would take a block now);
+* it asks the server three things: ``has_client(wid, tr)`` (a connection of worker ``wid``
+  is open), ``idle_clients(tr)`` (connections of ``tr`` that would take a block now) and
+  ``soon_free(tr)`` (the blocks its busy connections take within a job's start, while the
+  task is paced by its upstream tasks: ``daisy_nb/runtime/net/tail.py``);
 * the pool asks ``waiting(tr)``: the worker functions of ``tr`` that could take a ready
   block without a new one being started (not connected yet, or their client idle), so
   that worker functions are started in proportion to the ready blocks: one retry at a
@@ -101,6 +103,7 @@ class Server(Protocol):
 
     def has_client(self, wid: int, tr: PoolTaskRun) -> bool: ...
     def idle_clients(self, tr: PoolTaskRun) -> int: ...
+    def soon_free(self, tr: PoolTaskRun) -> int: ...
 
 
 class _Procs(Protocol):
@@ -146,10 +149,12 @@ class Functions:
         """``tr``'s worker functions that can take a ready block without a new one being started: those
         whose job has not connected yet (starting, or queued in a batch system) and the connections
         that would take one now (parked, as at a task's tail, or connected and not asked yet). A job
-        that holds blocks, or was told to end, does not wait."""
+        that holds blocks, or was told to end, does not wait; but while ``tr`` is paced by its
+        upstream tasks, the blocks its busy jobs take within a job's start count as waited for
+        (``HandOut.soon_free``; net/tail.py: "Downstream jobs at the upstream's pace")."""
         assert self.procs is not None and self.server is not None
         starting = sum(1 for w in self.procs.function_workers(tr) if not (w.connected or w.expected_exit))
-        return starting + self.server.idle_clients(tr)
+        return starting + self.server.idle_clients(tr) + self.server.soon_free(tr)
 
     # ------------------------------------------------------------ what the server calls
     def job_connected(self, wid: int, tr: PoolTaskRun) -> bool:

@@ -73,7 +73,7 @@ from daisy_nb.errors import WorkerError
 from daisy_nb.runtime.common.failures import record_error, record_worker_error
 from daisy_nb.runtime.net import wire
 from daisy_nb.runtime.net.backups import ClientBackups
-from daisy_nb.runtime.net.tail import TailKeep
+from daisy_nb.runtime.net.tail import OUTLAST_MEDIANS, TailKeep
 from daisy_nb.runtime.net.walltime import WALLTIME_FACTOR, WalltimeRule, check_walltime, median_block_secs
 from daisy_nb.scheduling.listed import ListedCalls
 
@@ -145,7 +145,7 @@ class Conn:
     """One connection as the core sees it (the dashboard reads ``wid`` and ``held``)."""
 
     __slots__ = (
-        "asked", "cid", "end_ns", "ended", "held", "last_seen", "last_sent", "need_ns", "parked", "peer",
+        "asked", "cid", "end_ns", "ended", "held", "last_seen", "last_sent", "n_sent", "need_ns", "parked", "peer",
         "t_free_ns", "tl_key", "tr", "wid",
     )  # fmt: skip
 
@@ -160,6 +160,7 @@ class Conn:
         self.last_seen = self.last_sent = now_ns  # heartbeats
         self.t_free_ns = now_ns  # when its previous block ended, or it first asked (block times, waits)
         self.asked = False  # it asked for a block (its job's set-up is done)
+        self.n_sent = 0  # blocks sent to it
         self.tl_key: Any = None  # its row in the dashboard's timeline
         self.end_ns: int | None = None  # when its job ends, on the core's clock (its hello); None: not known
         self.need_ns: int | None = None  # the time left the walltime rule asked for its newest block (None: none)
@@ -234,6 +235,25 @@ class _Connections:
         """Connections of ``tr`` that would take a ready block now: they said hello, hold none and were
         not told to end (parked, or not asked yet). One pass over the connections."""
         return sum(1 for cc in self.conns.values() if cc.tr is tr and not cc.held and not cc.ended)
+
+    def soon_free(self, tr, now_ns: int) -> int:
+        """Blocks the busy connections of ``tr`` will take within a job's start, for the pool's spawn
+        plan, while ``tr`` is paced by its upstream tasks (net/tail.py: "Downstream jobs at the
+        upstream's pace"); 0 otherwise. A connection whose block has run ``OUTLAST_MEDIANS``
+        median block times (a straggler) counts for none."""
+        tid = tr.tid
+        if tid not in self.tail.paced or self.tail.upstream_drained(tid):
+            return 0
+        start, med = self.jobs.job_start_secs(tid), median_block_secs(tr)
+        if not start or not med:
+            return 0
+        old_ns = now_ns - OUTLAST_MEDIANS * med * 1e9  # a block started before this is a straggler
+        young = sum(
+            1
+            for cc in self.conns.values()
+            if cc.tr is tr and cc.held and not cc.ended and max(next(iter(cc.held.values())), cc.t_free_ns) > old_ns
+        )
+        return math.floor(start / med + 1e-9) * young
 
     def lost(self, cid: Hashable) -> None:
         """The connection ended (end of stream, a failed send, a malformed frame): dropped."""
@@ -746,7 +766,8 @@ class HandOut(_Copies):
         kept = self.parked.get(tr, {})
         if self.bk.spec is not None and self.bk.keep_at_tail(tr.tid, len(kept) - (cc in kept)):
             return True  # for a backup copy (net/backups.py)
-        return self.tail.stays(tr.tid, len(kept) - (cc in kept), (now_ns - cc.t_free_ns) / 1e9, now_ns)
+        others = sum(1 for c in self.conns.values() if c.tr is tr and c is not cc and not c.ended)
+        return self.tail.stays(tr.tid, len(kept) - (cc in kept), (now_ns - cc.t_free_ns) / 1e9, now_ns, others)
 
     def _send_block(self, cc: Conn, row: list[int], now_ns: int) -> None:
         first = not cc.held
@@ -754,6 +775,9 @@ class HandOut(_Copies):
         cc.last_sent = now_ns
         if cc.parked:
             self._park(cc, False)
+            if cc.n_sent:  # a wait between two blocks (not a job's first): the upstream's pace (net/tail.py)
+                self.tail.waited(cc.tr.tid, (now_ns - cc.t_free_ns) / 1e9, now_ns)
+        cc.n_sent += 1
         self.jobs.job_acquired(cc.wid)
         self._out.append(_new(Send, (cc.cid, wire.encode_block(row))))  # Send(...) without its Python __new__
         if first and self.bk.spec is not None:

@@ -28,7 +28,7 @@ Called by the pool: ``add``, ``on_readable`` (its waitables), ``wait_timeout``,
 (the run's end), ``listening``, ``abort``, ``attach_timeline``; by the worker
 functions' side (:mod:`daisy_nb.runtime.local.functions`, which owns daisy 2.0.0's
 diagnoses of worker functions that do not wait, and their spawn count): ``has_client``,
-``idle_clients``. What it asks and
+``idle_clients``, ``soon_free``. What it asks and
 tells about a connection's worker function goes to :class:`Jobs` (that side); a task
 to abandon (a worker that connected too late) goes to the pool's ``abandon`` callback.
 """
@@ -118,6 +118,10 @@ class Clients:
     def idle_clients(self, tr: PoolTaskRun) -> int:
         """Connections of ``tr`` that would take a ready block now (asked by the worker functions' spawn count)."""
         return self.core.idle_clients(tr)
+
+    def soon_free(self, tr: PoolTaskRun) -> int:
+        """Blocks the busy connections of a paced ``tr`` take within a job's start (the spawn count's too)."""
+        return self.core.soon_free(tr, time.monotonic_ns())
 
     def holding(self) -> bool:
         """Some client holds a block."""

@@ -86,6 +86,27 @@ kept behind stragglers waited about 3.4 job-seconds per run for nothing (every o
 ended when its rent ran out): with the rule, the jobs' busy share of the job-seconds held
 rose from 0.90-0.91 to 0.95.
 
+**Downstream jobs at the upstream's pace.** While the upstream tasks still hand out blocks, a
+downstream job that waits for them stays (the rhythm, above), but a task cannot use more jobs
+than its upstream feeds: when an upstream job runs a straggler, its other jobs produce less
+than the downstream jobs take, and those wait in turns, every one of them a little, for as
+long as the straggler runs. So the task banks the seconds its jobs waited, parked, for a block
+that came (:meth:`TailKeep.waited`), less ``PACE_LEAK`` (half a job) for every second that
+passes: waits in the rhythm of a task that keeps up stay below that, while one job too many
+makes a whole job's wait per second. When the bank holds a job's start, the next job of the
+task that asks with nothing ready is told to end (if another job of the task stays for its
+pending blocks), and the bank pays that much: a job ended in vain costs a job's start to
+replace, no more than what its task's jobs had waited. From then on the task is **paced**: the
+pool counts, for its spawn plan, the blocks its busy jobs will take within a job's start
+(:meth:`daisy_nb.runtime.net.handout.HandOut.soon_free`) as taken, so that the job ended is not
+started again for the first block no job is idle for, but once the ready blocks outgrow what
+the busy jobs can take (the upstream's straggler is done). Neither holds once the upstream
+tasks are drained: the tail's rules above take over. In the cluster benchmark with 4 jobs per
+task (``bench_tail.py --jobs 4``), one job of ``a`` held by a 5 s straggler left ``b``'s four
+jobs waiting about 5 job-seconds in all (daisy 2.0.0's, started one by one, 3.5): the jobs'
+busy share of the job-seconds held was 0.917 against daisy's 0.940, and is 0.956 with the
+rule (one job more started in all, the makespan unchanged; with 8 jobs per task, unchanged).
+
 A ``Task(speculative=...)`` keeps more at its tail: up to one parked job per block in flight,
 for backup copies of stragglers (:mod:`daisy_nb.runtime.net.backups`), until the task is done.
 """
@@ -98,6 +119,7 @@ from typing import Any
 __all__ = [
     "KEEP_AT_TAIL",
     "OUTLAST_MEDIANS",
+    "PACE_LEAK",
     "TailKeep",
     "at_tail",
     "check_tail",
@@ -108,6 +130,7 @@ __all__ = [
 
 KEEP_AT_TAIL = 1  # jobs of a task kept parked at its tail while a retry could need one
 OUTLAST_MEDIANS = 4.0  # a block in flight that ran this many median block times (and a job's start): a straggler
+PACE_LEAK = 0.5  # jobs: a task's jobs waiting for upstream blocks less than this on average keep its rhythm
 
 
 def _unknown(tid: str) -> None:
@@ -175,6 +198,9 @@ class TailKeep:
         # rentals that ran out since the task last handed out a block (the rent was paid: not again)
         self._bought_pending: dict[str, int] = {}  # jobs that waited behind a drained upstream, then ended
         self._bought_retry: set[str] = set()  # the job kept for a retry waited, then ended
+        # task id -> (job-seconds its jobs waited for upstream blocks, less the leak; when, ns): "the pace"
+        self._bank: dict[str, tuple[float, int]] = {}
+        self.paced: set[str] = set()  # tasks that ended a job for the upstream's pace (spawns count busy jobs)
 
     def touch(self, tid: str) -> None:
         """Blocks of ``tid`` were released or acquired: a kept job of it is judged again."""
@@ -239,6 +265,31 @@ class TailKeep:
             seen = True
         return seen
 
+    def waited(self, tid: str, secs: float, now_ns: int) -> None:
+        """A job of ``tid`` parked for ``secs`` got a block at ``now_ns``: while the upstream tasks
+        still hand out blocks, its wait goes into the task's bank ("the upstream's pace")."""
+        if secs > 0 and self.s.upstream_task_ids(tid) and not self.upstream_drained(tid):
+            self._bank[tid] = (self.bank(tid, now_ns) + secs, now_ns)
+
+    def bank(self, tid: str, now_ns: int) -> float:
+        """The job-seconds ``tid``'s jobs waited for upstream blocks, less ``PACE_LEAK`` per second since."""
+        b, t = self._bank.get(tid, (0.0, now_ns))
+        return max(0.0, b - PACE_LEAK * max(0, now_ns - t) / 1e9)
+
+    def too_many(self, tid: str, others: int, now_ns: int | None) -> bool:
+        """A job of ``tid`` asks with nothing ready while the upstream hands out blocks: end it (and pay
+        the bank a job's start) because the task's jobs waited a job's start beyond the pace? Only
+        with ``others`` (the task's other jobs, not told to end) to wait for its pending blocks."""
+        limit = self.start_secs(tid)
+        if limit is None or now_ns is None or others < 1:
+            return False
+        bank = self.bank(tid, now_ns)
+        if bank < limit:
+            return False
+        self._bank[tid] = (bank - limit, now_ns)
+        self.paced.add(tid)
+        return True
+
     def upstream_drained(self, tid: str) -> bool:
         """Every task ``tid`` waits on is at its tail (or done, or abandoned): its pending blocks wait
         on blocks already in flight (perhaps stragglers), not on blocks still to be handed out."""
@@ -250,10 +301,12 @@ class TailKeep:
         kept_others: int,
         waited_secs: float = 0.0,
         now_ns: int | None = None,
+        others: int = 0,
     ) -> bool:
         """A job of ``tid`` asks while no block of it is ready: True if it stays parked, for a pending
         block or (at the tail) a retry. ``kept_others``: the task's other parked jobs; ``waited_secs``:
-        how long this job has been without a block; ``now_ns``: when (None: no straggler rule)."""
+        how long this job has been without a block; ``now_ns``: when (None: no straggler rule);
+        ``others``: the task's other jobs not told to end (the upstream's pace)."""
         if self.s.is_abandoned(tid):
             return False
         pending = self._waited_for(tid, now_ns)
@@ -261,7 +314,7 @@ class TailKeep:
         if kept_others < pending:
             if not self.upstream_drained(tid):
                 self._bought_pending.pop(tid, None)  # the upstream hands out blocks again: its rhythm
-                return True
+                return not self.too_many(tid, others, now_ns)  # ... but not more jobs than it feeds
             if kept_others >= pending - self.bought(tid):  # this block's rent was paid once: not again
                 return False
             if long:
