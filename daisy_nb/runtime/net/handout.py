@@ -236,6 +236,10 @@ class _Connections:
         not told to end (parked, or not asked yet). One pass over the connections."""
         return sum(1 for cc in self.conns.values() if cc.tr is tr and not cc.held and not cc.ended)
 
+    def other_jobs(self, cc: Conn) -> int:
+        """The connections of ``cc``'s task but ``cc`` that were not told to end."""
+        return sum(1 for c in self.conns.values() if c.tr is cc.tr and c is not cc and not c.ended)
+
     def soon_free(self, tr, now_ns: int) -> int:
         """Blocks the busy connections of ``tr`` will take within a job's start, for the pool's spawn
         plan, while ``tr`` is paced by its upstream tasks (net/tail.py: "Downstream jobs at the
@@ -766,7 +770,7 @@ class HandOut(_Copies):
         kept = self.parked.get(tr, {})
         if self.bk.spec is not None and self.bk.keep_at_tail(tr.tid, len(kept) - (cc in kept)):
             return True  # for a backup copy (net/backups.py)
-        others = sum(1 for c in self.conns.values() if c.tr is tr and c is not cc and not c.ended)
+        others = functools.partial(self.other_jobs, cc)  # (asked only when it matters)
         return self.tail.stays(tr.tid, len(kept) - (cc in kept), (now_ns - cc.t_free_ns) / 1e9, now_ns, others)
 
     def _send_block(self, cc: Conn, row: list[int], now_ns: int) -> None:

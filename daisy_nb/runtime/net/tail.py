@@ -276,15 +276,15 @@ class TailKeep:
         b, t = self._bank.get(tid, (0.0, now_ns))
         return max(0.0, b - PACE_LEAK * max(0, now_ns - t) / 1e9)
 
-    def too_many(self, tid: str, others: int, now_ns: int | None) -> bool:
+    def too_many(self, tid: str, others: Callable[[], int], now_ns: int | None) -> bool:
         """A job of ``tid`` asks with nothing ready while the upstream hands out blocks: end it (and pay
         the bank a job's start) because the task's jobs waited a job's start beyond the pace? Only
-        with ``others`` (the task's other jobs, not told to end) to wait for its pending blocks."""
+        with ``others()`` (the task's other jobs, not told to end) to wait for its pending blocks."""
         limit = self.start_secs(tid)
-        if limit is None or now_ns is None or others < 1:
+        if limit is None or now_ns is None:
             return False
         bank = self.bank(tid, now_ns)
-        if bank < limit:
+        if bank < limit or others() < 1:
             return False
         self._bank[tid] = (bank - limit, now_ns)
         self.paced.add(tid)
@@ -301,12 +301,12 @@ class TailKeep:
         kept_others: int,
         waited_secs: float = 0.0,
         now_ns: int | None = None,
-        others: int = 0,
+        others: Callable[[], int] = lambda: 0,
     ) -> bool:
         """A job of ``tid`` asks while no block of it is ready: True if it stays parked, for a pending
         block or (at the tail) a retry. ``kept_others``: the task's other parked jobs; ``waited_secs``:
         how long this job has been without a block; ``now_ns``: when (None: no straggler rule);
-        ``others``: the task's other jobs not told to end (the upstream's pace)."""
+        ``others()``: the task's other jobs not told to end (the upstream's pace)."""
         if self.s.is_abandoned(tid):
             return False
         pending = self._waited_for(tid, now_ns)
