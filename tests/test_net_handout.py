@@ -724,6 +724,64 @@ def test_downstream_jobs_that_keep_pace_with_their_upstream_all_stay():
     assert h.core.soon_free(h.trs["b"], h.now) == 0
 
 
+@given(
+    start=st.sampled_from([0.05, 0.3, 1.0]),
+    steps=st.lists(
+        st.sampled_from(["a block", "a block", "b runs", "b runs", "b asks", "wait", "long wait", "b dies", "straggler"]),
+        max_size=60,
+    ),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_upstreams_pace_never_ends_a_tasks_last_job_and_every_block_still_runs(start, steps):
+    """``a``'s client 2 runs a straggler while client 1 runs the rest; ``b``'s jobs come, run, ask,
+    wait and die in any order. Whenever a job of ``b`` is told to end while ``a`` still hands out
+    blocks (the upstream's pace: net/tail.py), another job of ``b`` stays; whatever the order,
+    once jobs come for what is ready, every block runs."""
+    h = Harness(n_a=20, n_b=20, retries=0)
+    h.jobs.start_secs = start
+    b = h.trs["b"]
+    for c, t in ((1, "a"), (2, "a"), (3, "b"), (4, "b")):
+        h.open(c)
+        h.frames((c, [wire.encode_hello(t, c), REQ]))
+    straggler = h.blocks(2)[0]
+    cid = 10
+    for step in steps:
+        told = {c for c, cc in h.core.conns.items() if cc.tr is b and cc.ended}
+        if step == "a block":  # client 1 finishes a block; the parked clients are served (the pool's turn)
+            h.now += 50 * MS
+            if h.core.conns[1].held:
+                h.frames((1, [rel(next(iter(h.core.conns[1].held)))]))
+            h.core.serve_parked(h.now)
+            h.run()
+            check_settled(h)
+        elif step == "b runs":
+            h.now += 20 * MS
+            pairs = [(c, [rel(next(iter(cc.held)))]) for c, cc in sorted(h.core.conns.items()) if cc.tr is b and cc.held]
+            if pairs:
+                h.frames(*pairs)
+        elif step == "b asks":
+            h.open(cid)
+            h.frames((cid, [wire.encode_hello("b", cid), REQ]))
+            cid += 1
+        elif step in ("wait", "long wait"):
+            h.now += (100 if step == "wait" else 1_000) * MS
+        elif step == "b dies":
+            live = [c for c, cc in sorted(h.core.conns.items()) if cc.tr is b]
+            if live:
+                h.core.lost(live[0])
+                h.run()
+        elif 2 in h.core.conns and h.core.conns[2].held:  # the straggler ends
+            h.frames((2, [rel(straggler)]))
+        now_told = {c for c, cc in h.core.conns.items() if cc.tr is b and cc.ended} - told
+        if now_told and not h.core.tail.upstream_drained("b"):
+            event("a job of b ended at the upstream's pace")
+            stay = [c for c, cc in h.core.conns.items() if cc.tr is b and not cc.ended]
+            assert stay, "the upstream's pace ended the task's last job"
+    if 2 in h.core.conns and h.core.conns[2].held:
+        h.frames((2, [rel(straggler)]))
+    _run_on(h, cid)
+
+
 def test_no_client_waits_for_a_pending_block_only_behind_stragglers():
     """``b``'s last block waits on ``a``'s straggler (a job takes 2 s to start, ``a``'s median is
     0.1 s): a client of ``b`` that asks once the straggler has run 2 s (and 4 medians) is told to
