@@ -727,7 +727,9 @@ def test_downstream_jobs_that_keep_pace_with_their_upstream_all_stay():
 @given(
     start=st.sampled_from([0.05, 0.3, 1.0]),
     steps=st.lists(
-        st.sampled_from(["a block", "a block", "b runs", "b runs", "b asks", "wait", "long wait", "b dies", "straggler"]),
+        st.sampled_from(
+            ["a block", "a block", "b runs", "b runs", "b asks", "wait", "long wait", "b dies", "straggler"]
+        ),
         max_size=60,
     ),
 )
@@ -756,7 +758,9 @@ def test_the_upstreams_pace_never_ends_a_tasks_last_job_and_every_block_still_ru
             check_settled(h)
         elif step == "b runs":
             h.now += 20 * MS
-            pairs = [(c, [rel(next(iter(cc.held)))]) for c, cc in sorted(h.core.conns.items()) if cc.tr is b and cc.held]
+            pairs = [
+                (c, [rel(next(iter(cc.held)))]) for c, cc in sorted(h.core.conns.items()) if cc.tr is b and cc.held
+            ]
             if pairs:
                 h.frames(*pairs)
         elif step == "b asks":
