@@ -1,5 +1,6 @@
 """Shared test set-up: import paths, hypothesis profiles, JIT warm-up."""
 
+import atexit
 import os
 import shutil
 import sys
@@ -22,6 +23,9 @@ os.environ.setdefault("DAISY_NB_IMPORT_MEMORY", "0")
 # /tmp/dask-scratch-space. Set before any test module imports dask, which reads it once.
 _DASK_TMP = tempfile.mkdtemp(prefix="daisy_nb-tests-dask-")
 os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", _DASK_TMP)
+# removed at the session's end, and at exit when no session ran (a usage error stops pytest
+# after this module was imported, before any fixture)
+atexit.register(shutil.rmtree, _DASK_TMP, ignore_errors=True)
 
 # deadline=None: the first example of a test may pay for JIT compilation
 settings.register_profile("default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
