@@ -61,6 +61,26 @@ def ended(out):
     return res
 
 
+def run_pipeline(n, jobs, retries):
+    """``a`` and ``b`` (block ``i`` of ``b`` reads what block ``i`` of ``a`` wrote), ``n`` blocks and
+    ``jobs`` worker functions each, running ``tailfns.pipe_a``/``pipe_b``; their states."""
+
+    def task(tid, fn):
+        return daisy_nb.Task(
+            tid, Roi((0,), (10 * n,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=fn,
+            read_write_conflict=False, max_workers=jobs, max_retries=retries, tracking_path=False,
+        )  # fmt: skip
+
+    return daisy_nb.run_blockwise(
+        task("a", tailfns.pipe_a) + task("b", tailfns.pipe_b), progress=False, summary=False, return_states=True
+    )
+
+
+def times(out, prefix):
+    """``{what: when}`` of the pipeline's notes ``<prefix><what>`` (``tailfns._pipe_note``)."""
+    return {p.name[len(prefix) :]: float(p.read_text().split()[0]) for p in out.glob(prefix + "*")}
+
+
 def done(out, sid):
     """``(pid, when, attempt)`` of block ``sid``'s successful attempt."""
     pid, t, attempt = (out / f"done_{sid}").read_text().split()
@@ -158,22 +178,10 @@ def test_no_job_waits_behind_an_upstream_straggler_that_has_run_longer_than_a_jo
     monkeypatch.setenv("TAIL_QUEUE_SECS", str(QUEUE_SECS))
     monkeypatch.setenv("TAIL_B_JOBS", str(JOBS))
 
-    def task(tid, fn):
-        return daisy_nb.Task(
-            tid, Roi((0,), (10 * n,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=fn,
-            read_write_conflict=False, max_workers=JOBS, max_retries=2, tracking_path=False,
-        )  # fmt: skip
-
-    states = daisy_nb.run_blockwise(
-        task("a", tailfns.pipe_a) + task("b", tailfns.pipe_b), progress=False, summary=False, return_states=True
-    )
+    states = run_pipeline(n, JOBS, retries=2)
     assert [states[t].completed_count for t in "ab"] == [n, n]
-
-    def times(prefix):
-        return {p.name[len(prefix) :]: float(p.read_text().split()[0]) for p in out.glob(prefix + "*")}
-
-    done_a, done_b = times("done_a_"), times("done_b_")
-    ended_a, ended_b = sorted(times("ended_a_").values()), sorted(times("ended_b_").values())
+    done_a, done_b = times(out, "done_a_"), times(out, "done_b_")
+    ended_a, ended_b = sorted(times(out, "ended_a_").values()), sorted(times(out, "ended_b_").values())
     assert done_a["0"] > max(ended_b[:JOBS]), "the straggler did not see b's first jobs end"
     assert max(ended_a) < done_a["0"] + QUEUE_SECS / 2, "a job of a outlived its task"
     # b's jobs ended soon after b's other blocks were done, though b's block 0 was still to come
@@ -195,21 +203,9 @@ def test_a_downstream_job_that_its_slowed_upstream_cannot_feed_ends(out, monkeyp
     monkeypatch.setenv("TAIL_QUEUE_SECS", "0.3")
     monkeypatch.setenv("TAIL_B_JOBS", "1")
 
-    def task(tid, fn):
-        return daisy_nb.Task(
-            tid, Roi((0,), (10 * n,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=fn,
-            read_write_conflict=False, max_workers=2, max_retries=0, tracking_path=False,
-        )  # fmt: skip
-
-    states = daisy_nb.run_blockwise(
-        task("a", tailfns.pipe_a) + task("b", tailfns.pipe_b), progress=False, summary=False, return_states=True
-    )
+    states = run_pipeline(n, 2, retries=0)
     assert [states[t].completed_count for t in "ab"] == [n, n]
-
-    def times(prefix):
-        return {p.name[len(prefix) :]: float(p.read_text().split()[0]) for p in out.glob(prefix + "*")}
-
-    done_a, ended_b = times("done_a_"), sorted(times("ended_b_").values())
+    done_a, ended_b = times(out, "done_a_"), sorted(times(out, "ended_b_").values())
     last_other_a = max(t for s, t in done_a.items() if s != "0")
     assert done_a["0"] - ended_b[0] < tailfns.PIPE_DEADLINE_SECS / 2, "the straggler waited out its deadline"
     assert ended_b[0] < last_other_a, "b's job ended only once a was drained"
