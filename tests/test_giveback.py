@@ -17,6 +17,7 @@ import os
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from funlib.geometry import Roi
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -400,22 +401,26 @@ def test_a_cut_is_trusted_only_after_the_confirmation_time():
     m.teardown()
 
 
-def test_pool_runs_the_blocks_a_straggler_held_on_another_worker(out, caplog, no_leaks):
+@pytest.mark.parametrize("slow", [False, True], ids=["fast_blocks", "slow_blocks"])
+def test_pool_runs_the_blocks_a_straggler_held_on_another_worker(out, caplog, no_leaks, slow):
     """Real worker processes: the straggler waits for every other block, so the run finishes only
-    because the blocks behind it (in its batch, and a batch sent ahead) were given back and run
-    by the other worker; every block ran once and counts once."""
+    because the blocks behind it (in its batch, and a batch sent ahead; for blocks slower than
+    the batch target, the one block sent ahead) were given back and run by the other worker;
+    every block ran once and counts once."""
     import givebackfns as g
 
+    n = g.N_SLOW if slow else g.N
+    fn = g.slow_straggler_waits_for_the_rest if slow else g.straggler_waits_for_the_rest
     caplog.set_level(logging.DEBUG, logger="daisy")
     task = daisy_nb.Task(
-        "g", Roi((0,), (10 * g.N,)), Roi((0,), (10,)), Roi((0,), (10,)),
-        process_function=g.straggler_waits_for_the_rest, max_workers=2, max_retries=0, tracking_path=False,
+        "g", Roi((0,), (10 * n,)), Roi((0,), (10,)), Roi((0,), (10,)),
+        process_function=fn, max_workers=2, max_retries=0, tracking_path=False,
     )  # fmt: skip
     states = daisy_nb.run_blockwise(task, progress=False, summary=False, return_states=True)
     s = states["g"]
-    assert (s.completed_count, s.failed_count, s.orphaned_count) == (g.N, 0, 0)
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (n, 0, 0)
     done = sorted(int(f.split(".")[0]) for f in os.listdir(out / "done"))
-    assert done == list(range(g.N)), "a block ran twice, or never"
+    assert done == list(range(n)), "a block ran twice, or never"
     back = [r.getMessage() for r in caplog.records if "given back" in r.getMessage()]
     assert back and all("behind a block running" in m for m in back)
 

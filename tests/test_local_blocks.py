@@ -320,13 +320,27 @@ def test_fast_blocks_are_prefetched_and_every_block_runs_once():
     assert s.task_states["a"].completed_count == 600
 
 
-def test_slow_blocks_are_never_prefetched():
+def test_slow_blocks_are_sent_ahead_one_at_a_time_while_the_ready_blocks_last():
     s = scheduler(12)
     core = BlockCore(s, target_secs=0.01, capacity=CAPACITY)
     core.add_task("a")
     for wid in (0, 1):
         core.add(wid, "a")
-    sent = run_until_done(core, s, [0, 1], per_block_ns=50_000_000)  # 50 ms blocks
+    sent = run_until_done(core, s, [0, 1], per_block_ns=50_000_000)  # 50 ms blocks: slower than the target
+    assert all(n == 1 for _, _, n in sent)  # one block per batch
+    assert max(depth for _, depth, _ in sent) == 2  # one waited behind a running one: no round trip between
+    assert sum(n for _, _, n in sent) == 12 and s.task_states["a"].completed_count == 12
+    # near the end (fewer ready blocks than a running and a queued one per worker) none waits
+    assert [depth for _, depth, _ in sent[-2:]] == [1, 1]
+
+
+def test_blocks_longer_than_a_second_are_never_sent_ahead():
+    s = scheduler(12)
+    core = BlockCore(s, target_secs=0.01, capacity=CAPACITY)
+    core.add_task("a")
+    for wid in (0, 1):
+        core.add(wid, "a")
+    sent = run_until_done(core, s, [0, 1], per_block_ns=2_000_000_000)  # 2 s blocks
     assert sent and all(depth == 1 and n == 1 for _, depth, n in sent)
 
 

@@ -446,7 +446,7 @@ def test_run_blockwise_raises_on_abandonment(out, capsys):
 
 # ---------------------------------------------------------------- prefetch (a second batch queued per worker)
 # Which batches are sent, and when a second one waits behind a running one, is the block workers'
-# decision core's (tests/test_local_blocks.py: fast blocks prefetched, slow ones never, what a death
+# decision core's (tests/test_local_blocks.py: fast blocks prefetched, slow ones one at a time, what a death
 # with two batches gives back); these runs are the proof that the shell and the core agree.
 
 
@@ -462,8 +462,9 @@ def test_fast_blocks_are_prefetched_and_run_once(out):
     assert len(os.listdir("/proc/self/fd")) == n_fds
 
 
-def test_slow_blocks_are_never_prefetched(out):
-    # ~50 ms blocks are slower than the 10 ms batch target: one block at a time, nothing queued behind
+def test_slow_blocks_run_once_each_with_one_sent_ahead(out):
+    # ~50 ms blocks are slower than the 10 ms batch target: batches of one block, and one more waits
+    # behind the running one while the ready blocks last (tests/test_local_blocks.py); each runs once
     states = run([make_task("sl", 12, blockfns.slow_mark, max_workers=2)])
     assert states["sl"].completed_count == 12
     assert [len(f.read_text().splitlines()) for f in done_files(out, "sl")] == [1] * 12  # each ran once

@@ -4,7 +4,9 @@ Every block that finishes creates ``$DAISY_NB_TEST_OUT/done/<spatial id>.<pid>.<
 counting its runs in that process, so that a block run twice shows as two files. Block
 ``STRAGGLER`` of ``N`` waits until every other block is done (polling, with a deadline): it
 finishes only if the blocks its worker held behind it were given back and run elsewhere.
-The others take ``WORK_SECS`` each (modelled work, so that batches hold several blocks).
+The others take ``WORK_SECS`` each (modelled work, so that batches hold several blocks);
+the ``_SLOW`` variant's take longer than a batch is meant to (one block per batch, one sent
+ahead).
 """
 
 import os
@@ -13,6 +15,10 @@ import time
 N = 300
 STRAGGLER = 150
 WORK_SECS = 0.001
+# the same with blocks slower than the pool's batch target: batches of one, one block sent ahead
+N_SLOW = 40
+STRAGGLER_SLOW = 20
+WORK_SECS_SLOW = 0.03
 DEADLINE_SECS = 60.0
 
 _runs: dict[int, int] = {}
@@ -26,15 +32,23 @@ def _done(block) -> None:
 
 
 def straggler_waits_for_the_rest(block) -> None:
-    if block.spatial_id == STRAGGLER:
+    _straggler_waits(block, N, STRAGGLER, WORK_SECS)
+
+
+def slow_straggler_waits_for_the_rest(block) -> None:
+    _straggler_waits(block, N_SLOW, STRAGGLER_SLOW, WORK_SECS_SLOW)
+
+
+def _straggler_waits(block, n: int, straggler: int, work: float) -> None:
+    if block.spatial_id == straggler:
         d = os.path.join(os.environ["DAISY_NB_TEST_OUT"], "done")
         deadline = time.monotonic() + DEADLINE_SECS
-        while not os.path.isdir(d) or len(os.listdir(d)) < N - 1:
+        while not os.path.isdir(d) or len(os.listdir(d)) < n - 1:
             if time.monotonic() > deadline:
                 raise RuntimeError("the blocks behind the straggler never ran")
             time.sleep(0.005)
     else:
-        time.sleep(WORK_SECS)
+        time.sleep(work)
     _done(block)
 
 
