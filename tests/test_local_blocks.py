@@ -308,12 +308,18 @@ def run_until_done(core, s, wids, per_block_ns, limit=10_000):
     return sent
 
 
-def test_fast_blocks_are_prefetched_and_every_block_runs_once():
-    s = scheduler(600)
+def two_workers(n: int):
+    """A one-task scheduler of ``n`` blocks and a core with two workers of it (10 ms batch target)."""
+    s = scheduler(n)
     core = BlockCore(s, target_secs=0.01, capacity=CAPACITY)
     core.add_task("a")
     for wid in (0, 1):
         core.add(wid, "a")
+    return s, core
+
+
+def test_fast_blocks_are_prefetched_and_every_block_runs_once():
+    s, core = two_workers(600)
     sent = run_until_done(core, s, [0, 1], per_block_ns=100_000)  # 0.1 ms blocks
     assert max(depth for _, depth, _ in sent) == 2  # a second batch waited behind a running one
     assert sum(n for _, _, n in sent) == 600  # every block handed out once
@@ -321,11 +327,7 @@ def test_fast_blocks_are_prefetched_and_every_block_runs_once():
 
 
 def test_slow_blocks_are_sent_ahead_one_at_a_time_while_the_ready_blocks_last():
-    s = scheduler(12)
-    core = BlockCore(s, target_secs=0.01, capacity=CAPACITY)
-    core.add_task("a")
-    for wid in (0, 1):
-        core.add(wid, "a")
+    s, core = two_workers(12)
     sent = run_until_done(core, s, [0, 1], per_block_ns=50_000_000)  # 50 ms blocks: slower than the target
     assert all(n == 1 for _, _, n in sent)  # one block per batch
     assert max(depth for _, depth, _ in sent) == 2  # one waited behind a running one: no round trip between
@@ -335,11 +337,7 @@ def test_slow_blocks_are_sent_ahead_one_at_a_time_while_the_ready_blocks_last():
 
 
 def test_blocks_longer_than_a_second_are_never_sent_ahead():
-    s = scheduler(12)
-    core = BlockCore(s, target_secs=0.01, capacity=CAPACITY)
-    core.add_task("a")
-    for wid in (0, 1):
-        core.add(wid, "a")
+    s, core = two_workers(12)
     sent = run_until_done(core, s, [0, 1], per_block_ns=2_000_000_000)  # 2 s blocks
     assert sent and all(depth == 1 and n == 1 for _, depth, n in sent)
 
