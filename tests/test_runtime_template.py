@@ -67,6 +67,15 @@ def test_forked_workers_import_no_numba_or_numpy(out):
     assert os.getpid() not in parents(out, "li")
 
 
+def test_forked_block_workers_find_the_worker_side_loaded_in_the_template(out):
+    # what every block worker imports before its first block is imported once, in the template:
+    # left to the workers, it cost each ~1 ms of CPU, a 32-worker start ~40 ms on 2 cores
+    run([make_task("ws", 6, templatefns.record_worker_side_imports, max_workers=3)])
+    extras = [extra for _, extra in done_lines(out, "ws")]
+    assert len(extras) == 6
+    assert {e.split(",")[1] for e in extras} == {"none"}
+
+
 def test_sigkilled_forked_worker_is_replaced_by_a_forked_one(out):
     # one worker, so that a replacement is needed whatever the timing (with 3, the survivors may
     # already hold every remaining block when the death is seen: no restart, seen in CI on a quiet

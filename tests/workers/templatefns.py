@@ -25,6 +25,18 @@ def record_parent_and_imports(block):
     done(block, f"{os.getppid()},{'+'.join(heavy) or 'none'}")
 
 
+def record_worker_side_imports(block):
+    """The ``done`` line's extra: the modules of the worker side (daisy_nb's, and ``mmap``) this
+    worker imported after its fork, before its first block ended (``+``-joined, ``none``). The
+    template's modules at the fork are what its import reporter starts from (``_zygote_imports``)."""
+    from daisy_nb.runtime.local import worker
+
+    before = worker.after_first_batch.__self__.sent  # the reporter: nothing sent before the first batch ends
+    mine = {__name__, "blockfns"}
+    new = sorted(m for m in sys.modules if m not in before and m not in mine and (m.startswith("daisy_nb") or m == "mmap"))
+    done(block, f"{os.getppid()},{'+'.join(new) or 'none'}")
+
+
 def churn_buffers(block):
     """Allocate and free buffers of varied sizes (zarr chunks, a block's arrays) 20 times; the
     ``done`` line's extra is the minor page faults per round in this worker."""
