@@ -33,7 +33,9 @@ def record_worker_side_imports(block):
 
     before = worker.after_first_batch.__self__.sent  # the reporter: nothing sent before the first batch ends
     mine = {__name__, "blockfns"}
-    new = sorted(m for m in sys.modules if m not in before and m not in mine and (m.startswith("daisy_nb") or m == "mmap"))
+    new = sorted(
+        m for m in sys.modules if m not in before and m not in mine and (m.startswith("daisy_nb") or m == "mmap")
+    )
     done(block, f"{os.getppid()},{'+'.join(new) or 'none'}")
 
 
