@@ -146,6 +146,63 @@ def test_killed_template_gives_a_client_loops_held_block_back(out, caplog, monke
     assert "worker template process died" in caplog.text
 
 
+def test_workers_asked_together_are_forked_in_order_and_each_runs(out):
+    # one spawn pass asks the template for several forks before it collects the first
+    # (Processes.spawn_many): each worker is the one asked for, with its own socket and segment
+    n = 64
+    states = run([make_task("tog", n, templatefns.record_parent, max_workers=8, max_retries=0)])
+    st = states["tog"]
+    assert st.completed_count == n and st.worker_start_count == 8 and st.worker_failure_count == 0
+    assert all(attempts(out, "tog", i) == 1 for i in range(n))
+    (template,) = parents(out, "tog")
+    assert template != os.getpid()
+
+
+def test_a_function_too_large_to_send_with_the_fork_is_sent_once_the_worker_exists(out):
+    from daisy_nb.runtime.local import starter
+
+    n = 12
+    fn = templatefns.RecordParentWith(4 * starter.EARLY_SEND_BYTES)  # past any socket buffer: never sent early
+    states = run([make_task("big", n, fn, max_workers=3, max_retries=0)])
+    st = states["big"]
+    assert st.completed_count == n and st.failed_count == 0
+    assert os.getpid() not in parents(out, "big")
+
+
+def test_template_dead_before_reporting_a_fork_gives_the_execd_worker_a_fresh_socket(out, monkeypatch):
+    """The template forked a worker, which read the setup sent with the request, and died before
+    its report reached the pool: the worker started by exec instead gets its own socket pair and
+    setup (on the first one nothing would ever come: it would wait forever)."""
+    from multiprocessing import connection as mpc
+
+    from daisy_nb.runtime.local import starter
+
+    finish = starter.Starter.finish
+    killed = []
+
+    def finish_after_the_template_died(self, st):
+        if not killed and st.asked and st.sent:
+            forked = self.template.collect()
+            assert mpc.wait([st.parent_end], timeout=30), "the forked worker never said it was ready"
+            os.kill(self.template.proc.pid, signal.SIGKILL)  # its workers die with it
+            self.template.proc.wait(timeout=30)
+            os.close(forked.pidfd)
+            forked.pidfd = None
+            self.template.asked += 1  # its report is lost: collect now finds the template dead
+            killed.append(forked.pid)
+        finish(self, st)
+
+    monkeypatch.setattr(starter.Starter, "finish", finish_after_the_template_died)
+    monkeypatch.setenv("DAISY_NB_TEST_POOL_PID", str(os.getpid()))
+    n = 24
+    states = run([make_task("fresh", n, templatefns.record_parent, max_workers=2, max_retries=0)])
+    st = states["fresh"]
+    assert killed
+    assert st.completed_count == n and st.failed_count == 0 and st.worker_failure_count == 0
+    assert os.getpid() in parents(out, "fresh")  # exec'd after the template died
+    assert not harness.pid_alive(killed[0])
+
+
 def test_forked_worker_logs_are_its_fd_1_and_2(out, tmp_path):
     states = run([make_task("lg", 4, templatefns.write_fds_and_fail_on_1, max_workers=1, max_retries=0)])
     st = states["lg"]

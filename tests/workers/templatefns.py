@@ -39,6 +39,17 @@ def record_worker_side_imports(block):
     done(block, f"{os.getppid()},{'+'.join(new) or 'none'}")
 
 
+class RecordParentWith:
+    """``record_parent`` carrying ``nbytes`` of data: a task whose serialized function is that large."""
+
+    def __init__(self, nbytes: int):
+        self.data = os.urandom(nbytes)
+
+    def __call__(self, block):
+        assert len(self.data) > 0
+        record_parent(block)
+
+
 def churn_buffers(block):
     """Allocate and free buffers of varied sizes (zarr chunks, a block's arrays) 20 times; the
     ``done`` line's extra is the minor page faults per round in this worker."""

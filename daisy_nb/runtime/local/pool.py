@@ -19,8 +19,9 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   runtime's thread) and set ``timeline``.
 * **Starting workers.** Up to ``max_workers`` per task, within the ``resources``
   budget, only while the task has more ready blocks than its idle workers can take;
-  at most ``SPAWN_BURST`` start per loop turn, so the first ones get work while the
-  rest are forked. A parked worker of another task gives its budget up to a task
+  at most ``SPAWN_BURST`` start per loop turn (their forks asked of the template together:
+  :meth:`.starter.Starter.start_many`), so the first ones get work while the rest are
+  forked. A parked worker of another task gives its budget up to a task
   with ready work. After ``max_worker_restarts`` replaced crashes and no worker
   left, the task is abandoned (a worker function's job ends do not count: :mod:`.exits`).
 * **Failure detection.** The main loop waits (one ``epoll`` set for the run) on
@@ -255,13 +256,9 @@ class _Pool:
         plan = plan_spawns(needs, procs.roster.budget, SPAWN_BURST)
         for tid in plan.free_for:
             procs.free_parked_for(self.trs[tid])
-        for tid in plan.start:
-            tr = self.trs[tid]
-            # the plan may start several of a task's workers in one pass: each replacement of a
-            # crash is one of the cap's, so the cap is asked again before each (as daisy starts them)
-            if tr.restarts.cap_reached(s.counters[tid]):
-                continue
-            procs.spawn(tr)
+        # the plan may start several of a task's workers in one pass: each replacement of a crash
+        # is one of the cap's, so the cap is asked again before each (as daisy starts them)
+        procs.spawn_many([self.trs[tid] for tid in plan.start])
         self.more_spawns = plan.more
 
     def _check_abandon(self) -> None:

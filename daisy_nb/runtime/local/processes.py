@@ -169,18 +169,21 @@ class Processes:
         return self.roster.views(self.blocks.batches.current_block)
 
     # ------------------------------------------------------------------ start
-    def spawn(self, tr: PoolTaskRun) -> None:
-        tr.restarts.started(self.s.counters[tr.tid])  # the restart rule (common/failures.py)
-        wid = self.roster.new_wid()
-        w: Worker
-        if tr.arity:
-            w = BlockProcess(wid, tr, tr.next_slot, self.blocks.add(wid, tr))
-        else:
-            w = FunctionWorker(wid, tr, tr.next_slot)
-        tr.next_slot += 1
-        if tr.t_spawned is None:
-            tr.t_spawned = w.t_spawn
-        self.starter.start(w, self._make_context(tr, wid))
+    def spawn_many(self, trs: list[PoolTaskRun]) -> None:
+        """A worker of each of ``trs`` whose restart cap is not reached by then, started together."""
+        ws: list[Worker] = []
+        for tr in (tr for tr in trs if not tr.restarts.cap_reached(self.s.counters[tr.tid])):  # asked before each
+            tr.restarts.started(self.s.counters[tr.tid])  # the restart rule (common/failures.py)
+            wid = self.roster.new_wid()
+            args = (wid, tr, tr.next_slot)
+            w = BlockProcess(*args, self.blocks.add(wid, tr)) if tr.arity else FunctionWorker(*args)
+            tr.next_slot += 1
+            tr.t_spawned = w.t_spawn if tr.t_spawned is None else tr.t_spawned
+            ws.append(w)
+        self.starter.start_many([(w, self._make_context(w.tr, w.wid)) for w in ws], self._register)
+
+    def _register(self, w: Worker) -> None:  # a started worker's process watched, counted from its start
+        tr, wid = w.tr, w.wid
         if w.pidfd is not None:
             self.waitables.add(w.pidfd, "pidfd", w)
         self.waitables.add(w.conn, "w", w)  # a worker function's: job reports only

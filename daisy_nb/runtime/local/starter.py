@@ -18,7 +18,9 @@ decides when a worker starts and what becomes of it; this module only starts it.
 ``run._execute`` started it early), which workers it forked, and the process group
 of every worker started. Its methods, called by :class:`.processes.Processes`:
 :meth:`Starter.start` (a new worker's process (a :mod:`.records` record), shared memory, socket pair,
-setup and pidfd), :meth:`Starter.died_with_template`, :meth:`Starter.template_gone`
+setup and pidfd), in two halves for several workers at once (:meth:`Starter.begin` asks
+the template for the fork and sends the setup, :meth:`Starter.finish` collects the
+worker: ``docs/explanation/pool.md#workers``), :meth:`Starter.died_with_template`, :meth:`Starter.template_gone`
 and :meth:`Starter.close` (the run's end: the template closed, every process group
 killed).
 """
@@ -31,8 +33,9 @@ import pickle
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing import connection as mpc
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +67,32 @@ class Starter:
     def start(self, w, context: Context) -> None:
         """Start ``w``'s process: its shared memory (block functions), socket pair (``w.conn``),
         log files, setup and function sent; ``w.pidfd`` when this platform has one."""
+        self.finish(self.begin(w, context))
+
+    def start_many(self, items: list, started: Callable[[Any], None]) -> None:
+        """Start each ``(worker, context)`` of ``items``: every fork asked of the template before
+        the first is collected. ``started(worker)`` for each one started, also when another
+        failed to start (the first error is raised once every worker asked for is collected)."""
+        begun = []
+        try:
+            for w, context in items:
+                begun.append(self.begin(w, context))
+        finally:
+            error = None
+            for st in begun:
+                try:
+                    self.finish(st)
+                except BaseException as e:  # noqa: BLE001 - raised below, once the others are in
+                    error = error or e
+                    continue
+                started(st.w)
+            if error is not None:
+                raise error
+
+    def begin(self, w, context: Context) -> _Starting:
+        """The first half of :meth:`start`: everything up to asking the template for the fork
+        (or, without a template, the whole exec). :meth:`finish` must follow, for every ``begin``
+        that returned, in the same order (:meth:`start_many`)."""
         tr = w.tr
         setup = _setup(w)
         keep_fds = []
@@ -89,25 +118,44 @@ class Starter:
             setup["tee_files"] = (logs[0].name, logs[1].name)
         env = _zygote.worker_env()
         env[Context.ENV_VARIABLE] = context.to_env()
-        fd = child_end.fileno()
+        st = _Starting(w, setup, parent_end, child_end, logs, logs if logs and not tee else None, keep_fds, env)
         try:
-            w.proc = self._start_process(env, fd, keep_fds, logs if logs and not tee else None, tr.tid)
+            st.asked = self._ask(st)
+            if not st.asked:
+                w.proc = self._exec(st)
+            elif _frames_bytes(st) <= EARLY_SEND_BYTES:  # the worker reads them as it starts, not after our collect
+                _send_setup(st)
+        except BaseException:
+            st.close()
+            st.parent_end.close()
+            raise
+        return st
+
+    def finish(self, st: _Starting) -> None:
+        """The second half of :meth:`start`: the forked worker collected from the template (or
+        started by exec if the template died meanwhile), its setup and function sent."""
+        w = st.w
+        try:
+            if st.asked:
+                try:
+                    w.proc = self.template.collect()
+                except _zygote.TemplateDied:
+                    self.template_gone()
+                    # a fresh socket pair: a worker forked before the template died may have read the frames sent
+                    st.parent_end.close()
+                    st.child_end.close()
+                    st.parent_end, st.child_end = mpc.Pipe(duplex=True)
+                    st.sent = False
+                    w.proc = self._exec(st)
+        except BaseException:
+            st.parent_end.close()
+            raise
         finally:
-            child_end.close()
-            if w.shm is not None:
-                w.shm.close_fd()  # the worker has its own
-            if logs:
-                w.err_path = logs[1].name
-                w.err_offset = logs[1].tell()
-                logs[0].close()
-                logs[1].close()
+            st.close()
         self.pgids.append(w.proc.pid)
-        w.conn = parent_end
-        try:
-            parent_end.send_bytes(pickle.dumps(setup))
-            parent_end.send_bytes(tr.payload or b"")  # serialized by the pool's prepare
-        except OSError:
-            pass  # died already: its pidfd says so
+        w.conn = st.parent_end
+        if not st.sent:
+            _send_setup(st)
         if isinstance(w.proc, _zygote.ForkedProcess):  # the template opened it before it could reap
             self.forked_wids.add(w.wid)
             w.pidfd = w.proc.pidfd
@@ -138,35 +186,44 @@ class Starter:
         except OSError:
             pass  # died already: its pidfd says so
 
-    def _start_process(self, env: dict, fd: int, keep_fds: list, logs, tid: str):
-        """Fork the worker from the run's template (started on first use), else exec it."""
+    def _ask(self, st: _Starting) -> bool:
+        """Ask the run's template (started on first use) for the fork; False: no template (exec)."""
         if self.template is None and not self.template_failed:
             trs = list(self.trs.values())
             memory = _zygote.memory_path([tr.task for tr in trs])
             self.template = _zygote.start_early(any(t.arity == 0 for t in trs), memory)
             self.template_failed = self.template is None
-        if self.template is not None and not self.template.dead:
-            fds = {"conn": fd}
-            outs = (logs[0].fileno(), logs[1].fileno()) if logs else (1, 2)  # else: this process's console
-            for name, x in zip(("out", "err"), outs):
-                try:
-                    os.fstat(x)
-                    fds[name] = x
-                except OSError:
-                    pass
-            if keep_fds:
-                fds["shm"] = keep_fds[0]
+        if self.template is None or self.template.dead:
+            return False
+        fd = st.child_end.fileno()
+        fds = {"conn": fd}
+        logs = st.fd_logs
+        outs = (logs[0].fileno(), logs[1].fileno()) if logs else (1, 2)  # else: this process's console
+        for name, x in zip(("out", "err"), outs):
             try:
-                return self.template.fork(env, fds, [_WORKER_PY, str(fd), str(os.getpid())], tid)
-            except _zygote.TemplateDied:
-                self.template_gone()
+                os.fstat(x)
+                fds[name] = x
+            except OSError:
+                pass
+        if st.keep_fds:
+            fds["shm"] = st.keep_fds[0]
+        try:
+            self.template.ask(st.env, fds, [_WORKER_PY, str(fd), str(os.getpid())], st.w.tr.tid)
+        except _zygote.TemplateDied:
+            self.template_gone()
+            return False
+        return True
+
+    def _exec(self, st: _Starting):
+        """``python -m daisy_nb.runtime.local.worker`` (no template, or it died)."""
+        fd, logs = st.child_end.fileno(), st.fd_logs
         return subprocess.Popen(
             [sys.executable, "-m", "daisy_nb.runtime.local.worker", str(fd), str(os.getpid())],
-            pass_fds=(fd, *keep_fds),
+            pass_fds=(fd, *st.keep_fds),
             stdin=subprocess.DEVNULL,
             stdout=logs[0] if logs else None,
             stderr=logs[1] if logs else None,
-            env=env,
+            env=st.env,
             start_new_session=True,  # own process group: Ctrl-C is ours to handle, killpg reaps helpers
         )
 
@@ -211,3 +268,60 @@ def _setup(w) -> dict:
         "ndim": tr.ndim,
         "wire": wire.VERSION,
     }
+
+
+EARLY_SEND_BYTES = 48 << 10  # setup and function sent with the fork asked when they fit a pipe's buffer (64 KiB)
+
+
+def _frames_bytes(st: _Starting) -> int:
+    st.setup_bytes = pickle.dumps(st.setup)
+    return len(st.setup_bytes) + len(st.w.tr.payload or b"")
+
+
+def _send_setup(st: _Starting) -> None:
+    """The worker's first two frames: its setup, its function (serialized by the pool's prepare).
+    Sent when the fork is asked if they fit the socket's buffer (nothing can block then, even if
+    the template dies before it forks), else once the worker exists."""
+    st.sent = True
+    try:
+        st.parent_end.send_bytes(st.setup_bytes if st.setup_bytes is not None else pickle.dumps(st.setup))
+        st.parent_end.send_bytes(st.w.tr.payload or b"")
+    except OSError:
+        pass  # died already: its pidfd says so
+
+
+class _Starting:
+    """A worker between :meth:`Starter.begin` and :meth:`Starter.finish`: what the start holds
+    open until the worker has its copies (the child's end of the socket pair, the segment's fd,
+    the log files)."""
+
+    __slots__ = (
+        "w", "setup", "setup_bytes", "parent_end", "child_end", "logs", "fd_logs", "keep_fds", "env", "asked",
+        "sent", "closed",
+    )  # fmt: skip
+
+    def __init__(self, w, setup: dict, parent_end, child_end, logs, fd_logs, keep_fds: list, env: dict):
+        self.w, self.setup, self.env = w, setup, env
+        self.parent_end, self.child_end = parent_end, child_end
+        self.logs = logs  # the slot's .out/.err files, or None
+        self.fd_logs = fd_logs  # the same when they become the worker's fds 1/2 (not in log mode "both")
+        self.keep_fds = keep_fds
+        self.asked = False  # a fork was asked of the template
+        self.setup_bytes: bytes | None = None
+        self.sent = False  # the setup and function are in the socket
+        self.closed = False
+
+    def close(self) -> None:
+        """Close what the worker has its own copies of (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        w, logs = self.w, self.logs
+        self.child_end.close()
+        if w.shm is not None:
+            w.shm.close_fd()  # the worker has its own
+        if logs:
+            w.err_path = logs[1].name
+            w.err_offset = logs[1].tell()
+            logs[0].close()
+            logs[1].close()
