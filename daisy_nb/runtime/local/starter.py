@@ -123,8 +123,10 @@ class Starter:
             st.asked = self._ask(st)
             if not st.asked:
                 w.proc = self._exec(st)
-            elif _frames_bytes(st) <= EARLY_SEND_BYTES:  # the worker reads them as it starts, not after our collect
-                _send_setup(st)
+            else:
+                st.setup_bytes = pickle.dumps(setup)
+                if len(st.setup_bytes) + len(tr.payload or b"") <= EARLY_SEND_BYTES:
+                    _send_setup(st)  # the worker reads them as it starts, not after our collect
         except BaseException:
             st.close()
             st.parent_end.close()
@@ -270,12 +272,8 @@ def _setup(w) -> dict:
     }
 
 
-EARLY_SEND_BYTES = 48 << 10  # setup and function sent with the fork asked when they fit a pipe's buffer (64 KiB)
-
-
-def _frames_bytes(st: _Starting) -> int:
-    st.setup_bytes = pickle.dumps(st.setup)
-    return len(st.setup_bytes) + len(st.w.tr.payload or b"")
+# a worker's setup and function are sent with its fork's request when this small (a socket's buffer holds them)
+EARLY_SEND_BYTES = 48 << 10
 
 
 def _send_setup(st: _Starting) -> None:
