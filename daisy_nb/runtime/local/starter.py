@@ -17,10 +17,10 @@ decides when a worker starts and what becomes of it; this module only starts it.
 :class:`Starter` owns the run's worker template (started on first use unless
 ``run._execute`` started it early), which workers it forked, and the process group
 of every worker started. Its methods, called by :class:`.processes.Processes`:
-:meth:`Starter.start` (a new worker's process (a :mod:`.records` record), shared memory, socket pair,
-setup and pidfd), in two halves for several workers at once (:meth:`Starter.begin` asks
+:meth:`Starter.start_many` (new workers' processes (:mod:`.records` records), shared memory, socket pairs,
+setup and pidfds), each in two halves so that several start at once (:meth:`Starter.begin` asks
 the template for the fork and sends the setup, :meth:`Starter.finish` collects the
-worker: ``docs/explanation/pool.md#workers``), :meth:`Starter.died_with_template`, :meth:`Starter.template_gone`
+worker: ``docs/explanation/pool.md#workers``), :meth:`Starter.retask`, :meth:`Starter.died_with_template`, :meth:`Starter.template_gone`
 and :meth:`Starter.close` (the run's end: the template closed, every process group
 killed).
 """
@@ -64,15 +64,12 @@ class Starter:
         self.forked_wids: set[int] = set()  # workers forked by the template (they die with it)
         self.pgids: list[int] = []  # the process group of every worker started
 
-    def start(self, w, context: Context) -> None:
-        """Start ``w``'s process: its shared memory (block functions), socket pair (``w.conn``),
-        log files, setup and function sent; ``w.pidfd`` when this platform has one."""
-        self.finish(self.begin(w, context))
-
     def start_many(self, items: list, started: Callable[[Any], None]) -> None:
-        """Start each ``(worker, context)`` of ``items``: every fork asked of the template before
-        the first is collected. ``started(worker)`` for each one started, also when another
-        failed to start (the first error is raised once every worker asked for is collected)."""
+        """Start the process of each ``(worker, context)`` of ``items``: its shared memory (block
+        functions), socket pair (``w.conn``), log files, setup and function sent, ``w.pidfd``
+        when this platform has one; every fork asked of the template before the first is
+        collected. ``started(worker)`` for each one started, also when another failed to start
+        (the first error is raised once every worker asked for is collected)."""
         begun = []
         try:
             for w, context in items:
@@ -90,7 +87,7 @@ class Starter:
                 raise error
 
     def begin(self, w, context: Context) -> _Starting:
-        """The first half of :meth:`start`: everything up to asking the template for the fork
+        """The first half of a worker's start: everything up to asking the template for the fork
         (or, without a template, the whole exec). :meth:`finish` must follow, for every ``begin``
         that returned, in the same order (:meth:`start_many`)."""
         tr = w.tr
@@ -134,7 +131,7 @@ class Starter:
         return st
 
     def finish(self, st: _Starting) -> None:
-        """The second half of :meth:`start`: the forked worker collected from the template (or
+        """The second half of a worker's start: the forked worker collected from the template (or
         started by exec if the template died meanwhile), its setup and function sent."""
         w = st.w
         try:
