@@ -25,16 +25,23 @@ def record_parent_and_imports(block):
     done(block, f"{os.getppid()},{'+'.join(heavy) or 'none'}")
 
 
+_template_modules: set = set()  # the template's modules at this worker's fork (read at its first block)
+
+
 def record_worker_side_imports(block):
     """The ``done`` line's extra: the modules of the worker side (daisy_nb's, and ``mmap``) this
-    worker imported after its fork, before its first block ended (``+``-joined, ``none``). The
-    template's modules at the fork are what its import reporter starts from (``_zygote_imports``)."""
+    worker imported after its fork, before this block ended (``+``-joined, ``none``). The
+    template's modules at the fork are what its import reporter starts from (``_zygote_imports``),
+    read in the worker's first batch (the reporter's hook is gone after it)."""
     from daisy_nb.runtime.local import worker
 
-    before = worker.after_first_batch.__self__.sent  # the reporter: nothing sent before the first batch ends
+    if not _template_modules:
+        _template_modules.update(worker.after_first_batch.__self__.sent)
     mine = {__name__, "blockfns"}
     new = sorted(
-        m for m in sys.modules if m not in before and m not in mine and (m.startswith("daisy_nb") or m == "mmap")
+        m
+        for m in sys.modules
+        if m not in _template_modules and m not in mine and (m.startswith("daisy_nb") or m == "mmap")
     )
     done(block, f"{os.getppid()},{'+'.join(new) or 'none'}")
 
