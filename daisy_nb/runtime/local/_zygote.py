@@ -249,13 +249,8 @@ class Template:
         finally:
             theirs.close()
 
-    def fork(self, env: dict, fds: dict[str, int], argv: list[str], task: str = "") -> ForkedProcess:
-        """Fork a worker of ``task`` with these descriptors (duplicated into it); raises TemplateDied."""
-        self.ask(env, fds, argv, task)
-        return self.collect()
-
     def ask(self, env: dict, fds: dict[str, int], argv: list[str], task: str = "") -> None:
-        """Ask for a worker of ``task`` with these descriptors (duplicated into the request: the
+        """Ask for a worker of ``task`` forked with these descriptors (duplicated into the request: the
         caller may close its own after this); :meth:`collect` returns it. Several may be asked
         before the first is collected: the template forks them one after another while the pool
         goes on (each fork waited for in turn was a round trip of 1-15 ms on a busy 2-core
