@@ -140,3 +140,37 @@ def test_blocks_handed_out_slowly_stay_plain(tmp_path):
     hand_out = "b = s.acquire_block('s'); time.sleep(0.01); b.status = daisy.BlockStatus.SUCCESS; s.release_block(b)"
     res = _fresh(_DEFERRED.format(hand_out=hand_out), tmp_path)
     assert res == {"at_init": False, "compiled": False, "numba": False}
+
+
+_TCP_SERVER = ("daisy_nb.runtime.net.server", "daisy_nb.runtime.net.handout", "daisy_nb.runtime.net.transport")
+
+_LISTENS = """
+    import json, sys
+    import daisy_nb as daisy
+    from daisy_nb import Roi
+
+    def block(b):
+        pass
+
+    def function():  # a 0-argument worker function: its Client connects over TCP
+        c = daisy.Client()
+        while True:
+            with c.acquire_block() as b:
+                if b is None:
+                    break
+
+    t = daisy.Task("t", Roi((0,), (40,)), Roi((0,), (10,)), Roi((0,), (10,)),
+                   process_function={fn}, max_workers=2, read_write_conflict=False)
+    states = daisy.run_blockwise([t], host={host}, return_states=True, progress=False, summary=False)
+    print(json.dumps({{"completed": states["t"].completed_count,
+                       "loaded": sorted(m for m in {modules} if m in sys.modules)}}))
+"""
+
+
+def test_a_run_of_block_functions_does_not_load_the_tcp_server(tmp_path):
+    """No task's worker function connects over TCP: the run neither listens nor loads the TCP
+    server (its memory counts in every local run's peak); one that does, loads it and completes."""
+    plain = _fresh(_LISTENS.format(fn="block", host=None, modules=_TCP_SERVER), tmp_path)
+    assert plain == {"completed": 4, "loaded": []}
+    listens = _fresh(_LISTENS.format(fn="function", host='"127.0.0.1"', modules=_TCP_SERVER), tmp_path)
+    assert listens == {"completed": 4, "loaded": sorted(_TCP_SERVER)}

@@ -3,7 +3,7 @@
 A worker function runs its own ``daisy_nb.Client`` loop (often as a cluster job:
 ``sbatch --wait``, ``srun``, a launcher of :mod:`daisy_nb.launch`); its process is a
 :class:`.records.FunctionWorker`, started and ended by :class:`.processes.Processes`.
-Its connections are the TCP server's (:class:`daisy_nb.runtime.clients.Clients`). This
+Its connections are the TCP server's (:class:`daisy_nb.runtime.net.server.Clients`). This
 module is the one place that knows what a worker function's job did and what to say
 about it. :class:`Functions` is the narrow interface between the two sides:
 

@@ -1,7 +1,7 @@
 """Where a pool run's ``daisy_nb.Client`` connections arrive, and what every worker is told.
 
 :class:`Listening` owns the run's secret, the TCP listener (started only when a task has a
-0-argument worker function: :mod:`daisy_nb.runtime.net.transport`, every connection
+0-argument worker function, and only then loaded: :mod:`daisy_nb.runtime.net.transport`, every connection
 authenticated with the secret before any of its bytes are read, in the listener's
 thread), the address it advertises (``host``, else detected as daisy 2.0.0 does:
 :func:`daisy_nb.runtime.net.address.detect_address`), the liveness timeouts, the
@@ -16,11 +16,15 @@ import logging
 import queue
 import secrets
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from daisy_nb import logging as dlog
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun
-from daisy_nb.runtime.net import address, liveness, transport
+from daisy_nb.runtime.net import address, liveness
+
+if TYPE_CHECKING:
+    from daisy_nb.runtime.net import transport
 
 __all__ = ["Listening"]
 
@@ -45,6 +49,8 @@ class Listening:
     def start(self) -> str:
         """Start listening; returns where Client connections go (for messages)."""
 
+        from daisy_nb.runtime.net import transport  # a run that never listens does not load it
+
         def on_conn(conn):  # listener thread: an authenticated connection
             self.new_conns.put(conn)
             self._wake()
@@ -60,6 +66,8 @@ class Listening:
     def check_host(self) -> None:
         """No Client will connect, but a ``host`` this machine does not have is an error all the same."""
         if self.host_given:
+            from daisy_nb.runtime.net import transport
+
             transport.Listener.check_bindable(self.bind_host)
 
     def accepted(self) -> Iterator:

@@ -8,7 +8,7 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   (:class:`.blocks.BlockCore`: batches, prefetch, parking, timeouts, exits, tested
   without processes); 0-argument worker functions' jobs and daisy 2.0.0's diagnoses are
   :class:`.functions.Functions`; the ``daisy_nb.Client`` connections are
-  :class:`daisy_nb.runtime.clients.Clients`, which asks and tells ``Functions`` about the
+  :class:`daisy_nb.runtime.net.server.Clients`, which asks and tells ``Functions`` about the
   worker function a connection belongs to (its ``Jobs`` protocol) and is asked
   ``has_client``. What a task asks for (its run record, batch sizing, function
   serialisation) is :mod:`daisy_nb.runtime.common` and :mod:`.pool_parts`. The listener
@@ -35,7 +35,8 @@ Design (numbers in ``benchmarks/bench_runtime.py``):
   connections as with 2.
 * **0-argument worker functions** run their own ``daisy_nb.Client`` loop over TCP
   (:mod:`daisy_nb.runtime.net.transport`: a listener on ``host``, by default on every interface with an
-  address detected as daisy 2.0.0 does, started only when such a task exists;
+  address detected as daisy 2.0.0 does, started only when such a task exists, and only
+  then is the TCP server loaded: until it is, :class:`.no_clients.NoClients` stands in;
   every connection authenticated with a per-run secret before any of its bytes
   are read, in the listener's thread). The address, the secret and
   the liveness timeouts travel in ``DAISY_CONTEXT``, so programs the worker
@@ -58,6 +59,7 @@ import os
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from daisy_nb import logging as dlog
 from daisy_nb.progress import ABANDON_RESTARTS, Heartbeat, notify, raise_if_abandoned
@@ -66,10 +68,13 @@ from daisy_nb.runtime.common.run_end import end_run
 from daisy_nb.runtime.local.budget import TaskNeed, plan_spawns
 from daisy_nb.runtime.local.functions import Functions
 from daisy_nb.runtime.local.listening import Listening
+from daisy_nb.runtime.local.no_clients import NoClients
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun, Waitables
 from daisy_nb.runtime.local.processes import Processes
-from daisy_nb.runtime.net.server import Clients
 from daisy_nb.runtime.snapshot import RunningBlock, WorkerSnapshot
+
+if TYPE_CHECKING:
+    from daisy_nb.runtime.net.server import Clients
 
 __all__ = ["raise_if_abandoned", "run_pool"]
 
@@ -136,14 +141,7 @@ class _Pool:
             observer=observer,
             template=template,  # started early by run._execute, else by the first spawn
         )
-        self.tcp = Clients(
-            scheduler,
-            self.trs,
-            self.waitables,
-            self.functions,
-            self._abandon,
-            net=self.net,
-        )
+        self.tcp: Clients | NoClients = NoClients()  # the TCP server once listening (_start_listener)
         self.functions.attach(self.procs, self.tcp)
         self._timeline = None
 
@@ -215,8 +213,14 @@ class _Pool:
             self.listening.check_host()
 
     def _start_listener(self):
+        from daisy_nb.runtime.net.server import Clients  # only a run that listens loads the TCP server
+
         where = self.listening.start()
+        self.tcp = Clients(self.s, self.trs, self.waitables, self.functions, self._abandon, net=self.net)
         self.tcp.listening(where)
+        if self._timeline is not None:  # the dashboard attaches it before the run is prepared
+            self.tcp.attach_timeline(self._timeline)
+        self.functions.attach(self.procs, self.tcp)
         self.functions.listening(where)
 
     def _wake(self):

@@ -3,7 +3,7 @@
 The pool (:mod:`.pool`) is made of parts that each own their state: the worker
 processes (:class:`.processes.Processes`), worker functions' jobs
 (:class:`.functions.Functions`), the ``daisy_nb.Client`` connections
-(:class:`daisy_nb.runtime.clients.Clients`), and the pool itself (the main loop, the
+(:class:`daisy_nb.runtime.net.server.Clients`), and the pool itself (the main loop, the
 dispatch across tasks, the listener, abandonment). They share only what is here, each
 part handed it at construction:
 
