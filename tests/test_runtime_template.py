@@ -179,7 +179,7 @@ def test_template_dead_before_reporting_a_fork_gives_the_execd_worker_a_fresh_so
 
     from daisy_nb.runtime.local import starter
 
-    finish = starter.Starter.finish
+    finish = starter.Starter._finish
     killed = []
 
     def finish_after_the_template_died(self, st):
@@ -194,7 +194,7 @@ def test_template_dead_before_reporting_a_fork_gives_the_execd_worker_a_fresh_so
             killed.append(forked.pid)
         finish(self, st)
 
-    monkeypatch.setattr(starter.Starter, "finish", finish_after_the_template_died)
+    monkeypatch.setattr(starter.Starter, "_finish", finish_after_the_template_died)
     monkeypatch.setenv("DAISY_NB_TEST_POOL_PID", str(os.getpid()))
     n = 24
     states = run([make_task("fresh", n, templatefns.record_parent, max_workers=2, max_retries=0)])

@@ -18,8 +18,8 @@ decides when a worker starts and what becomes of it; this module only starts it.
 ``run._execute`` started it early), which workers it forked, and the process group
 of every worker started. Its methods, called by :class:`.processes.Processes`:
 :meth:`Starter.start_many` (new workers' processes (:mod:`.records` records), shared memory, socket pairs,
-setup and pidfds), each in two halves so that several start at once (:meth:`Starter.begin` asks
-the template for the fork and sends the setup, :meth:`Starter.finish` collects the
+setup and pidfds), each in two halves so that several start at once (:meth:`Starter._begin` asks
+the template for the fork and sends the setup, :meth:`Starter._finish` collects the
 worker: ``docs/explanation/pool.md#workers``), :meth:`Starter.retask`, :meth:`Starter.died_with_template`, :meth:`Starter.template_gone`
 and :meth:`Starter.close` (the run's end: the template closed, every process group
 killed).
@@ -73,12 +73,12 @@ class Starter:
         begun = []
         try:
             for w, context in items:
-                begun.append(self.begin(w, context))
+                begun.append(self._begin(w, context))
         finally:
             error = None
             for st in begun:
                 try:
-                    self.finish(st)
+                    self._finish(st)
                 except BaseException as e:  # noqa: BLE001 - raised below, once the others are in
                     error = error or e
                     continue
@@ -86,9 +86,9 @@ class Starter:
             if error is not None:
                 raise error
 
-    def begin(self, w, context: Context) -> _Starting:
+    def _begin(self, w, context: Context) -> _Starting:
         """The first half of a worker's start: everything up to asking the template for the fork
-        (or, without a template, the whole exec). :meth:`finish` must follow, for every ``begin``
+        (or, without a template, the whole exec). :meth:`_finish` must follow, for every ``_begin``
         that returned, in the same order (:meth:`start_many`)."""
         tr = w.tr
         setup = _setup(w)
@@ -130,7 +130,7 @@ class Starter:
             raise
         return st
 
-    def finish(self, st: _Starting) -> None:
+    def _finish(self, st: _Starting) -> None:
         """The second half of a worker's start: the forked worker collected from the template (or
         started by exec if the template died meanwhile), its setup and function sent."""
         w = st.w
@@ -286,7 +286,7 @@ def _send_setup(st: _Starting) -> None:
 
 
 class _Starting:
-    """A worker between :meth:`Starter.begin` and :meth:`Starter.finish`: what the start holds
+    """A worker between :meth:`Starter._begin` and :meth:`Starter._finish`: what the start holds
     open until the worker has its copies (the child's end of the socket pair, the segment's fd,
     the log files)."""
 
