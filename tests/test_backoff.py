@@ -310,7 +310,10 @@ def _while_waiting(out, records):
     """The log records made while block 0 or 2 waited for its retry, from its failure to its
     retry's start (a record's wall-clock time turned into the blocks' monotonic one)."""
     offset = time.time() - time.monotonic()
-    windows = [(_times(out, b)[1][1], _times(out, b)[2][1]) for b in (0, 2)]
+    windows = []
+    for block in (0, 2):
+        events = _times(out, block)
+        windows.append((events[1][1], events[2][1]))
     return [r for r in records if any(lo < r.created - offset < hi for lo, hi in windows)]
 
 

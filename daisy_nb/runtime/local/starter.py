@@ -115,15 +115,14 @@ class Starter:
             setup["tee_files"] = (logs[0].name, logs[1].name)
         env = _zygote.worker_env()
         env[Context.ENV_VARIABLE] = context.to_env()
-        st = _Starting(w, setup, parent_end, child_end, logs, logs if logs and not tee else None, keep_fds, env)
+        fd_logs = logs if logs and not tee else None
+        st = _Starting(w, pickle.dumps(setup), parent_end, child_end, logs, fd_logs, keep_fds, env)
         try:
             st.asked = self._ask(st)
             if not st.asked:
                 w.proc = self._exec(st)
-            else:
-                st.setup_bytes = pickle.dumps(setup)
-                if len(st.setup_bytes) + len(tr.payload or b"") <= EARLY_SEND_BYTES:
-                    _send_setup(st)  # the worker reads them as it starts, not after our collect
+            elif len(st.setup) + len(tr.payload or b"") <= EARLY_SEND_BYTES:
+                _send_setup(st)  # the worker reads them as it starts, not after our collect
         except BaseException:
             st.close()
             st.parent_end.close()
@@ -279,7 +278,7 @@ def _send_setup(st: _Starting) -> None:
     the template dies before it forks), else once the worker exists."""
     st.sent = True
     try:
-        st.parent_end.send_bytes(st.setup_bytes if st.setup_bytes is not None else pickle.dumps(st.setup))
+        st.parent_end.send_bytes(st.setup)
         st.parent_end.send_bytes(st.w.tr.payload or b"")
     except OSError:
         pass  # died already: its pidfd says so
@@ -291,18 +290,17 @@ class _Starting:
     the log files)."""
 
     __slots__ = (
-        "w", "setup", "setup_bytes", "parent_end", "child_end", "logs", "fd_logs", "keep_fds", "env", "asked",
+        "w", "setup", "parent_end", "child_end", "logs", "fd_logs", "keep_fds", "env", "asked",
         "sent", "closed",
     )  # fmt: skip
 
-    def __init__(self, w, setup: dict, parent_end, child_end, logs, fd_logs, keep_fds: list, env: dict):
-        self.w, self.setup, self.env = w, setup, env
+    def __init__(self, w, setup: bytes, parent_end, child_end, logs, fd_logs, keep_fds: list, env: dict):
+        self.w, self.setup, self.env = w, setup, env  # setup: pickled, the worker's first frame
         self.parent_end, self.child_end = parent_end, child_end
         self.logs = logs  # the slot's .out/.err files, or None
         self.fd_logs = fd_logs  # the same when they become the worker's fds 1/2 (not in log mode "both")
         self.keep_fds = keep_fds
         self.asked = False  # a fork was asked of the template
-        self.setup_bytes: bytes | None = None
         self.sent = False  # the setup and function are in the socket
         self.closed = False
 
