@@ -68,10 +68,11 @@ counters and retries (it is told about one end per attempt: the one that counts)
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
+
+from daisy_nb.scheduling.median import median
 
 __all__ = [
     "BACKUP_GIVE_UP",
@@ -174,7 +175,7 @@ class TaskTimes:
         self._done[row] = 1
         self.n_done += 1
         self._secs.append(secs)
-        self._median = statistics.median(self._secs) if len(self._secs) >= MIN_SAMPLES else None
+        self._median = median(self._secs) if len(self._secs) >= MIN_SAMPLES else None
 
     def median(self) -> float | None:
         """The median of the last ``WINDOW`` successful block times, None before ``MIN_SAMPLES``
@@ -192,7 +193,7 @@ class TaskTimes:
         assert set(self._done) <= {0, 1}, "a done flag that is neither 0 nor 1"
         assert len(self._secs) == min(self.n_done, WINDOW), "the window holds other than the last blocks"
         assert all(math.isfinite(s) and s >= 0 for s in self._secs), "a block time that is not >= 0"
-        want = statistics.median(self._secs) if len(self._secs) >= MIN_SAMPLES else None
+        want = median(self._secs) if len(self._secs) >= MIN_SAMPLES else None
         assert self._median == want, f"median {self._median}, window's {want}"
         assert self.n_done == 0 or self.factor is not None, "a task without backups has done blocks here"
 

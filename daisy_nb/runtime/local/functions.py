@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -46,6 +45,7 @@ from typing import Protocol
 from daisy_nb.runtime.local.exits import ExitKind, classify_worker_exit
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun
 from daisy_nb.runtime.local.records import FunctionWorker, job_text
+from daisy_nb.scheduling.median import median
 
 __all__ = ["MUST_BLOCK", "Functions", "job_report"]
 
@@ -179,7 +179,7 @@ class Functions:
         to its Client's first ask for a block (submission, queue, start-up, the program's own set-up),
         over its last jobs; None before the first."""
         xs = self.start_secs.get(tid)
-        return statistics.median(xs) if xs else None
+        return median(xs) if xs else None
 
     def returned(self, wid: int) -> bool:
         """Worker ``wid``'s function had returned on its own (a connection for it comes too late)."""

@@ -31,12 +31,12 @@ a measured time per block is not negative.
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from daisy_nb.runtime.common.batching import next_batch
+from daisy_nb.scheduling.median import median
 
 __all__ = ["AHEAD_MAX_SECS", "PER_WORKER_BATCH_SECS", "BatchSizing", "BlockTask"]
 
@@ -80,7 +80,7 @@ class BatchSizing:
         t = self.tasks[tid]
         t.block_secs.append(elapsed_ns / n / 1e9)
         k = min(TYPICAL_OF, len(t.block_secs))
-        t.per_block = statistics.median(itertools.islice(reversed(t.block_secs), k))
+        t.per_block = median(itertools.islice(reversed(t.block_secs), k))
         t.batch_k = next_batch(t.batch_k, t.per_block, self.batch_target(), self.capacity)
 
     def batch_target(self) -> float:

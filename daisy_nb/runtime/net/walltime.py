@@ -23,8 +23,9 @@ parked connections were served, none whose time ran short is parked (:func:`chec
 from __future__ import annotations
 
 import logging
-import statistics
 from typing import Any
+
+from daisy_nb.scheduling.median import median
 
 __all__ = ["WALLTIME_FACTOR", "WalltimeRule", "check_walltime"]
 
@@ -35,7 +36,7 @@ WALLTIME_FACTOR = 2.0  # a job gets a block only while its time left covers this
 
 def median_block_secs(tr) -> float | None:
     """The median time of ``tr``'s recent finished blocks (its last 64), None before the first."""
-    return statistics.median(tr.block_secs) if tr.block_secs else None
+    return median(tr.block_secs) if tr.block_secs else None
 
 
 def _short(cc, med: float | None, before: int, now_ns: int) -> int | None:
