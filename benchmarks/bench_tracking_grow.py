@@ -71,11 +71,11 @@ def worker_make(path: str, blocks: int) -> None:
 
 
 def worker_migrate(path: str, blocks: int) -> None:
-    from daisy_nb.tracking import TrackingStore, _open
+    from daisy_nb.tracking import TrackingStore, _grow
 
     _, _, new = geometry(blocks)
     rec: dict = {}
-    real = _open.migrate
+    real = _grow.migrate
 
     def timed(p, growth, durable=True):
         flagged = reset_peak()
@@ -93,7 +93,7 @@ def worker_migrate(path: str, blocks: int) -> None:
         )
         return info
 
-    _open.migrate = timed
+    _grow.migrate = timed
     from daisy_nb.tracking import _io
 
     marks: dict = {}

@@ -20,7 +20,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daisy_nb.tracking import LAYOUT_ATTRIBUTE, TrackingStore, _grow, grid_linear_indices, read_tracking, task_hash
+from daisy_nb.tracking import (
+    LAYOUT_ATTRIBUTE,
+    TrackingStore,
+    _grow,
+    _layout,
+    grid_linear_indices,
+    read_tracking,
+    task_hash,
+)
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -54,7 +62,7 @@ def twin(old_cfg, new_cfg, old_done: np.ndarray, old_fail: np.ndarray):
     for b in og.blocks():
         i = _lin(old_cfg, b)
         marks[_key(og, b)] = (old_done[i], old_fail[i])
-    n = int(np.prod(_grow._Axes(_grow.layout_record(*_rois(new_cfg))).grid))
+    n = int(np.prod(_grow._Axes(_layout.layout_record(*_rois(new_cfg))).grid))
     done, fail = np.zeros(n, np.uint8), np.zeros(n, np.uint32)
     for b in ng.blocks():
         m = marks.get(_key(ng, b))
@@ -434,8 +442,8 @@ def test_sparse_piece_writes(tmp_path, seed):
 
 
 def test_growth_validate_catches_a_broken_mapping():
-    old = _grow.layout_record(*_rois({**BASE, "fit": "shrink"}))
-    new = _grow.layout_record(*_rois(_grown({**BASE, "fit": "shrink"}, (1, 0), (20, 13))))
+    old = _layout.layout_record(*_rois({**BASE, "fit": "shrink"}))
+    new = _layout.layout_record(*_rois(_grown({**BASE, "fit": "shrink"}, (1, 0), (20, 13))))
     g = _grow.compare(old, new)
     assert isinstance(g, _grow.Growth)
     g.validate()

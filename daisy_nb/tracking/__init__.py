@@ -17,8 +17,9 @@ Modules: :mod:`._grid` (task hash, grid shape, where a store lives, reset),
 :mod:`._files` (metadata documents, atomic writes, raw chunks, :func:`read_tracking`),
 :mod:`._io` (which write path a file system takes, ``DAISY_NB_TRACKING_IO``,
 :class:`TrackingWriteError`, the crash-safe conversion of a foreign array),
-:mod:`._grow` (the layout record beside the hash; a store for a volume that grew
-migrated to the grown grid, keeping the marks of unchanged blocks) and
+:mod:`._layout` (the layout record beside the hash), :mod:`._open` (whose store is
+it: fresh, the same task's, or grown), :mod:`._grow` (a store for a volume that grew
+migrated to the grown grid, keeping the marks of unchanged blocks; loaded only then) and
 :mod:`._store` (:class:`TrackingStore`: the chunks mapped shared, or held in memory
 and written with ``pwrite``, so a mark is in the file at once and a flush writes
 only the pages that changed).
@@ -51,8 +52,8 @@ from ._grid import (
     set_tracking_basedir,
     task_hash,
 )
-from ._grow import LAYOUT_ATTRIBUTE, layout_record
 from ._io import ENV_IO, TrackingWriteError
+from ._layout import LAYOUT_ATTRIBUTE, layout_record
 from ._store import TrackingStore
 
 __all__ = [

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ._files import HASH_ATTRIBUTE, _read_json, _write_json
 from ._grid import task_hash
-from ._grow import LAYOUT_ATTRIBUTE, compare, layout_record, mismatch_message, recover, stored_record
+from ._grow import compare, mismatch_message, recover
+from ._layout import LAYOUT_ATTRIBUTE, layout_record, stored_record
 
 __all__ = ["add_arguments", "main"]
 

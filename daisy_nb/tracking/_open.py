@@ -1,7 +1,7 @@
 """Opening a tracking group: whose is it, and what to do about it.
 
 :func:`load_group` decides whether the group at a path belongs to the task being opened
-(its ``daisy_task_hash`` and layout record, :mod:`._grow`): fresh (created, arrays first and
+(its ``daisy_task_hash`` and layout record, :mod:`._layout`): fresh (created, arrays first and
 the group document last), the same task (its layout record added or completed), a smaller
 volume on the same grid (migrated, keeping the marks of the blocks that did not change),
 a caller-provided store without a hash (accepted as daisy 2.0.0 does), or another task
@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ._files import HASH_ATTRIBUTE, _group_metadata, _read_json, _write_json
-from ._grow import LAYOUT_ATTRIBUTE, compare, migrate, mismatch_message, recover, stored_record
+from ._io import side_paths
+from ._layout import LAYOUT_ATTRIBUTE, stored_record
 
 
 def load_group(
@@ -27,7 +28,10 @@ def load_group(
     then ``load_arrays()``. Returns what a migration kept (the store's ``grown_from``), or None.
     """
     group_json = p / "zarr.json"
-    recover(p, h)  # a migration a crash interrupted: finished or rolled back
+    if any(d.exists() for d in side_paths(p.parent, p.name)):  # a migration a crash interrupted
+        from . import _grow  # (only a grown store needs it: ~0.1 MB a run otherwise never loads)
+
+        _grow.recover(p, h)  # finished or rolled back
     if not group_json.exists():
         if p.exists() and not p.is_dir():
             raise RuntimeError(f"cannot open block tracking at {p}: not a directory")
@@ -52,13 +56,15 @@ def load_group(
     attrs = meta.get("attributes") or {}
     stored = attrs.get(HASH_ATTRIBUTE)
     if stored != h and (stored is not None or require_hash):
+        from . import _grow
+
         rec = stored_record(meta) if stored is not None else None
         if rec is None:
-            raise RuntimeError(mismatch_message(p, stored, h, None))
-        growth = compare(rec, layout)
+            raise RuntimeError(_grow.mismatch_message(p, stored, h, None))
+        growth = _grow.compare(rec, layout)
         if isinstance(growth, str):
-            raise RuntimeError(mismatch_message(p, stored, h, growth))
-        grown_from = migrate(p, growth, durable)
+            raise RuntimeError(_grow.mismatch_message(p, stored, h, growth))
+        grown_from = _grow.migrate(p, growth, durable)
         grown_from["growth"] = growth
     elif stored is not None:
         old = stored_record(meta)

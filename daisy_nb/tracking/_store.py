@@ -68,7 +68,6 @@ from ._files import (
     _write_json,
 )
 from ._grid import grid_shape, task_hash
-from ._grow import layout_record
 from ._io import (
     _XFS,
     TrackingWriteError,
@@ -81,6 +80,7 @@ from ._io import (
     step,
     unshare,
 )
+from ._layout import layout_record
 from ._open import load_group
 
 #: Map chunks shared (the default). False holds every array privately and rewrites
@@ -396,7 +396,7 @@ class TrackingStore:
 
     def __init__(self, path: Path, grid: tuple[int, ...], hash_: str, durable: bool = True, layout=None):
         self.path = Path(path)
-        self.layout: dict | None = layout  # the layout record (see _grow.layout_record)
+        self.layout: dict | None = layout  # the layout record (see _layout.layout_record)
         #: set when opening migrated the store from a smaller volume: ``{"kept", "had",
         #: "failures", "dropped_arrays", "growth"}`` (see :func:`._grow.migrate`)
         self.grown_from: dict | None = None
@@ -439,7 +439,7 @@ class TrackingStore:
         missing ones created; the hash is not added). ``require_hash=True``
         rejects it instead. ``durable=False`` skips fsync (tests, scratch runs).
 
-        The group also records the layout (:func:`._grow.layout_record`, with
+        The group also records the layout (:func:`._layout.layout_record`, with
         ``read_write_conflict``), beside the hash. A store written for a smaller
         volume on the same grid is migrated to this one, keeping the marks of the
         blocks that did not change (:mod:`._grow`; :attr:`grown_from` then says
