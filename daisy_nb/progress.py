@@ -193,7 +193,7 @@ class JsonProgressObserver:
     """One JSON line per task per event (``start``/``progress``/``finish``), daisy 2.0's schema
     plus ``job_ends`` (``worker_job_end_count``: the ``failures`` that were job ends, not crashes)
     and ``job_secs_held``/``job_secs_busy`` (worker-seconds the task's workers were held, and
-    those its blocks ran: :class:`~daisy_nb.profiling.JobSeconds`).
+    those its blocks ran: :class:`~daisy_nb.scheduling.job_seconds.JobSeconds`).
 
     The hang alarm's events (:mod:`daisy_nb.hang`) are lines too: ``{"t", "event":
     "hang" | "resumed", "task", "stalled_secs", ...}`` (a ``hang`` line names the

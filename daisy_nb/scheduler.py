@@ -26,10 +26,10 @@ from .block import Block, BlockStatus
 from .kernels import graph as kg
 from .kernels import surface as ks
 from .kernels import tables as kt
-from .profiling import JobSeconds
 from .scheduling.backoff import RetryBackoff
 from .scheduling.geometry import PipelineGeometry
 from .scheduling.geometry import edge_tables as _edge_tables  # noqa: F401  (daisy_nb.plan imports it here)
+from .scheduling.job_seconds import JobSeconds
 from .scheduling.pace import US_BLOCK as _US_BLOCK  # noqa: F401  (the cost model, as tests read it)
 from .scheduling.pace import US_PER_DOWNSTREAM as _US_PER_DOWNSTREAM  # noqa: F401
 from .scheduling.pace import CompilePace
@@ -176,7 +176,7 @@ class TaskState:
         Worker counts of the runtimes.
     job_seconds_held, job_seconds_busy : float
         Worker-seconds the task's workers were held, and those its blocks ran (daisy_nb extension;
-        :class:`~daisy_nb.profiling.JobSeconds`).
+        :class:`~daisy_nb.scheduling.job_seconds.JobSeconds`).
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Worker-seconds held and busy per task (``daisy_nb.profiling.JobSeconds``): the record against a
+"""Worker-seconds held and busy per task (``daisy_nb.scheduling.job_seconds.JobSeconds``): the record against a
 slow twin with a fake clock, then what real runs report through the JSON observer.
 
 Held is each worker's life as the scheduler process sees it; busy is the time blocks ran. The
@@ -22,8 +22,8 @@ sys.path.insert(0, str(HERE / "workers"))
 import blockfns  # noqa: E402
 
 import daisy_nb  # noqa: E402
-from daisy_nb.profiling import JobSeconds  # noqa: E402
 from daisy_nb.progress import JsonProgressObserver  # noqa: E402
+from daisy_nb.scheduling.job_seconds import JobSeconds  # noqa: E402
 
 # ------------------------------------------------------------------ the record, with a fake clock
 

@@ -428,7 +428,7 @@ class LiveSource:
             "worker_restarts": int(st.worker_restart_count),
             "worker_failures": int(st.worker_failure_count),
             "workers_started": int(st.worker_start_count),
-            # worker-seconds held and busy (daisy_nb.profiling.JobSeconds): what a cluster bills
+            # worker-seconds held and busy (daisy_nb.scheduling.job_seconds.JobSeconds): what a cluster bills
             "job_secs_held": round(float(getattr(st, "job_seconds_held", 0.0)), 2),
             "job_secs_busy": round(float(getattr(st, "job_seconds_busy", 0.0)), 2),
         }

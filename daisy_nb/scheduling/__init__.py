@@ -10,6 +10,7 @@ holds the decisions: hand-out, release, abandonment; and the read-only views obs
 * :mod:`.listed`: the hand-out and release as lists of ints, what the TCP runtime holds and calls.
 * :mod:`.backoff`: when a failed block may be retried (``Task(retry_backoff=...)``) and where it
   waits until then; a core without clock or I/O whose answers the Scheduler carries out.
+* :mod:`.job_seconds`: what a task's workers cost (worker-seconds held and busy);
 * :mod:`.median`: the median of recent block times (without importing :mod:`statistics`);
 * :mod:`.speculation`: which straggling blocks get a backup copy and which copy's end counts
   (``Task(speculative=...)``); a core without clock or I/O, carried out by the local pool.
