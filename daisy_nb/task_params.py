@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .kernels.tables import RETRIES_MAX
 from .layout import BlockLayout
-from .scheduling.speculation import DEFAULT_FACTOR
 
 if TYPE_CHECKING:
     import numpy as np
@@ -230,6 +229,8 @@ def _speculative_factor(speculative: object) -> float | None:
     if speculative is None or speculative is False:
         return None
     if speculative is True:
+        from .scheduling.speculation import DEFAULT_FACTOR  # (the backup rules load with the first such task)
+
         return DEFAULT_FACTOR
     if not isinstance(speculative, numbers.Real):
         raise TypeError(
@@ -237,6 +238,8 @@ def _speculative_factor(speculative: object) -> float | None:
         )
     factor = float(speculative)
     if not math.isfinite(factor) or factor <= 1:
+        from .scheduling.speculation import DEFAULT_FACTOR
+
         raise ValueError(
             f"speculative must be a finite factor > 1 of the median block time (True: {DEFAULT_FACTOR}), "
             f"got {speculative!r}"

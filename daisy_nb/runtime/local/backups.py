@@ -49,10 +49,10 @@ import numpy as np
 
 from daisy_nb.block import BlockStatus
 from daisy_nb.runtime.local.actions import Cut, Drop, Kill
-from daisy_nb.scheduling.speculation import Speculation
 
 if TYPE_CHECKING:  # pragma: no cover
     from daisy_nb.runtime.local.giveback import Running
+    from daisy_nb.scheduling.speculation import Speculation
 
 __all__ = ["DROPPED", "DROP_GRACE_NS", "PoolBackups"]
 
@@ -72,7 +72,11 @@ class PoolBackups:
         factors = [getattr(s.tasks[tid], "speculative", None) for tid in s.task_ids]
         self.on = any(f is not None for f in factors)
         self.t = {tid: i for i, tid in enumerate(s.task_ids)}
-        self.spec = Speculation(factors, [s.remaining_count(tid) for tid in s.task_ids]) if self.on else None
+        self.spec: Speculation | None = None  # the core, loaded by a run with a speculative task only
+        if self.on:
+            from daisy_nb.scheduling.speculation import Speculation
+
+            self.spec = Speculation(factors, [s.remaining_count(tid) for tid in s.task_ids])
         self.seen: dict[int, dict[int, int]] = {}  # worker id -> its copies: row -> copy id
         self.twins: dict[tuple[str, int], set[int]] = {}  # (task, row) of a copied block -> its workers
         self.due: dict[str, list] = {}  # per task, the backups the last look found no parked worker for
@@ -98,8 +102,9 @@ class PoolBackups:
         batches (a copied block once), so a block counts from when it was sent, before any look
         saw it running."""
         t, spec = self.t[tid], self.spec
+        assert spec is not None  # (called for speculative tasks only)
         rows = {int(r) for w in self.core.of_task.get(tid, ()) for _, rs in w.queue for r in rs}
-        return sum(1 for r in rows if not spec.is_backed(t, r))  # type: ignore[union-attr]
+        return sum(1 for r in rows if not spec.is_backed(t, r))
 
     def copies_due(self) -> bool:
         """A speculative task has workers parked for backups and blocks in flight: a straggler's

@@ -24,7 +24,6 @@ from daisy_nb.runtime.local import _shm, wire
 from daisy_nb.runtime.local.blocks import BlockCore, ExitReport
 from daisy_nb.runtime.local.giveback import Running
 from daisy_nb.runtime.local.records import BUSY, BlockProcess
-from daisy_nb.runtime.net.drops import DROP_SIGNAL
 
 __all__ = ["Batches"]
 
@@ -148,6 +147,8 @@ class Batches:
 
     def drop(self, w: BlockProcess, k: int, pos: int) -> None:
         """Interrupt block ``pos`` of ``w``'s batch in slot ``k`` if it runs it (``_shm``'s ``drop``)."""
+        from daisy_nb.runtime.net.drops import DROP_SIGNAL  # (with the Client's frames: only speculative runs)
+
         w.bufs[k][_shm.H_DROP] = pos + 1
         try:
             os.kill(w.proc.pid, DROP_SIGNAL)
