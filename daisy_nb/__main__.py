@@ -66,10 +66,75 @@ def _run_track(args: argparse.Namespace) -> int:
     return track_main(args)
 
 
-def build_parser(demo_module=None) -> argparse.ArgumentParser:
-    """The argument parser; the ``demo`` options are added only if ``demo_module`` is given."""
+def _status_arguments(p: argparse.ArgumentParser) -> None:
+    from .status_cli import add_arguments
+
+    add_arguments(p)
+
+
+def _warmup_arguments(p: argparse.ArgumentParser) -> None:
+    from .warmup import add_arguments
+
+    add_arguments(p)
+
+
+def _track_arguments(p: argparse.ArgumentParser) -> None:
+    from .tracking._cli import add_arguments
+
+    add_arguments(p)
+
+
+def _dashboard_arguments(p: argparse.ArgumentParser) -> None:
+    from .dashboard.offline import add_arguments
+
+    add_arguments(p)
+
+
+# name -> (help, description, the function adding its options, the function running it); ``run`` and
+# ``demo`` are added apart (``run`` parses its own arguments, ``demo`` comes with its module)
+_COMMANDS = {
+    "status": (
+        "show done / failed / never-finished blocks from block tracking",
+        "Per task: grid shape, blocks done, blocks with failures and not done, blocks never "
+        "finished, percent done and the recorded failure counts. Reads stores written by "
+        "daisy_nb or daisy 2.0.0. Exit code 0 only if every block of every task is done, "
+        "1 otherwise, 2 for a bad path. Without the task layout options, every cell of the "
+        "tracking grid (ceil(total_roi / write_roi)) is counted as a block.",
+        _status_arguments,
+        _run_status,
+    ),
+    "warmup": (
+        "compile the numba kernels once (the first large run would, ~15 s)",
+        "Compiles every kernel into numba's on-disk cache, so that no run has "
+        "to. Small runs never need numba; the first large run after installing would "
+        "otherwise compile for ~15 s. Exit code 0 when the cache is current.",
+        _warmup_arguments,
+        _run_warmup,
+    ),
+    "track": (
+        "block-tracking stores: 'migrate' adopts a daisy 2.0.0 store for a grown volume",
+        "Maintenance of block-tracking stores (see docs/tracking-growth.md).",
+        _track_arguments,
+        _run_track,
+    ),
+    "dashboard": (
+        "serve the dashboard page (read-only) from block tracking",
+        "Serves the live dashboard's page from block-tracking directories (a finished run, or one "
+        "still running elsewhere: the stores are re-read every second) on 127.0.0.1 until Ctrl-C.",
+        _dashboard_arguments,
+        _run_dashboard,
+    ),
+}
+
+
+def build_parser(demo_module=None, only: str | None = "") -> argparse.ArgumentParser:
+    """The argument parser; the ``demo`` options are added only if ``demo_module`` is given.
+
+    ``only``: the command about to run; only its options are added, so a command imports the
+    modules that define the others' options (the dashboard's, the status report's) only when it
+    is one of them. The default, ``""``, adds every command's options (the docs list them all).
+    """
     from . import __version__
-    from .status_cli import add_arguments as status_arguments
 
     parser = argparse.ArgumentParser(
         prog="python -m daisy_nb",
@@ -77,54 +142,15 @@ def build_parser(demo_module=None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"daisy_nb {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p_status = sub.add_parser(
-        "status",
-        help="show done / failed / never-finished blocks from block tracking",
-        description=(
-            "Per task: grid shape, blocks done, blocks with failures and not done, blocks never "
-            "finished, percent done and the recorded failure counts. Reads stores written by "
-            "daisy_nb or daisy 2.0.0. Exit code 0 only if every block of every task is done, "
-            "1 otherwise, 2 for a bad path. Without the task layout options, every cell of the "
-            "tracking grid (ceil(total_roi / write_roi)) is counted as a block."
-        ),
-    )
-    status_arguments(p_status)
-    p_status.set_defaults(func=_run_status)
-    from .warmup import add_arguments as warmup_arguments
-
-    p_warmup = sub.add_parser(
-        "warmup",
-        help="compile the numba kernels once (the first large run would, ~15 s)",
-        description="Compiles every kernel into numba's on-disk cache, so that no run has "
-        "to. Small runs never need numba; the first large run after installing would "
-        "otherwise compile for ~15 s. Exit code 0 when the cache is current.",
-    )
-    warmup_arguments(p_warmup)
-    p_warmup.set_defaults(func=_run_warmup)
-    from .tracking._cli import add_arguments as track_arguments
-
-    p_track = sub.add_parser(
-        "track",
-        help="block-tracking stores: 'migrate' adopts a daisy 2.0.0 store for a grown volume",
-        description="Maintenance of block-tracking stores (see docs/tracking-growth.md).",
-    )
-    track_arguments(p_track)
-    p_track.set_defaults(func=_run_track)
-    sub.add_parser(
-        "run", help="run a program (script.py, -m module, any command) with daisy_nb as daisy", add_help=False
-    )
-    from .dashboard.offline import add_arguments as dashboard_arguments
-
-    p_dash = sub.add_parser(
-        "dashboard",
-        help="serve the dashboard page (read-only) from block tracking",
-        description=(
-            "Serves the live dashboard's page from block-tracking directories (a finished run, or one "
-            "still running elsewhere: the stores are re-read every second) on 127.0.0.1 until Ctrl-C."
-        ),
-    )
-    dashboard_arguments(p_dash)
-    p_dash.set_defaults(func=_run_dashboard)
+    for name, (help_, description, add_arguments, func) in _COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=description)
+        if only in ("", name):
+            add_arguments(p)
+        p.set_defaults(func=func)
+        if name == "track":  # (the order ``--help`` lists them in)
+            sub.add_parser(
+                "run", help="run a program (script.py, -m module, any command) with daisy_nb as daisy", add_help=False
+            )
     p_demo = sub.add_parser(
         "demo", help="run the daisy_nb demo (daisy_nb[demo] extra)", add_help=demo_module is not None
     )
@@ -150,7 +176,9 @@ def main(argv=None) -> int:
         if err:
             print(f"daisy_nb demo: {err}", file=sys.stderr)
             return 2
-    parser = build_parser(demo_module)
+    # only the options of the command that runs: the others' modules stay unloaded (``demo``'s run
+    # would otherwise carry the dashboard's and the status report's code through its whole run)
+    parser = build_parser(demo_module, only=argv[0] if argv and argv[0] in _COMMANDS else None)
     args = parser.parse_args(argv)
     if args.command is None or args.func is None:
         parser.print_help(sys.stderr)
