@@ -174,3 +174,65 @@ def test_a_run_of_block_functions_does_not_load_the_tcp_server(tmp_path):
     assert plain == {"completed": 4, "loaded": []}
     listens = _fresh(_LISTENS.format(fn="function", host='"127.0.0.1"', modules=_TCP_SERVER), tmp_path)
     assert listens == {"completed": 4, "loaded": sorted(_TCP_SERVER)}
+
+
+# what a run of block functions never uses unless asked for, and what asks for it: a speculative
+# task (the backup rules), a store whose volume grew (the migration), the statistics module (the
+# runtime's medians are its own, daisy_nb/scheduling/median.py), the Client's frames
+_UNUSED = (
+    "statistics",
+    "daisy_nb.scheduling.speculation",
+    "daisy_nb.tracking._grow",
+    "daisy_nb.runtime.net.wire",
+    "daisy_nb.profiling",
+)
+
+_PLAIN = """
+    import json, sys
+    import daisy_nb as daisy
+    from daisy_nb import Roi
+
+    def block(b):
+        pass
+
+    daisy.set_tracking_basedir("tracking")  # the stores are opened (and written) as a user's would be
+    t = daisy.Task("t", Roi((0, 0), (40, 40)), Roi((0, 0), (12, 12)), Roi((1, 1), (10, 10)),
+                   process_function=block, max_workers=2, read_write_conflict=True, max_retries=1{extra})
+    states = daisy.run_blockwise([t], return_states=True, progress=False, summary=False)
+    print(json.dumps({{"completed": states["t"].completed_count,
+                       "loaded": sorted(m for m in {modules} if m in sys.modules)}}))
+"""
+
+
+def test_a_run_of_block_functions_loads_only_what_it_uses(tmp_path):
+    """Every module a local run imports stays in its process's memory through what the program
+    does next (the main job's peak is its whole-volume check after the run). A plain run of
+    block functions on a tracked task loads none of the parts it never uses; a speculative task
+    loads the backup rules and completes."""
+    plain = _fresh(_PLAIN.format(extra="", modules=_UNUSED), tmp_path)
+    assert plain == {"completed": 9, "loaded": []}
+    (tmp_path / "speculative").mkdir()
+    spec = _fresh(_PLAIN.format(extra=", speculative=True", modules=_UNUSED), tmp_path / "speculative")
+    assert spec == {"completed": 9, "loaded": ["daisy_nb.scheduling.speculation"]}
+
+
+def test_the_command_line_loads_only_the_command_it_runs(tmp_path):
+    """``python -m daisy_nb demo`` carried the dashboard's and the status report's code (the
+    other commands' options) through its whole run: only the running command's options load."""
+    code = """
+        import json, sys
+        from daisy_nb.__main__ import build_parser
+        others = ("daisy_nb.dashboard", "daisy_nb.status", "daisy_nb.status_cli", "daisy_nb.warmup",
+                  "daisy_nb.tracking._cli")
+        build_parser(None, only={only!r})
+        print(json.dumps({{"loaded": sorted(m for m in others if m in sys.modules)}}))
+    """
+    assert _fresh(code.format(only=None), tmp_path) == {"loaded": []}  # demo (run by name), --help, --version
+    assert _fresh(code.format(only="status"), tmp_path) == {"loaded": ["daisy_nb.status", "daisy_nb.status_cli"]}
+    assert _fresh(code.format(only=""), tmp_path)["loaded"] == [  # every command's (the docs' page)
+        "daisy_nb.dashboard",
+        "daisy_nb.status",
+        "daisy_nb.status_cli",
+        "daisy_nb.tracking._cli",
+        "daisy_nb.warmup",
+    ]
