@@ -88,9 +88,9 @@ def test_a_tcp_run_of_12800_blocks_one_by_one_does_not_load_numba(tmp_path):
     assert jobs and all(p.read_text() == "0" for p in jobs)
 
 
-def _fresh(code: str, tmp_path) -> dict:
+def _fresh(code: str, tmp_path, *path: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("DAISY_NB_JIT", "PYTHONPATH")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join(map(str, (ROOT, *path)))
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -177,9 +177,11 @@ def test_a_run_of_block_functions_does_not_load_the_tcp_server(tmp_path):
 
 
 # what a run of block functions never uses unless asked for, and what asks for it: a speculative
-# task (the backup rules), a store whose volume grew (the migration), the statistics module (the
-# runtime's medians are its own, daisy_nb/scheduling/median.py), the Client's frames
+# task (the backup rules), a store whose volume grew (the migration), a function of the program's
+# __main__ (cloudpickle: runtime/common/payload.py), the statistics module (the runtime's medians
+# are its own, daisy_nb/scheduling/median.py), the Client's frames
 _UNUSED = (
+    "cloudpickle",
     "statistics",
     "daisy_nb.scheduling.speculation",
     "daisy_nb.tracking._grow",
@@ -189,15 +191,16 @@ _UNUSED = (
 
 _PLAIN = """
     import json, sys
+    import blockfns
     import daisy_nb as daisy
     from daisy_nb import Roi
 
-    def block(b):
+    def block(b):  # a function of __main__: it travels by value
         pass
 
     daisy.set_tracking_basedir("tracking")  # the stores are opened (and written) as a user's would be
     t = daisy.Task("t", Roi((0, 0), (40, 40)), Roi((0, 0), (12, 12)), Roi((1, 1), (10, 10)),
-                   process_function=block, max_workers=2, read_write_conflict=True, max_retries=1{extra})
+                   process_function={fn}, max_workers=2, read_write_conflict=True, max_retries=1{extra})
     states = daisy.run_blockwise([t], return_states=True, progress=False, summary=False)
     print(json.dumps({{"completed": states["t"].completed_count,
                        "loaded": sorted(m for m in {modules} if m in sys.modules)}}))
@@ -206,13 +209,18 @@ _PLAIN = """
 
 def test_a_run_of_block_functions_loads_only_what_it_uses(tmp_path):
     """Every module a local run imports stays in its process's memory through what the program
-    does next (the main job's peak is its whole-volume check after the run). A plain run of
-    block functions on a tracked task loads none of the parts it never uses; a speculative task
-    loads the backup rules and completes."""
-    plain = _fresh(_PLAIN.format(extra="", modules=_UNUSED), tmp_path)
-    assert plain == {"completed": 9, "loaded": []}
-    (tmp_path / "speculative").mkdir()
-    spec = _fresh(_PLAIN.format(extra=", speculative=True", modules=_UNUSED), tmp_path / "speculative")
+    does next (the main job's peak is its whole-volume check after the run). A plain run of a
+    module's block function on a tracked task loads none of the parts it never uses; a
+    function of ``__main__`` loads cloudpickle and a speculative task the backup rules, and
+    both complete."""
+
+    def fresh(name: str, fn: str, extra: str = "") -> dict:
+        (tmp_path / name).mkdir()
+        return _fresh(_PLAIN.format(fn=fn, extra=extra, modules=_UNUSED), tmp_path / name, WORKERS)
+
+    assert fresh("plain", "blockfns.noop") == {"completed": 9, "loaded": []}
+    assert fresh("main", "block") == {"completed": 9, "loaded": ["cloudpickle"]}
+    spec = fresh("speculative", "blockfns.noop", ", speculative=True")
     assert spec == {"completed": 9, "loaded": ["daisy_nb.scheduling.speculation"]}
 
 
