@@ -62,23 +62,19 @@ Set ``DAISY_NB_BENCH_RECORD`` to append the tables to a JSON-lines file (``docs/
 
 from __future__ import annotations
 
+# The children (``--worker``: daisy 2.0.0's program, the traced and the dask ones) import this
+# module, and what it imports stays in their main process through the check, where the peak
+# is: only what they use is imported at the top (``python -m daisy_nb demo`` carries no harness,
+# so neither may daisy's program); the parent's tools are imported where the parent uses them.
 import argparse
-import hashlib
 import json
 import os
-import shutil
-import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-
-import _util  # noqa: E402
 
 WORKERS = 2
 TRACE_ENV = "BENCH_MAIN_JOB_TRACE"
@@ -316,6 +312,12 @@ def _rss_kb(pid: int) -> int:
 
 def run_one(python: str, args: list[str], env_extra: dict, cwd: str, timeout: float = 1800) -> dict:
     """Start a process tree, wait for it with ``wait4``: wall, ru_maxrss, sampled RSS sum."""
+    import subprocess
+    import tempfile
+    import threading
+
+    import _util
+
     env = _util.child_env(env_extra)
     env.setdefault("PYTHONWARNINGS", "ignore")
     log = tempfile.TemporaryFile(mode="w+")
@@ -389,6 +391,8 @@ def trace_stats(trace: str, t_start: float) -> dict:
 
 def checksums(out: str) -> dict:
     """Bytes of smoothed and mask; labels renumbered in order of first appearance."""
+    import hashlib
+
     import numpy as np
     import zarr
 
@@ -430,6 +434,12 @@ def main() -> int:
         import bench_main_job  # this file as a module: its classes pickle by reference
 
         return bench_main_job.child_main(a.worker)
+    import shutil
+    import statistics
+    import subprocess
+    import tempfile
+
+    import _util
 
     configs = [(128, 32)] if a.quick else [tuple(int(x) for x in c.split("/")) for c in a.configs.split(",")]
     repeat = 1 if a.quick else a.repeat
@@ -544,6 +554,10 @@ def main() -> int:
 
 def _export_base(ref: str, tmp: str) -> str:
     """daisy_nb as of git ``ref`` in ``tmp/base``, its kernels compiled there (before any clock)."""
+    import subprocess
+
+    import _util
+
     root = os.path.join(tmp, "base")
     os.makedirs(root)
     arch = subprocess.run(["git", "-C", ROOT, "archive", ref, "daisy_nb"], capture_output=True, check=True).stdout
