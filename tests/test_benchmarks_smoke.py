@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_server_cpu.py",
         "bench_connections.py",
         "bench_frame_mac.py",
+        "bench_main_memory.py",
     ],
 )
 def test_benchmark_quick(script):

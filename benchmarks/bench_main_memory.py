@@ -1,0 +1,144 @@
+"""The main job's peak memory taken apart: each runner's main process just before the check.
+
+    python benchmarks/bench_main_memory.py --nb-python PYTHON --daisy-python /work/venv-daisy2/bin/python \\
+        [--size 128] [--block 64] [--repeat 3] [--base REF] [--quick]
+
+``bench_main_job.py``'s peak is the main process's during the demo's check (the whole volume
+in memory, the same code for every runner), so the runners differ by what their main process
+holds when the check starts: the scheduler's code and what the run left behind. This script
+runs the same main job as ``bench_main_job.py`` (``python -m daisy_nb demo`` through
+``daisy_nb.__main__.main``, and its daisy2 variant on daisy 2.0.0, both on their defaults), at
+a small size, replaces the check by a probe that reads ``/proc/self/status`` (``VmRSS``, and
+its anonymous and file-backed parts) and the number of modules loaded, and exits. The runners
+alternate; each figure is the median of ``--repeat`` runs. ``--base REF`` adds daisy_nb as of
+a git commit (before/after in one run). Without daisy 2.0.0 (no ``--daisy-python``
+interpreter), daisy_nb alone; ``--quick``: one run at 64³ with 32³ blocks.
+
+Set ``DAISY_NB_BENCH_RECORD`` to append the table to a JSON-lines file (``docs/performance/``).
+"""
+
+from __future__ import annotations
+
+# what a child imports stays in its memory: the parent's tools are imported where the parent
+# uses them, and daisy_nb's child imports nothing of the harness (as ``python -m daisy_nb demo``)
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+FIELDS = ("VmRSS", "RssAnon", "RssFile")
+
+
+def _probe(p) -> None:
+    """In place of the check: this process's memory, as one JSON line; then exit."""
+    d = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in FIELDS:
+                d[k] = int(v.split()[0]) * 1024
+    d["modules"] = len(sys.modules)
+    print("PROBE " + json.dumps(d), flush=True)
+    os._exit(0)
+
+
+def child(variant: str, size: int, block: int, out: str) -> int:
+    if variant == "daisy2":  # bench_main_job.py's daisy2 child: daisy 2.0.0's program
+        import bench_main_job
+        import nbdemo
+
+        nbdemo.check_result = _probe
+        return bench_main_job.child_daisy2(size, block, out, "")
+    import daisy_nb.demo
+
+    daisy_nb.demo.check_result = _probe
+    import daisy_nb.__main__
+
+    return daisy_nb.__main__.main(["demo", "--size", str(size), "--block", str(block), "--out", out, "--workers", "2"])
+
+
+def run(python: str, variant: str, env: dict, size: int, block: int, out: str) -> dict:
+    import subprocess
+
+    import _util
+
+    me = os.path.abspath(__file__)
+    r = subprocess.run(
+        [python, me, "--child", variant, str(size), str(block), out],
+        capture_output=True,
+        text=True,
+        env=_util.child_env(env),
+        timeout=600,
+    )
+    lines = [x for x in r.stdout.splitlines() if x.startswith("PROBE ")]
+    if not lines:
+        raise RuntimeError(f"{variant}: no probe (rc {r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(lines[-1][len("PROBE ") :])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", nargs=4)
+    ap.add_argument("--nb-python", default=sys.executable)
+    ap.add_argument("--daisy-python", default="/work/venv-daisy2/bin/python")
+    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--block", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--base", default="", help="git ref: an extra column of daisy_nb as of that commit")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    if a.child:
+        v, size, block, out = a.child
+        return child(v, int(size), int(block), out)
+
+    import statistics
+    import tempfile
+
+    import _util
+    import bench_main_job
+
+    if a.quick:
+        a.size, a.block, a.repeat = 64, 32, 1
+    note = _util.compile_bytecode()
+    print(f"# bench_main_memory: {_util.machine_note()}" + (f"; {note}" if note else ""), flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench_main_memory_") as tmp:
+        nbdemo = bench_main_job._nbdemo_path(tmp)
+        variants = {"nb": (a.nb_python, ROOT)}
+        if a.base:
+            variants["nb@base"] = (a.nb_python, bench_main_job._export_base(a.base, tmp))
+        if os.path.exists(a.daisy_python):
+            variants["daisy2"] = (a.daisy_python, ROOT)
+        res: dict = {v: [] for v in variants}
+        for i in range(a.repeat):
+            order = list(variants)
+            order = order[i % len(order) :] + order[: i % len(order)]
+            for v in order:
+                py, root = variants[v]
+                out = os.path.join(tmp, f"out_{v.replace('@', '_')}_{i}")
+                env = {"PYTHONPATH": os.pathsep.join([HERE, nbdemo, root])}
+                r = run(py, v if v != "nb@base" else "nb", env, a.size, a.block, out)
+                res[v].append(r)
+                mb = {k: r[k] / 1e6 for k in FIELDS}
+                print(
+                    f"  {v:8s} run {i + 1}: RSS {mb['VmRSS']:.2f} MB (anonymous {mb['RssAnon']:.2f}, "
+                    f"file {mb['RssFile']:.2f}), {r['modules']} modules",
+                    flush=True,
+                )
+    titles = {"nb": "daisy_nb", "nb@base": f"daisy_nb {a.base}", "daisy2": "daisy 2.0.0"}
+    rows = []
+    for v, rs in res.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in (*FIELDS, "modules")}
+        rows.append([titles[v], *(f"{med[k] / 1e6:.2f} MB" for k in FIELDS), f"{med['modules']:.0f}"])
+    print(
+        f"\nThe main process before the check ({a.size}³ volume, {a.block}³ blocks; median of {a.repeat}):\n"
+        + _util.table(["runner", "RSS", "anonymous", "file-backed", "modules"], rows)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
