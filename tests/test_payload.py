@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def _in_fresh(code: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(ROOT)
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=60
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout.strip()
 
