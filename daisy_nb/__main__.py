@@ -127,6 +127,9 @@ _COMMANDS = {
 }
 
 
+_RUN_HELP = "run a program (script.py, -m module, any command) with daisy_nb as daisy"
+
+
 def build_parser(demo_module=None, only: str | None = "") -> argparse.ArgumentParser:
     """The argument parser; the ``demo`` options are added only if ``demo_module`` is given.
 
@@ -142,15 +145,15 @@ def build_parser(demo_module=None, only: str | None = "") -> argparse.ArgumentPa
     )
     parser.add_argument("--version", action="version", version=f"daisy_nb {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (help_, description, add_arguments, func) in _COMMANDS.items():
+    for name in ("status", "warmup", "track", "run", "dashboard"):  # the order ``--help`` lists them in
+        if name == "run":
+            sub.add_parser(name, help=_RUN_HELP, add_help=False)
+            continue
+        help_, description, add_arguments, func = _COMMANDS[name]
         p = sub.add_parser(name, help=help_, description=description)
         if only in ("", name):
             add_arguments(p)
         p.set_defaults(func=func)
-        if name == "track":  # (the order ``--help`` lists them in)
-            sub.add_parser(
-                "run", help="run a program (script.py, -m module, any command) with daisy_nb as daisy", add_help=False
-            )
     p_demo = sub.add_parser(
         "demo", help="run the daisy_nb demo (daisy_nb[demo] extra)", add_help=demo_module is not None
     )
