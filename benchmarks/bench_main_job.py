@@ -320,6 +320,9 @@ def run_one(python: str, args: list[str], env_extra: dict, cwd: str, timeout: fl
 
     env = _util.child_env(env_extra)
     env.setdefault("PYTHONWARNINGS", "ignore")
+    # dask.distributed keeps its scratch space (and lock files it leaves) under dask's temporary
+    # directory, /tmp by default: the run's directory instead, removed at the end
+    env.setdefault("DASK_TEMPORARY_DIRECTORY", cwd)
     log = tempfile.TemporaryFile(mode="w+")
     os.sync()  # the previous run's output (GBs at 512³) is written back now, not during this run
     t0 = time.time()
