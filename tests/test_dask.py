@@ -427,6 +427,39 @@ def stamp_mark(block, out, sleep):
     os.replace(path + ".tmp", path)
 
 
+def _a_batch_result():
+    return {"status": b"\x02", "elapsed_ns": 1}
+
+
+def test_a_result_whose_worker_died_after_returning_it_counts(no_leaks):
+    """A batch's result fetched by ``as_completed`` stays its result when its worker dies a moment
+    later and dask marks the future "lost" (to compute it again). The driver counted such a batch
+    as failed, with a worker failure: a task at ``max_worker_restarts=0`` was abandoned (seen in
+    ``test_killed_worker_never_stalls_the_run``, when the kill came between the result and the
+    driver reading it)."""
+    from distributed import Client, LocalCluster, as_completed
+
+    from daisy_nb.runtime.dask.driver import batch_result
+
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(2, timeout=30)
+        addr, pid = sorted(client.run(os.getpid).items())[0]
+        fut = client.submit(_a_batch_result, workers=[addr], allow_other_workers=False, pure=False)
+        done, result = next(iter(as_completed([fut], with_results=True, raise_errors=False)))
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while fut.status == "finished" and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling
+        assert fut.status != "finished"  # dask's side: the result's holder is gone
+        assert batch_result(done, result) == {"status": b"\x02", "elapsed_ns": 1}
+        del fut, done
+    assert batch_result(None, (RuntimeError, RuntimeError("x"), None)) is None  # an erred future's
+    assert batch_result(None, distributed.client.CancelledError("k")) is None  # a cancelled one's
+
+
 def test_killed_worker_never_stalls_the_run(tmp_path, no_leaks):
     """A dask worker SIGKILLed in the middle of a batch (after it finished blocks, as a preempted
     job): the others go on at once (the driver used to wait 30 s for dask's connect timeout, in

@@ -102,6 +102,16 @@ FORGET_WAIT_SECS = 2.0  # at the end of a run, for the calls to the workers stil
 STALL_SECS = 1.0  # nothing in flight, nothing ready, tasks not done: the run cannot go on
 
 
+def batch_result(fut, result) -> dict | None:
+    """The result of a batch's future as ``as_completed`` brought it: the batch's result dict, or
+    None (the future erred or was cancelled). A dict is the batch's result whatever the future's
+    status is by now: a worker killed just after it returned leaves the future "lost" (dask would
+    compute it again), while the result, fetched before, is here: the batch's blocks ran.
+    (Counting them failed counted a worker failure too: a task abandoned at
+    ``max_worker_restarts=0``.)"""
+    return result if isinstance(result, dict) else None
+
+
 class _DaskRun:
     """The driver shell of one run: the cluster's events into :attr:`core`, its actions out."""
 
@@ -252,7 +262,7 @@ class _DaskRun:
             return  # already accounted for (timeout, lost worker, abandonment)
         del self.futures[bid]
         b = self.core.batches[bid]
-        if fut.status == "finished" and isinstance(result, dict):
+        if batch_result(fut, result) is not None:
             self._execute(self.core.finished(bid, result))
             if self.timeline is not None and result.get("worker") and not result.get("init_error"):
                 status = result["status"]
