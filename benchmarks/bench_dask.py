@@ -173,12 +173,17 @@ def main():
 
     import logging
 
+    import dask
     from distributed import Client, LocalCluster
 
     from daisy_nb.warmup import warmup
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
     warmup()
+    # the runs' files and dask's scratch space (its lock files, which dask leaves behind) in one temporary
+    # directory, removed at the end
+    scratch = tempfile.TemporaryDirectory(prefix="bench_dask_")
+    dask.config.set({"temporary-directory": scratch.name})
     cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True, dashboard_address=":0")
     client = Client(cluster)
     try:
@@ -200,7 +205,8 @@ def main():
         rows = []
         from daisy_nb.dask import run_dask
 
-        tmp = tempfile.mkdtemp(prefix="bench_dask_")
+        tmp = os.path.join(scratch.name, "runs")
+        os.makedirs(tmp)
         runs = iter(range(10**6))
 
         def best_of(fn, repeat=None):
@@ -244,6 +250,7 @@ def main():
     finally:
         client.close()
         cluster.close()
+        scratch.cleanup()
 
 
 if __name__ == "__main__":

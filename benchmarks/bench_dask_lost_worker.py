@@ -38,10 +38,13 @@ def mark(block, out, sleep):
 
 
 def one_run(n: int, sleep: float, kill_after: int) -> dict:
+    import dask
     from distributed import Client, LocalCluster
 
     out = tempfile.mkdtemp(prefix="bench_lost_worker_")
     with (
+        tempfile.TemporaryDirectory(prefix="bench_lost_worker_dask_") as scratch,  # dask leaves its lock files
+        dask.config.set({"temporary-directory": scratch}),
         LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
