@@ -609,6 +609,28 @@ def test_pool_a_losing_copy_is_dropped_and_its_worker_keeps_what_init_fn_loaded(
     assert (out / "slow_started").exists()
 
 
+def test_pool_at_the_tail_a_copy_comes_after_a_few_medians_not_k(out, no_leaks):
+    """Real worker processes, ``speculative=40``: the last block's first attempt sleeps a minute
+    (a slow node), at the task's tail. Its copy starts once it has run past 1.5 median block
+    times (allowing for a busy machine: well under 10), not 40, and wins; the slow attempt is
+    interrupted. Every block counts once and ran to its end once."""
+    import givebackfns as g
+
+    task = daisy_nb.Task(
+        "s", Roi((0,), (g.TAIL_N,)), Roi((0,), (1,)), Roi((0,), (1,)),
+        process_function=g.last_first_attempt_sleeps, max_workers=2, max_retries=0, speculative=40,
+        tracking_path=False,
+    )  # fmt: skip
+    states = daisy_nb.run_blockwise(task, progress=False, summary=False, return_states=True)
+    s = states["s"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (g.TAIL_N, 0, 0)
+    assert (s.worker_failure_count, s.worker_restart_count) == (0, 0)
+    done = sorted(int(f.split(".")[0]) for f in os.listdir(out / "done"))
+    assert done == list(range(g.TAIL_N)), "a block ran to its end twice, or never"
+    first, copy = (float((out / f"start_{g.TAIL_N - 1}_{k}").read_text()) for k in ("first", "copy"))
+    assert copy - first < 10 * g.TAIL_WORK_SECS, f"the copy came {copy - first:.2f} s after the straggler"
+
+
 def test_pool_a_losing_copy_that_cannot_be_interrupted_has_its_worker_killed(out, no_leaks):
     """Real worker processes: the hanging first attempt blocks the drop signal (C code that does
     not return to Python): a second after its backup won, its worker is killed, with no crash or
@@ -668,6 +690,44 @@ def test_a_speculative_task_keeps_one_parked_worker_per_block_in_flight_at_its_t
     m.act(slow)
     assert m.core.inflight("a") == 0 and not m.core.backups.copies_due()
     assert pool._wait_limit(False, None, procs) == pool.POLL_SECS
+
+
+def test_at_the_tail_the_straggler_gets_its_backup_after_one_and_a_half_medians():
+    """At the tail (nothing ready or waiting, one straggler in flight, a worker parked for it),
+    the backup goes out once the straggler has run past 1.5 median block times, not ``k`` (2
+    here): the parked worker would idle anyway. Blocks of 10 ms, in batches of several, so the
+    straggler's batch companions are given back first, at 1.5 typical block times too (in the
+    bulk: ``min(4, k)``, and at least a batch's target time)."""
+    m = GiveBackMachine()
+    m.in_hypothesis = False
+    m.start(n=40, workers=3, speculative=2.0)
+    m.spawns = False
+    slow = row = None
+    for _ in range(1000):
+        m.now += 10_000_000  # every block takes 10 ms
+        for wid in list(m.busy()):
+            w = m.w[wid]
+            if slow is None and w.cur >= 0 and w.running() and m.s.ready_count("a") == 0:
+                slow, row = wid, int(w.slots[w.order[0]].rows[w.cur])
+                t0 = w.start_ns
+            step_unless_straggling(m, wid, wid == slow)
+        m.apply(m.core.dispatch_parked())
+        if slow is not None and not [x for x in m.busy() if x != slow]:
+            break
+    else:
+        raise AssertionError("the straggler was never alone")
+    spec = m.core.backups.spec
+    assert spec.settled(0) and abs(spec.median(0) - 0.01) < 1e-9 and m.core.parked_of("a")
+    m.now = t0 + 14_000_000
+    for _ in range(3):  # at 1.4 medians: no cut, no copy
+        m.look(0.0)
+        assert ("a", row) not in m.core.backups.twins and not m.core.workers[slow].cuts
+    for secs in (0.0015, 0.0025, 0.001):  # past 1.5 medians: the cut (if it holds more), confirmed, the copy
+        m.look(secs)
+    assert m.now - t0 < 20_000_000, "below k = 2 medians"
+    pair = m.core.backups.twins.get(("a", row))
+    assert pair is not None and slow in pair and len(pair) == 2, "no copy at the tail after 1.5 medians"
+    m.valid()
 
 
 def backup_in_the_bulk(n: int = 200) -> tuple[GiveBackMachine, int, int, int]:

@@ -31,22 +31,28 @@ def _state(h: Harness, tid: str = "a"):
 
 
 def straggler_at_the_tail(speculative=10, n=10):
-    """Client 1 takes a block and keeps it; client 2 runs every other block of ``a`` (100 ms each)
-    until none is ready, then asks again. Returns the harness and the straggler's block (its
-    copy is not due before the tail: 10 x the median, 1 s, exceeds the 0.9 s it has run)."""
+    """Client 2 runs the blocks of ``a`` (100 ms each) until one is left ready, which client 1
+    takes and keeps (the straggler); client 2 ends what it holds at once and asks again: the
+    task is at its tail, its straggler just started. Returns the harness and the straggler's
+    block (at the tail its copy is due past 1.5 x the median, 150 ms, whatever ``k``)."""
     h = Harness(n_a=n, n_b=1, retries=1, speculative=speculative)
     for c in (1, 2):
         h.open(c)
-    h.frames((1, [wire.encode_hello("a", 1), REQ]), (2, [wire.encode_hello("a", 2), REQ]))
-    (x,) = h.blocks(1)
-    while h.core.conns[2].held:
+    h.frames((1, [wire.encode_hello("a", 1)]), (2, [wire.encode_hello("a", 2), REQ]))
+    while h.s.ready_count("a") > 1:
         h.now += 100 * MS
+        h.frames((2, [rel(next(iter(h.core.conns[2].held)))]))
+    h.now += 100 * MS
+    h.frames((1, [REQ]))
+    (x,) = h.blocks(1)
+    while h.core.conns[2].held:  # (its last block ended as the straggler started)
         h.frames((2, [rel(next(iter(h.core.conns[2].held)))]))
     return h, x
 
 
 def copy_sent(h: Harness, x: int) -> None:
-    """Time passes past 10 x the median since the straggler started; the pool serves its parked jobs."""
+    """Time passes past 1.5 x the median since the straggler started, at the tail; the pool
+    serves its parked jobs."""
     assert h.core.conns[2].parked, "the job that asks at a speculative task's tail stays, for a copy"
     h.now += 200 * MS
     h.core.serve_parked(h.now)
@@ -129,13 +135,14 @@ def test_a_plain_task_launches_no_copy_and_keeps_at_most_one_job_for_a_retry():
     assert not h.core.copies_due()  # a job parked for a retry waits for no copy: the pool wakes as usual
 
 
-def test_no_copy_before_the_straggler_has_run_past_k_times_the_median():
-    h, x = straggler_at_the_tail(speculative=20)  # 10 blocks x 100 ms: under 20 x 100 ms
+def test_at_the_tail_no_copy_before_the_straggler_has_run_past_one_and_a_half_medians():
+    h, x = straggler_at_the_tail(speculative=20)  # k = 20: 2 s in the bulk; at the tail, 150 ms
+    h.now += 150 * MS  # exactly 1.5 x the median: not longer
     h.core.serve_parked(h.now)
     h.run()
     assert h.core.counts["backups"] == 0 and h.core.conns[2].parked
     assert h.core.copies_due()  # meanwhile the pool wakes often: the copy goes out when it is due
-    h.now += 2000 * MS
+    h.now += 10 * MS
     h.core.serve_parked(h.now)
     h.run()
     assert h.core.counts["backups"] == 1 and h.blocks(2)[-1] == x
@@ -143,13 +150,16 @@ def test_no_copy_before_the_straggler_has_run_past_k_times_the_median():
 
 
 def test_the_tail_keeps_one_parked_job_per_block_in_flight_then_ends_them():
-    h = Harness(n_a=8, n_b=1, retries=0, speculative=3)
+    h = Harness(n_a=10, n_b=1, retries=0, speculative=3)
     for c in (1, 2, 3, 4):
         h.open(c)
-        h.frames((c, [wire.encode_hello("a", c), REQ]))
-    stragglers = {c: h.blocks(c)[0] for c in (1, 2)}
-    while h.core.conns[3].held or h.core.conns[4].held:
+        h.frames((c, [wire.encode_hello("a", c), *([REQ] if c > 2 else [])]))
+    while h.s.ready_count("a") > 2:  # clients 3 and 4 run all but two blocks, 100 ms each
         h.now += 100 * MS
+        h.frames(*[(c, [rel(next(iter(h.core.conns[c].held)))]) for c in (3, 4) if h.core.conns[c].held])
+    h.frames((1, [REQ]), (2, [REQ]))  # the last two: the stragglers
+    stragglers = {c: h.blocks(c)[0] for c in (1, 2)}
+    while h.core.conns[3].held or h.core.conns[4].held:  # the others end at once: the tail
         h.frames(*[(c, [rel(next(iter(h.core.conns[c].held)))]) for c in (3, 4) if h.core.conns[c].held])
     assert h.core.conns[3].parked and h.core.conns[4].parked  # two blocks in flight: two kept (retries=0)
     h.now += 1000 * MS
@@ -164,7 +174,7 @@ def test_the_tail_keeps_one_parked_job_per_block_in_flight_then_ends_them():
     for c in (3, 4):
         h.frames((c, [rel(h.blocks(c)[-1], 3)]))
         assert h.inbox[c][-1] is wire.NO_MORE
-    assert (_state(h).completed, _state(h).failed) == (8, 0)
+    assert (_state(h).completed, _state(h).failed) == (10, 0)
 
 
 def straggler_in_the_bulk(n=40):

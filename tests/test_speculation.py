@@ -74,12 +74,12 @@ class SpeculationMachine(RuleBasedStateMachine):
             if free:
                 self._start(t, data.draw(st.sampled_from(free)))
 
-    @rule(data=st.data(), idle=st.integers(0, 3), busy=st.sets(st.integers(0, 11), max_size=3))
-    def backup(self, data, idle, busy):
-        """Ask for candidates (the same of both) and start a backup of one of them."""
+    @rule(data=st.data(), idle=st.integers(0, 3), busy=st.sets(st.integers(0, 11), max_size=3), tail=st.booleans())
+    def backup(self, data, idle, busy, tail):
+        """Ask for candidates (the same of both; in the bulk or at the tail) and start a backup of one."""
         t = data.draw(st.sampled_from(self.tasks))
-        got = self.fast.candidates(t, self.now, idle, busy.__contains__)
-        assert [tuple(b) for b in got] == self.slow.candidates(t, self.now, idle, busy.__contains__)
+        got = self.fast.candidates(t, self.now, idle, busy.__contains__, tail)
+        assert [tuple(b) for b in got] == self.slow.candidates(t, self.now, idle, busy.__contains__, tail)
         assert len(got) <= idle
         if got:
             event("a candidate")
@@ -164,6 +164,11 @@ class SpeculationMachine(RuleBasedStateMachine):
             assert got == self.slow.candidates(t, self.now, 2, {1}.__contains__)
             if got:
                 event("candidates after a step")
+            tail = [tuple(b) for b in self.fast.candidates(t, self.now, 2, {1}.__contains__, at_tail=True)]
+            assert tail == self.slow.candidates(t, self.now, 2, {1}.__contains__, True)
+            assert set(got) <= set(tail), "the tail's rule copies no fewer blocks"
+            if len(tail) > len(got):
+                event("a candidate at the tail only")
 
 
 SpeculationMachine.TestCase.settings = settings(stateful_step_count=80)
@@ -289,6 +294,22 @@ def test_no_backup_below_k_times_the_median():
     assert s.candidates(0, 13.0, 1) == []  # exactly 3 x the median: not longer
     assert s.candidates(0, 13.001, 1) == [Backup(0, 5, 1)]
     assert s.candidates(0, 13.001, 0) == []  # no idle worker
+
+
+def test_at_the_tail_a_copy_comes_after_one_and_a_half_medians():
+    s = _warm(factor=3.0)  # median 1 s
+    s.started(0, 5, 1, 10.0)
+    assert s.candidates(0, 11.6, 1) == []  # in the bulk: 3 x the median
+    assert s.candidates(0, 11.5, 1, at_tail=True) == []  # exactly 1.5 x: not longer
+    assert s.candidates(0, 11.6, 1, at_tail=True) == [Backup(0, 5, 1)]
+    s.started(0, 5, 2, 11.75)
+    assert s.slow_backups(0, 17.75) == []  # the backup gives up after 2 x k medians, as in the bulk
+    assert s.slow_backups(0, 17.875) == [Interrupt(0, 5, 2)]
+    low = _warm(factor=1.2)  # a factor below the tail's stays
+    low.started(0, 5, 1, 10.0)
+    assert low.candidates(0, 11.1, 1, at_tail=True) == low.candidates(0, 11.1, 1) == []
+    assert low.candidates(0, 11.3, 1, at_tail=True) == [Backup(0, 5, 1)]
+    assert low.factor_now(0, at_tail=True) == 1.2 and s.factor_now(0, at_tail=True) == sp.TAIL_FACTOR
 
 
 def test_oldest_first_and_at_most_one_per_idle_worker():

@@ -10,7 +10,9 @@ factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, pe
   and until ``WINDOW`` blocks have succeeded, every block still running counts in it as longer
   than all of them (:meth:`Speculation.median`);
 * **which**: a block whose one running copy has run longer than ``k`` x that median (strictly),
-  oldest start first, at most one per idle worker; never a block that has had a second copy in
+  or, at the task's **tail** (no block of it ready or waiting: every block it has left is in
+  flight; the caller says so, ``at_tail``), longer than ``TAIL_FACTOR`` (1.5) x the median
+  when ``k`` is larger, oldest start first, at most one per idle worker; never a block that has had a second copy in
   this attempt (so never a third copy, also after one of two copies failed), and never one a
   ``read_write_conflict`` neighbour of which is running (the caller says which:
   ``busy_neighbours``, so the geometry stays out of here);
@@ -29,6 +31,16 @@ factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, pe
   is slow wherever it runs costs a backup at most ``2k`` median block times, while a block
   that is long anyway (up to ``2k`` medians) and slow on its first attempt still gets the
   backup that saves it (``k`` alone stopped such backups a moment before they won).
+
+Why a smaller factor at the tail: there a copy takes no fresh block's worker, only one that
+would idle (a local worker, or a ``Client`` job kept parked for copies anyway), and the task,
+and whatever waits on it, waits for its last block; so a copy pays as soon as a straggler can
+be told from the usual spread at all. 1.5 is Spark's default ``spark.speculation.multiplier``
+(Spark copies only after 75% of a stage is done; our tail is later still). A block of the usual
+spread (lognormal, sigma 0.5) runs past 1.5 medians one time in five; its copy then mostly
+loses and is dropped, at the cost of a worker that had nothing to do, while a straggler's copy
+starts ``k - 1.5`` median block times sooner than in the bulk. The give-up of a slow backup
+stays at ``2k`` medians: a block slow wherever it runs costs no more at the tail.
 
 Why a settled median, not half the task (cubed's and Spark's rule): a backup that wins frees
 the worker its straggler held, so it pays in the bulk of a task as much as at its tail, and
@@ -79,6 +91,7 @@ __all__ = [
     "DEFAULT_FACTOR",
     "MIN_SAMPLES",
     "SETTLE_PER_RUNNING",
+    "TAIL_FACTOR",
     "WINDOW",
     "Backup",
     "Interrupt",
@@ -92,6 +105,7 @@ WINDOW = 64  # the median is of the task's last 64 successful block times (as th
 MIN_SAMPLES = 5  # no median, hence no backup, before 5 successful blocks of the task
 SETTLE_PER_RUNNING = 2  # the median settles once twice as many blocks succeeded as run (or a window)
 BACKUP_GIVE_UP = 2.0  # a backup still running after 2 x k x the median is stopped (the block is slow)
+TAIL_FACTOR = 1.5  # at a task's tail, a backup once a block ran 1.5 x the median (k if smaller): Spark's multiplier
 
 
 class Backup(NamedTuple):
@@ -387,7 +401,12 @@ class Speculation:
 
     # -- the query -----------------------------------------------------------------------------
     def candidates(
-        self, t: int, now: float, idle_workers: int, busy_neighbours: Callable[[int], bool] | None = None
+        self,
+        t: int,
+        now: float,
+        idle_workers: int,
+        busy_neighbours: Callable[[int], bool] | None = None,
+        at_tail: bool = False,
     ) -> list[Backup]:
         """The rows of task ``t`` that get a backup at ``now`` (the module docstring's rule).
 
@@ -403,6 +422,9 @@ class Speculation:
             ``busy_neighbours(row) -> bool``: True when a ``read_write_conflict`` neighbour of
             ``row`` is running (such a row gets no backup). None: no conflicts (e.g. a set's
             ``__contains__`` can be given).
+        at_tail : bool
+            No block of task ``t`` is ready or waiting (every one it has left is in flight):
+            the factor is at most ``TAIL_FACTOR``.
 
         Returns
         -------
@@ -416,7 +438,7 @@ class Speculation:
         med = self.median(t)
         if med is None:
             return []
-        limit = tt.factor * med
+        limit = self.factor_now(t, at_tail) * med
         backed = self._backed[t]
         late = []
         for row, copies in self._rows[t].items():
@@ -433,6 +455,13 @@ class Speculation:
             if busy_neighbours is None or not busy_neighbours(row):
                 out.append(Backup(t, row, copy))
         return out
+
+    def factor_now(self, t: int, at_tail: bool) -> float:
+        """Task ``t``'s factor for a new backup: ``k``, at most ``TAIL_FACTOR`` at its tail."""
+        k = self.tasks[t].factor
+        if k is None:
+            raise ValueError(f"task {t} has no backups")
+        return min(k, TAIL_FACTOR) if at_tail else k
 
     def slow_backups(self, t: int, now: float) -> list[Interrupt]:
         """The backups of task ``t`` to stop at ``now``: second copies that have run longer than

@@ -12,6 +12,7 @@ WINDOW = 64
 MIN_SAMPLES = 5
 SETTLE = 2  # successes per running block that settle the median
 GIVE_UP = 2  # a backup past 2 x k x the median is stopped
+TAIL = 1.5  # at a task's tail, the factor is at most this
 
 
 def median(xs):
@@ -139,7 +140,7 @@ class Speculation:
         rows = [row for tt, row, _, _ in s["live"].values() if tt == t and s["attempt"][(t, row)] == 1]
         return sum(1 for row in set(rows) if rows.count(row) == 1)
 
-    def candidates(self, t, now, idle_workers, busy_neighbours):
+    def candidates(self, t, now, idle_workers, busy_neighbours, at_tail=False):
         if not self.on(t) or idle_workers <= 0:
             return []
         s = self.replay()
@@ -152,7 +153,8 @@ class Speculation:
         for c, (tt, row, start, order) in s["live"].items():
             if tt != t or s["attempt"][(t, row)] != 1:
                 continue
-            if now - start > self.factors[t] * med and not busy_neighbours(row):
+            k = min(self.factors[t], TAIL) if at_tail else self.factors[t]
+            if now - start > k * med and not busy_neighbours(row):
                 late.append((start, order, row, c))
         return [(t, row, c) for _, _, row, c in sorted(late)][:idle_workers]
 

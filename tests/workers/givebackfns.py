@@ -93,3 +93,28 @@ def first_attempt_hangs_unstoppable(block) -> None:
 
         signal.pthread_sigmask(signal.SIG_BLOCK, {DROP_SIGNAL})
     first_attempt_hangs(block)
+
+
+TAIL_N = 12  # blocks of TAIL_WORK_SECS; the last one's first attempt sleeps TAIL_SLOW_SECS
+TAIL_WORK_SECS = 0.05
+TAIL_SLOW_SECS = 60.0
+
+
+def last_first_attempt_sleeps(block) -> None:
+    """Every block sleeps ``TAIL_WORK_SECS``, but the first attempt of the last one sleeps
+    ``TAIL_SLOW_SECS`` (a slow node): it runs at the task's tail, and only a copy (interrupting it)
+    ends the run in time. Each attempt leaves ``start_<id>_<first|copy>`` holding when it started
+    (``time.monotonic``) and each block that ran to its end ``done/<id>.<pid>.<n>``."""
+    out = os.environ["DAISY_NB_TEST_OUT"]
+    secs = TAIL_WORK_SECS
+    kind = "copy"
+    if block.spatial_id == TAIL_N - 1:
+        try:
+            os.close(os.open(os.path.join(out, "slow_started"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            secs, kind = TAIL_SLOW_SECS, "first"
+        except FileExistsError:
+            pass
+    with open(os.path.join(out, f"start_{block.spatial_id}_{kind}"), "w") as f:
+        f.write(repr(time.monotonic()))
+    time.sleep(secs)
+    _done(block)

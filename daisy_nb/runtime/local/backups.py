@@ -12,7 +12,8 @@ sees and does what it answers, within :class:`.blocks.BlockCore`:
   workers parked, one per block in flight that had no copy yet at most, instead of letting them quit
   (``docs/explanation/pool.md#tail``); they run the backups.
 * **the backup.** At a look, the core names the blocks to copy (once the task's median is
-  settled, run past ``k`` times it). A copy goes to a worker of the task that waits for work
+  settled, run past ``k`` times it; at the task's tail, where nothing is ready or waiting and a
+  parked worker would idle, 1.5 times). A copy goes to a worker of the task that waits for work
   (parked) as a batch of that one block, without acquiring it again from the Scheduler: the
   block stays in flight once. With no worker parked, the copies are *due*: the next worker
   of the task that has nothing to run takes one before any fresh block, and no batch is sent
@@ -20,7 +21,8 @@ sees and does what it answers, within :class:`.blocks.BlockCore`:
   straggler left alone held its worker for many block times, while a backup that wins
   frees it). Only a block that is the last of its worker's batches is copied (the blocks
   after it were given back first: :mod:`.giveback`, which runs at ``min(4, k)`` times the
-  typical block time for such tasks), so the loser can be cut off without losing anything.
+  typical block time for such tasks, at the tail at the backup's own factor), so the loser can
+  be cut off without losing anything.
 * **the first success wins.** The batch that reports it releases the block (tracking and
   counters count it once); the other copy is cut from its worker's batch and, if the worker
   runs it, dropped (``Drop``: ``_shm``'s ``drop`` word and a signal, whose handler in the
@@ -74,9 +76,11 @@ class PoolBackups:
         self.t = {tid: i for i, tid in enumerate(s.task_ids)}
         self.spec: Speculation | None = None  # the core, loaded by a run with a speculative task only
         if self.on:
+            from daisy_nb.runtime.net.tail import at_tail
             from daisy_nb.scheduling.speculation import Speculation
 
             self.spec = Speculation(factors, [s.remaining_count(tid) for tid in s.task_ids])
+            self.at_tail = at_tail  # (loaded, like the core, by a run with a speculative task only)
         self.seen: dict[int, dict[int, int]] = {}  # worker id -> its copies: row -> copy id
         self.twins: dict[tuple[str, int], set[int]] = {}  # (task, row) of a copied block -> its workers
         self.due: dict[str, list] = {}  # per task, the backups the last look found no parked worker for
@@ -86,6 +90,15 @@ class PoolBackups:
 
     def factor(self, tid: str) -> float | None:
         return None if self.spec is None else self.spec.tasks[self.t[tid]].factor
+
+    def cut_factor(self, tid: str) -> tuple[float, bool] | None:
+        """For a speculative task: the factor a backup of ``tid`` waits for now (``k``, at most 1.5
+        at the task's tail) and whether it is at its tail; its straggler's blocks behind it are
+        given back at that factor (:mod:`.giveback`: the copy waits for the cut). None otherwise."""
+        if self.factor(tid) is None:
+            return None
+        tail = self.at_tail(self.core.s, tid)
+        return self.spec.factor_now(self.t[tid], tail), tail  # type: ignore[union-attr]
 
     def keep_at_tail(self, w) -> bool:
         """Whether ``w``, with nothing to take at its task's tail, stays parked for backups: a
@@ -151,7 +164,8 @@ class PoolBackups:
                 out += self._stop(tid, i.row, i.copy >> _SHIFT)
             idle = sorted(core.parked_of(tid))
             ended = lambda row, tid=tid: (tid, row) not in now_running  # noqa: E731
-            for b in spec.candidates(t, now, spec.can_back(t), ended):  # (rows that ended get none)
+            tail = self.at_tail(core.s, tid)  # a copy takes only a worker that would idle: 1.5 medians
+            for b in spec.candidates(t, now, spec.can_back(t), ended, tail):  # (rows that ended get none)
                 orig = self._origin(tid, b)
                 if orig is None:
                     continue  # the blocks behind it are not given back yet

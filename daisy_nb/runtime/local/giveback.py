@@ -8,7 +8,10 @@ running block has run longer than ``GIVEBACK_FACTOR`` (4) times the task's typic
 block, and longer than a whole batch is meant to take (a batch's target time: the
 blocks of a batch carry no more work than that), the pool gives the blocks it has not
 started back to the task's ready queue (to its front, uncounted, as a dead worker's
-unstarted blocks go back), where idle or newly started workers take them.
+unstarted blocks go back), where idle or newly started workers take them. For a speculative
+task the factor is its backup factor when smaller (the backup waits for the cut): ``min(4, k)``,
+and at its tail (nothing ready or waiting, a worker parked for the copy) ``min(k, 1.5)`` typical
+block times, however short a batch is meant to be (:mod:`daisy_nb.scheduling.speculation`).
 
 **Without a lock.** The worker reads its batch's ``limit`` word in shared memory just
 before it starts each block, and starts block ``i`` only while ``i < limit``
@@ -104,8 +107,9 @@ def straggling(core, now_ns: int, running: Mapping[int, Running]) -> list[Cut]:
 
 def _cut(core, w, now_ns: int, r: Running) -> list[Cut]:
     """Cut ``w``'s batches if their running block is a straggler and holds blocks back."""
-    factor = min(GIVEBACK_FACTOR, core.backups.factor(w.tid) or GIVEBACK_FACTOR)  # backups need the cut first
-    secs = core.sizing.straggler_secs(w.tid, factor)
+    backup = core.backups.cut_factor(w.tid)  # a speculative task's backup needs the cut first
+    factor = GIVEBACK_FACTOR if backup is None else min(GIVEBACK_FACTOR, backup[0])
+    secs = core.sizing.straggler_secs(w.tid, factor, at_least_a_batch=backup is None or not backup[1])
     slot0, rows0 = w.queue[0]
     if secs is None or r.status != _PROCESSING or not 0 <= r.cur < len(rows0):
         return []

@@ -88,11 +88,14 @@ class BatchSizing:
         scheduler's batches per second stay bounded."""
         return max(self.target, self._workers_total() * PER_WORKER_BATCH_SECS)
 
-    def straggler_secs(self, tid: str, factor: float) -> float | None:
+    def straggler_secs(self, tid: str, factor: float, at_least_a_batch: bool = True) -> float | None:
         """How long a block of ``tid`` runs before it counts as a straggler: ``factor`` typical
-        block times, and at least a batch's target; None before a batch was measured."""
+        block times, and (``at_least_a_batch``) at least a batch's target; None before a batch
+        was measured."""
         per = self.tasks[tid].per_block
-        return None if per is None else max(factor * per, self.batch_target())
+        if per is None:
+            return None
+        return max(factor * per, self.batch_target()) if at_least_a_batch else factor * per
 
     def size(self, tid: str, ready: int, sharing: int) -> int:
         """The next batch of ``tid`` for one of ``sharing`` workers, with ``ready`` blocks ready."""

@@ -16,8 +16,8 @@ speculation core what the hand-out sees and says what to do; the hand-out
   backups. A job costs while it waits, so once every block in flight had its copy the others
   end. A plain task keeps at most one (for a retry).
 * **the backup.** When the hand-out serves its parked connections, the core names the blocks
-  to copy (once the task's median is settled, run past ``k`` times it, at most one per parked
-  job). In the bulk of a task no job is parked: at most every ``COPY_LOOK_SECS`` the core
+  to copy (once the task's median is settled, run past ``k`` times it, or 1.5 times at the
+  task's tail, where a parked job would idle anyway; at most one per parked job). In the bulk of a task no job is parked: at most every ``COPY_LOOK_SECS`` the core
   names the blocks due for a copy, and the next jobs of the task that ask for a block (holding
   none) get those copies before fresh blocks (:meth:`ClientBackups.take_due`); meanwhile no
   block is sent ahead to the task's jobs (:meth:`ClientBackups.has_due`), so one soon asks
@@ -46,6 +46,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from daisy_nb.runtime.net.tail import at_tail
 from daisy_nb.scheduling.speculation import Speculation
 
 __all__ = ["ClientBackups"]
@@ -183,7 +184,7 @@ class ClientBackups:
             if self.factor(tid) is None or self.s.is_abandoned(tid):
                 continue
             idle = list(ccs)
-            for b in spec.candidates(self.t[tid], now_ns / 1e9, len(idle)):
+            for b in spec.candidates(self.t[tid], now_ns / 1e9, len(idle), at_tail=at_tail(self.s, tid)):
                 (row,) = self.describe(tid, [b.row])
                 out.append((idle.pop(0), row))
                 self.launched += 1
@@ -228,7 +229,7 @@ class ClientBackups:
         self.due = {}
         for tid, t in self.t.items():
             if spec.tasks[t].factor is not None and not self.s.is_abandoned(tid):
-                self.due[tid] = spec.candidates(t, now_ns / 1e9, spec.can_back(t))
+                self.due[tid] = spec.candidates(t, now_ns / 1e9, spec.can_back(t), at_tail=at_tail(self.s, tid))
 
     def slow(self, now_ns: int) -> list[tuple[Any, int]]:
         """Backups that ran past ``2k`` times the median themselves (the block is slow, not its
