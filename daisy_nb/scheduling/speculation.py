@@ -12,10 +12,10 @@ factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, pe
 * **which**: a block whose one running copy has run longer than ``k`` x that median (strictly),
   or, at the task's **tail** (no block of it ready or waiting: every block it has left is in
   flight; the caller says so, ``at_tail``), longer than ``TAIL_FACTOR`` (1.5) x the median
-  when ``k`` is larger, oldest start first, at most one per idle worker; never a block that has had a second copy in
-  this attempt (so never a third copy, also after one of two copies failed), and never one a
-  ``read_write_conflict`` neighbour of which is running (the caller says which:
-  ``busy_neighbours``, so the geometry stays out of here);
+  when ``k`` is larger, oldest start first, at most one per idle worker; never a block that
+  has had a second copy in this attempt (so never a third copy, also after one of two copies
+  failed), and never one a ``read_write_conflict`` neighbour of which is running (the caller
+  says which: ``busy_neighbours``, so the geometry stays out of here);
 * **who wins**: the first *success* of a block's copies counts (block tracking records the
   block once, the counters count it once, its time goes into the window) and the other copy,
   if it still runs, is to be interrupted (:class:`Interrupt`: a local worker's block body

@@ -17,7 +17,8 @@ speculation core what the hand-out sees and says what to do; the hand-out
   end. A plain task keeps at most one (for a retry).
 * **the backup.** When the hand-out serves its parked connections, the core names the blocks
   to copy (once the task's median is settled, run past ``k`` times it, or 1.5 times at the
-  task's tail, where a parked job would idle anyway; at most one per parked job). In the bulk of a task no job is parked: at most every ``COPY_LOOK_SECS`` the core
+  task's tail, where a parked job would idle anyway; at most one per parked job). In the bulk
+  of a task no job is parked: at most every ``COPY_LOOK_SECS`` the core
   names the blocks due for a copy, and the next jobs of the task that ask for a block (holding
   none) get those copies before fresh blocks (:meth:`ClientBackups.take_due`); meanwhile no
   block is sent ahead to the task's jobs (:meth:`ClientBackups.has_due`), so one soon asks
