@@ -54,10 +54,14 @@ per-round values:
   scheduler, and for daisy 2.0.0 its server threads), and its reaped descendants' (the
   workers, and daisy_nb's worker template, which forks them), from ``getrusage``.
 
-Every worker process appends one line per attempt (block id, outcome) to its own file; the
+Every worker process appends one line per attempt (block id, outcome, start and end on
+``time.monotonic``) to its own file, an interrupted one too (a losing backup copy); the
 parent checks that every block of the task ran exactly once per attempt the workload
 prescribes (once, or a failed attempt then a successful one for W5's failing blocks), that
-no other block ran, and counts the worker processes that ran blocks.
+no other block ran, and counts the worker processes that ran blocks. From the same log, a
+second table splits the median run's makespan (``where_time_goes``): the attempts that count,
+the ones that do not (waste), and the idle worker slots at the start (before all are first
+busy), between, and at the tail (after they are last all busy).
 
 ``--quick``: 800 blocks (W3: 9³), 8 workers, one round, W1 only unless ``--only``.
 """
@@ -153,7 +157,12 @@ def sleep_block(block) -> None:
             d *= STRAGGLER_FACTOR
         except FileExistsError:
             pass
-    time.sleep(d)
+    t0 = time.monotonic()
+    try:
+        time.sleep(d)
+    except BaseException:  # a losing backup copy, interrupted (daisy_nb's BlockDropped): its span is waste
+        w["log"].write(f"{task_id} {block_id} D {t0} {time.monotonic()}\n")
+        raise
     if fails:
         try:  # the first attempt creates the block's marker; a retry finds it
             os.close(
@@ -161,7 +170,7 @@ def sleep_block(block) -> None:
             )
         except FileExistsError:
             fails = False
-    w["log"].write(f"{task_id} {block_id} {'F' if fails else 'S'}\n")
+    w["log"].write(f"{task_id} {block_id} {'F' if fails else 'S'} {t0} {time.monotonic()}\n")
     if fails:
         block.status = w["failed"]
 
@@ -229,6 +238,7 @@ def driver(lib: str, workload: str, out: str, blocks: int, workers: int) -> None
     _util.emit(
         {
             "wall": wall,
+            "t0": t0,  # time.monotonic(), the clock the workers' attempt log uses
             "cpu_driver": own1.ru_utime + own1.ru_stime - own0.ru_utime - own0.ru_stime,
             "cpu_workers": reaped1.ru_utime + reaped1.ru_stime - reaped0.ru_utime - reaped0.ru_stime,
             "total": count["total_block"],
@@ -296,17 +306,29 @@ def bound(workload: str, blocks: int, workers: int) -> None:
 
 
 # ------------------------------------------------------------------ in the parent
-def check_attempts(out: str, ids: list[list], workload: str) -> tuple[int, int, list[str]]:
-    """Attempts and worker processes seen in the logs; problems found (module docstring)."""
-    seen: dict[tuple[str, int], list[str]] = {}
+def read_attempts(out: str) -> tuple[list[tuple[str, int, str, float, float]], int]:
+    """Every attempt the workers logged (task, block, outcome ``S``/``F``/``D``, start, end) and the
+    number of worker processes that ran blocks."""
+    attempts = []
     procs = 0
     for name in os.listdir(out):
         if name.startswith("ran_"):
             procs += 1
             with open(os.path.join(out, name)) as f:
                 for line in f:
-                    tid, bid, outcome = line.split()
-                    seen.setdefault((tid, int(bid)), []).append(outcome)
+                    tid, bid, outcome, a, b = line.split()
+                    attempts.append((tid, int(bid), outcome, float(a), float(b)))
+    return attempts, procs
+
+
+def check_attempts(out: str, ids: list[list], workload: str) -> tuple[int, int, list[str]]:
+    """Attempts that ended and worker processes seen in the logs; problems found (module docstring).
+    Interrupted attempts (``D``: a losing backup copy) are not counted."""
+    seen: dict[tuple[str, int], list[str]] = {}
+    attempts, procs = read_attempts(out)
+    for tid, bid, outcome, _, _ in attempts:
+        if outcome != "D":
+            seen.setdefault((tid, bid), []).append(outcome)
     problems = []
     expected = {(tid, bid) for tid, bid in ids}
     for key in sorted(expected):
@@ -318,6 +340,50 @@ def check_attempts(out: str, ids: list[list], workload: str) -> tuple[int, int, 
             problems.append(f"block {key}: attempts {got}, expected {want}")
     problems += [f"block {key} is not in the tasks but ran" for key in seen if key not in expected]
     return sum(len(v) for v in seen.values()), procs, problems
+
+
+def where_time_goes(attempts: list, t0: float, wall: float, workers: int) -> dict:
+    """The run's ``workers`` x ``wall`` worker-seconds split by what the slots did, in seconds of
+    makespan (worker-seconds / ``workers``): **work**, every attempt that counts (a block's first
+    success, and failed attempts; what the ideal counts, plus the sleeps' overshoot); **waste**,
+    attempts that do not count (interrupted backup copies or first attempts, and a block's second
+    success); idle slots **before** the slots are first all busy (the start: processes, imports,
+    the first batches), **after** they are last all busy (the tail: the last blocks), and **between**
+    (hand-out gaps). The five add up to the makespan."""
+    won: set[tuple[str, int]] = set()
+    work = waste = 0.0
+    events = []
+    for tid, bid, outcome, a, b in sorted(attempts, key=lambda x: x[4]):  # by end: the first success counts
+        span = max(0.0, b - a)
+        counts = outcome == "F" or (outcome == "S" and (tid, bid) not in won)
+        if outcome == "S":
+            won.add((tid, bid))
+        if counts:
+            work += span
+        else:
+            waste += span
+        events += [(a - t0, 1), (b - t0, -1)]
+    events.sort()
+    busy, prev, full_first, full_last = 0, 0.0, None, None
+    idle = []  # (from, to, idle slots)
+    for t, step in events:
+        t = min(max(t, 0.0), wall)
+        if t > prev:
+            idle.append((prev, t, max(0, workers - busy)))
+        busy += step
+        if busy >= workers:
+            full_first = t if full_first is None else full_first
+            full_last = t
+        prev = t
+    idle.append((prev, wall, workers))
+    full_first = wall if full_first is None else full_first
+    full_last = 0.0 if full_last is None else full_last
+    parts = {"before": (0.0, full_first), "between": (full_first, full_last), "after": (full_last, wall)}
+    split = dict.fromkeys(parts, 0.0)
+    for a, b, n in idle:
+        for part, (lo, hi) in parts.items():
+            split[part] += max(0.0, min(b, hi) - max(a, lo)) * n
+    return {k: v / workers for k, v in {"work": work, "waste": waste, **split}.items()}
 
 
 def one(python: str, lib: str, workload: str, blocks: int, workers: int, ids: list[list]) -> dict:
@@ -342,6 +408,7 @@ def one(python: str, lib: str, workload: str, blocks: int, workers: int, ids: li
                 f"{lib} {workload}: the run failed (rc {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
             )
         res["attempts"], res["procs"], res["problems"] = check_attempts(out, ids, workload)
+        res["split"] = where_time_goes(read_attempts(out)[0], res["t0"], res["wall"], workers)
         if res["completed"] != len(ids) or res["failed"] or res["orphaned"] or res["skipped"]:
             res["problems"].append(
                 f"counts: {res['completed']} completed of {res['total']}, {res['failed']} failed, "
@@ -469,6 +536,29 @@ def main() -> None:
                 "worker processes",
             ],
             rows,
+        )
+    )
+    split_rows = []
+    for w in workloads:
+        for name, _, _ in libs:
+            rs = sorted(res[w, name], key=lambda r: r["wall"])
+            if rs:
+                r = rs[len(rs) // 2]  # the median run
+                sp = r["split"]
+                split_rows.append(
+                    [w, name, f"{r['wall']:.2f} s", f"{bounds[w]['ideal']:.2f} s"]
+                    + [f"{sp[k]:.3f}" for k in ("work", "waste", "before", "between", "after")]
+                )
+    print(
+        "\nWhere the makespan goes (the median run; seconds of makespan: worker-seconds / workers, from the "
+        "workers' attempt log). work: attempts that count (what the ideal counts, plus the sleeps' overshoot); "
+        "waste: attempts that do not (interrupted copies, a second success); idle slots before all are first "
+        "busy (start), between, and after they are last all busy (tail)\n"
+    )
+    print(
+        _util.table(
+            ["workload", "library", "makespan", "ideal", "work", "waste", "idle: start", "between", "tail"],
+            split_rows,
         )
     )
 

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_connections.py",
         "bench_frame_mac.py",
         "bench_main_memory.py",
+        "bench_heavy_tail.py",
     ],
 )
 def test_benchmark_quick(script):
@@ -69,3 +70,25 @@ def test_run_suite_under_load_reports_the_failures_and_ends_its_hogs(tmp_path):
     pids = [int(line.split()[-1]) for line in r.stdout.splitlines() if line.startswith("hog pid ")]
     assert len(pids) == 1
     assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_heavy_tail_splits_the_makespan_into_work_waste_and_idle_slots():
+    """``bench_heavy_tail.where_time_goes`` on a made-up log of two worker slots over 10 s: the
+    attempts that count, the ones that do not (an interrupted copy, a second success), and the
+    idle slots at the start, between and at the tail add up to the makespan."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_heavy_tail
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    attempts = [
+        ("a", 1, "S", 101.0, 105.0),  # slot A: blocks 1 and 2 back to back
+        ("a", 2, "S", 105.0, 109.0),
+        ("a", 3, "S", 102.0, 106.0),  # slot B: block 3, then a copy of 2, interrupted
+        ("a", 2, "D", 106.0, 107.0),
+        ("a", 3, "S", 107.0, 108.0),  # block 3 once more: its second success is waste
+        ("a", 4, "F", 108.0, 108.5),  # a failed attempt counts (a retry of it follows)
+    ]
+    got = bench_heavy_tail.where_time_goes(attempts, t0=100.0, wall=10.0, workers=2)
+    assert got == pytest.approx({"work": 6.25, "waste": 1.0, "before": 1.5, "between": 0.0, "after": 1.25})
+    assert sum(got.values()) == pytest.approx(10.0)
