@@ -135,15 +135,18 @@ def performance() -> str:
         entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         if not entries:
             continue
-        first = entries[0]
-        cmd = " ".join(["python", f"benchmarks/{first['script']}", *first["args"]])
         out += [
-            f"## `{first['script']}`",
+            f"## `{entries[0]['script']}`",
             "",
-            f"`{cmd}` on {first['date']}: {first['machine']}. Recorded in `docs/performance/{path.name}`.",
+            f"Recorded in `docs/performance/{path.name}`, oldest run first.",
             "",
         ]
+        run = None
         for e in entries:
+            if (e["date"], e["args"]) != run:  # the tables of one run share its command line and date
+                run = (e["date"], e["args"])
+                cmd = " ".join(["python", f"benchmarks/{e['script']}", *e["args"]])
+                out += [f"`{cmd}` on {e['date']}: {e['machine']}.", ""]
             out.append("| " + " | ".join(e["headers"]) + " |")
             out.append("|" + "|".join("---" for _ in e["headers"]) + "|")
             for r in e["rows"]:
