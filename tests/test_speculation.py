@@ -309,7 +309,7 @@ def test_at_the_tail_a_copy_comes_after_one_and_a_half_medians():
     low.started(0, 5, 1, 10.0)
     assert low.candidates(0, 11.1, 1, at_tail=True) == low.candidates(0, 11.1, 1) == []
     assert low.candidates(0, 11.3, 1, at_tail=True) == [Backup(0, 5, 1)]
-    assert low.factor_now(0, at_tail=True) == 1.2 and s.factor_now(0, at_tail=True) == sp.TAIL_FACTOR
+    assert low.tasks[0].factor_now(at_tail=True) == 1.2 and s.tasks[0].factor_now(at_tail=True) == sp.TAIL_FACTOR
 
 
 def test_oldest_first_and_at_most_one_per_idle_worker():

@@ -193,12 +193,35 @@ class TaskTimes:
 
     def median(self) -> float | None:
         """The median of the last ``WINDOW`` successful block times, None before ``MIN_SAMPLES``
-        (without the blocks still running: :meth:`Speculation.median` counts those)."""
+        (without the blocks still running: :meth:`median_with` counts those)."""
         return self._median
 
-    def sorted_secs(self) -> list[float]:
-        """The last ``WINDOW`` successful block times, shortest first."""
-        return sorted(self._secs)
+    def settled(self, running: int) -> bool:
+        """Whether the median is settled (the module docstring's **when**) while ``running`` blocks
+        run: twice as many blocks succeeded as run, or ``WINDOW`` of them, or half of the task's."""
+        n = self.n_done
+        return n >= WINDOW or 2 * n >= self.total or n >= max(MIN_SAMPLES, SETTLE_PER_RUNNING * running)
+
+    def median_with(self, running: int) -> float | None:
+        """The median block time for the rule while ``running`` blocks run: of the last ``WINDOW``
+        successful block times; until ``WINDOW`` blocks have succeeded, with each block running
+        counted as longer than all of them (the first successes are the short blocks). None
+        before ``MIN_SAMPLES`` successes, or when the running blocks are half of all or more."""
+        med = self._median
+        if med is None or self.n_done >= WINDOW or not running:
+            return med
+        secs = sorted(self._secs)
+        n = len(secs) + running  # the running ones are the last, past every success
+        hi = n // 2  # the upper middle one (the middle one of an odd count)
+        if hi >= len(secs):
+            return None
+        return secs[hi] if n % 2 else (secs[hi - 1] + secs[hi]) / 2
+
+    def factor_now(self, at_tail: bool) -> float:
+        """The factor for a new backup: ``k``, at most ``TAIL_FACTOR`` at the task's tail."""
+        if self.factor is None:
+            raise ValueError("the task has no backups")
+        return min(self.factor, TAIL_FACTOR) if at_tail else self.factor
 
     def validate(self) -> None:
         """Raise ``AssertionError`` if this task's counts and times disagree."""
@@ -255,28 +278,13 @@ class Speculation:
         return {row: list(cs) for row, cs in self._rows[t].items()}
 
     def settled(self, t: int) -> bool:
-        """Whether task ``t``'s median is settled (the module docstring's **when**): twice as many
-        blocks succeeded as run now, or ``WINDOW`` of them, or half of the task's blocks."""
-        tt = self.tasks[t]
-        n = tt.n_done
-        return n >= WINDOW or 2 * n >= tt.total or n >= max(MIN_SAMPLES, SETTLE_PER_RUNNING * len(self._rows[t]))
+        """Whether task ``t``'s median is settled, with its blocks running now (:meth:`TaskTimes.settled`)."""
+        return self.tasks[t].settled(len(self._rows[t]))
 
     def median(self, t: int) -> float | None:
-        """Task ``t``'s median block time for the rule: of its last ``WINDOW`` successful block
-        times; until ``WINDOW`` blocks have succeeded, with each block running now counted as
-        longer than all of them (the first successes are the short blocks). None before
-        ``MIN_SAMPLES`` successes, or when the running blocks are half of all or more."""
-        tt = self.tasks[t]
-        med = tt.median()
-        running = len(self._rows[t])
-        if med is None or tt.n_done >= WINDOW or not running:
-            return med
-        secs = tt.sorted_secs()
-        n = len(secs) + running  # the running ones are the last, past every success
-        hi = n // 2  # the upper middle one (the middle one of an odd count)
-        if hi >= len(secs):
-            return None
-        return secs[hi] if n % 2 else (secs[hi - 1] + secs[hi]) / 2
+        """Task ``t``'s median block time for the rule, with its blocks running now
+        (:meth:`TaskTimes.median_with`)."""
+        return self.tasks[t].median_with(len(self._rows[t]))
 
     def can_back(self, t: int) -> int:
         """How many of task ``t``'s running rows may still get a backup: one copy running and no
@@ -438,7 +446,7 @@ class Speculation:
         med = self.median(t)
         if med is None:
             return []
-        limit = self.factor_now(t, at_tail) * med
+        limit = tt.factor_now(at_tail) * med
         backed = self._backed[t]
         late = []
         for row, copies in self._rows[t].items():
@@ -455,13 +463,6 @@ class Speculation:
             if busy_neighbours is None or not busy_neighbours(row):
                 out.append(Backup(t, row, copy))
         return out
-
-    def factor_now(self, t: int, at_tail: bool) -> float:
-        """Task ``t``'s factor for a new backup: ``k``, at most ``TAIL_FACTOR`` at its tail."""
-        k = self.tasks[t].factor
-        if k is None:
-            raise ValueError(f"task {t} has no backups")
-        return min(k, TAIL_FACTOR) if at_tail else k
 
     def slow_backups(self, t: int, now: float) -> list[Interrupt]:
         """The backups of task ``t`` to stop at ``now``: second copies that have run longer than

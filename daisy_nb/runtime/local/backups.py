@@ -98,7 +98,7 @@ class PoolBackups:
         if self.factor(tid) is None:
             return None
         tail = self.at_tail(self.core.s, tid)
-        return self.spec.factor_now(self.t[tid], tail), tail  # type: ignore[union-attr]
+        return self.spec.tasks[self.t[tid]].factor_now(tail), tail  # type: ignore[union-attr]
 
     def keep_at_tail(self, w) -> bool:
         """Whether ``w``, with nothing to take at its task's tail, stays parked for backups: a
