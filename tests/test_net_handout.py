@@ -204,6 +204,9 @@ class Harness:
         self.core.on_frames([(cid, [wire.decode_client(p) for p in ps]) for cid, ps in pairs], self.now)
         out = self.run()
         self.core.validate()
+        if self.core.quiet_secs > 0:  # no client may run dry while the frames wait unread
+            assert not self.core.parked
+            assert all(len(cc.held) == 2 for cc in self.core.conns.values() if cc.tr is not None), "quiet, one holds <2"
         return out
 
     def blocks(self, cid: int) -> list[int]:
@@ -303,6 +306,31 @@ def test_quiet_time_only_when_everybody_that_asked_holds_two():
     assert len(h.core.conns[1].held) == 2
     assert 0 < h.core.quiet_secs <= QUIET_MAX_SECS
     assert h.core.quiet_secs == pytest.approx(0.25 * 0.008)
+
+
+def test_no_quiet_time_while_a_client_that_did_not_ask_holds_one_block():
+    """Quiet time delays every frame, so also the release of a client with nothing behind its
+    block: it would wait out the quiet time idle. Here client 2 of ``a`` holds one block when
+    client 1's release gives 1 two; then ``b``'s only client holds one (``b`` is fed one block
+    by each of ``a``'s, as a downstream task paced by its upstream) while ``a``'s hold two."""
+    h = Harness(n_a=40, n_b=4)
+    for c in (1, 2):
+        h.open(c)
+        h.frames((c, [wire.encode_hello("a", c), REQ]))
+    h.now += 8 * MS
+    h.frames((1, [rel(h.blocks(1)[0])]))
+    assert len(h.core.conns[1].held) == 2 and len(h.core.conns[2].held) == 1
+    assert h.core.quiet_secs == 0
+    h.frames((2, [rel(h.blocks(2)[0])]))  # now both hold two
+    assert h.core.quiet_secs == pytest.approx(0.25 * 0.008)
+    h.open(3)
+    h.frames((3, [wire.encode_hello("b", 3), REQ]))  # b's block 0 is ready (a's block 0 is done)
+    assert len(h.core.conns[3].held) == 1 and not h.core.parked
+    h.now += 8 * MS
+    got = h.blocks(1)
+    h.frames((1, [rel(got[1])]))  # a's client 1 holds two again; b's client still one
+    assert len(h.core.conns[1].held) == 2
+    assert h.core.quiet_secs == 0
 
 
 def test_stop_hands_out_nothing_more_but_takes_releases():

@@ -45,10 +45,11 @@ which says why one).
 finish; it is told to end (``NO_MORE``) exactly as at the tail, and a parked one once its
 time runs short (:class:`daisy_nb.runtime.net.walltime.WalltimeRule`, which says why).
 
-**Quiet time.** After a pass in which every connection that asked ends up holding two
-blocks and none is parked, the connections may stay unread for a quarter of the task's
-(shortest) mean block time, at most ``QUIET_MAX_SECS`` (:attr:`HandOut.quiet_secs`): the
-frames that arrive meanwhile are taken in one pass (the shell waits on that deadline).
+**Quiet time.** After a pass that ends with every connection holding two blocks and none
+parked, the connections may stay unread for a quarter of the (shortest) mean block time of
+their tasks, at most ``QUIET_MAX_SECS`` (:attr:`HandOut.quiet_secs`): the frames that arrive
+meanwhile are taken in one pass (the shell waits on that deadline), and no client runs dry
+meanwhile, as each has a block behind the one it runs.
 
 Invariants (:meth:`HandOut.validate`): every block handed out is held by exactly one
 connection (or released); per task, the blocks held equal the scheduler's processing
@@ -690,17 +691,20 @@ class HandOut(_Copies):
         batch.releases.clear()
 
     def _quiet(self, batch: _Pass) -> float:
-        """0 unless every connection that asked holds two blocks and nobody is parked."""
+        """0 unless every connection holds two blocks and nobody is parked: a connection with one
+        block could finish it and ask meanwhile, and would wait out the quiet time with nothing to
+        run (a downstream task's jobs, fed block by block by their upstream). A connection holds
+        at most two, so every connection of a task holds two exactly when the task's blocks in
+        flight are twice its connections (a copied block, counted once, makes it fail: no quiet)."""
         if self.parked or self.stopped or not (batch.want or batch.ahead):
             return 0.0
         secs = QUIET_MAX_SECS / QUIET_FRACTION
-        for group in (batch.want, batch.ahead):
-            for cc in group:
-                if cc.cid not in self.conns:
-                    continue
-                if len(cc.held) < 2:
-                    return 0.0
-                secs = min(secs, self.client_block_secs.get(cc.tr.tid, 0.0))
+        for tid, n in self.n_clients.items():
+            if not n:
+                continue
+            if self.s.processing_count(tid) < 2 * n:
+                return 0.0
+            secs = min(secs, self.client_block_secs.get(tid, 0.0))
         return secs * QUIET_FRACTION
 
     def _hand_out(self, ccs: dict[Conn, None], ahead: bool, now_ns: int) -> None:

@@ -12,7 +12,7 @@ actions (send a frame, close a connection). Connections arrive authenticated fro
 **Waiting.** The connections are registered in a selector of their own, whose
 descriptor the pool's :class:`daisy_nb.runtime.pool_parts.Waitables` watches (one entry for every
 connection): a wake-up on it is one pass over every readable connection. **Quiet
-time** (the core's ``quiet_secs``: every connection that asked holds two blocks) takes
+time** (the core's ``quiet_secs``: every connection holds two blocks) takes
 that entry out of the pool's waitables until a deadline; :meth:`Clients.wait_timeout`
 bounds the pool's wait by it and puts the entry back once it has passed, so the frames
 that arrive meanwhile are taken in one pass, and nothing else (a worker's exit, a new
