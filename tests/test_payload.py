@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from daisy_nb.runtime.common.payload import serialize_function
+from daisy_nb.runtime.common.payload import payload_imports, serialize_function
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,3 +90,16 @@ def test_an_unpicklable_function_is_a_clear_error():
 
     with pytest.raises(RuntimeError, match="could not serialize the process_function/init_fn of task 'u'"):
         serialize_function(lambda b: lock, None, "u")
+
+
+def record_cloudpickle_stats(block):  # by reference: a name with "cloudpickle" in it
+    return block
+
+
+def test_a_workers_template_loads_cloudpickle_only_for_a_payload_sent_by_value():
+    """``payload_imports``: what a worker template loads before forking a worker of the task."""
+    cloudpickle = pytest.importorskip("cloudpickle")
+    assert payload_imports(pickle.dumps((record_cloudpickle_stats, None))) == ()
+    assert payload_imports(cloudpickle.dumps((lambda b: b, None))) == ("cloudpickle",)
+    assert payload_imports(cloudpickle.dumps((functools.partial(max, 1), None))) == ()  # by reference
+    assert payload_imports(None) == ()

@@ -78,6 +78,41 @@ def test_forked_block_workers_find_the_worker_side_loaded_in_the_template(out):
     assert {e.split(",")[1] for e in extras} == {"none"}
 
 
+CLOUDPICKLE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path[:0] = [{workers!r}, {root!r}]
+    import daisy_nb, templatefns
+    from funlib.geometry import Roi
+
+    def task(tid, fn):
+        return daisy_nb.Task(tid, total_roi=Roi((0,), (120,)), read_roi=Roi((0,), (10,)), write_roi=Roi((0,), (10,)),
+                             process_function=fn, read_write_conflict=False, max_workers=2)
+
+    ok = daisy_nb.run_blockwise([task("ref", templatefns.record_cloudpickle_source)], progress=False, summary=False)
+    print("program loaded cloudpickle:", "cloudpickle" in sys.modules)
+    ok &= daisy_nb.run_blockwise([task("val", lambda b: templatefns.record_cloudpickle_source(b))], progress=False,
+                                 summary=False)
+    sys.exit(0 if ok else 1)
+    """
+)
+
+
+def test_the_template_loads_cloudpickle_only_for_a_function_sent_by_value(out, tmp_path):
+    # a module's function travels by reference: neither the template nor its workers load
+    # cloudpickle (12 ms, a sixth of the template's start, before the first fork); a lambda
+    # travels by value, and the template loads cloudpickle once, before the fork, for all its
+    # workers. (A fresh program: one that loaded cloudpickle sends everything with it.)
+    script = tmp_path / "run.py"
+    script.write_text(CLOUDPICKLE_SCRIPT.format(workers=str(HERE / "workers"), root=str(HERE.parent)))
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "program loaded cloudpickle: False" in r.stdout
+    assert len(done_lines(out, "ref")) == len(done_lines(out, "val")) == 12
+    assert {e.split(",")[1] for _, e in done_lines(out, "ref")} == {"none"}
+    assert {e.split(",")[1] for _, e in done_lines(out, "val")} == {"template"}
+
+
 def test_sigkilled_forked_worker_is_replaced_by_a_forked_one(out):
     # one worker, so that a replacement is needed whatever the timing (with 3, the survivors may
     # already hold every remaining block when the death is seen: no restart, seen in CI on a quiet

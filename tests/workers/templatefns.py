@@ -46,6 +46,17 @@ def record_worker_side_imports(block):
     done(block, f"{os.getppid()},{'+'.join(new) or 'none'}")
 
 
+def record_cloudpickle_source(block):
+    """The ``done`` line's extra: where this worker's cloudpickle came from, ``template`` (held
+    by the template at the fork), ``worker`` (imported after the fork) or ``none``."""
+    from daisy_nb.runtime.local import worker
+
+    if not _template_modules:
+        _template_modules.update(worker.after_first_batch.__self__.sent)
+    where = "template" if "cloudpickle" in _template_modules else "worker" if "cloudpickle" in sys.modules else "none"
+    done(block, f"{os.getppid()},{where}")
+
+
 class RecordParentWith:
     """``record_parent`` carrying ``nbytes`` of data: a task whose serialized function is that large."""
 

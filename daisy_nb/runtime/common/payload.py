@@ -13,7 +13,7 @@ import inspect
 import pickle
 import sys
 
-__all__ = ["serialize_function", "timeout_of", "wants_context"]
+__all__ = ["payload_imports", "serialize_function", "timeout_of", "wants_context"]
 
 
 def serialize_function(fn, init_fn, task_id: str) -> bytes:
@@ -51,6 +51,15 @@ def serialize_function(fn, init_fn, task_id: str) -> bytes:
             "inside it (or in init_fn) rather than capturing them, or run in-process with "
             f"run_blockwise(..., multiprocessing=False). Underlying error: {e!r}"
         ) from e
+
+
+def payload_imports(payload: bytes | None) -> tuple[str, ...]:
+    """The modules a worker needs to load ``payload`` beyond what a worker always holds:
+    ``cloudpickle`` for a function sent by value (its pickle names functions of the module
+    ``cloudpickle.cloudpickle``, which plain pickle imports as it loads them; a user's function
+    named after cloudpickle has no dot in its name). A worker template loads them before it forks
+    the worker (``daisy_nb/runtime/local/_zygote.py``), once for all of a run's workers."""
+    return ("cloudpickle",) if payload is not None and b"cloudpickle.cloudpickle" in payload else ()
 
 
 def timeout_of(task) -> float | None:

@@ -30,6 +30,7 @@ failure, and starts later workers by exec (:class:`Template` reports ``dead``).
 
 from __future__ import annotations
 
+import importlib
 import os
 import select
 import signal
@@ -249,16 +250,17 @@ class Template:
         finally:
             theirs.close()
 
-    def ask(self, env: dict, fds: dict[str, int], argv: list[str], task: str = "") -> None:
+    def ask(self, env: dict, fds: dict[str, int], argv: list[str], task: str = "", imports: tuple = ()) -> None:
         """Ask for a worker of ``task`` forked with these descriptors (duplicated into the request: the
         caller may close its own after this); :meth:`collect` returns it. Several may be asked
         before the first is collected: the template forks them one after another while the pool
         goes on (each fork waited for in turn was a round trip of 1-15 ms on a busy 2-core
-        machine, 32 of them most of a 32-worker start). Raises TemplateDied."""
+        machine, 32 of them most of a 32-worker start). ``imports``: modules the template loads
+        before this fork (what the worker's payload needs). Raises TemplateDied."""
         if self.dead:
             raise TemplateDied("the worker template has exited")
         names = list(fds)
-        req = twire.encode_request(twire.ForkRequest(env, os.getcwd(), argv, names, task))
+        req = twire.encode_request(twire.ForkRequest(env, os.getcwd(), argv, names, task, tuple(imports)))
         try:
             socket.send_fds(self.sock, [req], [fds[n] for n in names])
         except OSError:
@@ -437,6 +439,17 @@ def _child(
         os._exit(code & 0xFF)  # as an interpreter would: sys.exit(-1) is 255
 
 
+def _load(names) -> None:
+    """Import the modules a fork request names (its worker's payload needs them: cloudpickle for
+    a function sent by value), once, before the fork; one that fails is left to the worker."""
+    for name in names:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # the worker's own import will say what is wrong
+                pass
+
+
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -495,10 +508,8 @@ def main(argv=None) -> int:
     import daisy_nb.runtime.local._shm
     import daisy_nb.runtime.local.wire  # noqa: F401  (worker.serve reads the pool's frames)
 
-    try:
-        import cloudpickle  # type: ignore[import-untyped]  # noqa: F401  (payloads load with pickle, which imports it)
-    except ImportError:  # pragma: no cover - a dependency
-        pass
+    # not cloudpickle (12 ms, a sixth of the template's start): only a function sent by value needs
+    # it, and its fork requests say so (``ForkRequest.imports``, loaded below before the fork)
     if len(argv) > 2 and argv[2] == "client":
         import daisy_nb.runtime.client  # noqa: F401
     from daisy_nb.runtime.local import _zygote_imports
@@ -549,6 +560,7 @@ def main(argv=None) -> int:
             learner.poll()  # a report written before the pool asked for this fork
             learner.preload()
             learner.recall(req.task)  # what a previous run's workers of this task imported
+            _load(req.imports)
             pipe = learner.pipe()
             pid = os.fork()
             if pid == 0:

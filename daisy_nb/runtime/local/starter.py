@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from daisy_nb import logging as dlog
+from daisy_nb.runtime.common.payload import payload_imports
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.local import _shm, _zygote, wire
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun
@@ -206,7 +207,8 @@ class Starter:
         if st.keep_fds:
             fds["shm"] = st.keep_fds[0]
         try:
-            self.template.ask(st.env, fds, [_WORKER_PY, str(fd), str(os.getpid())], st.w.tr.tid)
+            argv = [_WORKER_PY, str(fd), str(os.getpid())]
+            self.template.ask(st.env, fds, argv, st.w.tr.tid, payload_imports(st.w.tr.payload))
         except _zygote.TemplateDied:
             self.template_gone()
             return False

@@ -8,7 +8,9 @@ with ``SCM_RIGHTS``.
 * pool -> template: a :class:`ForkRequest` (pickled: the worker's environment, working
   directory, ``argv`` and the names of the descriptors sent with it, ``conn``, ``out``,
   ``err`` and for a block worker ``shm``; the worker's task id, which the template's import
-  memory files what the worker imports under; and this wire's :data:`VERSION`);
+  memory files what the worker imports under; the modules the worker's payload needs that the
+  template loads before this fork, once (``cloudpickle`` for a function sent by value); and
+  this wire's :data:`VERSION`);
 * template -> pool: :data:`Kind.FORKED` + pid (:class:`Forked`), sent with a pidfd of the
   new worker; :data:`Kind.EXITED` + pid + exit code (:class:`Exited`,
   ``os.waitstatus_to_exitcode``) when the template has reaped a worker.
@@ -41,7 +43,7 @@ __all__ = [
     "forked",
 ]
 
-VERSION = 2
+VERSION = 3
 
 
 class Kind:
@@ -59,6 +61,7 @@ class ForkRequest(NamedTuple):
     argv: list
     fds: list  # the names of the descriptors sent with the request, in order
     task: str = ""  # the worker's task id ("": unknown)
+    imports: tuple = ()  # modules to load before this fork (the worker's payload needs them)
     version: int = VERSION
 
 
