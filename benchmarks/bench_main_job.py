@@ -34,6 +34,11 @@ order rotates with each repeat) and each figure is the median of ``--repeat`` ru
   sum         the largest sum of the tree's RSS, sampled every 50 ms (shared pages counted
               in every process: forked workers make it an upper bound)
 
+A second table splits each median into its two phases as the child measured them: the
+pipeline (``run_blockwise``; for dask, the compute with its cluster's start) and the check
+after it, the same code for every runner (the demo prints both; the other children print the
+same line).
+
 For daisy_nb and daisy 2.0.0 the block functions are wrapped (:class:`Traced`) to append each
 block's start and end, its process and the first-call imports (``zarr``, and what that
 task's function imports from scipy, timed apart, before the block's clock starts) to a trace
@@ -69,6 +74,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -212,11 +218,27 @@ def child_daisy2(size: int, block: int, out: str, trace: str) -> int:
         pipeline = pipeline + t
     # the demo's budget: 2 block functions at once over all tasks (daisy_nb demo: resources={"cpu": workers});
     # progress bars and summary on, as daisy's defaults and the demo's
+    t0 = time.monotonic()
     ok = daisy.run_blockwise(pipeline, multiprocessing=True, resources={"cpu": WORKERS}, progress=True, summary=True)
     if not ok:
         print("daisy 2.0.0: run failed", file=sys.stderr)
         return 1
-    return 0 if nbdemo.check_result(p)["agrees"] else 1
+    return _checked(nbdemo, p, time.monotonic() - t0)
+
+
+def _checked(nbdemo, p: dict, t_run: float) -> int:
+    """The check, and the two phases' seconds in the demo's own words (:func:`phases` reads them)."""
+    t0 = time.monotonic()
+    agrees = nbdemo.check_result(p)["agrees"]
+    print(f"time: pipeline {t_run:.2f}s, check {time.monotonic() - t0:.2f}s", flush=True)
+    return 0 if agrees else 1
+
+
+def phases(log: str) -> tuple[float, float] | None:
+    """The pipeline's and the check's seconds from a child's output: the demo's closing line
+    (``time: pipeline 17.9s, check 5.8s, total 23.9s``), which the other runners' children print too."""
+    m = re.search(r"time: pipeline ([0-9.]+)s, check ([0-9.]+)s", log)
+    return (float(m.group(1)), float(m.group(2))) if m else None
 
 
 class _Partial:
@@ -259,6 +281,7 @@ def child_dask(size: int, block: int, out: str, distributed: bool) -> int:
     labels = labels.astype(p["label_dtype"]).rechunk(tuple(B))
     root = zarr.open_group(p["zarr"], mode="r+")
     targets = [root["raw"], root["smoothed"], root["mask"], root["labels"]]
+    t0 = time.monotonic()  # the pipeline: building the graph aside, the cluster's start and the compute
     if distributed:
         from dask.distributed import Client, LocalCluster
 
@@ -270,7 +293,7 @@ def child_dask(size: int, block: int, out: str, distributed: bool) -> int:
     else:
         with dask.config.set(scheduler="threads", num_workers=WORKERS):
             da.store([raw, sm, mask, labels], targets, lock=False)
-    return 0 if nbdemo.check_result(p)["agrees"] else 1
+    return _checked(nbdemo, p, time.monotonic() - t0)
 
 
 def _chunks(n: int, b: int) -> tuple:
@@ -348,7 +371,16 @@ def run_one(python: str, args: list[str], env_extra: dict, cwd: str, timeout: fl
     log.close()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed (rc {proc.returncode}):\n{text[-4000:]}")
-    return {"wall": wall, "peak": ru.ru_maxrss * 1024, "sum": peak_sum[0] * 1024, "t0": t0, "log": text}
+    ph = phases(text)
+    return {
+        "wall": wall,
+        "peak": ru.ru_maxrss * 1024,
+        "sum": peak_sum[0] * 1024,
+        "t0": t0,
+        "log": text,
+        "pipeline": ph[0] if ph else float("nan"),
+        "check": ph[1] if ph else float("nan"),
+    }
 
 
 def variant_cmd(variant: str, pythons: dict, size: int, block: int, out: str, trace: str) -> tuple[str, list]:
@@ -485,7 +517,7 @@ def main() -> int:
                 print("the variants compute different results: stopping", file=sys.stderr)
                 return 1
 
-        rows, trace_rows = [], []
+        rows, trace_rows, phase_rows = [], [], []
         for size, block in configs:
             res: dict = {v: [] for v in variants}
             traces: dict = {v: [] for v in variants if v.startswith("nb") or v == "daisy2"}
@@ -509,13 +541,20 @@ def main() -> int:
                         flush=True,
                     )
                     shutil.rmtree(out, ignore_errors=True)
-            med = {v: {k: statistics.median(x[k] for x in res[v]) for k in ("wall", "peak", "sum")} for v in variants}
+            keys = ("wall", "peak", "sum", "pipeline", "check")
+            med = {v: {k: statistics.median(x[k] for x in res[v]) for k in keys} for v in variants}
             row = [f"{size}³, {block}³"]
             for v in variants:
                 m = med[v]
                 ratio = f" ({m['wall'] / med['nb']['wall']:.2f}x)" if v != "nb" and "nb" in med else ""
                 row.append(f"{m['wall']:.2f} s{ratio}; {mib(m['peak'])} / {mib(m['sum'])}")
             rows.append(row)
+            row = [f"{size}³, {block}³"]
+            for v in variants:
+                m = med[v]
+                ratio = f" ({m['pipeline'] / med['nb']['pipeline']:.2f}x)" if v != "nb" and "nb" in med else ""
+                row.append(f"{m['pipeline']:.2f} s{ratio} / {m['check']:.2f} s")
+            phase_rows.append(row)
             for v, ts in traces.items():
                 if not ts:
                     continue
@@ -538,6 +577,12 @@ def main() -> int:
             "largest process / sum = sampled RSS sum of the tree)\n"
         )
         print(_util.table(headers, rows))
+        print(
+            "\nThe two phases (median of the runs, as each child measured them): the pipeline (``run_blockwise``, "
+            "or dask's compute with its cluster's start; ratio to daisy_nb) / the check that follows it, the "
+            "same code for every runner\n"
+        )
+        print(_util.table(headers, phase_rows))
         if trace_rows:
             print(
                 "\nWorker slots from the block trace (median run by use): use = block time / (2 x span); gaps "
