@@ -544,18 +544,19 @@ def main() -> int:
                     shutil.rmtree(out, ignore_errors=True)
             keys = ("wall", "peak", "sum", "pipeline", "check")
             med = {v: {k: statistics.median(x[k] for x in res[v]) for k in keys} for v in variants}
-            row = [f"{size}³, {block}³"]
+
+            label = f"{size}³, {block}³"
+            whole, phase = [label], [label]
             for v in variants:
                 m = med[v]
-                ratio = f" ({m['wall'] / med['nb']['wall']:.2f}x)" if v != "nb" and "nb" in med else ""
-                row.append(f"{m['wall']:.2f} s{ratio}; {mib(m['peak'])} / {mib(m['sum'])}")
-            rows.append(row)
-            row = [f"{size}³, {block}³"]
-            for v in variants:
-                m = med[v]
-                ratio = f" ({m['pipeline'] / med['nb']['pipeline']:.2f}x)" if v != "nb" and "nb" in med else ""
-                row.append(f"{m['pipeline']:.2f} s{ratio} / {m['check']:.2f} s")
-            phase_rows.append(row)
+                x = {
+                    k: f" ({m[k] / med['nb'][k]:.2f}x)" if v != "nb" and "nb" in med else ""
+                    for k in ("wall", "pipeline")
+                }
+                whole.append(f"{m['wall']:.2f} s{x['wall']}; {mib(m['peak'])} / {mib(m['sum'])}")
+                phase.append(f"{m['pipeline']:.2f} s{x['pipeline']} / {m['check']:.2f} s")
+            rows.append(whole)
+            phase_rows.append(phase)
             for v, ts in traces.items():
                 if not ts:
                     continue

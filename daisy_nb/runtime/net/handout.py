@@ -691,11 +691,9 @@ class HandOut(_Copies):
         batch.releases.clear()
 
     def _quiet(self, batch: _Pass) -> float:
-        """0 unless every connection holds two blocks and nobody is parked: a connection with one
-        block could finish it and ask meanwhile, and would wait out the quiet time with nothing to
-        run (a downstream task's jobs, fed block by block by their upstream). A connection holds
-        at most two, so every connection of a task holds two exactly when the task's blocks in
-        flight are twice its connections (a copied block, counted once, makes it fail: no quiet)."""
+        """0 unless nobody is parked and every connection holds two blocks (one with one could ask
+        meanwhile and idle: a downstream job fed block by block). Holding at most two, a task's
+        connections all hold two when its blocks in flight are twice them (a copy: no quiet)."""
         if self.parked or self.stopped or not (batch.want or batch.ahead):
             return 0.0
         secs = QUIET_MAX_SECS / QUIET_FRACTION
