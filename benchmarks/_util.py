@@ -41,11 +41,11 @@ def child_env(extra: dict | None = None) -> dict:
 
 
 def spawn(python: str, script: str, args: list[str], env_extra: dict | None = None, timeout: float = 1800) -> dict:
-    """Run ``python script --worker args...`` in a fresh interpreter; return its RESULT dict."""
+    """Run ``python script --worker args...`` in a fresh interpreter, in a fresh working directory
+    removed afterwards (the runs' worker logs land there); return its RESULT dict."""
     cmd = [python, script, "--worker", *map(str, args)]
-    r = subprocess.run(
-        cmd, capture_output=True, text=True, env=child_env(env_extra), cwd=tempfile.gettempdir(), timeout=timeout
-    )
+    with tempfile.TemporaryDirectory(prefix="daisy_nb_bench_") as cwd:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=child_env(env_extra), cwd=cwd, timeout=timeout)
     for line in reversed(r.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[7:])

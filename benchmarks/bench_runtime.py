@@ -175,14 +175,15 @@ def run_case(lib: str, fn_name: str, n: int, workers: int) -> dict:
 def spawn_case(python: str, lib: str, fn_name: str, n: int, workers: int, env_extra=None) -> dict:
     env = dict(os.environ)
     env.update(env_extra or {})
-    r = subprocess.run(
-        [python, os.path.abspath(__file__), "--case", lib, fn_name, str(n), str(workers)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tempfile.gettempdir(),
-        timeout=900,
-    )
+    with tempfile.TemporaryDirectory(prefix="daisy_nb_bench_") as cwd:  # the run's worker logs land there
+        r = subprocess.run(
+            [python, os.path.abspath(__file__), "--case", lib, fn_name, str(n), str(workers)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=cwd,
+            timeout=900,
+        )
     for line in reversed(r.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[7:])

@@ -267,6 +267,7 @@ def measure(python: str, args: list[str], env_extra: dict | None = None) -> dict
     env = U.child_env({"BENCH_STAMP_FILE": stamps, **(env_extra or {})})
     env["PYTHONPATH"] = HERE + os.pathsep + env["PYTHONPATH"]
     out = tempfile.TemporaryFile("w+")
+    cwd = tempfile.TemporaryDirectory(prefix="daisy_nb_bench_")  # the run's worker logs land there
     try:
         t0 = time.time()
         p = subprocess.Popen(
@@ -274,7 +275,7 @@ def measure(python: str, args: list[str], env_extra: dict | None = None) -> dict
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
-            cwd=tempfile.gettempdir(),
+            cwd=cwd.name,
         )
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.time() - t0
@@ -292,6 +293,7 @@ def measure(python: str, args: list[str], env_extra: dict | None = None) -> dict
         return res
     finally:
         out.close()
+        cwd.cleanup()
         os.unlink(stamps)
 
 

@@ -33,8 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
         "bench_heavy_tail.py",
     ],
 )
-def test_benchmark_quick(script):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def test_benchmark_quick(script, tmp_path):
+    """It runs, prints its table, and leaves nothing in the temporary directory (its children's
+    worker logs, stamp files, scratch space)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp))
     r = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
         cwd=ROOT,
@@ -45,6 +49,7 @@ def test_benchmark_quick(script):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| " in r.stdout  # printed its markdown table
+    assert sorted(p.name for p in tmp.iterdir()) == []
 
 
 @pytest.mark.slow
