@@ -30,7 +30,6 @@ failure, and starts later workers by exec (:class:`Template` reports ``dead``).
 
 from __future__ import annotations
 
-import importlib
 import os
 import select
 import signal
@@ -439,17 +438,6 @@ def _child(
         os._exit(code & 0xFF)  # as an interpreter would: sys.exit(-1) is 255
 
 
-def _load(names) -> None:
-    """Import the modules a fork request names (its worker's payload needs them: cloudpickle for
-    a function sent by value), once, before the fork; one that fails is left to the worker."""
-    for name in names:
-        if name not in sys.modules:
-            try:
-                importlib.import_module(name)
-            except Exception:  # the worker's own import will say what is wrong
-                pass
-
-
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -560,7 +548,7 @@ def main(argv=None) -> int:
             learner.poll()  # a report written before the pool asked for this fork
             learner.preload()
             learner.recall(req.task)  # what a previous run's workers of this task imported
-            _load(req.imports)
+            learner.require(req.imports, req.task)  # what the worker's payload needs (cloudpickle)
             pipe = learner.pipe()
             pid = os.fork()
             if pid == 0:

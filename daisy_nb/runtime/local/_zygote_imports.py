@@ -228,6 +228,13 @@ class Learner:
             if not self._import(name, owner):
                 break
 
+    def require(self, names, task: str) -> None:
+        """Before forking a worker of ``task``: import what its fork request names (its payload
+        needs it: cloudpickle for a function sent by value), with the same rules."""
+        for name in names:
+            if not self._import(name, task):
+                break
+
     def idle_work(self) -> bool:
         """Whether :meth:`recall_one` has a module to import while no fork is asked for. Before
         the first fork only the first remembered task's: the run's first fork request comes
