@@ -4,6 +4,7 @@ import argparse
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -247,8 +248,41 @@ def test_same_partition_agrees_with_the_sorted_count(case):
     a, b = a.astype(dtype), b.astype(dtype)
     assert demo.same_partition(a, b) == demo.same_partition_sorted(a, b)
     assert demo.same_partition(b, a) == demo.same_partition_sorted(b, a)
+    with ThreadPoolExecutor(1) as pool:  # checked in two halves, one in another thread
+        assert demo.same_partition(a, b, pool) == demo.same_partition_sorted(a, b)
+        assert demo.same_partition(b, a, pool) == demo.same_partition_sorted(b, a)
     if how == "permuted":
         assert demo.same_partition(a, b)[0]
+
+
+def test_same_partition_in_halves_compares_the_halves():
+    """A label split, or two merged, across the halves is consistent within each half: the
+    halves' tables disagree."""
+    with ThreadPoolExecutor(1) as pool:
+        one, two = np.array([1, 1, 1, 1]), np.array([1, 1, 2, 2])
+        assert not demo.same_partition(one, two, pool)[0]
+        assert not demo.same_partition(two, one, pool)[0]
+        ok, info = demo.same_partition(np.array([[1, 2], [2, 1]]), np.array([[5, 3], [3, 5]]), pool)
+        assert ok and info["labels"] == 2
+
+
+@given(
+    hnp.arrays(
+        st.sampled_from([np.float32, np.float64]),
+        hnp.array_shapes(min_dims=2, max_dims=3, min_side=1, max_side=12),
+        elements=st.floats(-100, 100, width=32),
+    ),
+    st.sampled_from([0.7, 1.5, 2.0]),
+    st.sampled_from([2.0, 4.0]),
+)
+@settings(max_examples=60, deadline=None)
+def test_gaussian_filter_lines_is_scipys_bit_for_bit(x, sigma, truncate):
+    """The check's filter, each pass's lines shared by two threads, is scipy's whole-volume one."""
+    with ThreadPoolExecutor(1) as pool:
+        got = demo.check.gaussian_filter_lines(x, sigma, truncate, pool)
+    want = ndimage.gaussian_filter(x, sigma, truncate=truncate)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
 
 
 def test_same_partition_negative_ids_take_the_sorted_count():

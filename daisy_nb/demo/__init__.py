@@ -82,9 +82,20 @@ from pathlib import Path
 
 import numpy as np
 
-from .blocks import _BLOCK_FUNCTIONS, TASKS, _open, _triple
+from .blocks import _BLOCK_FUNCTIONS, TASKS, _triple
+from .check import check_result, same_partition, same_partition_sorted
 
-__all__ = ["DEFAULT_BLOCK", "DEFAULT_SIZE", "TASKS", "add_arguments", "main", "run_demo", "same_partition"]
+__all__ = [
+    "DEFAULT_BLOCK",
+    "DEFAULT_SIZE",
+    "TASKS",
+    "add_arguments",
+    "check_result",
+    "main",
+    "run_demo",
+    "same_partition",
+    "same_partition_sorted",
+]
 
 DEFAULT_SIZE = 320
 DEFAULT_BLOCK = 64
@@ -280,120 +291,6 @@ def build_pipeline(p: dict, workers: int = 2):
     for t in tasks[1:]:
         pipeline = pipeline + t
     return pipeline, tasks
-
-
-# ---------------------------------------------------------------------------------------------
-# the whole-volume reference
-# ---------------------------------------------------------------------------------------------
-
-
-def same_partition(a: np.ndarray, b: np.ndarray) -> tuple[bool, dict]:
-    """True iff two label volumes are equal up to a bijective relabelling (0 = background in both).
-
-    The answer and ``info`` are :func:`same_partition_sorted`'s. When both volumes hold small
-    non-negative ids (a label image's ``1..N``), agreement is confirmed in linear time: a table
-    indexed by the ids of ``a`` maps each to the id of ``b`` at its last voxel; every voxel
-    agrees with it iff each label of ``a`` meets exactly one label of ``b``, and the same the
-    other way round: that is a bijection. Anything else (a disagreement, large or negative
-    ids) is answered by the sort-based count."""
-    fa, fb = a != 0, b != 0
-    if not np.array_equal(fa, fb):
-        return same_partition_sorted(a, b)
-    la, lb = a[fa], b[fb]
-    del fa, fb
-    if la.size == 0 or not (_small_ids(la) and _small_ids(lb)):
-        return same_partition_sorted(a, b)
-    la, lb = la.astype(np.intp, copy=False), lb.astype(np.intp, copy=False)  # table indices (numpy 1.26 too)
-    if not (_maps_onto(la, lb) and _maps_onto(lb, la)):
-        return same_partition_sorted(a, b)
-    seen = np.zeros(int(la.max()) + 1, dtype=bool)
-    seen[la] = True
-    n = int(np.count_nonzero(seen))
-    return True, {"background_equal": True, "labels": n, "reference_labels": n, "label_pairs": n}
-
-
-def _small_ids(ids: np.ndarray) -> bool:
-    """Integer ids, none negative, the largest at most 4 per voxel (a table of them is cheap)."""
-    if ids.dtype.kind not in "iu" or (ids.dtype.kind == "i" and int(ids.min()) < 0):
-        return False
-    return int(ids.max()) <= 4 * ids.size + 1024
-
-
-def _maps_onto(la: np.ndarray, lb: np.ndarray) -> bool:
-    """Whether every voxel of one label of ``la`` has the same label in ``lb`` (paired by position)."""
-    table = np.zeros(int(la.max()) + 1, dtype=lb.dtype)
-    table[la] = lb  # the last voxel of each label wins; the check is that no other disagrees
-    return bool(np.array_equal(table[la], lb))
-
-
-def same_partition_sorted(a: np.ndarray, b: np.ndarray) -> tuple[bool, dict]:
-    """:func:`same_partition` by counting distinct labels and distinct pairs (sorts: O(n log n))."""
-    fa, fb = a != 0, b != 0
-    info = {"background_equal": bool(np.array_equal(fa, fb))}
-    if not info["background_equal"]:
-        info["background_mismatches"] = int(np.count_nonzero(fa != fb))
-        return False, info
-    la = a[fa].astype(np.uint64)
-    lb = b[fb].astype(np.uint64)
-    na = int(np.unique(la).size)
-    nb = int(np.unique(lb).size)
-    key = la * np.uint64(int(lb.max()) + 1 if lb.size else 1) + lb if la.size else la
-    npairs = int(np.unique(key).size)
-    info.update({"labels": na, "reference_labels": nb, "label_pairs": npairs})
-    return na == nb == npairs, info
-
-
-def check_result(p: dict) -> dict:
-    """Recompute the whole volume at once with scipy/numpy and compare with the blockwise output.
-
-    The reference is computed from ``raw`` alone, on the whole volume at once. While it is, a
-    second thread reads the blockwise outputs it is compared with next (scipy's filter and
-    labelling release the GIL, so both cores work), one array ahead: at most one of
-    them waits in memory beside the reference (at 512³ the check peaks at 1.68 GiB, where the
-    sequential one with sorted labels took 2.12)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from scipy import ndimage
-
-    r = p["radius"]
-    with ThreadPoolExecutor(1, thread_name_prefix="demo-check") as reader:
-        sm_f = reader.submit(lambda: _open(p, "smoothed")[...])
-        raw = _open(p, "raw")[...]
-        ref_sm = ndimage.gaussian_filter(raw, p["sigma"], truncate=p["truncate"])
-        del raw
-        ref_sm = ref_sm[tuple(slice(r, r + s) for s in p["size"])]  # the outputs' region, a view
-        mask_f = reader.submit(lambda: _open(p, "mask")[...].astype(bool))
-        sm = sm_f.result()
-        del sm_f  # a finished future holds its result: the array is freed with its name
-        equal = bool(np.array_equal(sm, ref_sm))
-        smooth = {"equal": equal, "max_abs_diff": 0.0 if equal else float(np.max(np.abs(sm - ref_sm)))}
-        del sm
-        ref_mask = ref_sm > p["threshold"]
-        del ref_sm
-        mask = mask_f.result()
-        del mask_f
-        labels_f = reader.submit(lambda: _open(p, "labels")[...])
-        masks = {
-            "equal": bool(np.array_equal(mask, ref_mask)),
-            "mismatches": int(np.count_nonzero(mask != ref_mask)),
-            "foreground_fraction": float(ref_mask.mean()),
-        }
-        del mask
-        ref_labels, nref = ndimage.label(ref_mask)
-        del ref_mask
-        labels = labels_f.result()
-        del labels_f
-    ok, info = same_partition(labels, ref_labels)
-    info["equal_up_to_permutation"] = ok
-    info["components"] = int(nref)
-    # how much merging the blockwise step had to do (the same pipeline written for another
-    # library, benchmarks/bench_main_job.py, has no merge table)
-    if os.path.exists(p["table_labels"]):
-        final = np.load(p["table_labels"])
-        sizes = np.bincount(final.astype(np.int64))[1:]
-        info["fragments"] = int(final.size)
-        info["objects_spanning_blocks"] = int(np.count_nonzero(sizes > 1))
-    return {"smoothed": smooth, "mask": masks, "labels": info, "agrees": smooth["equal"] and masks["equal"] and ok}
 
 
 # ---------------------------------------------------------------------------------------------
