@@ -264,6 +264,10 @@ def test_same_partition_in_halves_compares_the_halves():
         assert not demo.same_partition(two, one, pool)[0]
         ok, info = demo.same_partition(np.array([[1, 2], [2, 1]]), np.array([[5, 3], [3, 5]]), pool)
         assert ok and info["labels"] == 2
+    # label 1 held by the second and third parts only, mapped differently in each
+    tables = [(np.array([0, 0, 7]), np.array([0, 0, 1], bool)), (np.array([0, 4, 7]), np.array([0, 1, 1], bool))]
+    assert demo.check._tables_agree(tables)
+    assert not demo.check._tables_agree([*tables, (np.array([0, 5, 0]), np.array([0, 1, 0], bool))])
 
 
 @given(

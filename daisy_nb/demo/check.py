@@ -129,11 +129,12 @@ def _index(ids: np.ndarray) -> np.ndarray:
 
 def _tables_agree(parts: list) -> bool:
     """Whether the parts' tables map every id that several parts hold to the same id."""
-    (t0, s0), rest = parts[0], parts[1:]
-    for t, s in rest:
-        both = s0 & s
-        if not np.array_equal(t0[both], t[both]):
+    table, seen = parts[0][0].copy(), parts[0][1].copy()  # the parts so far, merged
+    for t, s in parts[1:]:
+        both = seen & s
+        if not np.array_equal(table[both], t[both]):
             return False
+        table[s], seen = t[s], seen | s
     return True
 
 
