@@ -584,6 +584,27 @@ def test_no_second_client_is_kept_for_a_retry_once_the_first_waited_in_vain():
     assert h.core.conns[4].parked and h.inbox.get(4, []) == []
 
 
+def test_a_pass_that_drains_the_upstream_judges_the_downstream_jobs_again():
+    """``b``'s job has waited a job's start for ``b``'s one block, behind ``a``'s, which is ready
+    again (its job died). The pass that hands it out drains ``a``: the same call ends ``b``'s job,
+    rather than the next turn of the loop."""
+    h = Harness(n_a=1, n_b=1, retries=1)
+    h.jobs.start_secs = 0.05
+    for c in range(3):
+        h.open(c)
+    h.frames((0, [wire.encode_hello("b", 0), REQ]))  # waits for b's block, behind a's
+    h.now += 50 * MS
+    h.frames((1, [wire.encode_hello("a", 1), REQ]))
+    h.frames((2, [wire.encode_hello("a", 2), REQ]))  # a's one block is in flight: parked for a retry
+    h.core.lost(1)  # a's block is ready again
+    h.run()
+    h.core.serve_parked(h.now)
+    h.run()
+    assert h.blocks(2) and h.s.ready_count("a") == 0  # a's retry went out: a is drained
+    assert h.inbox[0][-1] is wire.NO_MORE
+    check_settled(h)
+
+
 def test_no_second_client_waits_for_a_pending_block_once_one_waited_in_vain():
     """``b``'s last block waits on a straggler of ``a`` (drained): the client parked for it waits
     as long as a job takes to start and ends. A client of ``b`` that finishes its block and asks

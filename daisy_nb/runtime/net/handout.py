@@ -578,20 +578,16 @@ class HandOut(_Copies):
         self._serve(batch, now_ns)
 
     def serve_parked(self, now_ns: int) -> None:
-        """Answer the clients waiting for a block (a block, or ``NO_MORE`` when none is left)."""
+        """Answer the clients waiting for a block (a block, or ``NO_MORE`` when none is left). A
+        second pass judges them again after a first that served some: handing out an upstream
+        task's last blocks drains it, which a downstream task's waiting jobs are judged by."""
         if not self.parked:
             return
         self._launch_backups(now_ns)
-        batch = _Pass()
-        for tr, ccs in self.parked.items():
-            if ccs and (
-                self.s.ready_count(tr.tid) > 0
-                or self.tail.rejudge(tr.tid, len(ccs), functools.partial(_waited, ccs, now_ns), now_ns)
-            ):
-                batch.want.update(ccs)
-            elif ccs and self.timed:  # a job whose time ran short while it waited is told to end
-                batch.want.update((cc, None) for cc in self.walltime.short_parked(tr, ccs, now_ns))
-        if batch.want:
+        for _ in range(2):
+            batch = _to_answer(self, now_ns)
+            if not batch.want:
+                return
             self._serve(batch, now_ns)
 
     # ------------------------------------------------------------------ messages
@@ -793,6 +789,22 @@ class HandOut(_Copies):
     def validate(self) -> None:
         """Raise ``AssertionError`` if an invariant does not hold (see the module docstring)."""
         check_invariants(self)
+
+
+def _to_answer(core: HandOut, now_ns: int) -> _Pass:
+    """The parked clients :meth:`HandOut.serve_parked` answers now: those of a task with a block
+    ready or whose waiting jobs its tail policy judges again (:meth:`.tail.TailKeep.rejudge`), and
+    jobs whose time ran short while they waited (told to end)."""
+    batch = _Pass()
+    for tr, ccs in core.parked.items():
+        if ccs and (
+            core.s.ready_count(tr.tid) > 0
+            or core.tail.rejudge(tr.tid, len(ccs), functools.partial(_waited, ccs, now_ns), now_ns)
+        ):
+            batch.want.update(ccs)
+        elif ccs and core.timed:
+            batch.want.update((cc, None) for cc in core.walltime.short_parked(tr, ccs, now_ns))
+    return batch
 
 
 def check_invariants(core: HandOut) -> None:
