@@ -183,7 +183,7 @@ def driver(lib: str, out: str, blocks: int, jobs: int, stragglers: bool) -> None
                 x = json.loads(line)
                 if x.get("event") == "finish":
                     own[x["task"]] = (x["job_secs_held"], x["job_secs_busy"])
-    print("RESULT " + json.dumps({"ok": bool(ok), "wall": wall, "own": own}), flush=True)
+    print("RESULT " + json.dumps({"ok": bool(ok), "wall": wall, "t0": t0, "own": own}), flush=True)
 
 
 # ------------------------------------------------------------------ in the parent
@@ -233,8 +233,8 @@ def one(
                 busy += float(slept)
                 spans.append((float(t0), float(t1), float(slept), int(n), tid))
         res.update(held=held, busy=busy, jobs=len(spans), start=start)
-        if verbose:  # every job: when it ran (from the first job's start), its blocks and their seconds
-            first = min(s[0] for s in spans)
+        if verbose:  # every job: when it ran (from the run's start: one monotonic clock), its blocks and seconds
+            first = res["t0"]
             print(f"{lib}: makespan {res['wall']:.2f} s")
             for t0, t1, slept, n, tid in sorted(spans):
                 print(f"  task {tid}: {t0 - first:6.2f} -> {t1 - first:6.2f} s, {n:3d} blocks, {slept:6.2f} s busy")
