@@ -266,8 +266,8 @@ def test_same_partition_in_halves_compares_the_halves():
         assert ok and info["labels"] == 2
     # label 1 held by the second and third parts only, mapped differently in each
     tables = [(np.array([0, 0, 7]), np.array([0, 0, 1], bool)), (np.array([0, 4, 7]), np.array([0, 1, 1], bool))]
-    assert demo.check._tables_agree(tables)
-    assert not demo.check._tables_agree([*tables, (np.array([0, 5, 0]), np.array([0, 1, 0], bool))])
+    assert demo.check._merged(tables) is not None
+    assert demo.check._merged([*tables, (np.array([0, 5, 0]), np.array([0, 1, 0], bool))]) is None
 
 
 @given(

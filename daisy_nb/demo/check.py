@@ -44,9 +44,7 @@ def gaussian_filter_lines(x: np.ndarray, sigma: float, truncate: float, pool=Non
         def one(s, src=src, axis=axis):
             ndimage.gaussian_filter1d(src[s], sigma, axis=axis, output=out[s], truncate=truncate)
 
-        other = pool.submit(one, halves[1])
-        one(halves[0])
-        other.result()
+        _in_parts(pool, one, [(s,) for s in halves])
         src = out  # scipy's own passes after the first run in place too
     return out
 
@@ -81,12 +79,10 @@ def same_partition(a: np.ndarray, b: np.ndarray, pool=None) -> tuple[bool, dict]
     del la, lb
     if any(ab is None or ba is None for ab, ba in tables):
         return same_partition_sorted(a, b)
-    if not (_tables_agree([t[0] for t in tables]) and _tables_agree([t[1] for t in tables])):
+    ab, ba = _merged([t[0] for t in tables]), _merged([t[1] for t in tables])
+    if ab is None or ba is None:
         return same_partition_sorted(a, b)
-    seen = np.zeros(na, dtype=bool)
-    for (_, s), _ in tables:
-        seen |= s
-    n = int(np.count_nonzero(seen))
+    n = int(np.count_nonzero(ab[1]))
     return True, {"background_equal": True, "labels": n, "reference_labels": n, "label_pairs": n}
 
 
@@ -127,15 +123,16 @@ def _index(ids: np.ndarray) -> np.ndarray:
     return ids if np.can_cast(ids.dtype, np.intp) else ids.astype(np.intp)
 
 
-def _tables_agree(parts: list) -> bool:
-    """Whether the parts' tables map every id that several parts hold to the same id."""
-    table, seen = parts[0][0].copy(), parts[0][1].copy()  # the parts so far, merged
+def _merged(parts: list):
+    """The parts' ``(table, seen)`` merged into one; None if two parts map an id they both hold
+    to different ids."""
+    table, seen = parts[0][0].copy(), parts[0][1].copy()
     for t, s in parts[1:]:
         both = seen & s
         if not np.array_equal(table[both], t[both]):
-            return False
+            return None
         table[s], seen = t[s], seen | s
-    return True
+    return table, seen
 
 
 def _small_ids(parts: list, size: int) -> bool:
