@@ -207,23 +207,53 @@ def machine_note() -> str:
     return f"{os.cpu_count()} CPUs, {la}, python {sys.version.split()[0]}"
 
 
-def compile_bytecode() -> str:
-    """Byte-compile daisy_nb as an installed package is (pip writes ``.pyc`` files), and the
-    benchmarks' own modules (whose block functions every worker of both libraries imports), when
-    the environment forbids Python to write them (``PYTHONDONTWRITEBYTECODE``): otherwise every
-    process (the scheduler, the worker template, each worker program) compiles them from source,
-    a cost no installed program has (bench_heavy_tail.py: ~3 ms in each of 32 workers). Returns a
-    note."""
-    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
-        return ""
-    import compileall
+def as_installed(*pythons: str) -> str:
+    """Measure daisy_nb as an installed program runs, or say why not; returns a note (or "").
 
-    compileall.compile_dir(os.path.join(ROOT, "daisy_nb"), quiet=1)
-    compileall.compile_dir(HERE, quiet=1, maxlevels=0)
-    return (
-        "daisy_nb and the benchmarks byte-compiled first (PYTHONDONTWRITEBYTECODE is set here; an installed "
-        "program has .pyc files)"
-    )
+    * **Byte-compiled.** When the environment forbids Python to write ``.pyc`` files
+      (``PYTHONDONTWRITEBYTECODE``), daisy_nb and the benchmarks' own modules (whose block
+      functions every worker of both libraries imports) are compiled here: otherwise every
+      process (the scheduler, the worker template, each worker program) compiles them from
+      source, a cost no installed program has (bench_heavy_tail.py: ~3 ms in each of 32 workers).
+    * **No editable finder.** ``pip install -e .`` (setuptools >= 64, this flat layout) installs
+      a ``.pth`` hook that imports ``pathlib``, ``importlib.util`` and their imports at every
+      interpreter start: ``python -c pass`` takes 17 ms instead of 8 on these machines. Every
+      process daisy_nb starts pays it (the worker template, each exec'd worker, each cluster
+      job), and a wheel install (daisy 2.0.0's, a user's ``pip install daisy_nb``) does not. The
+      note names each of ``pythons`` (default: this one) that loads daisy_nb so;
+      ``pip install -e . --config-settings editable_mode=compat`` installs a plain path entry.
+    """
+    notes = []
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        import compileall
+
+        compileall.compile_dir(os.path.join(ROOT, "daisy_nb"), quiet=1)
+        compileall.compile_dir(HERE, quiet=1, maxlevels=0)
+        notes.append(
+            "daisy_nb and the benchmarks byte-compiled first (PYTHONDONTWRITEBYTECODE is set here; an installed "
+            "program has .pyc files)"
+        )
+    for py in dict.fromkeys(pythons or (sys.executable,)):
+        if editable_finder(py):
+            notes.append(
+                f"WARNING: {py} loads daisy_nb through setuptools' editable finder, ~9 ms more in every "
+                "interpreter daisy_nb starts than a wheel install: pip install -e . --config-settings "
+                "editable_mode=compat"
+            )
+    return "\n".join(notes)
+
+
+EDITABLE_FINDER = "__editable___daisy_nb"  # the module setuptools' editable .pth hook imports
+
+
+def editable_finder(python: str) -> bool:
+    """Whether ``python`` imports setuptools' editable finder for daisy_nb as it starts."""
+    probe = f"import sys; print(any(m.startswith({EDITABLE_FINDER!r}) for m in sys.modules))"
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.strip() == "True"
 
 
 def warm_daisy_nb() -> float:

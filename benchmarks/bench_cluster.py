@@ -189,7 +189,7 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     workers = 2
     note = _util.machine_note()
-    bc = _util.compile_bytecode()
+    bc = _util.as_installed()
     if bc:
         note += "; " + bc
     libs = [("daisy_nb", sys.executable)] + ([("daisy 2.0.0", args.daisy_python)] if args.daisy_python else [])

@@ -412,7 +412,7 @@ def main() -> None:
         _util.emit(child(int(c), int(p), int(b), float(i), int(t), rc == "1", int(nf), int(src)))
         return
     note = _util.machine_note()
-    bc = _util.compile_bytecode()
+    bc = _util.as_installed()
     if bc:
         note += "; " + bc
     rows = []

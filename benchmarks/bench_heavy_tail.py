@@ -444,7 +444,7 @@ def main() -> None:
     unknown = [w for w in workloads if w not in ALL_WORKLOADS]
     if unknown:
         ap.error(f"unknown workloads {unknown}; choose from {','.join(ALL_WORKLOADS)}")
-    note = _util.compile_bytecode()
+    note = _util.as_installed()
     libs = [("daisy_nb", sys.executable, "daisy_nb")]
     if args.daisy_python:
         libs.append(("daisy 2.0.0", args.daisy_python, "daisy"))

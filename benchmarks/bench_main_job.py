@@ -486,7 +486,7 @@ def main() -> int:
     if a.base:
         variants.insert(1, "nb@base")
     pythons = {"nb": a.nb_python, "daisy2": a.daisy_python, "dask": a.dask_python}
-    note = _util.compile_bytecode()
+    note = _util.as_installed(a.nb_python)
     if os.path.abspath(a.nb_python) == os.path.abspath(sys.executable):
         _util.warm_daisy_nb()
     else:

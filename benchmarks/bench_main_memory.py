@@ -103,7 +103,7 @@ def main() -> int:
 
     if a.quick:
         a.size, a.block, a.repeat = 64, 32, 1
-    note = _util.compile_bytecode()
+    note = _util.as_installed()
     print(f"# bench_main_memory: {_util.machine_note()}" + (f"; {note}" if note else ""), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_main_memory_") as tmp:
         nbdemo = bench_main_job._nbdemo_path(tmp)

@@ -272,7 +272,7 @@ def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import _util
 
-    bc = _util.compile_bytecode()
+    bc = _util.as_installed()
     if bc:
         print(bc)
     scale = 10 if args.quick else 1

@@ -338,7 +338,7 @@ def main() -> None:
     if args.quick:
         args.workers, args.block_ms, args.blocks_per_worker, args.rounds = [4], [1.0], 50, 1
     note = note_of()
-    if os.environ.get("PYTHONDONTWRITEBYTECODE"):  # the other checkouts as installed too (see compile_bytecode)
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):  # the other checkouts as installed too (see as_installed)
         import compileall
 
         for root in args.also:
@@ -400,7 +400,7 @@ def note_of() -> str:
     import _util
 
     note = _util.machine_note()
-    bc = _util.compile_bytecode()
+    bc = _util.as_installed()
     return note + ("; " + bc if bc else "")
 
 

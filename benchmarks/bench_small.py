@@ -466,8 +466,8 @@ def main() -> int:
     sizes = [int(x) for x in a.sizes.split(",")]
     modes = [m for m in a.modes.split(",") if m]
     print(f"# bench_small: whole-process small runs ({U.machine_note()})\n")
-    note = U.compile_bytecode()
-    if os.environ.get("PYTHONDONTWRITEBYTECODE"):  # the other checkouts as installed too (see compile_bytecode)
+    note = U.as_installed()
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):  # the other checkouts as installed too (see as_installed)
         import compileall
 
         for root in a.also:

@@ -284,6 +284,7 @@ def main() -> None:
         cases.append(("daisy_nb speculative", sys.executable, "daisy_nb", True))
     if args.daisy_python:
         cases.append(("daisy 2.0.0", args.daisy_python, "daisy", False))
+    note = _util.as_installed()  # every job program imports daisy_nb: as installed, before any clock
     res: dict[str, list[dict]] = {c[0]: [] for c in cases}
     for _ in range(rounds):
         for name, python, lib, spec in cases:
@@ -302,6 +303,7 @@ def main() -> None:
         + (" on their first attempt (bound without them)" if stragglers and args.first_attempt else "")
         + f"; {work:.1f} s of work, makespan bound {lower:.2f} s; {rounds} round(s), medians (per round)\n"
         + _util.machine_note()
+        + (f"\n{note}" if note else "")
         + "\n"
     )
     rows = []

@@ -97,3 +97,34 @@ def test_heavy_tail_splits_the_makespan_into_work_waste_and_idle_slots():
     got = bench_heavy_tail.where_time_goes(attempts, t0=100.0, wall=10.0, workers=2)
     assert got == pytest.approx({"work": 6.25, "waste": 1.0, "before": 1.5, "between": 0.0, "after": 1.25})
     assert sum(got.values()) == pytest.approx(10.0)
+
+
+def _fake_python(path: Path, imports: str = "") -> str:
+    """An interpreter for ``_util.editable_finder``'s probe: this one without ``site`` (so without
+    any ``.pth`` hook of the environment running the tests), first importing ``imports``."""
+    pre = f"import {imports}; " if imports else ""
+    path.write_text(
+        "#!/bin/sh\n"
+        "shift\n"  # the probe's "-c"
+        f'exec {sys.executable} -S -c "import sys; sys.path.insert(0, \'{path.parent}\'); {pre}exec(sys.argv[1])" "$1"\n'
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_the_benchmarks_warn_of_an_interpreter_that_loads_daisy_nb_through_the_editable_finder(tmp_path, monkeypatch):
+    """setuptools' editable ``.pth`` hook costs every interpreter daisy_nb starts ~9 ms: a benchmark
+    run on such an interpreter says so (``_util.as_installed``); one without it says nothing."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import _util
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # no byte-compiling here
+    (tmp_path / "__editable___daisy_nb_9_finder.py").write_text("")
+    hooked = _fake_python(tmp_path / "hooked", "__editable___daisy_nb_9_finder")
+    plain = _fake_python(tmp_path / "plain")
+    assert _util.editable_finder(hooked) and not _util.editable_finder(plain)
+    note = _util.as_installed(plain, hooked)
+    assert "editable finder" in note and hooked in note and plain not in note
+    assert _util.as_installed(plain) == ""
