@@ -67,10 +67,13 @@ def test_forked_workers_import_no_numba_or_numpy(out):
     assert os.getpid() not in parents(out, "li")
 
 
-def test_forked_block_workers_find_the_worker_side_loaded_in_the_template(out):
+@pytest.mark.parametrize("speculative", [None, True])
+def test_forked_block_workers_find_the_worker_side_loaded_in_the_template(out, speculative):
     # what every block worker imports before its first block is imported once, in the template:
-    # left to the workers, it cost each ~1 ms of CPU, a 32-worker start ~40 ms on 2 cores
-    states = run([make_task("ws", 40, templatefns.record_worker_side_imports, max_workers=3)])  # batches each
+    # left to the workers, it cost each ~1 ms of CPU, a 32-worker start ~40 ms on 2 cores; a
+    # speculative task's workers also arm the drop handler (``daisy_nb.runtime.net.drops``)
+    task = make_task("ws", 40, templatefns.record_worker_side_imports, max_workers=3, speculative=speculative)
+    states = run([task])  # batches each
     st = states["ws"]
     assert st.completed_count == 40 and st.failed_count == 0 and st.worker_failure_count == 0
     extras = [extra for _, extra in done_lines(out, "ws")]
