@@ -850,3 +850,38 @@ def test_the_look_that_confirms_a_cut_is_due_a_confirmation_time_after_it():
     assert m.core_rows(wid, m.w[wid].order[0]) == 1 and m.core.look_again_ns is None
     assert pool._wait_limit(False, None, procs) == pool.POLL_SECS
     m.teardown()
+
+
+def test_at_the_tail_the_look_for_a_backup_comes_when_its_block_reaches_the_limit():
+    """A speculative task (factor 2) at its tail, a worker parked for a copy of the one block still
+    running: the pool does not wait for its next scan (``CHECK_SECS``) to copy it. A look asks for
+    the next one just after the block reaches 1.5 median block times (``look_again_ns``, which
+    ends the pool's wait), and that look sends the copy; a look before it sends none."""
+    s = scheduler(20, speculative=2.0)
+    core = BlockCore(s, target_secs=0.03, capacity=16)
+    core.add_task("a")
+    core.add(0, "a")
+    core.ready(0)
+    now, running = 10**12, None
+    while running is None:  # worker 0 runs every block, 10 ms each, up to the task's last one
+        rows = core.workers[0].queue[0][1]
+        for i in range(len(rows)):
+            if s.ready_count("a") == 0 and i == len(rows) - 1 and len(core.workers[0].queue) == 1:
+                running = {0: Running(i, now, int(BlockStatus.PROCESSING))}  # the last block: it runs on
+                break
+            core.straggling(now + 5_000_000, {0: Running(i, now, int(BlockStatus.PROCESSING))})
+            now += 10_000_000
+        else:
+            now += 1_000_000
+            st_ = np.full(len(rows), int(BlockStatus.SUCCESS), dtype=np.uint8)
+            core.batch_done(0, st_, 10_000_000 * len(rows), now_ns=now)
+    start = running[0].start_ns
+    core.add(1, "a")
+    assert core.ready(1) == [] and core.parked_of("a") == [1], "the new worker waits parked for the copy"
+    median = core.backups.spec.median(0)
+    due = start + round(1.5 * median * 1e9)
+    assert core.straggling(start + 5_000_000, running) == []
+    assert core.look_again_ns is not None and abs(core.look_again_ns - due) < 10_000
+    assert core.straggling(due - 1_000_000, running) == [], "a copy before its block reached the limit"
+    sent = core.straggling(core.look_again_ns, running)
+    assert [type(a) for a in sent] == [SendBatch] and sent[0].wid == 1

@@ -169,6 +169,24 @@ class SpeculationMachine(RuleBasedStateMachine):
             assert set(got) <= set(tail), "the tail's rule copies no fewer blocks"
             if len(tail) > len(got):
                 event("a candidate at the tail only")
+            for at_tail in (False, True):
+                self.check_next_due(t, at_tail)
+
+    def check_next_due(self, t, at_tail):
+        """``next_due``: no row becomes a candidate between now and then, one does just after it;
+        with None, none ever does (with the state as it is)."""
+
+        def rows(now):
+            return {b.row for b in self.fast.candidates(t, now, 10**6, None, at_tail)}
+
+        due, now = self.fast.next_due(t, self.now, at_tail), self.now
+        if due is None:
+            assert rows(now + 1e6) == rows(now)
+            return
+        event("a backup due later")
+        assert due >= now
+        assert rows(now + (due - now) / 2) == rows(now)
+        assert rows(due + 1e-6) > rows(now), "nothing passed the limit at the time next_due named"
 
 
 SpeculationMachine.TestCase.settings = settings(stateful_step_count=80)

@@ -464,6 +464,30 @@ class Speculation:
                 out.append(Backup(t, row, copy))
         return out
 
+    def next_due(self, t: int, now: float, at_tail: bool = False) -> float | None:
+        """When the next row of task ``t`` reaches the backup limit, at ``now`` or later (with the
+        median as it is now): just after it, :meth:`candidates` names the row. None: none will (no
+        backups, the median not settled, or no row that runs alone without a backup reaches it).
+
+        A runtime with idle workers waiting for a copy looks again then, rather than at its next
+        periodic look (the local pool at a task's tail: ``daisy_nb/runtime/local/backups.py``)."""
+        tt = self.tasks[t]
+        if tt.factor is None or not self.settled(t):
+            return None
+        med = self.median(t)
+        if med is None:
+            return None
+        limit = tt.factor_now(at_tail) * med
+        backed = self._backed[t]
+        due = None
+        for row, copies in self._rows[t].items():
+            if len(copies) != 1 or row in backed:
+                continue
+            d = self._copies[copies[0]].start + limit
+            if d >= now and (due is None or d < due):
+                due = d
+        return due
+
     def slow_backups(self, t: int, now: float) -> list[Interrupt]:
         """The backups of task ``t`` to stop at ``now``: second copies that have run longer than
         ``BACKUP_GIVE_UP`` x ``k`` x the median themselves while their first copy still runs (the block is slow, not

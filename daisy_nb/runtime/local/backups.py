@@ -22,7 +22,9 @@ sees and does what it answers, within :class:`.blocks.BlockCore`:
   frees it). Only a block that is the last of its worker's batches is copied (the blocks
   after it were given back first: :mod:`.giveback`, which runs at ``min(4, k)`` times the
   typical block time for such tasks, at the tail at the backup's own factor), so the loser can
-  be cut off without losing anything.
+  be cut off without losing anything. At the tail a look also asks for the next one just after
+  the moment a block in flight reaches the limit (``look_again_ns``, from the core's
+  ``next_due``), so the parked worker gets the copy then, not at the pool's next scan.
 * **the first success wins.** The batch that reports it releases the block (tracking and
   counters count it once); the other copy is cut from its worker's batch and, if the worker
   runs it, dropped (``Drop``: ``_shm``'s ``drop`` word and a signal, whose handler in the
@@ -60,6 +62,7 @@ __all__ = ["DROPPED", "DROP_GRACE_NS", "PoolBackups"]
 
 DROPPED = 255  # a status :meth:`PoolBackups.ended` writes for a copy's end that does not count
 DROP_GRACE_NS = 1_000_000_000  # a losing copy still running this long after its drop: its worker is killed
+LOOK_AFTER_NS = 1_000  # the look for a backup comes this long after its block reaches the limit (strictly past it)
 
 _SUCCESS, _PROCESSING = int(BlockStatus.SUCCESS), int(BlockStatus.PROCESSING)
 _SHIFT = 40  # copy id = worker id << 40 | row (rows < 2**40)
@@ -173,7 +176,19 @@ class PoolBackups:
                     out.append(self._launch(tid, b.row, core.workers[idle.pop(0)], orig))
                 else:
                     self.due.setdefault(tid, []).append(b)
+            if tail:  # workers wait parked for copies: the next look when a block reaches its limit
+                self._look_at(spec.next_due(t, now, True), now_ns)
         return out
+
+    def _look_at(self, due: float | None, now_ns: int) -> None:
+        """Ask for a look just after ``due`` (the block core's ``look_again_ns``, which ends the
+        pool's wait), unless one is asked for sooner."""
+        if due is None:
+            return
+        ns = int(due * 1e9) + LOOK_AFTER_NS
+        core = self.core
+        if ns > now_ns and (core.look_again_ns is None or ns < core.look_again_ns):
+            core.look_again_ns = ns
 
     def take_due(self, w) -> list:
         """``w`` has nothing to run: a due backup of its task for it (a ``SendBatch``), if any is

@@ -151,7 +151,9 @@ class BlockCore:
         self.of_task: dict[str, set[BlockWorker]] = {}
         self._parked: set[BlockWorker] = set()
         self.aborting = False
-        self.look_again_ns: int | None = None  # a cut to confirm: the next look (.giveback)
+        self.look_again_ns: int | None = (
+            None  # the next look, due before a scan: a cut to confirm (.giveback), a copy (.backups)
+        )
         self.backups = PoolBackups(self)  # Task(speculative=...): backup copies of stragglers
         self.reuse = Reuse(self)  # a worker with nothing left in its task serves another
 

@@ -91,8 +91,10 @@ def _wait_limit(more_spawns: bool, retry_at: float | None, procs=None) -> float:
     """How long the loop may wait for its descriptors: not at all while workers are still to be
     started, else ``POLL_SECS``, or less when a held retry (``Task(retry_backoff=...)``) is due sooner,
     or ``CHECK_SECS`` while parked workers wait for a straggler's backup copy (``procs``' backups:
-    :meth:`.backups.PoolBackups.copies_due`), or less when a straggler's cut batch is to be confirmed
-    (the block core's ``look_again_ns``: its blocks given back, its backup copy sent, a few ms after the cut)."""
+    :meth:`.backups.PoolBackups.copies_due`), or less when the block core asks for a look sooner
+    (``look_again_ns``: a straggler's cut batch to confirm, its blocks given back and its backup
+    copy sent a few ms after the cut; at a speculative task's tail, the moment a block in flight
+    reaches the backup limit)."""
     if more_spawns:
         return 0.0
     limit = CHECK_SECS if procs is not None and procs.blocks.core.backups.copies_due() else POLL_SECS
@@ -103,8 +105,9 @@ def _wait_limit(more_spawns: bool, retry_at: float | None, procs=None) -> float:
 
 
 def _next_scan(now: float, procs) -> float:
-    """When the scans after the one at ``now`` are due: ``CHECK_SECS`` on, or sooner when a
-    straggler's cut batch is to be confirmed (the block core's ``look_again_ns``, :mod:`.giveback`)."""
+    """When the scans after the one at ``now`` are due: ``CHECK_SECS`` on, or sooner when the block
+    core asks for a look then (``look_again_ns``: a cut to confirm, :mod:`.giveback`; a copy due at
+    a speculative task's tail, :mod:`.backups`)."""
     again = procs.blocks.core.look_again_ns
     return now + CHECK_SECS if again is None else min(now + CHECK_SECS, again / 1e9)
 
