@@ -131,7 +131,9 @@ class PoolBackups:
         if self.dropping:  # a drop is sent again at every look until the copy stops
             return True
         core = self.core
-        return any(self.factor(tid) is not None and core.inflight(tid) and core.parked_of(tid) for tid in self.t)
+        if not core.parked():  # (asked at every turn of the pool's loop: no scan of the workers in the bulk)
+            return False
+        return any(self.factor(tid) is not None and core.parked_of(tid) and core.inflight(tid) for tid in self.t)
 
     # ------------------------------------------------------------------ at a look
     def look(self, now_ns: int, running: Mapping[int, Running]) -> list:

@@ -254,11 +254,16 @@ class _Pool:
             if closed:
                 needs.append(TaskNeed(tid, 0, 0, 0, 0, closed=True))
                 continue
-            ready, alive = s.ready_count(tid), procs.alive(tr)
-            if tr.arity:
+            # alive and waiting are scans over the task's workers, at every turn of the loop: skipped
+            # where plan_spawns starts nothing anyway (no ready block, or max_workers alive)
+            ready = s.ready_count(tid)
+            alive = procs.alive(tr) if ready else 0
+            if not ready or alive >= tr.max_workers:
+                waiting = 0
+            elif tr.arity:
                 waiting = procs.waiting(tr)
-            else:  # jobs not connected yet, idle clients (a scan: only when a worker may be started)
-                waiting = self.functions.waiting(tr) if ready and alive < tr.max_workers else 0
+            else:  # jobs not connected yet, idle clients
+                waiting = self.functions.waiting(tr)
             needs.append(TaskNeed(tid, ready, alive, waiting, tr.max_workers, tr.requires))
         plan = plan_spawns(needs, procs.roster.budget, SPAWN_BURST)
         for tid in plan.free_for:
