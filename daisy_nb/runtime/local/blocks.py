@@ -151,9 +151,8 @@ class BlockCore:
         self.of_task: dict[str, set[BlockWorker]] = {}
         self._parked: set[BlockWorker] = set()
         self.aborting = False
-        self.look_again_ns: int | None = (
-            None  # the next look, due before a scan: a cut to confirm (.giveback), a copy (.backups)
-        )
+        # the next look, due before a scan: a cut to confirm (.giveback), a copy at a task's tail (.backups)
+        self.look_again_ns: int | None = None
         self.backups = PoolBackups(self)  # Task(speculative=...): backup copies of stragglers
         self.reuse = Reuse(self)  # a worker with nothing left in its task serves another
 
@@ -478,6 +477,8 @@ def check_invariants(core: BlockCore, held_elsewhere: Mapping[str, int] | None =
             busy = w.state == WorkerState.BUSY
             assert busy == bool(w.queue), f"worker {wid}: {w.state.name} with {len(w.queue)} batches"
         assert (w in core._parked) <= (w.state == WorkerState.PARKED), f"worker {wid} parked and {w.state.name}"
+        # (the pool asks for parked workers through _parked alone: backups.copies_due)
+        assert (w.state == WorkerState.PARKED and not w.doomed) <= (w in core._parked), f"worker {wid} parked, unlisted"
         assert len(w.queue) <= core.slots, f"worker {wid} holds {len(w.queue)} batches"
         assert len({k for k, _ in w.queue}) == len(w.queue), f"worker {wid}: two batches in one slot"
         rows = seen.setdefault(w.tid, set())
