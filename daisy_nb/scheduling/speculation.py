@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 from daisy_nb.scheduling.median import median
@@ -289,8 +289,7 @@ class Speculation:
     def can_back(self, t: int) -> int:
         """How many of task ``t``'s running rows may still get a backup: one copy running and no
         backup in this attempt (whether they will depends on time: :meth:`candidates`)."""
-        backed = self._backed[t]
-        return sum(1 for row, cs in self._rows[t].items() if len(cs) == 1 and row not in backed)
+        return sum(1 for _ in self._alone(t))
 
     def is_backed(self, t: int, row: int) -> bool:
         """Whether row ``row`` of task ``t`` had its backup in this attempt (it gets no other)."""
@@ -440,22 +439,12 @@ class Speculation:
             Oldest start first (ties: first started first); nothing is changed (the backups
             are reported with :meth:`started` when they start).
         """
-        tt = self.tasks[t]
-        if tt.factor is None or idle_workers <= 0 or not self.settled(t):
+        limit = self._limit(t, at_tail) if idle_workers > 0 else None
+        if limit is None:
             return []
-        med = self.median(t)
-        if med is None:
-            return []
-        limit = tt.factor_now(at_tail) * med
-        backed = self._backed[t]
-        late = []
-        for row, copies in self._rows[t].items():
-            if len(copies) != 1 or row in backed:
-                continue
-            c = self._copies[copies[0]]
-            if now - c.start > limit:
-                late.append((c.start, c.seq, row, copies[0]))
-        late.sort()
+        late = sorted(
+            (c.start, c.seq, row, copy) for row, copy in self._alone(t) if now - (c := self._copies[copy]).start > limit
+        )
         out: list[Backup] = []
         for _, _, row, copy in late:
             if len(out) == idle_workers:
@@ -471,22 +460,22 @@ class Speculation:
 
         A runtime with idle workers waiting for a copy looks again then, rather than at its next
         periodic look (the local pool at a task's tail: ``daisy_nb/runtime/local/backups.py``)."""
+        limit = self._limit(t, at_tail)
+        if limit is None:
+            return None
+        return min((d for _, copy in self._alone(t) if (d := self._copies[copy].start + limit) >= now), default=None)
+
+    def _limit(self, t: int, at_tail: bool) -> float | None:
+        """How long a row of task ``t`` runs alone before it gets a backup now: ``k`` (at the tail
+        at most ``TAIL_FACTOR``) times the median; None without backups or a settled median."""
         tt = self.tasks[t]
-        if tt.factor is None or not self.settled(t):
-            return None
-        med = self.median(t)
-        if med is None:
-            return None
-        limit = tt.factor_now(at_tail) * med
+        med = self.median(t) if tt.factor is not None and self.settled(t) else None
+        return None if med is None else tt.factor_now(at_tail) * med
+
+    def _alone(self, t: int) -> Iterator[tuple[int, int]]:
+        """Task ``t``'s rows that run in one copy and had no backup in this attempt, each with that copy."""
         backed = self._backed[t]
-        due = None
-        for row, copies in self._rows[t].items():
-            if len(copies) != 1 or row in backed:
-                continue
-            d = self._copies[copies[0]].start + limit
-            if d >= now and (due is None or d < due):
-                due = d
-        return due
+        return ((row, cs[0]) for row, cs in self._rows[t].items() if len(cs) == 1 and row not in backed)
 
     def slow_backups(self, t: int, now: float) -> list[Interrupt]:
         """The backups of task ``t`` to stop at ``now``: second copies that have run longer than

@@ -151,8 +151,7 @@ class BlockCore:
         self.of_task: dict[str, set[BlockWorker]] = {}
         self._parked: set[BlockWorker] = set()
         self.aborting = False
-        # the next look, due before a scan: a cut to confirm (.giveback), a copy at a task's tail (.backups)
-        self.look_again_ns: int | None = None
+        self.look_again_ns: int | None = None  # a look due before the next scan: a cut to confirm, a copy
         self.backups = PoolBackups(self)  # Task(speculative=...): backup copies of stragglers
         self.reuse = Reuse(self)  # a worker with nothing left in its task serves another
 
