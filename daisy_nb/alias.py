@@ -28,7 +28,6 @@ In a test suite's ``conftest.py``::
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 import os
 import sys
 
@@ -39,6 +38,11 @@ TARGET = "daisy_nb"
 
 #: The directory to put first on ``PYTHONPATH``: it contains the ``daisy`` shim package.
 SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shim")
+
+# importlib.machinery.ModuleSpec, the class of every module's spec (``sys``'s included), taken from
+# one: ``import daisy_nb`` does not load importlib.machinery, so the alias does not either (an
+# installed daisy_nb; setuptools' editable finder loads it at every interpreter start)
+_ModuleSpec = type(sys.__spec__)
 
 
 class _AliasLoader:
@@ -71,7 +75,7 @@ class DaisyAliasFinder:
             if e.name is not None and real != e.name and not real.startswith(e.name + "."):
                 raise  # daisy_nb.X exists but needs something that is missing: say so
             return None
-        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(module), is_package=hasattr(module, "__path__"))
+        return _ModuleSpec(fullname, _AliasLoader(module), is_package=hasattr(module, "__path__"))
 
     def invalidate_caches(self):
         pass

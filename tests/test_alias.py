@@ -257,14 +257,30 @@ def test_install_refuses_when_another_daisy_is_imported(tree):
 
 
 def test_alias_imports_no_more_than_daisy_nb():
-    """``import daisy`` under the alias loads the modules of ``import daisy_nb`` plus the alias itself."""
+    """``import daisy`` under the alias loads the modules of ``import daisy_nb`` plus the alias itself.
+
+    The interpreters start as one with daisy_nb installed from a wheel: without ``site`` (``-S``),
+    this checkout and the environment's packages on ``PYTHONPATH``. A development install's
+    ``.pth`` hooks (setuptools' editable finder) would otherwise load modules at every start
+    (``importlib.machinery`` among them) and hide the alias's own imports of them."""
+    import site
+
+    paths = [str(ROOT), *site.getsitepackages()]
     probe = "import sys; before = set(sys.modules); import {mod}; print(sorted(set(sys.modules) - before))"
+    clean = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     plain = subprocess.run(
-        [sys.executable, "-c", probe.format(mod="daisy_nb")], capture_output=True, text=True, check=True
+        [sys.executable, "-S", "-c", probe.format(mod="daisy_nb")],
+        env=clean,
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    env = alias.child_env()
     aliased = subprocess.run(
-        [sys.executable, "-c", probe.format(mod="daisy")], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-S", "-c", probe.format(mod="daisy")],
+        env=alias.child_env(clean),
+        capture_output=True,
+        text=True,
+        check=True,
     )
     extra = set(eval(aliased.stdout)) - set(eval(plain.stdout))  # noqa: S307 - our own printed list
     assert extra == {"daisy", "daisy_nb.alias"}, extra
