@@ -138,6 +138,35 @@ def test_a_worker_of_another_pipe_version_fails_loudly(out, monkeypatch):
     assert not list(out.glob("done_*"))
 
 
+def test_a_worker_that_writes_before_the_pool_has_closed_its_logs_keeps_its_stderr_tail(out, monkeypatch):
+    """A worker's stderr tail starts where its log file ended when it was opened for it: the pool
+    closes its copies of the worker's log files only after the fork, when a worker that failed at
+    once (a busy machine) has written to them, and that file's offset, shared with the worker's
+    fds, has moved past what it wrote. The pool here waits for the worker's write before closing."""
+    import os
+
+    import blockfns
+
+    from daisy_nb.runtime.local import starter, wire
+
+    close = starter._Starting.close
+
+    def close_after_the_worker_wrote(self):
+        if self.logs and not self.closed:
+            fd, size = self.logs[1].fileno(), os.fstat(self.logs[1].fileno()).st_size
+            deadline = time.monotonic() + 30
+            while os.fstat(fd).st_size == size and time.monotonic() < deadline:
+                time.sleep(0.005)
+        close(self)
+
+    monkeypatch.setattr(starter._Starting, "close", close_after_the_worker_wrote)
+    monkeypatch.setattr(wire, "VERSION", wire.VERSION + 1000)  # the worker writes its refusal, then exits
+    task = make_task("ver", 4, blockfns.mark, max_workers=1, max_worker_restarts=0)
+    with pytest.raises(RuntimeError, match="abandoned") as ei:
+        daisy_nb.run_blockwise([task], progress=False, summary=False)
+    assert "install the same daisy_nb version as the driver" in ei.value.daisy_states["ver"].last_worker_error
+
+
 def test_the_pool_pipe_carries_a_raised_block_structured():
     """The worker -> pool frame of a raised block keeps type, message and traceback apart (any text,
     newlines and non-ASCII included) and refuses a frame whose fields do not add up."""

@@ -111,6 +111,9 @@ class Starter:
                 keep_fds.append(w.shm.fd)
         parent_end, child_end = mpc.Pipe(duplex=True)
         logs = dlog.open_worker_logs(tr.tid, w.slot)
+        if logs:  # where this life's output starts: now, before the worker exists (the file's
+            # offset is shared with the worker's fds and moves with its writes)
+            w.err_path, w.err_offset = logs[1].name, logs[1].tell()
         tee = logs is not None and dlog.get_log_mode() == "both"
         if tee:  # console stays fd 1/2; the worker copies Python-level writes into the files
             setup["tee_files"] = (logs[0].name, logs[1].name)
@@ -328,7 +331,5 @@ class _Starting:
         if w.shm is not None:
             w.shm.close_fd()  # the worker has its own
         if logs:
-            w.err_path = logs[1].name
-            w.err_offset = logs[1].tell()
             logs[0].close()
             logs[1].close()
