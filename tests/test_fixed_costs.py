@@ -176,6 +176,16 @@ def test_a_run_of_block_functions_does_not_load_the_tcp_server(tmp_path):
     assert listens == {"completed": 4, "loaded": sorted(_TCP_SERVER)}
 
 
+def test_a_run_without_block_tracking_does_not_load_openssl(tmp_path):
+    """``hashlib`` loads OpenSSL's libcrypto (about 4 MB of the process's memory and 1.5 ms): a
+    local run of block functions without block tracking has no digest to take (its listener's
+    secret is ``os.urandom``, the import memory's file name a checksum), so it does not import
+    it. A tracked task hashes its layout (SHA-256, the tracking format) and a TCP run tags its
+    frames: both load it, where it is used."""
+    modules = ("hashlib", "hmac", "secrets")
+    assert _fresh(_LISTENS.format(fn="block", host=None, modules=modules), tmp_path) == {"completed": 4, "loaded": []}
+
+
 # what a run of block functions never uses unless asked for, and what asks for it: a speculative
 # task (the backup rules), a store whose volume grew (the migration), a function of the program's
 # __main__ (cloudpickle: runtime/common/payload.py), the statistics module (the runtime's medians

@@ -40,7 +40,6 @@ empty says once on stderr that it compiles (see :func:`cache_is_warm`);
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import sys
 import threading
@@ -502,6 +501,8 @@ def _drop_stale_cache() -> None:
     cache_dir = _HERE / "__pycache__"
     if config.NUMBA_CACHE_DIR.get():
         return  # a custom cache location: its owner manages it
+    import hashlib  # here: a run that never compiles does not load OpenSSL's hashlib
+
     digest = hashlib.sha256()
     for src in sorted(_HERE.glob("*.py")):
         digest.update(src.name.encode())

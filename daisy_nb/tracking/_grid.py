@@ -6,7 +6,6 @@ The hash and grid follow daisy 2.0.0 (docs/reference/tracking-format.md#grid); t
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import struct
@@ -66,6 +65,8 @@ def task_hash(total_roi, read_roi, write_roi, fit="valid") -> str:
     included); ``fit`` is ``"valid"``, ``"overhang"`` or ``"shrink"``. This is the
     ``daisy_task_hash`` attribute daisy 2.0.0 stores in a tracking group.
     """
+    import hashlib  # here: a run without block tracking does not load OpenSSL's hashlib
+
     h = hashlib.sha256()
     h.update(TRACKING_HASH_PREFIX.encode() + b"\n")
     for label, roi in (("total", total_roi), ("read", read_roi), ("write", write_roi)):

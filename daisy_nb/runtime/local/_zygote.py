@@ -91,12 +91,13 @@ def memory_path(tasks: Iterable[Any]) -> str | None:
         return None
     if not where:
         where = os.path.join(os.path.expanduser("~"), ".cache", "daisy_nb", "imports")
-    import hashlib
+    import zlib
 
-    h = hashlib.sha256(f"{sys.executable}\0{sys.version}".encode())
-    for t in tasks:
-        h.update(repr((t.task_id, _identity(t.process_function))).encode())
-    return os.path.join(where, h.hexdigest()[:32] + ".json")
+    # a file name, not a secret: two checksums (64 bits) rather than a digest of hashlib, whose
+    # import loads OpenSSL (~0.5 MB and ~1.5 ms) in a run that has no other use for it
+    key = "\0".join([sys.executable, sys.version, *(repr((t.task_id, _identity(t.process_function))) for t in tasks)])
+    data = key.encode("utf-8", "surrogatepass")
+    return os.path.join(where, f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}.json")
 
 
 def _identity(fn: Any) -> tuple:

@@ -13,8 +13,8 @@ function the secret; a block-function worker never connects, so it never gets it
 from __future__ import annotations
 
 import logging
+import os
 import queue
-import secrets
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -37,7 +37,7 @@ class Listening:
     def __init__(self, host, wake: Callable[[], None]):
         self._wake = wake  # the main loop's wake-up: a connection is waiting
         self.new_conns: queue.SimpleQueue = queue.SimpleQueue()
-        self.authkey = secrets.token_bytes(32)
+        self.authkey = os.urandom(32)  # secrets.token_bytes, without importing hmac and OpenSSL's hashlib
         self.port = 0
         self.bind_host, advertise = address.resolve_host(host)
         self.advertise: str = advertise or ""  # detected when the listener starts (None: detect)
