@@ -221,7 +221,10 @@ def test_failing_jobs_that_cannot_connect_are_told_too(out, fast):
     with pytest.raises(RuntimeError, match="exited with code 1") as e:
         run(make_task("uf", 10, netfns.submit_unreachable_fails, max_workers=1, max_worker_restarts=1))
     (seen, *_) = progs(out)
-    assert "(no worker of this task has connected yet: the scheduler listens on 0.0.0.0:" in str(e.value)
+    assert (
+        "(no worker of this task has connected yet; if its job ran, it may not have reached the scheduler: "
+        "the scheduler listens on 0.0.0.0:" in str(e.value)
+    )
     assert f"advertised to workers as {seen['host']}:{seen['port']}" in str(e.value)
 
 

@@ -310,10 +310,12 @@ class Functions:
         return msg + self.unconnected_note(w.tr.tid, w.connected)
 
     def unconnected_note(self, tid: str, connected: bool) -> str:
-        """For a worker function that failed before any worker of its task connected: where to."""
+        """For a worker function that failed before any worker of its task connected: where to, in
+        case its job failed because it could not connect (the function may also have failed before
+        starting one: a command not found, say, which its stderr tail shows)."""
         if connected or tid in self.connected_tids:
             return ""
-        return f" (no worker of this task has connected yet: {self._unreachable_hint()})"
+        return f" (no worker of this task has connected yet; if its job ran, it may not have reached the scheduler: {self._unreachable_hint()})"
 
     def check_unconnected(self, now: float) -> None:
         """Warn once per task when its worker functions run but no worker has connected for a while
