@@ -171,6 +171,20 @@ def test_a_memory_is_only_a_hint(tmp_path):
     assert _zygote_imports.read_memory(path) == [("json", "a")]
 
 
+def test_the_memory_directory_keeps_the_programs_run_last(tmp_path, monkeypatch):
+    """Each edit of a program names a new memory file: writing one deletes all but the
+    ``MAX_MEMORIES`` modified last, the one just written among them; other files stay."""
+    monkeypatch.setattr(_zygote_imports, "MAX_MEMORIES", 3)
+    for i in range(5):
+        p = tmp_path / f"old{i}.json"
+        p.write_text("{}")
+        os.utime(p, ns=(10**18 + i, 10**18 + i))  # old0 oldest
+    (tmp_path / "notes.txt").write_text("not a memory")
+    _zygote_imports.write_memory(str(tmp_path / "new.json"), [("json", "a")])
+    assert sorted(os.listdir(tmp_path)) == ["new.json", "notes.txt", "old3.json", "old4.json"]
+    assert _zygote_imports.read_memory(str(tmp_path / "new.json")) == [("json", "a")]
+
+
 def test_recall_imports_a_task_and_those_remembered_before_it(monkeypatch):
     """Before a worker of task b forks: a's and b's modules; c's wait for idle time, one at a time."""
     # the template has no Python thread; this test process may (the runner's, a dashboard's)

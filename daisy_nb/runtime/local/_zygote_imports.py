@@ -58,9 +58,10 @@ import sys
 import sysconfig
 import threading
 
-__all__ = ["Learner", "Reporter", "installed_roots", "read_memory", "write_memory"]
+__all__ = ["Learner", "Reporter", "installed_roots", "prune_memories", "read_memory", "write_memory"]
 
 MEMORY_VERSION = 1
+MAX_MEMORIES = 256  # memory files kept in their directory: those of the programs run last (see write_memory)
 
 MAX_REPORT = 30_000  # bytes per report, two reports per worker: under a pipe's buffer, so a write never blocks
 
@@ -109,7 +110,9 @@ def read_memory(path: str) -> list[tuple[str, str]]:
 
 def write_memory(path: str, modules: list[tuple[str, str]]) -> None:
     """Replace the memory at ``path`` atomically (a temporary file renamed over it); errors are
-    ignored (a read-only home, a full disk: the next run learns again)."""
+    ignored (a read-only home, a full disk: the next run learns again). Every run writes its
+    program's memory as it ends, and an edited program has another one, so the directory keeps
+    the ``MAX_MEMORIES`` written last (:func:`prune_memories`) rather than one per edit for ever."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -119,6 +122,32 @@ def write_memory(path: str, modules: list[tuple[str, str]]) -> None:
     except OSError:
         try:
             os.unlink(tmp)
+        except OSError:
+            pass
+        return
+    prune_memories(os.path.dirname(path), MAX_MEMORIES)
+
+
+def prune_memories(where: str, keep: int) -> None:
+    """Delete all but the ``keep`` memory files (``*.json``) of ``where`` modified last; errors
+    (another run pruning at the same time, a file gone) are ignored."""
+    try:
+        stamped = []
+        with os.scandir(where) as it:
+            for e in it:
+                if e.name.endswith(".json"):
+                    try:
+                        stamped.append((e.stat().st_mtime_ns, e.path))
+                    except OSError:
+                        pass
+    except OSError:
+        return
+    if len(stamped) <= keep:
+        return
+    stamped.sort()
+    for _, p in stamped[: len(stamped) - keep]:
+        try:
+            os.unlink(p)
         except OSError:
             pass
 
