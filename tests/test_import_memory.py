@@ -175,14 +175,22 @@ def test_the_memory_directory_keeps_the_programs_run_last(tmp_path, monkeypatch)
     """Each edit of a program names a new memory file: writing one deletes all but the
     ``MAX_MEMORIES`` modified last, the one just written among them; other files stay."""
     monkeypatch.setattr(_zygote_imports, "MAX_MEMORIES", 3)
-    for i in range(5):
-        p = tmp_path / f"old{i}.json"
+    old = [f"{i:016x}.json" for i in range(4)] + ["f" * 32 + ".json"]  # as named now, and before
+    for i, name in enumerate(old):
+        p = tmp_path / name
         p.write_text("{}")
-        os.utime(p, ns=(10**18 + i, 10**18 + i))  # old0 oldest
-    (tmp_path / "notes.txt").write_text("not a memory")
-    _zygote_imports.write_memory(str(tmp_path / "new.json"), [("json", "a")])
-    assert sorted(os.listdir(tmp_path)) == ["new.json", "notes.txt", "old3.json", "old4.json"]
-    assert _zygote_imports.read_memory(str(tmp_path / "new.json")) == [("json", "a")]
+        os.utime(p, ns=(10**18 + i, 10**18 + i))  # the first oldest
+    others = ["notes.txt", "config.json", "0123.json"]  # a directory the user chose may hold other files
+    for name in others:
+        (tmp_path / name).write_text("{}")
+        os.utime(tmp_path / name, ns=(1, 1))
+    monkeypatch.setenv("DAISY_NB_IMPORT_MEMORY", str(tmp_path))
+    t = daisy.Task("a", Roi((0,), (10,)), Roi((0,), (10,)), Roi((0,), (10,)), process_function=_blockfn)
+    new = Path(_zygote.memory_path([t]) or "").name
+    assert _zygote_imports.is_memory_name(new)
+    _zygote_imports.write_memory(str(tmp_path / new), [("json", "a")])
+    assert sorted(os.listdir(tmp_path)) == sorted([new, *old[-2:], *others])
+    assert _zygote_imports.read_memory(str(tmp_path / new)) == [("json", "a")]
 
 
 def test_recall_imports_a_task_and_those_remembered_before_it(monkeypatch):

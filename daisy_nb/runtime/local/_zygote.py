@@ -94,7 +94,8 @@ def memory_path(tasks: Iterable[Any]) -> str | None:
     import zlib
 
     # a file name, not a secret: two checksums (64 bits) rather than a digest of hashlib, whose
-    # import loads OpenSSL (~0.5 MB and ~1.5 ms) in a run that has no other use for it
+    # import loads OpenSSL's libcrypto (3-4 MiB in a small run's process) in a run with no other
+    # use for it; _zygote_imports.is_memory_name knows the name's form
     key = "\0".join([sys.executable, sys.version, *(repr((t.task_id, _identity(t.process_function))) for t in tasks)])
     data = key.encode("utf-8", "surrogatepass")
     return os.path.join(where, f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}.json")

@@ -128,14 +128,22 @@ def write_memory(path: str, modules: list[tuple[str, str]]) -> None:
     prune_memories(os.path.dirname(path), MAX_MEMORIES)
 
 
+def is_memory_name(name: str) -> bool:
+    """A memory file's name (:func:`daisy_nb.runtime.local._zygote.memory_path`): 16 hexadecimal
+    digits, or 32 (as named before), and ``.json``. Nothing else in the directory is touched: it
+    may be one a user chose (``DAISY_NB_IMPORT_MEMORY``), holding other files."""
+    stem, dot, ext = name.partition(".")
+    return ext == "json" and len(stem) in (16, 32) and all(c in "0123456789abcdef" for c in stem)
+
+
 def prune_memories(where: str, keep: int) -> None:
-    """Delete all but the ``keep`` memory files (``*.json``) of ``where`` modified last; errors
-    (another run pruning at the same time, a file gone) are ignored."""
+    """Delete all but the ``keep`` memory files of ``where`` (:func:`is_memory_name`) modified
+    last; errors (another run pruning at the same time, a file gone) are ignored."""
     try:
         stamped = []
         with os.scandir(where) as it:
             for e in it:
-                if e.name.endswith(".json"):
+                if is_memory_name(e.name):
                     try:
                         stamped.append((e.stat().st_mtime_ns, e.path))
                     except OSError:
