@@ -58,7 +58,18 @@ def record(out, name):
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("no_leaks")
 @pytest.mark.parametrize("mode", ["first-hangs", "copy-hangs"])
-def test_a_straggler_copy_wins_or_loses_and_the_other_is_interrupted(out, mode):
+def test_a_straggler_copy_wins_or_loses_and_the_other_is_interrupted(out, mode, monkeypatch):
+    from daisy_nb.runtime.net import server
+    from daisy_nb.runtime.net.handout import HandOut
+
+    cores: list = []
+
+    class Seen(HandOut):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            cores.append(self)
+
+    monkeypatch.setattr(server, "HandOut", Seen)
     t0 = time.monotonic()
     st = run(backupfns.first_hangs if mode == "first-hangs" else backupfns.copy_hangs)
     assert time.monotonic() - t0 < 50, "the hanging copy was not interrupted (it runs for 60 s)"
@@ -72,8 +83,12 @@ def test_a_straggler_copy_wins_or_loses_and_the_other_is_interrupted(out, mode):
     assert done_pid != int_pid, "the copy ran in another job"
     ended = {p.name.split("_")[1] for p in out.glob("ended_*")}
     assert int_pid in ended, "the job whose copy was dropped went on to its clean end"
-    for sid in range(1, N):
-        assert (out / f"attempt_{sid}").read_text() == "x", f"block {sid} ran more than once"
+    # every other block once, but for copies the hand-out sent: on a busy machine a 20 ms block
+    # can pass 1.5 median block times at the task's tail, where it gets a copy too
+    again = {sid: len((out / f"attempt_{sid}").read_text()) - 1 for sid in range(1, N)}
+    assert all(k in (0, 1) for k in again.values()), again
+    (core,) = cores
+    assert sum(again.values()) <= core.counts["backups"] - 1, (again, core.counts)
 
 
 @pytest.fixture(params=["default", "ignored", "a handler"])
