@@ -67,6 +67,24 @@ def no_leaks():
 
 
 @pytest.fixture
+def hand_outs(monkeypatch):
+    """The TCP hand-out cores (:class:`daisy_nb.runtime.net.handout.HandOut`) that the test's runs
+    create, in order: what they counted (``counts``) and their state, read after a run."""
+    from daisy_nb.runtime.net import server
+    from daisy_nb.runtime.net.handout import HandOut
+
+    cores: list = []
+
+    class Seen(HandOut):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            cores.append(self)
+
+    monkeypatch.setattr(server, "HandOut", Seen)
+    return cores
+
+
+@pytest.fixture
 def out(tmp_path, monkeypatch):
     """The directory the block functions of ``tests/workers`` write to (``DAISY_NB_TEST_OUT``);
     worker logs go to ``tmp_path / "logs"``."""

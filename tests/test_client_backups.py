@@ -58,18 +58,7 @@ def record(out, name):
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("no_leaks")
 @pytest.mark.parametrize("mode", ["first-hangs", "copy-hangs"])
-def test_a_straggler_copy_wins_or_loses_and_the_other_is_interrupted(out, mode, monkeypatch):
-    from daisy_nb.runtime.net import server
-    from daisy_nb.runtime.net.handout import HandOut
-
-    cores: list = []
-
-    class Seen(HandOut):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            cores.append(self)
-
-    monkeypatch.setattr(server, "HandOut", Seen)
+def test_a_straggler_copy_wins_or_loses_and_the_other_is_interrupted(out, mode, hand_outs):
     t0 = time.monotonic()
     st = run(backupfns.first_hangs if mode == "first-hangs" else backupfns.copy_hangs)
     assert time.monotonic() - t0 < 50, "the hanging copy was not interrupted (it runs for 60 s)"
@@ -87,7 +76,7 @@ def test_a_straggler_copy_wins_or_loses_and_the_other_is_interrupted(out, mode, 
     # can pass 1.5 median block times at the task's tail, where it gets a copy too
     again = {sid: len((out / f"attempt_{sid}").read_text()) - 1 for sid in range(1, N)}
     assert all(k in (0, 1) for k in again.values()), again
-    (core,) = cores
+    (core,) = hand_outs
     assert sum(again.values()) <= core.counts["backups"] - 1, (again, core.counts)
 
 

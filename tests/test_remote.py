@@ -359,20 +359,10 @@ def test_vanished_scheduler_ends_its_worker_within_the_deadline(out, fast, tmp_p
 
 # ------------------------------------------------------------------ blocks sent ahead
 @pytest.fixture
-def frames(monkeypatch):
+def frames(hand_outs):
     """What the scheduler receives (by kind) and the blocks it sends ahead: the run's hand-out
     core counts them (``HandOut.counts``)."""
-    from daisy_nb.runtime.net import server as clients
-    from daisy_nb.runtime.net.handout import HandOut
-
-    cores: list = []
-
-    class Counted(HandOut):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            cores.append(self)
-
-    monkeypatch.setattr(clients, "HandOut", Counted)
+    cores = hand_outs
 
     class Seen(dict):
         def _merged(self):

@@ -25,7 +25,6 @@ import blockfns  # noqa: E402
 
 import daisy_nb  # noqa: E402
 from daisy_nb.runtime.local.pool_parts import Waitables  # noqa: E402
-from daisy_nb.runtime.net import server as clients_mod  # noqa: E402
 from daisy_nb.scheduler import Scheduler  # noqa: E402
 from daisy_nb.scheduling.listed import ListedCalls  # noqa: E402
 from daisy_nb.tracking import read_tracking  # noqa: E402
@@ -75,19 +74,11 @@ class _Seen(dict):
 
 
 @pytest.fixture
-def counted(monkeypatch):
+def counted(monkeypatch, hand_outs):
     """Frames received by kind, blocks sent (and how many ahead), passes (the core's own counts) and
     scheduler calls (wrapping the list API, ``ListedCalls``)."""
-    from daisy_nb.runtime.net.handout import HandOut
-
-    cores: list = []
     calls = {"release_calls": 0, "acquire_calls": 0, "released": 0}
     release, acquire = ListedCalls.release, ListedCalls.acquire
-
-    class Counted(HandOut):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            cores.append(self)
 
     def counted_release(self, task_id, index, status):
         calls["release_calls"] += 1
@@ -98,10 +89,9 @@ def counted(monkeypatch):
         calls["acquire_calls"] += 1
         return acquire(self, task_id, max_n)
 
-    monkeypatch.setattr(clients_mod, "HandOut", Counted)
     monkeypatch.setattr(ListedCalls, "release", counted_release)
     monkeypatch.setattr(ListedCalls, "acquire", counted_acquire)
-    return _Seen(cores, calls)
+    return _Seen(hand_outs, calls)
 
 
 @pytest.mark.mp
