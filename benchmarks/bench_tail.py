@@ -26,6 +26,16 @@ the rounds (which alternate the libraries, so that load bursts hit both):
   through the same fake ``sbatch --wait`` before each run, from the submission to its program's
   first line (the batch command's own start, the queue delay, the job's interpreter; not the
   library's import, which is the library's to pay);
+* **makespan / wave bound**: the same over a bound that also counts what this machine makes
+  a start cost: each task's ``--jobs`` jobs are submitted together, and here they share the
+  machine's cores as they start (the fake ``sbatch``, its runner and the job are each an
+  interpreter), where a cluster starts them on their own nodes. The wave is measured like the
+  start, all ``--jobs`` jobs submitted at once before each run, and reported as their mean
+  start. A task's jobs do no work before each is up, so its work takes at least the least
+  ``T`` at which the wave's jobs, each from its start, add up to its work (the wave's mean
+  start plus its work over its jobs, when every job is up by then); the bound is the larger
+  of that and the chain plus one job's start. It holds for any scheduler that starts a task's jobs together, and it
+  assumes nothing of how a downstream task's jobs are started;
 * daisy_nb's own account (``TaskState.job_seconds_held``/``busy``, the JSON observer's
   ``job_secs_held``/``job_secs_busy``), which counts a job from its worker function's start,
   queue included.
@@ -128,6 +138,34 @@ def job_start(env: dict, python: str, cwd: str) -> float:
     return min(out)
 
 
+def wave_start(env: dict, python: str, cwd: str, jobs: int) -> list[float]:
+    """Seconds from submitting ``jobs`` jobs at once (as a task's worker functions do) through the
+    fake ``sbatch --wait`` to each one's program's first line, sorted: on a machine where the fake
+    jobs share its cores, a wave comes up later than one job alone (module docstring)."""
+    stamps = [os.path.join(cwd, f"wave_probe_{i}") for i in range(jobs)]
+    procs = []
+    t0 = time.monotonic()
+    for stamp in stamps:
+        prog = f"import time; open({stamp!r}, 'w').write(repr(time.monotonic()))"
+        procs.append(
+            subprocess.Popen(
+                ["sbatch", "--parsable", "--wait", "--wrap", shlex.join([python, "-c", prog])],
+                env=env,
+                cwd=cwd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    out = []
+    for p, stamp in zip(procs, stamps):
+        if p.wait(timeout=60) != 0:
+            raise RuntimeError(f"a wave job failed (status {p.returncode})")
+        with open(stamp) as f:
+            out.append(float(f.read()) - t0)
+        os.unlink(stamp)
+    return sorted(out)
+
+
 def sbatch_wait() -> None:
     """Worker function: the job through ``sbatch --wait``, as a daisy user writes it."""
     argv = os.environ["BENCH_TAIL_JOB"].split("\n")
@@ -208,6 +246,7 @@ def one(
         if lib == "daisy":  # daisy 2.0.0 from its own environment, nothing of this checkout
             env.pop("PYTHONPATH", None)
         start = job_start(env, python, d)
+        wave = wave_start(env, python, d, jobs)
         r = subprocess.run(
             [python, os.path.abspath(__file__), "--driver", lib, out, str(blocks), str(jobs), str(int(stragglers))],
             env=env,
@@ -232,7 +271,7 @@ def one(
                 held += float(t1) - float(t0)
                 busy += float(slept)
                 spans.append((float(t0), float(t1), float(slept), int(n), tid))
-        res.update(held=held, busy=busy, jobs=len(spans), start=start)
+        res.update(held=held, busy=busy, jobs=len(spans), start=start, wave=wave)
         if verbose:  # every job: when it ran (from the run's start: one monotonic clock), its blocks and seconds
             first = res["t0"]
             print(f"{lib}: makespan {res['wall']:.2f} s")
@@ -241,14 +280,32 @@ def one(
         return res
 
 
-def bound(blocks: int, jobs: int, stragglers: bool) -> tuple[float, float]:
-    """The work (block-seconds) and the makespan's lower bound (module docstring; ``stragglers``
-    False: without their slowness)."""
+def bound(blocks: int, jobs: int, stragglers: bool) -> tuple[float, float, float, float]:
+    """The work (block-seconds), the makespan's lower bound, and its two parts: the longest chain
+    and the larger task's work over its jobs (module docstring; ``stragglers`` False: without
+    their slowness)."""
     da = [duration("a", i, stragglers) for i in range(blocks)]
     db = [duration("b", i, stragglers) for i in range(blocks)]
     work = sum(da) + sum(db)
     chain = max(x + y for x, y in zip(da, db))
-    return work, max(chain, sum(da) / jobs, sum(db) / jobs, work / (2 * jobs))
+    per_task = max(sum(da), sum(db)) / jobs
+    return work, max(chain, per_task, work / (2 * jobs)), chain, per_task
+
+
+def wave_bound(chain: float, per_task: float, start: float, wave: list[float]) -> float:
+    """The bound with the start-up this machine imposes: a task's jobs, submitted together, do no
+    work before each is up, so its work (``per_task`` on each of the wave's jobs) ends no sooner
+    than the least ``T`` with ``sum(max(0, T - s_k)) >= work`` (the wave's mean start plus
+    ``per_task`` when every job is up by then); the chain waits for one job's start (module
+    docstring)."""
+    s = sorted(wave)
+    work = per_task * len(s)
+    t = math.inf
+    for k in range(1, len(s) + 1):  # the first k jobs to come up do the work
+        t = (work + sum(s[:k])) / k
+        if k == len(s) or t <= s[k]:
+            break
+    return max(chain + start, t)
 
 
 def main() -> None:
@@ -291,7 +348,7 @@ def main() -> None:
             res[name].append(
                 one(python, lib, blocks, jobs, stragglers, args.queue, args.verbose, spec, args.first_attempt)
             )
-    work, lower = bound(blocks, jobs, stragglers and not args.first_attempt)
+    work, lower, chain, per_task = bound(blocks, jobs, stragglers and not args.first_attempt)
 
     def med(vals, f="{:.3f}"):
         return f.format(statistics.median(vals)) + " (" + ", ".join(f.format(v) for v in vals) + ")"
@@ -322,6 +379,8 @@ def main() -> None:
                 med([r["wall"] / lower for r in rs], "{:.2f}"),
                 med([r["wall"] / (lower + r["start"]) for r in rs], "{:.2f}"),
                 med([r["start"] for r in rs], "{:.2f}"),
+                med([r["wall"] / wave_bound(chain, per_task, r["start"], r["wave"]) for r in rs], "{:.2f}"),
+                med([sum(r["wave"]) / len(r["wave"]) for r in rs], "{:.2f}"),
                 own,
             ]
         )
@@ -335,6 +394,8 @@ def main() -> None:
                 "makespan / bound",
                 "makespan / (bound + start)",
                 "a job's start (s)",
+                "makespan / wave bound",
+                f"{jobs} jobs' mean start (s)",
                 "daisy_nb's own busy / held",
             ],
             rows,

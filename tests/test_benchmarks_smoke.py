@@ -99,6 +99,34 @@ def test_heavy_tail_splits_the_makespan_into_work_waste_and_idle_slots():
     assert sum(got.values()) == pytest.approx(10.0)
 
 
+@pytest.mark.parametrize(
+    ("wave", "chain", "want"),
+    [
+        ([0.2, 0.6, 0.4, 1.0], 0.5, 2.55),  # the work dominates: mean start 0.55 + 8 s over 4 jobs
+        ([0.2, 0.2, 0.2, 0.2], 0.5, 2.2),  # every job up at once: the plain bound plus the start
+        ([0.2, 0.6, 0.4, 1.0], 3.0, 3.2),  # one long chain: it waits for one job's start only
+        ([0.2, 0.2, 0.2, 9.0], 0.5, 8.6 / 3),  # a job up too late to help: the other three do the work
+    ],
+)
+def test_the_cluster_wave_bound_is_what_jobs_that_start_one_after_another_can_reach(wave, chain, want):
+    """``bench_tail.wave_bound``: the earliest end of 8 s of finely divisible work on 4 jobs that come up
+    at the wave's times, found by bisection on ``sum(max(0, T - s_k)) >= work``, or the chain after a
+    job's start."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_tail
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    work, start = 8.0, 0.2
+    lo, hi = 0.0, 100.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(max(0.0, mid - s) for s in wave) < work else (lo, mid)
+    reachable = max(hi, chain + start)
+    got = bench_tail.wave_bound(chain, work / len(wave), start, wave)
+    assert got == pytest.approx(reachable) == pytest.approx(want)
+
+
 def _fake_python(path: Path, imports: str = "") -> str:
     """An interpreter for ``_util.editable_finder``'s probe: this one without ``site`` (so without
     any ``.pth`` hook of the environment running the tests), first importing ``imports``."""
