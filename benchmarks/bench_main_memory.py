@@ -9,7 +9,10 @@ holds when the check starts: the scheduler's code and what the run left behind. 
 runs the same main job as ``bench_main_job.py`` (``python -m daisy_nb demo`` through
 ``daisy_nb.__main__.main``, and its daisy2 variant on daisy 2.0.0, both on their defaults), at
 a small size, replaces the check by a probe that reads ``/proc/self/status`` (``VmRSS``, and
-its anonymous and file-backed parts) and the number of modules loaded, and exits. The runners
+its anonymous and file-backed parts), the number of modules loaded and the bytes of the
+scheduler library's own Python code (its functions' code objects with their bytecode, line
+tables, names and constants: most of what daisy_nb's process holds beyond daisy's, whose core
+is native code in a shared library), and exits. The runners
 alternate; each figure is the median of ``--repeat`` runs. ``--base REF`` adds daisy_nb as of
 a git commit (before/after in one run). Without daisy 2.0.0 (no ``--daisy-python``
 interpreter), daisy_nb alone; ``--quick``: one run at 64³ with 32³ blocks.
@@ -42,8 +45,49 @@ def _probe(p) -> None:
             if k in FIELDS:
                 d[k] = int(v.split()[0]) * 1024
     d["modules"] = len(sys.modules)
+    d["code"] = _code_bytes("daisy_nb" if "daisy_nb" in sys.modules else "daisy")
     print("PROBE " + json.dumps(d), flush=True)
     os._exit(0)
+
+
+def _code_bytes(package: str) -> int:
+    """Bytes of the scheduler library's own Python code in this process (read after the memory
+    above): every function of ``package``'s modules (the demo's apart: it is the same code for
+    every runner) with its code object, bytecode, line tables, names and constants, nested
+    functions' code included. daisy 2.0.0's core is Rust, so its Python code is the wrapper's."""
+    import gc
+    import types
+
+    seen: set[int] = set()
+    total = 0
+
+    def add(o) -> None:
+        nonlocal total
+        if id(o) not in seen:
+            seen.add(id(o))
+            total += sys.getsizeof(o)
+
+    def code(co: types.CodeType) -> None:
+        if id(co) in seen:
+            return
+        add(co)
+        for attr in ("co_code", "co_linetable", "co_exceptiontable", "co_names", "co_varnames", "co_consts"):
+            add(getattr(co, attr))
+        for c in co.co_consts:
+            if isinstance(c, types.CodeType):
+                code(c)
+            elif isinstance(c, (str, bytes, tuple, frozenset)):
+                add(c)
+
+    def own(module) -> bool:
+        m = module or ""
+        return (m == package or m.startswith(package + ".")) and not m.startswith(package + ".demo")
+
+    for o in gc.get_objects():
+        if isinstance(o, types.FunctionType) and own(o.__module__):
+            add(o)
+            code(o.__code__)
+    return total
 
 
 def child(variant: str, size: int, block: int, out: str) -> int:
@@ -125,17 +169,17 @@ def main() -> int:
                 mb = {k: r[k] / 1e6 for k in FIELDS}
                 print(
                     f"  {v:8s} run {i + 1}: RSS {mb['VmRSS']:.2f} MB (anonymous {mb['RssAnon']:.2f}, "
-                    f"file {mb['RssFile']:.2f}), {r['modules']} modules",
+                    f"file {mb['RssFile']:.2f}), {r['modules']} modules, {r['code'] / 1e6:.2f} MB of its code",
                     flush=True,
                 )
     titles = {"nb": "daisy_nb", "nb@base": f"daisy_nb {a.base}", "daisy2": "daisy 2.0.0"}
     rows = []
     for v, rs in res.items():
-        med = {k: statistics.median(r[k] for r in rs) for k in (*FIELDS, "modules")}
-        rows.append([titles[v], *(f"{med[k] / 1e6:.2f} MB" for k in FIELDS), f"{med['modules']:.0f}"])
+        med = {k: statistics.median(r[k] for r in rs) for k in (*FIELDS, "modules", "code")}
+        rows.append([titles[v], *(f"{med[k] / 1e6:.2f} MB" for k in (*FIELDS, "code")), f"{med['modules']:.0f}"])
     print(
         f"\nThe main process before the check ({a.size}³ volume, {a.block}³ blocks; median of {a.repeat}):\n"
-        + _util.table(["runner", "RSS", "anonymous", "file-backed", "modules"], rows)
+        + _util.table(["runner", "RSS", "anonymous", "file-backed", "the library's Python code", "modules"], rows)
     )
     return 0
 
