@@ -34,8 +34,8 @@ the rounds (which alternate the libraries, so that load bursts hit both):
   start. A task's jobs do no work before each is up, so its work takes at least the least
   ``T`` at which the wave's jobs, each from its start, add up to its work (the wave's mean
   start plus its work over its jobs, when every job is up by then); the bound is the larger
-  of that and the chain plus one job's start. It holds for any scheduler that starts a task's jobs together, and it
-  assumes nothing of how a downstream task's jobs are started;
+  of that and the chain plus one job's start. It holds for any scheduler that starts a task's
+  jobs together, and it assumes nothing of how a downstream task's jobs are started;
 * daisy_nb's own account (``TaskState.job_seconds_held``/``busy``, the JSON observer's
   ``job_secs_held``/``job_secs_busy``), which counts a job from its worker function's start,
   queue included.
@@ -118,24 +118,8 @@ def job(lib: str, out: str, stragglers: bool) -> None:
 
 def job_start(env: dict, python: str, cwd: str) -> float:
     """Seconds from submitting a job through the fake ``sbatch --wait`` to its program's first line:
-    the quickest of three (the bound's start-up; module docstring)."""
-    out = []
-    stamp = os.path.join(cwd, "start_probe")
-    for _ in range(3):
-        prog = f"import time; open({stamp!r}, 'w').write(repr(time.monotonic()))"
-        t0 = time.monotonic()
-        subprocess.run(
-            ["sbatch", "--parsable", "--wait", "--wrap", shlex.join([python, "-c", prog])],
-            env=env,
-            cwd=cwd,
-            capture_output=True,
-            check=True,
-            timeout=60,
-        )
-        with open(stamp) as f:
-            out.append(float(f.read()) - t0)
-    os.unlink(stamp)
-    return min(out)
+    the quickest of three, one after another (the bound's start-up; module docstring)."""
+    return min(wave_start(env, python, cwd, 1)[0] for _ in range(3))
 
 
 def wave_start(env: dict, python: str, cwd: str, jobs: int) -> list[float]:
