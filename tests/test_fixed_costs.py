@@ -180,8 +180,9 @@ def test_a_run_without_block_tracking_does_not_load_openssl(tmp_path):
     """``hashlib`` loads OpenSSL's libcrypto (about 4 MB of the process's memory and 1.5 ms): a
     local run of block functions without block tracking has no digest to take (its listener's
     secret is ``os.urandom``, the import memory's file name a checksum), so it does not import
-    it. A tracked task hashes its layout (SHA-256, the tracking format) and a TCP run tags its
-    frames: both load it, where it is used."""
+    it. Nor does a tracked task, which hashes its layout (SHA-256, the tracking format) with
+    CPython's own implementation (``test_a_run_of_block_functions_loads_only_what_it_uses``);
+    a TCP run tags its frames and loads it, where it is used."""
     modules = ("hashlib", "hmac", "secrets")
     assert _fresh(_LISTENS.format(fn="block", host=None, modules=modules), tmp_path) == {"completed": 4, "loaded": []}
 
@@ -197,6 +198,10 @@ _UNUSED = (
     "daisy_nb.tracking._grow",
     "daisy_nb.runtime.net.wire",
     "daisy_nb.profiling",
+    "hashlib",  # OpenSSL's libcrypto: a tracked task's layout hash is CPython's own SHA-256
+    "_hashlib",
+    "multiprocessing.connection",  # the workers' socket pairs are runtime/local/_pipe.py's
+    "ctypes.util",  # runs ldconfig to find the C library the process has loaded anyway
 )
 
 _PLAIN = """

@@ -533,13 +533,15 @@ def test_named_shared_memory_fallback(out, monkeypatch):
 
 
 def test_worker_pipe_frames_match_multiprocessing_connection():
+    """Both ends of a worker's socket pair (runtime/local/_pipe.py) frame bytes exactly as
+    ``multiprocessing.connection`` does, so either end reads the other's frames."""
     import socket
     from multiprocessing.connection import Connection
 
-    from daisy_nb.runtime.local.worker import _Pipe
+    from daisy_nb.runtime.local._pipe import Pipe
 
     a, b = socket.socketpair()
-    parent, child = Connection(a.detach()), _Pipe(b.detach())
+    parent, child = Connection(a.detach()), Pipe(b.detach())
     try:
         for size in (0, 1, 16384, 16385, 3_000_000):
             data = os.urandom(size)
@@ -554,3 +556,29 @@ def test_worker_pipe_frames_match_multiprocessing_connection():
     finally:
         parent.close()
         child.close()
+
+
+def test_worker_pipe_poll_and_a_closed_peer():
+    """``poll`` says whether a frame (or the peer's close) can be read, waiting at most its timeout;
+    a closed peer ends reads with EOFError and writes with BrokenPipeError; a closed end has no
+    descriptor and closes once."""
+    from daisy_nb.runtime.local._pipe import pipe_pair
+
+    a, b = pipe_pair()
+    try:
+        assert not a.poll(0) and not a.poll(0.01)
+        b.send_bytes(b"ready")
+        assert a.poll(None) and a.recv_bytes() == b"ready"
+        assert not a.poll(0)
+        b.close()
+        assert b.closed and a.poll(0)
+        with pytest.raises(OSError):
+            b.fileno()
+        b.close()  # a second close does nothing
+        with pytest.raises(EOFError):
+            a.recv_bytes()
+        with pytest.raises(BrokenPipeError):
+            a.send_bytes(b"x" * 1_000_000)
+    finally:
+        a.close()
+        b.close()

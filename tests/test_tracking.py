@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -77,6 +78,15 @@ def test_hash_and_grid_match_daisy(case):
     t, r, w, fit = _rois(case)
     assert task_hash(t, r, w, fit) == case["hash"]
     assert list(grid_shape(t, w)) == case["grid_shape"]
+
+
+def test_hash_without_cpythons_own_sha256_is_hashlibs(monkeypatch):
+    """An interpreter built without CPython's own SHA-256 module (the layout hash's, which spares
+    the process OpenSSL) hashes with ``hashlib``, to the same daisy 2.0.0 hash."""
+    c = CASES["t2d"]
+    for name in ("_sha2", "_sha256"):
+        monkeypatch.setitem(sys.modules, name, None)  # its import raises ImportError
+    assert task_hash(*_rois(c)[:3], "valid") == c["hash"]
 
 
 def test_hash_accepts_plain_offset_shape_and_fit_spelling():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import sys
 import warnings
 from pathlib import Path
 
@@ -58,6 +59,21 @@ def _i64le(values) -> bytes:
     return b"".join(struct.pack("<q", v) + b"," for v in values)
 
 
+def _sha256():
+    """A SHA-256 object from CPython's own implementation, which ``hashlib`` falls back on: not
+    ``hashlib``'s, whose import loads OpenSSL's libcrypto into the process (~0.6 MB of a main
+    process that keeps it through what the program does after the run) for one short digest
+    per task. ``hashlib`` where the interpreter was built without it."""
+    try:
+        if sys.version_info >= (3, 12):
+            from _sha2 import sha256
+        else:
+            from _sha256 import sha256
+    except ImportError:
+        from hashlib import sha256
+    return sha256()
+
+
 def task_hash(total_roi, read_roi, write_roi, fit="valid") -> str:
     """SHA-256 (lowercase hex) identifying a task's block layout (docs/reference/tracking-format.md#task-hash).
 
@@ -65,9 +81,7 @@ def task_hash(total_roi, read_roi, write_roi, fit="valid") -> str:
     included); ``fit`` is ``"valid"``, ``"overhang"`` or ``"shrink"``. This is the
     ``daisy_task_hash`` attribute daisy 2.0.0 stores in a tracking group.
     """
-    import hashlib  # here: a run without block tracking does not load OpenSSL's hashlib
-
-    h = hashlib.sha256()
+    h = _sha256()
     h.update(TRACKING_HASH_PREFIX.encode() + b"\n")
     for label, roi in (("total", total_roi), ("read", read_roi), ("write", write_roi)):
         off, shp = _roi_parts(roi, f"{label}_roi")

@@ -28,7 +28,6 @@ back by :func:`recover_conversion` on the next open.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import shutil
@@ -74,7 +73,9 @@ def _lib() -> ctypes.CDLL | None:
     global _libc
     if _libc is False:
         try:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            # the process's own symbols, the C library's among them: not ctypes.util.find_library,
+            # which runs ldconfig (a subprocess of the scheduler) and stays imported
+            _libc = ctypes.CDLL(None, use_errno=True)
         except OSError:  # pragma: no cover - no C library to load
             _libc = None
     return _libc  # type: ignore[return-value]

@@ -495,6 +495,7 @@ def main(argv=None) -> int:
     import daisy_nb.block
     import daisy_nb.logging
     import daisy_nb.runtime.context
+    import daisy_nb.runtime.local._pipe  # worker.serve's end of the socket pair
     import daisy_nb.runtime.local._shm
     import daisy_nb.runtime.local.wire  # noqa: F401  (worker.serve reads the pool's frames)
 

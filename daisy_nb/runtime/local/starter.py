@@ -34,7 +34,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from multiprocessing import connection as mpc
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ from daisy_nb import logging as dlog
 from daisy_nb.runtime.common.payload import payload_imports
 from daisy_nb.runtime.context import Context
 from daisy_nb.runtime.local import _shm, _zygote, wire
+from daisy_nb.runtime.local._pipe import pipe_pair
 from daisy_nb.runtime.local.pool_parts import PoolTaskRun
 
 __all__ = ["CAPACITY", "Starter"]
@@ -109,7 +109,7 @@ class Starter:
             setup["slots"] = _shm.SLOTS
             if w.shm.fd >= 0:
                 keep_fds.append(w.shm.fd)
-        parent_end, child_end = mpc.Pipe(duplex=True)
+        parent_end, child_end = pipe_pair()
         logs = dlog.open_worker_logs(tr.tid, w.slot)
         if logs:  # where this life's output starts: now, before the worker exists (the file's
             # offset is shared with the worker's fds and moves with its writes)
@@ -146,7 +146,7 @@ class Starter:
                     # a fresh socket pair: a worker forked before the template died may have read the frames sent
                     st.parent_end.close()
                     st.child_end.close()
-                    st.parent_end, st.child_end = mpc.Pipe(duplex=True)
+                    st.parent_end, st.child_end = pipe_pair()
                     st.sent = False
                     w.proc = self._exec(st)
         except BaseException:

@@ -16,7 +16,7 @@ function's process keeps its end only for its launcher's job reports
 (:mod:`daisy_nb.launch`). The parent may send the next batch while one runs (two
 slots): the worker finds it waiting in the socket and starts it at once. Frames are
 ``multiprocessing.connection``'s (4-byte big-endian length, then the bytes), written
-here with plain ``os.read``/``os.write``. A setup of another wire version (another
+with plain ``os.read``/``os.write`` (:mod:`._pipe`, both ends). A setup of another wire version (another
 daisy_nb installed since the driver started) is a loud exit
 (:data:`~daisy_nb.runtime.local.wire.VERSION_MISMATCH_EXIT`).
 
@@ -39,7 +39,6 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import struct
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -115,50 +114,6 @@ def _run_worker_function(fn, wants_context: bool) -> int:
         sys.stderr.flush()
         return 1
     return 0
-
-
-class _Pipe:
-    """This worker's end of the socket pair, framed like ``multiprocessing.connection``."""
-
-    _LEN = struct.Struct("!i")
-    _LEN64 = struct.Struct("!Q")
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def send_bytes(self, data: bytes) -> None:
-        n = len(data)
-        head = self._LEN.pack(n) if n <= 0x7FFFFFFF else self._LEN.pack(-1) + self._LEN64.pack(n)
-        view = memoryview(head + data)
-        while view:
-            view = view[os.write(self.fd, view) :]
-
-    def _read(self, n: int) -> bytes:
-        data = os.read(self.fd, n)
-        if len(data) == n:
-            return data
-        if not data:
-            raise EOFError
-        parts = [data]
-        n -= len(data)
-        while n:
-            data = os.read(self.fd, n)
-            if not data:
-                raise EOFError
-            parts.append(data)
-            n -= len(data)
-        return b"".join(parts)
-
-    def recv_bytes(self) -> bytes:
-        (n,) = self._LEN.unpack(self._read(4))
-        if n == -1:
-            (n,) = self._LEN64.unpack(self._read(8))
-        return self._read(n) if n else b""
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 def _tracked(fn, pos: list):
@@ -366,7 +321,9 @@ def serve(fd: int, shm_fd: int | None = None) -> int:
     ``shm_fd``: where this process holds its segment's memfd when that differs from
     the number in the setup (a worker forked by the template, :mod:`._zygote`).
     """
-    conn = _Pipe(fd)
+    from daisy_nb.runtime.local._pipe import Pipe
+
+    conn = Pipe(fd)
     try:
         setup = pickle.loads(conn.recv_bytes())
         if shm_fd is not None and "shm_fd" in setup:
