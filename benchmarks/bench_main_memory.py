@@ -6,9 +6,9 @@
 ``bench_main_job.py``'s peak is the main process's during the demo's check (the whole volume
 in memory, the same code for every runner), so the runners differ by what their main process
 holds when the check starts: the scheduler's code and what the run left behind. This script
-runs the same main job as ``bench_main_job.py`` (``python -m daisy_nb demo`` through
-``daisy_nb.__main__.main``, and its daisy2 variant on daisy 2.0.0, both on their defaults), at
-a small size, replaces the check by a probe that reads ``/proc/self/status`` (``VmRSS``, and
+runs the same main job as ``bench_main_job.py``'s timed runs (the demo's command line, and its
+daisy2 variant on daisy 2.0.0, both on their defaults, both started through that script's
+children, so both processes hold its module as there), at a small size, replaces the check by a probe that reads ``/proc/self/status`` (``VmRSS``, and
 its anonymous and file-backed parts), the number of modules loaded and the bytes of the
 scheduler library's own Python code (its functions' code objects with their bytecode, line
 tables, names and constants: most of what daisy_nb's process holds beyond daisy's, whose core
@@ -91,8 +91,11 @@ def _code_bytes(package: str) -> int:
 
 
 def child(variant: str, size: int, block: int, out: str) -> int:
-    if variant == "daisy2":  # bench_main_job.py's daisy2 child: daisy 2.0.0's program
-        import bench_main_job
+    """bench_main_job.py's children, as its timed runs start them (both hold its module; the
+    check replaced by the probe): daisy 2.0.0's program, and the demo's command line."""
+    import bench_main_job
+
+    if variant == "daisy2":
         import nbdemo
 
         nbdemo.check_result = _probe
@@ -100,9 +103,7 @@ def child(variant: str, size: int, block: int, out: str) -> int:
     import daisy_nb.demo
 
     daisy_nb.demo.check_result = _probe
-    import daisy_nb.__main__
-
-    return daisy_nb.__main__.main(["demo", "--size", str(size), "--block", str(block), "--out", out, "--workers", "2"])
+    return bench_main_job.child_nb_traced(size, block, out, "")
 
 
 def run(python: str, variant: str, env: dict, size: int, block: int, out: str) -> dict:
