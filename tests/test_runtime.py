@@ -582,3 +582,9 @@ def test_worker_pipe_poll_and_a_closed_peer():
     finally:
         a.close()
         b.close()
+    a, b = pipe_pair()
+    fds = [a.fileno(), b.fileno()]
+    del a, b  # dropped unclosed (as multiprocessing's Connection, the descriptors go with them)
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)

@@ -85,6 +85,12 @@ class Pipe:
             fd, self.fd = self.fd, -1
             os.close(fd)
 
+    def __del__(self) -> None:  # an end dropped unclosed does not keep its descriptor (as Connection's)
+        try:
+            self.close()
+        except OSError:
+            pass
+
 
 def pipe_pair() -> tuple[Pipe, Pipe]:
     """A connected pair of blocking ends (``multiprocessing.Pipe(duplex=True)``'s socket pair)."""
