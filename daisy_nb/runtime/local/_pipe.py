@@ -5,8 +5,9 @@ A frame is a 4-byte big-endian signed length, then the bytes; a payload longer t
 :class:`multiprocessing.connection.Connection` writes them (a test checks the two against
 each other). Both ends use :class:`Pipe` rather than ``multiprocessing``: the worker side
 imports nothing it does not need (its start is on every run's critical path), and the
-scheduler's process does not keep ``multiprocessing``'s modules (~0.2 MB) for the rest of
-the program, where the main job's peak comes after the run (``docs/explanation/pool.md``).
+scheduler's process does not keep ``multiprocessing.connection`` and what it imports (~0.2 MB)
+for the rest of the program, where the main job's peak comes after the run
+(``docs/explanation/pool.md``).
 
 Reads and writes block, as ``Connection``'s do; :meth:`Pipe.poll` says whether a frame
 has started to arrive. ``os.read``/``os.write`` retry on ``EINTR`` themselves (PEP 475); a
