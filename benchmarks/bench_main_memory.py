@@ -8,12 +8,12 @@ in memory, the same code for every runner), so the runners differ by what their 
 holds when the check starts: the scheduler's code and what the run left behind. This script
 runs the same main job as ``bench_main_job.py``'s timed runs (the demo's command line, and its
 daisy2 variant on daisy 2.0.0, both on their defaults, both started through that script's
-children, so both processes hold its module as there), at a small size, replaces the check by a probe that reads ``/proc/self/status`` (``VmRSS``, and
-its anonymous and file-backed parts), the number of modules loaded and the bytes of the
-scheduler library's own Python code (its functions' code objects with their bytecode, line
-tables, names and constants: most of what daisy_nb's process holds beyond daisy's, whose core
-is native code in a shared library), and exits. The runners
-alternate; each figure is the median of ``--repeat`` runs. ``--base REF`` adds daisy_nb as of
+children, so that both processes hold its module, as they do there) at a small size. It
+replaces the check by a probe that reads ``/proc/self/status`` (``VmRSS``, and its anonymous
+and file-backed parts), the number of modules loaded and the bytes of the scheduler library's
+own Python code (its functions' code objects with their bytecode, line tables, names and
+constants: most of what daisy_nb's process holds beyond daisy's, whose core is native code in
+a shared library), and exits. The runners alternate; each figure is the median of ``--repeat`` runs. ``--base REF`` adds daisy_nb as of
 a git commit (before/after in one run). Without daisy 2.0.0 (no ``--daisy-python``
 interpreter), daisy_nb alone; ``--quick``: one run at 64³ with 32³ blocks.
 
