@@ -5,6 +5,7 @@ dies with the run and takes its workers with it; a killed template makes the poo
 lost blocks back and start later workers by exec.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -141,6 +142,38 @@ def test_forked_worker_timeout_kills_and_replaces_it(out):
     assert "timeout" in st.last_worker_error
     assert os.getpid() not in parents(out, "to")
     assert time.monotonic() - t0 < 20
+
+
+SET_ENVIRON_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, json, os, sys
+    sys.path.insert(0, {root!r})
+    from daisy_nb.runtime.local._zygote import _set_environ
+
+    target = json.loads(sys.argv[1])
+    _set_environ(target)
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    c_side = {{k: (getenv(k.encode()) or b"").decode() for k in ("DNB_GONE", "DNB_SAME", "DNB_CHANGED", "DNB_NEW")}}
+    print(json.dumps([dict(os.environ), c_side]))
+    """
+)
+
+
+def test_a_forked_worker_gets_exactly_its_environment_from_the_templates():
+    # a forked worker sets only what differs from the template's environment (its context);
+    # what it ends with is exactly the environment an exec'd worker would get, in Python and in C
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DNB_")}
+    start = dict(base, DNB_GONE="1", DNB_SAME="2", DNB_CHANGED="3")
+    target = dict(base, DNB_SAME="2", DNB_CHANGED="30", DNB_NEW="4")
+    prog = SET_ENVIRON_SCRIPT.format(root=str(HERE.parent))
+    r = subprocess.run(
+        [sys.executable, "-c", prog, json.dumps(target)], env=start, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    py_side, c_side = json.loads(r.stdout)
+    assert py_side == target
+    assert c_side == {"DNB_GONE": "", "DNB_SAME": "2", "DNB_CHANGED": "30", "DNB_NEW": "4"}
 
 
 def test_exit_code_of_a_forked_worker_reaches_the_pool(out):

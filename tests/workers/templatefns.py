@@ -36,7 +36,7 @@ def record_worker_side_imports(block):
     from daisy_nb.runtime.local import worker
 
     if not _template_modules:
-        _template_modules.update(worker.after_first_batch.__self__.sent)
+        _template_modules.update(worker.after_first_batch.__self__.before)
     mine = {__name__, "blockfns"}
     new = sorted(
         m
@@ -52,7 +52,7 @@ def record_cloudpickle_source(block):
     from daisy_nb.runtime.local import worker
 
     if not _template_modules:
-        _template_modules.update(worker.after_first_batch.__self__.sent)
+        _template_modules.update(worker.after_first_batch.__self__.before)
     where = "template" if "cloudpickle" in _template_modules else "worker" if "cloudpickle" in sys.modules else "none"
     done(block, f"{os.getppid()},{where}")
 

@@ -324,9 +324,10 @@ class Reporter:
     """The forked worker's side: what it imported since the fork, sent once after its first
     batch and once as it leaves (only what the first report did not name)."""
 
-    def __init__(self, fd: int, before: set) -> None:
+    def __init__(self, fd: int, before: frozenset[str] | set[str]) -> None:
         self.fd = fd
-        self.sent = set(before)
+        self.before = before  # the template's modules at the fork (held, not copied: see _zygote._child)
+        self.sent: set[str] = set()  # what the reports named
         self.roots: tuple[str, ...] | None = None
 
     def send(self) -> None:
@@ -339,7 +340,7 @@ class Reporter:
             names = [
                 n
                 for n, m in list(sys.modules.items())
-                if n not in self.sent and m is not None and learnable(n, m, self.roots)
+                if n not in self.before and n not in self.sent and m is not None and learnable(n, m, self.roots)
             ]
             self.sent.update(names)
             if not names:
