@@ -12,10 +12,8 @@ All settings are process-global; change them before calling ``run_blockwise``.
 
 from __future__ import annotations
 
-import datetime
 import logging as _py_logging
 import os
-import shutil
 import sys
 import traceback as _py_traceback
 from pathlib import Path
@@ -134,6 +132,8 @@ def format_traceback(exc_type, exc, tb) -> str:
 
 def run_separator() -> str:
     """The line written at the start of each run into a non-empty log file."""
+    import datetime  # (here, as shutil below: every worker and the worker template import this module)
+
     stamp = datetime.datetime.now().isoformat(timespec="seconds")
     return f"=== daisy run {stamp} pid {os.getpid()} ===\n"
 
@@ -161,6 +161,8 @@ def clear_logs(task_id=None):
     if base is None:
         return None
     target = base / task_id if task_id else base
+    import shutil
+
     shutil.rmtree(target, ignore_errors=True)
     return target
 

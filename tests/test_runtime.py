@@ -349,6 +349,18 @@ def test_worker_logs_append_with_separator(out, tmp_path):
     assert text.count("hello from block") >= 1 and "=== daisy run " in text
 
 
+def test_clear_logs_deletes_one_tasks_log_tree_or_all(out, tmp_path):
+    import daisy_nb.logging as dlog
+
+    run([make_task("ca", 2, blockfns.mark_and_print), make_task("cb", 2, blockfns.mark_and_print)])
+    logs = tmp_path / "logs"
+    assert (logs / "ca").is_dir() and (logs / "cb").is_dir()
+    assert dlog.clear_logs("ca") == logs / "ca"
+    assert not (logs / "ca").exists() and (logs / "cb").is_dir()
+    assert dlog.clear_logs() == logs
+    assert not logs.exists()
+
+
 # ---------------------------------------------------------------- Ctrl-C
 CTRL_C_SCRIPT = textwrap.dedent(
     """

@@ -46,6 +46,17 @@ def record_worker_side_imports(block):
     done(block, f"{os.getppid()},{'+'.join(new) or 'none'}")
 
 
+def record_template_extras(block):
+    """The ``done`` line's extra: which of the modules only the pool's side or the main process
+    uses the template held at this worker's fork (``+``-joined, ``none``)."""
+    from daisy_nb.runtime.local import worker
+
+    if not _template_modules:
+        _template_modules.update(worker.after_first_batch.__self__.before)
+    held = [m for m in ("subprocess", "shutil", "datetime", "bz2", "lzma") if m in _template_modules]
+    done(block, f"{os.getppid()},{'+'.join(held) or 'none'}")
+
+
 def record_cloudpickle_source(block):
     """The ``done`` line's extra: where this worker's cloudpickle came from, ``template`` (held
     by the template at the fork), ``worker`` (imported after the fork) or ``none``."""

@@ -34,7 +34,6 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -191,6 +190,8 @@ class ForkedProcess:
                 if self.returncode is None and time.monotonic() - t0 > REPORT_GRACE_SECS and self._exited():
                     self.returncode = -signal.SIGKILL  # the template is alive but silent (stopped?)
             if self.returncode is None and deadline is not None and time.monotonic() >= deadline:
+                import subprocess
+
                 raise subprocess.TimeoutExpired(f"forked worker {self.pid}", timeout or 0.0)
         return self.returncode
 
@@ -227,6 +228,8 @@ class Template:
         self.procs: dict[int, ForkedProcess] = {}
         self.asked = 0  # forks asked and not collected yet
         self._started = False
+        import subprocess  # the pool's side only: the template (this module's main) never imports it
+
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
         try:
@@ -347,6 +350,8 @@ class Template:
             pass
         if not self._started and self.proc.poll() is None:
             self.proc.kill()
+        import subprocess
+
         try:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
