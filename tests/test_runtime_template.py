@@ -160,10 +160,10 @@ SET_ENVIRON_SCRIPT = textwrap.dedent(
     """
     import ctypes, json, os, sys
     sys.path.insert(0, {root!r})
-    from daisy_nb.runtime.local._zygote import _set_environ
+    from daisy_nb.config import replace_environment
 
     target = json.loads(sys.argv[1])
-    _set_environ(target)
+    replace_environment(target)
     getenv = ctypes.CDLL(None).getenv
     getenv.restype = ctypes.c_char_p
     c_side = {{k: (getenv(k.encode()) or b"").decode() for k in ("DNB_GONE", "DNB_SAME", "DNB_CHANGED", "DNB_NEW")}}

@@ -416,7 +416,7 @@ def _child(
             if fd is not None:
                 os.dup2(fd, target)
                 os.close(fd)
-        _set_environ(req.env)
+        config.replace_environment(req.env)
         try:
             os.chdir(req.cwd)
         except OSError:
@@ -448,18 +448,6 @@ def _child(
             except BaseException:  # noqa: BLE001, S110 - as above
                 pass
         os._exit(code & 0xFF)  # as an interpreter would: sys.exit(-1) is 255
-
-
-def _set_environ(env: dict[str, str]) -> None:
-    """Make ``os.environ`` (and the C library's environment) exactly ``env``, by its differences
-    from the template's: a worker's environment is the template's plus its ``DAISY_CONTEXT``.
-    (Emptying and refilling it rewrote every variable, and so copied ~150 pages of the
-    template's memory into each worker: ~0.7 ms of a forked worker's ~4 ms start.)"""
-    for k in [k for k in os.environ if k not in env]:
-        del os.environ[k]
-    for k, v in env.items():
-        if os.environ.get(k) != v:
-            os.environ[k] = v
 
 
 def _signal_group(pid: int, sig: int) -> None:
