@@ -156,7 +156,7 @@ def test_forked_worker_timeout_kills_and_replaces_it(out):
     assert time.monotonic() - t0 < 20
 
 
-SET_ENVIRON_SCRIPT = textwrap.dedent(
+REPLACE_ENVIRONMENT_SCRIPT = textwrap.dedent(
     """
     import ctypes, json, os, sys
     sys.path.insert(0, {root!r})
@@ -172,13 +172,14 @@ SET_ENVIRON_SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_forked_worker_gets_exactly_its_environment_from_the_templates():
-    # a forked worker sets only what differs from the template's environment (its context);
-    # what it ends with is exactly the environment an exec'd worker would get, in Python and in C
+def test_replace_environment_leaves_exactly_the_given_environment_in_python_and_in_c():
+    # what a forked worker does with the template's environment (config.replace_environment):
+    # it writes only what differs (its context), and ends with exactly the environment an exec'd
+    # worker would get: a variable removed, one kept, one changed, one added; in Python and in C
     base = {k: v for k, v in os.environ.items() if not k.startswith("DNB_")}
     start = dict(base, DNB_GONE="1", DNB_SAME="2", DNB_CHANGED="3")
     target = dict(base, DNB_SAME="2", DNB_CHANGED="30", DNB_NEW="4")
-    prog = SET_ENVIRON_SCRIPT.format(root=str(HERE.parent))
+    prog = REPLACE_ENVIRONMENT_SCRIPT.format(root=str(HERE.parent))
     r = subprocess.run(
         [sys.executable, "-c", prog, json.dumps(target)], env=start, capture_output=True, text=True, timeout=60
     )
