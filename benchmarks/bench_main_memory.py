@@ -13,9 +13,10 @@ replaces the check by a probe that reads ``/proc/self/status`` (``VmRSS``, and i
 and file-backed parts), the number of modules loaded and the bytes of the scheduler library's
 own Python code (its functions' code objects with their bytecode, line tables, names and
 constants: most of what daisy_nb's process holds beyond daisy's, whose core is native code in
-a shared library), and exits. The runners alternate; each figure is the median of ``--repeat`` runs. ``--base REF`` adds daisy_nb as of
-a git commit (before/after in one run). Without daisy 2.0.0 (no ``--daisy-python``
-interpreter), daisy_nb alone; ``--quick``: one run at 64³ with 32³ blocks.
+a shared library), and exits. The runners alternate; each figure is the median of
+``--repeat`` runs. ``--base REF`` adds daisy_nb as of a git commit (before/after in one run).
+Without daisy 2.0.0 (no ``--daisy-python`` interpreter), daisy_nb alone; ``--quick``: one run
+at 64³ with 32³ blocks.
 
 Set ``DAISY_NB_BENCH_RECORD`` to append the table to a JSON-lines file (``docs/performance/``).
 """
