@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -25,6 +26,7 @@ import numpy as np
 from .block import Block, BlockStatus
 from .kernels import graph as kg
 from .kernels import surface as ks
+from .kernels import surface_plain
 from .kernels import tables as kt
 from .scheduling.backoff import RetryBackoff
 from .scheduling.geometry import PipelineGeometry
@@ -468,6 +470,7 @@ class SchedulerEnds(SchedulerRetries):
 
     geometry: PipelineGeometry
     _tracking: Any
+    _b: np.ndarray  # the blocks' packed state (Scheduler.__init__)
 
     def abandon_task(self, task_id: str, reason: str) -> list[str]:
         """Abandon a task and every task downstream of it: remaining blocks become orphaned."""
@@ -500,13 +503,15 @@ class SchedulerEnds(SchedulerRetries):
         self._tracking.flush()
 
     def close(self) -> None:
-        """Flush and release the block tracking stores; the scheduler is not used afterwards.
+        """Flush and release the block tracking stores, and let go of the blocks' state (the
+        plain kernels keep the last Scheduler's); the scheduler is not used afterwards.
 
         Raises
         ------
         OSError
             The first store that could not be closed.
         """
+        surface_plain.forget(self._b)
         self._tracking.close()
 
     def __enter__(self):
@@ -584,6 +589,9 @@ class Scheduler(SchedulerEnds):
         self.queue, self.cnt, self.tcfg = views["queue"], views["cnt"], views["tcfg"]
         self._u8 = kt.pack_u8(N)
         self.n_met = np.zeros(N, dtype=np.int32)
+        # the plain kernels keep this state for their next call (surface_plain.of_buffers):
+        # it goes with this Scheduler, closed or not
+        weakref.finalize(self, surface_plain.forget, self._b)
         # fail_block's arguments (one call per permanent failure): the (T, S, W) tuples step builds
         self._groups = kt.groups(views, self._u8, self.n_met, N)
         self.status, _, self.retries, self.preskip = self._groups[1][:4]

@@ -33,7 +33,7 @@ import numpy as np
 
 from ._jit import flat_kernel, inline_kernel, kernel, plain_twin
 from .graph import cantor, describe_rows_into, grid_to_row, row_level, row_to_counter
-from .surface_plain import PlainSurface
+from .surface_plain import PlainSurface, of_buffers
 from .tables import (
     C_COMPLETED,
     C_FAILED,
@@ -668,28 +668,21 @@ def step(b, u8, n_met, op, t, x, y, rows, codes):
 # Plain mode (small runs, see _jit) runs step as surface_plain.PlainSurface: the same work on
 # the same buffers, with Python lists and memoryviews where these kernels, run as Python, pay
 # for numpy scalars (~50 of ~55 µs per block acquired and released one by one, 1-D; see that
-# module). One entry: the buffers of the last Scheduler that stepped stay referenced until
-# another one steps. The kernel's own body stays reachable as _STEP[0] (tests compare the two).
-_plain_cache: PlainSurface | None = None
+# module). surface_plain keeps the surface of the last Scheduler that stepped (not this module:
+# its globals are copied when numba loads). The kernel's own body stays reachable as _STEP[0]
+# (tests compare the two).
 
 
 def _step_plain(b, u8, n_met, op, t, x, y, rows, codes):
     """:func:`step` for plain mode (:class:`surface_plain.PlainSurface` of these buffers)."""
-    p = _plain_cache
-    if p is None or p.b is not b or p.u8 is not u8 or p.n_met is not n_met:
-        p = plain_surface(b, u8, n_met)
-    return p.step(op, t, x, y, rows, codes)
+    return of_buffers(b, u8, n_met).step(op, t, x, y, rows, codes)
 
 
 def plain_surface(b, u8, n_met) -> PlainSurface:
     """The :class:`surface_plain.PlainSurface` of these buffers, for plain mode (``step is
     PLAIN_STEP[0]``): the Scheduler's per-block and list calls use its list methods directly
     (no array to fill and read back)."""
-    global _plain_cache
-    p = _plain_cache
-    if p is None or p.b is not b or p.u8 is not u8 or p.n_met is not n_met:
-        p = _plain_cache = PlainSurface(b, u8, n_met)
-    return p
+    return of_buffers(b, u8, n_met)
 
 
 # the kernel and its twin out of _jit's reach, as graph._LOOP and graph.PLAIN_DESCRIBE

@@ -111,7 +111,7 @@ class _Task:
 class PlainSurface:
     """``surface.step`` in plain Python, on the buffers ``b``, ``u8`` and ``n_met`` of one Scheduler.
 
-    Built once per Scheduler (``surface._step_plain`` keeps the last one); :meth:`step` takes
+    Built once per Scheduler (:func:`of_buffers` keeps the last one); :meth:`step` takes
     ``step``'s arguments after the buffers and returns what it returns.
     """
 
@@ -477,3 +477,28 @@ class PlainBlocks:
                 rs.append(tk.rs[d])
                 ws.append(w)
         return [row, cantor_of_ints(x), *ro, *rs, *wo, *ws]
+
+
+# -- the surface of the Scheduler that stepped last ------------------------------------------
+# One entry: a Scheduler's plain calls find their surface here without rebuilding it. It lives
+# here, not in ``surface``: when numba loads, the compiled world copies ``surface``'s globals
+# (``_jit._compiled_twin``), and a copy taken during a run kept that run's buffers (~12 bytes
+# a block) alive for the rest of the process. Its Scheduler drops it when it closes or is
+# collected (:func:`forget`).
+_last: PlainSurface | None = None
+
+
+def of_buffers(b, u8, n_met) -> PlainSurface:
+    """The :class:`PlainSurface` of these buffers: the last one built if it is theirs."""
+    global _last
+    p = _last
+    if p is None or p.b is not b or p.u8 is not u8 or p.n_met is not n_met:
+        p = _last = PlainSurface(b, u8, n_met)
+    return p
+
+
+def forget(b) -> None:
+    """Drop the kept surface if it is over buffer ``b`` (its Scheduler is done with it)."""
+    global _last
+    if _last is not None and _last.b is b:
+        _last = None
