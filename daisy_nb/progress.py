@@ -6,12 +6,13 @@ most every 0.2 s through :class:`Heartbeat`; an observer that raises is reported
 observer and event, at WARNING with its traceback, and never stops the run. Looks follow
 daisy 2.0 (docs/how-to/migrate.md#progress); the summary adds time and blocks/s per task.
 
-The bars cost nothing on a small run's critical path: ``tqdm`` (~40-70 ms to import,
-most of it ``importlib.metadata`` finding its version) is imported on a thread while the
-run starts its workers, and the bars are drawn when it is there (backdated to the
-run's start, so elapsed time and rate are the run's). Outside IPython the bar class is
-``tqdm.std``'s: ``tqdm.auto`` is the same bar plus an asyncio mixin (~30 ms of imports
-a script never uses); under IPython it is ``tqdm.auto``'s, as in daisy.
+``tqdm`` (~30-40 ms to import, most of it ``importlib.metadata`` finding its version) is
+imported when the bars' observer is made, at a pool run's start: the worker template starts
+in its own process meanwhile, so a small run's wall time does not show it. (It was imported
+on a thread, which was no faster, and whatever a thread allocates goes to a malloc arena of
+its own: the main process kept ~0.6 MiB more.) Outside IPython the bar class is
+``tqdm.std``'s: ``tqdm.auto`` is the same bar plus an asyncio mixin (~30 ms of imports a
+script never uses); under IPython it is ``tqdm.auto``'s, as in daisy.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any
@@ -77,40 +77,11 @@ def tqdm_class():
     return tqdm
 
 
-_prefetch_lock = threading.Lock()
-_prefetch: threading.Thread | None = None
-
-
-def prefetch_tqdm() -> None:
-    """Import the bar class on a daemon thread (once per process), so that the import
-    overlaps the run's start (the main thread mostly waits for workers then)."""
-    global _prefetch
-    with _prefetch_lock:
-        if _prefetch is not None or "tqdm.std" in sys.modules:
-            return
-
-        def load():
-            try:
-                tqdm_class()
-            except ImportError:  # the main thread's own import will say so
-                pass
-
-        _prefetch = threading.Thread(target=load, name="daisy_nb-import-tqdm", daemon=True)
-        _prefetch.start()
-
-
-def _tqdm_ready() -> bool:
-    t = _prefetch
-    return t is None or not t.is_alive()
-
-
 class TqdmObserver:
     """One ``tqdm`` bar per task, in display order: ``"<task> ▶ ♻=<restarts>"``.
 
     On a terminal bars refresh at most every 0.1 s; when stdout is not a terminal
     (logs, CI) at most every 10 s, so a long run does not write a line per update.
-    The bars appear at ``on_start`` if ``tqdm`` is imported by then, else at the first
-    call after (see the module docstring), with the run's start as their start.
     """
 
     def __init__(self, task_order=None, file=None):
@@ -118,13 +89,12 @@ class TqdmObserver:
         self._bars = {}
         self._desc = {}
         self._file = file
-        self._t0: float | None = None  # time.time() at on_start
-        prefetch_tqdm()
+        self._tqdm = tqdm_class()
 
     def _bar(self, tid, total):
         bar = self._bars.get(tid)
         if bar is None:
-            tqdm = tqdm_class()
+            tqdm = self._tqdm
             out = self._file if self._file is not None else sys.stderr
             tty = getattr(out, "isatty", lambda: False)()
             bar = tqdm(
@@ -137,8 +107,6 @@ class TqdmObserver:
                 mininterval=0.1 if tty else 10.0,
                 maxinterval=10.0 if tty else 60.0,
             )
-            if self._t0 is not None and hasattr(bar, "start_t"):
-                bar.start_t = min(bar.start_t, self._t0)  # drawn late: the run's elapsed time and rate
             self._bars[tid] = bar
             self._desc[tid] = f"{one_line(tid)} ▶ ♻=0"
         return bar
@@ -150,15 +118,10 @@ class TqdmObserver:
             self._desc[tid] = d
 
     def on_start(self, states):
-        self._t0 = time.time()
-        if not _tqdm_ready():
-            return  # drawn at the next call, once tqdm is imported (a small run: at on_finish)
         for tid in _ordered(states, self._order):
             self._bar(tid, int(states[tid].total_block_count))
 
     def on_progress(self, states):
-        if not self._bars and not _tqdm_ready():
-            return
         for tid in _ordered(states, self._order):
             st = states[tid]
             bar = self._bar(tid, int(st.total_block_count))

@@ -117,24 +117,29 @@ def test_an_observer_that_raises_is_reported_once_at_warning_and_the_run_goes_on
     assert warns[0].exc_info and warns[0].exc_info[0] is ZeroDivisionError
 
 
-def test_bars_drawn_after_the_start_keep_the_runs_elapsed_time(monkeypatch):
-    """tqdm still importing at on_start (progress.prefetch_tqdm): the bar is drawn at the next call,
-    backdated to the run's start, so its elapsed time and rate are the run's."""
+def test_bars_are_drawn_at_the_start_and_end_with_each_tasks_outcome():
+    """One bar per task in the given order, drawn at ``on_start`` (tqdm is imported when the
+    observer is made, before the run starts), updated to the end, marked with the outcome."""
     import io
 
     from daisy_nb import progress
 
-    s = Scheduler([_task()])
+    def task(tid):
+        one = Roi((0,), (1,))
+        return daisy_nb.Task(
+            tid, Roi((0,), (3,)), one, one, read_write_conflict=False, tracking_path=False, max_retries=0
+        )
+
+    s = Scheduler([task("a"), task("b")])
     out = io.StringIO()
-    obs = progress.TqdmObserver(task_order=["t"], file=out)
-    monkeypatch.setattr(progress, "_tqdm_ready", lambda: False)
+    obs = progress.TqdmObserver(task_order=["b", "a"], file=out)
     obs.on_start(s.task_states)
-    assert out.getvalue() == "" and not obs._bars
-    monkeypatch.setattr(progress, "_tqdm_ready", lambda: True)
-    obs._t0 -= 65  # the run started 65 s ago
-    while (b := s.acquire_block("t")) is not None:
-        b.status = BlockStatus.SUCCESS
-        s.release_block(b)
+    text = out.getvalue()
+    assert "0/3" in text and text.index("b ▶") < text.index("a ▶")
+    for tid in ("a", "b"):
+        while (blk := s.acquire_block(tid)) is not None:
+            blk.status = BlockStatus.SUCCESS if tid == "a" else BlockStatus.FAILED
+            s.release_block(blk)
     obs.on_finish(s.task_states)
     text = out.getvalue()
-    assert "3/3" in text and "01:05" in text
+    assert "a ✔" in text and "b ✗" in text and "3/3" in text
