@@ -411,6 +411,9 @@ def _execute(
                 # the pool's parts reference one another and the Scheduler: without a collection
                 # its per-block state (~12 bytes a block) would wait for Python's next full one
                 gc.collect()
+            from .runtime.local._heap import give_back_freed_memory
+
+            give_back_freed_memory()  # what the run freed, back to the system (runtime/local/_heap.py)
 
 
 def _plan(

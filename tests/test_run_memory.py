@@ -1,4 +1,5 @@
-"""What a finished run leaves in the scheduler's process: none of its per-block state.
+"""What a finished run leaves in the scheduler's process: none of its per-block state, and the
+memory it freed handed back to the system.
 
 A Scheduler holds ~12 bytes a block (49 MiB for a 4.1M-block 3-D run). The worker pool's parts
 reference one another and the Scheduler, so without a collection that state waits for Python's
@@ -9,6 +10,8 @@ may not trigger for a long time. These tests run with automatic collection off.
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import pytest
 
@@ -53,3 +56,37 @@ def test_a_run_past_the_threshold_for_real(no_automatic_gc, tmp_path):
     task = _task(tmp_path, run.COLLECT_AT)
     assert daisy_nb.run_blockwise([task], progress=False, summary=False, log_dir=str(tmp_path))
     assert _schedulers() == before
+
+
+_FREED_BELOW_A_LIVE_CHUNK = """
+import sys
+from daisy_nb.runtime.local._heap import give_back_freed_memory
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmRSS")) / 1024
+
+chunks = [bytes(100_000) for _ in range(640)]  # 64 MB from the heap (below the mmap threshold)
+top = bytes(100_000)  # still in use, above them: malloc cannot shrink its heap past it
+del chunks
+held = rss_mib()
+assert give_back_freed_memory()
+print(held, rss_mib())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_freed_memory_below_live_memory_goes_back_to_the_system():
+    r = subprocess.run([sys.executable, "-c", _FREED_BELOW_A_LIVE_CHUNK], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    held, after = map(float, r.stdout.split())
+    assert held - after > 30, (held, after)  # MiB, of the ~61 freed
+
+
+def test_every_run_hands_back_what_it_freed(monkeypatch, tmp_path):
+    from daisy_nb.runtime.local import _heap
+
+    calls = []
+    monkeypatch.setattr(_heap, "give_back_freed_memory", lambda: calls.append(1) or True)
+    assert daisy_nb.run_blockwise([_task(tmp_path, 8)], progress=False, summary=False, log_dir=str(tmp_path))
+    assert calls == [1]

@@ -22,8 +22,14 @@ longer moves its thresholds itself (the setting covers every buffer up to its si
 one is mapped and unmapped, as glibc does past 32 MiB anyway).
 
 Set in the worker template before its imports, so the block workers it forks inherit it,
-and in a worker started by exec; the scheduler's process is left alone. Only on Linux with
-glibc; elsewhere, and with ``0``, malloc stays as it is. Standard library only (the worker side).
+and in a worker started by exec; the scheduler's process keeps glibc's settings. Only on Linux
+with glibc; elsewhere, and with ``0``, malloc stays as it is. Standard library only (the worker side).
+
+The scheduler's process instead hands back what a run freed when the run ends
+(:func:`give_back_freed_memory`, ``malloc_trim``; ~1 ms): glibc returns freed memory to the
+system only from the top of its heap, so the run's freed tables, messages and state stay
+resident below what is still in use, through the program's next phase. After the README's
+demo at 128³ that was ~0.45 MiB; after a second run of 1.3 million blocks, 16.5 MiB.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from __future__ import annotations
 import ctypes
 import sys
 
-__all__ = ["M_MMAP_THRESHOLD", "M_TOP_PAD", "keep_freed_memory"]
+__all__ = ["M_MMAP_THRESHOLD", "M_TOP_PAD", "give_back_freed_memory", "keep_freed_memory"]
 
 M_TOP_PAD = -2  # glibc's <malloc.h>
 M_MMAP_THRESHOLD = -3
@@ -56,3 +62,23 @@ def keep_freed_memory(mib: int) -> bool:
     mallopt.restype = ctypes.c_int
     size = min(mib, 2047) << 20
     return mallopt(M_MMAP_THRESHOLD, size) == 1 and mallopt(M_TOP_PAD, size) == 1
+
+
+def give_back_freed_memory() -> bool:
+    """Return the memory malloc holds free, in every arena, to the system (glibc's ``malloc_trim``).
+
+    Returns
+    -------
+    bool
+        Whether there was glibc's ``malloc_trim`` to call (False: not Linux, or another libc).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    trim(0)
+    return True
