@@ -200,10 +200,11 @@ class Task(TaskParams):
         Backup copies of stragglers (daisy_nb extension; None or False, the default: off).
         True (factor 3) or a factor ``k > 1``: once about two blocks per worker (twice as many
         as run; or 64, or half of the task's blocks) have succeeded, a block running longer than
-        ``k`` times the median block time (at the task's tail, where every block left is in
-        flight and a worker would idle, 1.5 times if ``k`` is larger) gets a
-        second copy on the next free worker (a copy that runs ``2k`` medians itself is
-        stopped: the block is slow), the first to finish winning, so the block function must be
+        ``k`` times the median block time and, in the bulk of the task, longer than 99 in 100
+        blocks of its usual spread (at the task's tail, where every block left is in flight and
+        a worker would idle, 1.5 times the median if ``k`` is larger) gets a second copy on the
+        next free worker (a copy that runs ``2k`` medians itself, and past the usual spread's
+        far end, is stopped: the block is slow), the first to finish winning, so the block function must be
         idempotent (as chunk-aligned zarr writes are). The local worker pool and the ``Client``
         jobs of a 0-argument worker function launch copies (a local worker or a ``Client`` whose
         copy lost has its block body interrupted, and runs on with what its ``init_fn``

@@ -6,8 +6,10 @@
 * the rules one by one: no backup before the median settles (two successes per running block,
   half the blocks, or a full window) or below ``k`` x the median, running blocks counted as
   longer than any in the first window's median, never a third copy, never next to a running neighbour,
-  the first success wins and its twin is interrupted, one counted failure when both copies
-  fail, a backup slow itself is stopped and its block runs on;
+  none in the bulk within the usual spread's 99th percentile, the first success wins and its
+  twin is interrupted, one counted failure when both copies
+  fail, a backup slow itself (past 2 x k medians and the window's far end) is stopped and its
+  block runs on;
 * the keyword: its accepted values and its errors (which name the task and the parameter).
 
 Runs with real processes: ``test_giveback.py`` (the local pool), ``test_net_backups.py`` and
@@ -86,7 +88,7 @@ class SpeculationMachine(RuleBasedStateMachine):
             b = data.draw(st.sampled_from(got))
             self._start(b.task, b.row)
 
-    @rule(data=st.data(), n=st.integers(1, 6), secs=st.sampled_from([0.5, 1.0, 2.0]))
+    @rule(data=st.data(), n=st.integers(1, 6), secs=st.sampled_from([0.5, 1.0, 2.0, 6.0]))
     def run_through(self, data, n, secs):
         """Up to ``n`` free rows start now and succeed ``secs`` later, one after the other (quick progress)."""
         self._run_through(data.draw(st.sampled_from(self.tasks)), n, secs)
@@ -132,10 +134,13 @@ class SpeculationMachine(RuleBasedStateMachine):
     def stop_slow_backups(self, data):
         """Backups that ran past k x the median themselves: the same of both, told to stop."""
         t = data.draw(st.sampled_from(self.tasks))
+        far, med, k = self.fast.tasks[t].far_end(), self.fast.median(t), self.fast.tasks[t].factor
         got = self.fast.slow_backups(t, self.now)
         assert [tuple(i) for i in got] == self.slow.slow_backups(t, self.now)
         if got:
             event("a slow backup stopped")
+            if far is not None and med is not None and far > sp.BACKUP_GIVE_UP * k * med:
+                event("a slow backup stopped past the far end")
 
     @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 1.0, 4.0, 20.0]))
     def tick(self, dt):
@@ -160,6 +165,7 @@ class SpeculationMachine(RuleBasedStateMachine):
             assert self.fast.settled(t) == self.slow.settled(t)
             secs = [x for _, x in self.slow.replay()["done"][t]][-ref.WINDOW :]
             assert self.fast.tasks[t].median() == (ref.median(secs) if len(secs) >= ref.MIN_SAMPLES else None)
+            assert self.fast.tasks[t].far_end() == self.slow.far_end(t)
             got = [tuple(b) for b in self.fast.candidates(t, self.now, 2, {1}.__contains__)]
             assert got == self.slow.candidates(t, self.now, 2, {1}.__contains__)
             if got:
@@ -304,6 +310,81 @@ def test_a_slow_backup_is_stopped_and_its_block_runs_on():
     s.validate()  # the stopped backup's row neither runs nor succeeded: it was a slow backup
     assert s.lost(5) == Outcome(False, None, True)
     s.validate()
+
+
+def _spread(secs, total=200, factor=3.0):
+    """A task whose first rows succeeded in ``secs`` (one each, in order); the clock is at 0."""
+    s = sp.Speculation([factor], [total])
+    for row, x in enumerate(secs):
+        s.started(0, row, 1000 + row, 0.0)
+        s.finished(0, row, 1000 + row, x, True)
+    return s
+
+
+def test_the_far_end_is_the_windows_spread_carried_to_three_sigma():
+    """The far end: the median times (q90 / median) ** (3 / z(0.9)), nearest rank, never the
+    largest time: a tenth of the window (6 of 64), or one of five, may be outliers."""
+    assert _spread([1.0] * 5).tasks[0].far_end() == 1.0
+    assert _spread([1.0] * 4).tasks[0].far_end() is None  # no median yet
+    assert _spread([1.0] * 5 + [10.0]).tasks[0].far_end() == 1.0  # the largest of six: an outlier
+    assert _spread([1.0] * 58 + [50.0] * 6).tasks[0].far_end() == 1.0  # six of 64
+    far = _spread([1.0] * 57 + [2.0] * 7).tasks[0].far_end()  # seven of 64 are the spread
+    assert far == pytest.approx(2.0 ** (3 / 1.2815515655446004)) and 5.0 < far < 5.1
+    # lognormal times (sigma 1, median 1): the far end is about three sigmas out, e**3 ~ 20
+    z = [-1.8627, -1.5341, -1.318, -1.1503, -1.0364, -0.8871, -0.7764, -0.6745, -0.5978, -0.4888, -0.4125,
+         -0.3186, -0.2533, -0.1573, -0.0627, 0.0, 0.0627, 0.1573, 0.2533, 0.3186, 0.4125, 0.4888, 0.5978,
+         0.6745, 0.7764, 0.8871, 1.0364, 1.1503, 1.2816, 1.5341, 1.8627]  # fmt: skip
+    s = _spread([math.exp(x) for x in z])
+    assert 12.0 < s.tasks[0].far_end() < 25.0  # (the 28th of 31 is z = 1.15: 14.8)
+    s.started(0, 40, 1, 0.0)
+    s.validate()
+
+
+def test_a_backup_of_a_block_long_anyway_runs_on_in_a_widely_spread_task():
+    """Blocks spread as lognormal with sigma 1 often run past 2 x k medians: a backup of such a
+    block, slow on its first attempt, is not stopped before the far end (about 20 medians),
+    so it can win; a backup past the far end is stopped as before."""
+    times = [1.0] * 20 + [3.0] * 8 + [8.0] * 4  # q90 is 8: far end 8 ** 2.34, about 130 medians
+    s = _spread(times)
+    assert s.median(0) == 1.0
+    far = s.tasks[0].far_end()
+    assert far == pytest.approx(8.0 ** (3 / 1.2815515655446004))
+    s.started(0, 50, 1, 100.0)
+    assert s.candidates(0, 103.5, 1, at_tail=True) == [Backup(0, 50, 1)]
+    s.started(0, 50, 2, 103.5)  # the backup (at the tail: in the bulk it would come later, below)
+    assert s.slow_backups(0, 103.5 + 7.0) == []  # past 2 x k x the median: it runs on
+    assert s.slow_backups(0, 103.5 + far) == []
+    assert s.finished(0, 50, 2, 103.5 + 9.0, True) == Outcome(True, Interrupt(0, 50, 1))  # and wins
+    s.validate()
+    narrow = _spread([1.0] * 32)  # a narrow spread keeps the 2 x k limit
+    assert narrow.tasks[0].far_end() == 1.0
+    narrow.started(0, 50, 1, 100.0)
+    narrow.started(0, 50, 2, 103.5)
+    assert narrow.slow_backups(0, 109.5) == [] and narrow.slow_backups(0, 109.6) == [Interrupt(0, 50, 2)]
+    wide = _spread(times)
+    wide.started(0, 50, 1, 100.0)
+    wide.started(0, 50, 2, 103.5)
+    assert wide.slow_backups(0, 103.5 + far + 0.01) == [Interrupt(0, 50, 2)]
+    wide.validate()
+
+
+def test_in_the_bulk_no_backup_within_the_usual_spread():
+    """In the bulk of a task, a block gets a backup only once it has run past ``k`` medians and
+    past the usual spread's 99th percentile (the window's spread carried on to 2.33 sigmas); at
+    the tail, where a copy only takes a worker that would idle, 1.5 medians still do."""
+    wide = _spread([1.0] * 20 + [2.0] * 8 + [4.0] * 4)  # q90 4: the 99th percentile 4 ** 1.815 ~ 12.4
+    p99 = wide.tasks[0].usual(sp.Z_STRAGGLER)
+    assert p99 == pytest.approx(4.0 ** (sp.Z_STRAGGLER / sp.Z_SPREAD)) and 12.0 < p99 < 13.0
+    wide.started(0, 50, 1, 100.0)
+    assert wide.candidates(0, 104.0, 1) == []  # past 3 medians, within the spread
+    assert wide.next_due(0, 100.0) == pytest.approx(100.0 + p99)
+    assert wide.candidates(0, 100.0 + p99 - 0.01, 1) == []
+    assert wide.candidates(0, 100.0 + p99 + 0.01, 1) == [Backup(0, 50, 1)]
+    assert wide.candidates(0, 101.6, 1, at_tail=True) == [Backup(0, 50, 1)]
+    narrow = _spread([1.0] * 20 + [1.2] * 12)  # a narrow spread: k x the median decides
+    assert narrow.tasks[0].usual(sp.Z_STRAGGLER) < 3.0
+    narrow.started(0, 50, 1, 100.0)
+    assert narrow.candidates(0, 103.0, 1) == [] and narrow.candidates(0, 103.01, 1) == [Backup(0, 50, 1)]
 
 
 def test_no_backup_below_k_times_the_median():

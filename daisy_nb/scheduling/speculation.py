@@ -9,8 +9,12 @@ factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, pe
   last ``WINDOW`` successful block times (and is not taken from fewer than ``MIN_SAMPLES``, 5),
   and until ``WINDOW`` blocks have succeeded, every block still running counts in it as longer
   than all of them (:meth:`Speculation.median`);
-* **which**: a block whose one running copy has run longer than ``k`` x that median (strictly),
-  or, at the task's **tail** (no block of it ready or waiting: every block it has left is in
+* **which**: a block whose one running copy has run longer than ``k`` x that median (strictly)
+  and, in the bulk of the task, longer than 99 in 100 blocks of the task's usual spread take
+  (:meth:`TaskTimes.usual`, from the window: for block times as spread as lognormal with sigma
+  0.5 that is 3.2 medians, little more than ``k`` = 3; for sigma 1, 10 medians: at 3 medians one
+  block in seven would get a copy, and where a block is long wherever it runs, as a dense
+  region is, that copy cannot win and only takes a fresh block's worker), or, at the task's **tail** (no block of it ready or waiting: every block it has left is in
   flight; the caller says so, ``at_tail``), longer than ``TAIL_FACTOR`` (1.5) x the median
   when ``k`` is larger, oldest start first, at most one per idle worker; never a block that
   has had a second copy in this attempt (so never a third copy, also after one of two copies
@@ -24,13 +28,19 @@ factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, pe
   copy whose twin still runs is dropped silently and the twin decides; the failure of the last
   copy counts, so when both fail exactly one failure counts, and the Scheduler retries or fails
   the block as it would have without a backup;
-* **a slow block, not a slow attempt**: a backup that has itself run longer than
-  ``BACKUP_GIVE_UP`` (2) x ``k`` x the median while its first copy still runs is stopped
+* **a slow block, not a slow attempt**: a backup that has itself run longer than any block
+  of the task's usual spread takes while its first copy still runs is stopped
   (:meth:`Speculation.slow_backups`: an :class:`Interrupt` of the backup); the first copy,
-  ahead of it, runs on, and the block gets no other backup in this attempt. So a block that
-  is slow wherever it runs costs a backup at most ``2k`` median block times, while a block
-  that is long anyway (up to ``2k`` medians) and slow on its first attempt still gets the
-  backup that saves it (``k`` alone stopped such backups a moment before they won).
+  ahead of it, runs on, and the block gets no other backup in this attempt. The usual spread
+  ends at the larger of ``BACKUP_GIVE_UP`` (2) x ``k`` x the median and the window's **far
+  end** (:meth:`TaskTimes.far_end`: the window's spread from its median to its 90th
+  percentile, carried on to three standard deviations of a lognormal, about one block in
+  740). So a block that is slow wherever it runs costs a backup at most that long, while a
+  block that is long anyway and slow on its first attempt still gets the backup that saves
+  it (``k`` alone stopped such backups a moment before they won; ``2k`` alone, on blocks as
+  spread as lognormal with sigma 1, stopped the backups of the one or two stragglers in a
+  thousand that are also long anyway, whose first attempts then ran on for many seconds:
+  ``benchmarks/bench_heavy_tail.py --sigma 1``, W2b).
 
 Why a smaller factor at the tail: there a copy takes no fresh block's worker, only one that
 would idle (a local worker, or a ``Client`` job kept parked for copies anyway), and the task,
@@ -89,6 +99,10 @@ from daisy_nb.scheduling.median import median
 __all__ = [
     "BACKUP_GIVE_UP",
     "DEFAULT_FACTOR",
+    "SPREAD_QUANTILE",
+    "Z_FAR",
+    "Z_SPREAD",
+    "Z_STRAGGLER",
     "MIN_SAMPLES",
     "SETTLE_PER_RUNNING",
     "TAIL_FACTOR",
@@ -104,7 +118,11 @@ DEFAULT_FACTOR = 3.0  # Task(speculative=True): a backup once a block ran 3 x th
 WINDOW = 64  # the median is of the task's last 64 successful block times (as the walltime rule's)
 MIN_SAMPLES = 5  # no median, hence no backup, before 5 successful blocks of the task
 SETTLE_PER_RUNNING = 2  # the median settles once twice as many blocks succeeded as run (or a window)
-BACKUP_GIVE_UP = 2.0  # a backup still running after 2 x k x the median is stopped (the block is slow)
+BACKUP_GIVE_UP = 2.0  # a backup still running after 2 x k x the median (and the far end) is stopped
+SPREAD_QUANTILE = 0.9  # the usual spread is carried on from the window's median and this quantile (nearest rank)
+Z_SPREAD = 1.2815515655446004  # ... which is this many sigmas above the median of a lognormal ...
+Z_STRAGGLER = 2.3263478740408408  # ... to its 99th percentile: no backup in the bulk before it (one block in 100)
+Z_FAR = 3.0  # ... and to 3 sigmas, the far end: no backup is given up before it (one block in 740)
 TAIL_FACTOR = 1.5  # at a task's tail, a backup once a block ran 1.5 x the median (k if smaller): Spark's multiplier
 
 
@@ -164,7 +182,7 @@ class TaskTimes:
         The task's blocks in this run (>= 0): the half rule's whole.
     """
 
-    __slots__ = ("factor", "total", "n_done", "_secs", "_median", "_done")
+    __slots__ = ("factor", "total", "n_done", "_secs", "_median", "_q", "_done")
 
     def __init__(self, factor: float | None, total: int) -> None:
         if factor is not None and not (math.isfinite(factor) and factor > 1):
@@ -176,6 +194,7 @@ class TaskTimes:
         self.n_done = 0
         self._secs: deque[float] = deque(maxlen=WINDOW)
         self._median: float | None = None  # of _secs, once it holds MIN_SAMPLES
+        self._q: float | None = None  # the window's SPREAD_QUANTILE, once asked after the last success
         self._done = bytearray()  # 1 at a row that succeeded (grown on demand: a byte per row)
 
     def is_done(self, row: int) -> bool:
@@ -190,11 +209,33 @@ class TaskTimes:
         self.n_done += 1
         self._secs.append(secs)
         self._median = median(self._secs) if len(self._secs) >= MIN_SAMPLES else None
+        self._q = None
 
     def median(self) -> float | None:
         """The median of the last ``WINDOW`` successful block times, None before ``MIN_SAMPLES``
         (without the blocks still running: :meth:`median_with` counts those)."""
         return self._median
+
+    def usual(self, z: float) -> float | None:
+        """How long a block of the task's usual spread takes at most, ``z`` sigmas out: the
+        window's median ``m`` times ``(q / m) ** (z / Z_SPREAD)``, ``q`` its ``SPREAD_QUANTILE``
+        (nearest rank, and never the largest: the 58th of 64, the 4th of 5). For lognormal
+        block times that is the time ``z`` standard deviations above the median: with
+        ``Z_FAR`` (3) about 4.5 medians for sigma 0.5 and about 20 for sigma 1, with
+        ``Z_STRAGGLER`` (the 99th percentile) 3.2 and 10. A tenth of the window, and always its
+        largest time, may be outliers (a first attempt slow wherever it ran, which ended)
+        without moving it. None before ``MIN_SAMPLES`` successes."""
+        m = self._median
+        if m is None:
+            return None
+        if self._q is None:
+            secs = sorted(self._secs)
+            self._q = secs[min(math.ceil(SPREAD_QUANTILE * len(secs)), len(secs) - 1) - 1]
+        return m * (self._q / m) ** (z / Z_SPREAD) if m > 0 else self._q
+
+    def far_end(self) -> float | None:
+        """The far end of the usual spread (``usual(Z_FAR)``): a backup that runs longer is given up."""
+        return self.usual(Z_FAR)
 
     def settled(self, running: int) -> bool:
         """Whether the median is settled (the module docstring's **when**) while ``running`` blocks
@@ -232,6 +273,10 @@ class TaskTimes:
         assert all(math.isfinite(s) and s >= 0 for s in self._secs), "a block time that is not >= 0"
         want = median(self._secs) if len(self._secs) >= MIN_SAMPLES else None
         assert self._median == want, f"median {self._median}, window's {want}"
+        if self._q is not None:
+            q, self._q = self._q, None
+            self.usual(Z_FAR)
+            assert q == self._q, f"quantile {q}, window's {self._q}"
         assert self.n_done == 0 or self.factor is not None, "a task without backups has done blocks here"
 
 
@@ -466,11 +511,16 @@ class Speculation:
         return min((d for _, copy in self._alone(t) if (d := self._copies[copy].start + limit) >= now), default=None)
 
     def _limit(self, t: int, at_tail: bool) -> float | None:
-        """How long a row of task ``t`` runs alone before it gets a backup now: ``k`` (at the tail
-        at most ``TAIL_FACTOR``) times the median; None without backups or a settled median."""
+        """How long a row of task ``t`` runs alone before it gets a backup now: ``k`` times the
+        median, and in the bulk no less than the usual spread's 99th percentile
+        (``usual(Z_STRAGGLER)``); at the tail ``TAIL_FACTOR`` times the median when ``k`` is
+        larger. None without backups or a settled median."""
         tt = self.tasks[t]
         med = self.median(t) if tt.factor is not None and self.settled(t) else None
-        return None if med is None else tt.factor_now(at_tail) * med
+        if med is None:
+            return None
+        limit = tt.factor_now(at_tail) * med
+        return limit if at_tail else max(limit, tt.usual(Z_STRAGGLER) or 0.0)
 
     def _alone(self, t: int) -> Iterator[tuple[int, int]]:
         """Task ``t``'s rows that run in one copy and had no backup in this attempt, each with that copy."""
@@ -479,9 +529,11 @@ class Speculation:
 
     def slow_backups(self, t: int, now: float) -> list[Interrupt]:
         """The backups of task ``t`` to stop at ``now``: second copies that have run longer than
-        ``BACKUP_GIVE_UP`` x ``k`` x the median themselves while their first copy still runs (the block is slow, not
-        its first attempt). They are told to stop (their ends, when reported, count for nothing);
-        their rows run on in their first copies and get no other backup in this attempt.
+        the usual spread themselves while their first copy still runs (the block is slow, not
+        its first attempt): longer than ``BACKUP_GIVE_UP`` x ``k`` x the median and than the
+        window's far end (:meth:`TaskTimes.far_end`). They are told to stop (their ends, when
+        reported, count for nothing); their rows run on in their first copies and get no other
+        backup in this attempt.
 
         Returns
         -------
@@ -492,7 +544,7 @@ class Speculation:
         med = self.median(t)
         if tt.factor is None or med is None or not self._backed[t]:
             return []
-        limit = BACKUP_GIVE_UP * tt.factor * med
+        limit = max(BACKUP_GIVE_UP * tt.factor * med, tt.far_end() or 0.0)
         late = []
         for row in self._backed[t]:  # (the rows with two copies are among them)
             copies = self._rows[t][row]

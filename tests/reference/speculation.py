@@ -11,7 +11,9 @@ from __future__ import annotations
 WINDOW = 64
 MIN_SAMPLES = 5
 SETTLE = 2  # successes per running block that settle the median
-GIVE_UP = 2  # a backup past 2 x k x the median is stopped
+GIVE_UP = 2  # a backup past 2 x k x the median (and past the far end) is stopped
+Z90 = 1.2815515655446004  # the standard normal's 90th percentile
+Z99 = 2.3263478740408408  # its 99th: in the bulk, no backup of a block that has not run past the 99th percentile
 TAIL = 1.5  # at a task's tail, the factor is at most this
 
 
@@ -116,6 +118,17 @@ class Speculation:
         m = median(secs)
         return None if m == float("inf") else m
 
+    def far_end(self, t, z=3.0):
+        """The last WINDOW successes' median m times (q / m) ** (z / Z90), q the smallest of them
+        with at least 90% of them at or below it, but never the largest; None before
+        MIN_SAMPLES successes."""
+        secs = sorted(x for _, x in self.replay()["done"][t][-WINDOW:])
+        if len(secs) < MIN_SAMPLES:
+            return None
+        q = next(x for i, x in enumerate(secs) if (i + 1) >= 0.9 * len(secs) or i + 2 == len(secs))
+        m = median(secs)
+        return m * (q / m) ** (z / Z90) if m > 0 else q
+
     def settled(self, t):
         n = len(self.replay()["done"][t])
         return n >= WINDOW or 2 * n >= self.totals[t] or n >= max(MIN_SAMPLES, SETTLE * len(self.running(t)))
@@ -154,12 +167,14 @@ class Speculation:
             if tt != t or s["attempt"][(t, row)] != 1:
                 continue
             k = min(self.factors[t], TAIL) if at_tail else self.factors[t]
-            if now - start > k * med and not busy_neighbours(row):
+            limit = k * med if at_tail else max(k * med, self.far_end(t, Z99) or 0.0)
+            if now - start > limit and not busy_neighbours(row):
                 late.append((start, order, row, c))
         return [(t, row, c) for _, _, row, c in sorted(late)][:idle_workers]
 
     def slow_backups(self, t, now):
-        """Backups (the later of a row's two live copies) that ran past 2 x k x the median: told to stop."""
+        """Backups (the later of a row's two live copies) that ran past 2 x k x the median and past
+        the far end: told to stop."""
         if not self.on(t) or self.median(t) is None:
             return []
         s = self.replay()
@@ -167,7 +182,7 @@ class Speculation:
         for row, copies in self.running(t).items():
             if len(copies) == 2:
                 start, order = s["live"][copies[1]][2:]
-                if now - start > GIVE_UP * self.factors[t] * self.median(t):
+                if now - start > max(GIVE_UP * self.factors[t] * self.median(t), self.far_end(t) or 0.0):
                     out.append((start, order, row, copies[1]))
         out.sort()
         for _, _, _, c in out:

@@ -34,8 +34,9 @@ sees and does what it answers, within :class:`.blocks.BlockCore`:
   Python, a body that swallowed the exception) is killed as we end a worker (not a crash, no
   restart counted; the pool starts another if blocks wait). A copy that fails, raises or dies
   while its twin runs is dropped: the twin decides, and the Scheduler sees one end of the
-  attempt. A backup that runs past ``2k`` times the median itself is stopped the same way (the
-  block is slow, not its first attempt): its twin runs on.
+  attempt. A backup that runs past ``2k`` times the median itself (and past the far end of the
+  task's usual spread) is stopped the same way (the block is slow, not its first attempt): its
+  twin runs on.
 
 ``read_write_conflict`` blocks need no neighbour check: a block's conflicting neighbours are on
 other dependency levels, and none of them runs while it is in flight.

@@ -30,8 +30,9 @@ speculation core what the hand-out sees and says what to do; the hand-out
   runs in its main thread interrupts it and asks for the next block (at the tail: it is told
   to end); its release or failure, when it comes, counts for nothing. A copy that fails or
   is lost while its twin runs is dropped: the twin decides, and the Scheduler sees one end
-  of the attempt. A copy that runs past ``2k`` times the median itself is dropped the same
-  way (:meth:`ClientBackups.slow`: the block is slow, not its first attempt); its twin runs on.
+  of the attempt. A copy that runs past ``2k`` times the median itself (and past the far end
+  of the task's usual spread) is dropped the same way (:meth:`ClientBackups.slow`: the block
+  is slow, not its first attempt); its twin runs on.
 
 ``read_write_conflict`` needs no neighbour check: a block's conflicting neighbours are on
 other dependency levels, and none of them runs while it is in flight.
@@ -233,8 +234,8 @@ class ClientBackups:
                 self.due[tid] = spec.candidates(t, now_ns / 1e9, spec.can_back(t), at_tail=at_tail(self.s, tid))
 
     def slow(self, now_ns: int) -> list[tuple[Any, int]]:
-        """Backups that ran past ``2k`` times the median themselves (the block is slow, not its
-        first attempt): ``(connection, block)`` pairs to tell to drop it; the core forgets them
+        """Backups that ran past ``2k`` times the median and the usual spread's far end themselves
+        (the block is slow, not its first attempt): ``(connection, block)`` pairs to tell to drop it; the core forgets them
         (their ends, when they come, count for nothing) and their twins run on."""
         spec = self.spec
         if spec is None or not self.holders:
