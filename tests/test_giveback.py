@@ -835,6 +835,61 @@ def test_the_backup_rule_measures_blocks_not_the_batches_they_ran_in():
     assert median is not None and 0.0099 < median < 0.0115, f"median block time {median}"
 
 
+def test_the_backup_rule_takes_each_blocks_own_time_from_its_worker():
+    """A speculative task's workers write each block's own run time (``_shm``'s ``secs``), and the
+    rule's window holds those, not the batch's time per block, which narrows the spread it sees
+    (blocks of 2, 4, 8 and 30 ms in batches of several: every one 11 ms on average)."""
+    s = scheduler(80, speculative=3.0)
+    core = BlockCore(s, target_secs=0.03, capacity=16)
+    core.add_task("a")
+    core.add(0, "a")
+    core.ready(0)
+    now, own, sizes = 10**12, [2_000_000, 4_000_000, 8_000_000, 30_000_000], []
+    while core.workers[0].queue:
+        rows = core.workers[0].queue[0][1]
+        sizes.append(len(rows))
+        secs = np.array([own[int(r) % 4] for r in rows], dtype=np.int64)
+        now += int(secs.sum()) + 1_000_000
+        st_ = np.full(len(rows), int(BlockStatus.SUCCESS), dtype=np.uint8)
+        core.batch_done(0, st_, int(secs.sum()), now_ns=now, secs=secs)
+    assert s.is_done() and max(sizes) >= 3, f"batch sizes {sizes}"
+    window = sorted(core.backups.spec.tasks[0]._secs)
+    assert set(window) == {0.002, 0.004, 0.008, 0.03}, f"block times {window[:8]}..."
+    assert core.backups.spec.tasks[0].median() == pytest.approx(0.006)
+
+
+def test_pool_speculative_workers_report_each_blocks_own_time(out, no_leaks, monkeypatch):
+    """Real worker processes: the time each block of a speculative task took, as its worker
+    measured it, reaches the backup rule with its batch's end (blocks of one batch take 2 to
+    30 ms: none is taken at the batch's average)."""
+    import givebackfns as g
+
+    from daisy_nb.runtime.local.backups import PoolBackups
+
+    seen: dict[int, list[float]] = {}
+    ended = PoolBackups.ended
+
+    def spy(self, w, rows, st, now_ns, per_block, secs=None):
+        if secs is not None:
+            for row, x, k in zip(rows.tolist(), secs.tolist(), st.tolist(), strict=True):
+                if k == int(BlockStatus.SUCCESS):
+                    seen.setdefault(int(row), []).append(x / 1e9)
+        return ended(self, w, rows, st, now_ns, per_block, secs)
+
+    monkeypatch.setattr(PoolBackups, "ended", spy)
+    task = daisy_nb.Task(
+        "s", Roi((0,), (120,)), Roi((0,), (1,)), Roi((0,), (1,)),
+        process_function=g.sleeps_by_id, max_workers=2, max_retries=0, speculative=True, tracking_path=False,
+    )  # fmt: skip
+    states = daisy_nb.run_blockwise(task, progress=False, summary=False, return_states=True)
+    assert states["s"].completed_count == 120
+    assert len(seen) >= 100, f"{len(seen)} blocks' own times reached the rule"
+    for row, xs in seen.items():
+        want = g.SPREAD_SECS[row % 4]  # the task's rows are its blocks' ids here (one block per unit)
+        assert all(want <= x < want + 0.5 for x in xs), f"block {row}: {xs}, it sleeps {want}"
+    assert {g.SPREAD_SECS[r % 4] for r in seen} == set(g.SPREAD_SECS)
+
+
 def test_the_look_that_confirms_a_cut_is_due_a_confirmation_time_after_it(monkeypatch):
     """The pool does not wait a whole scan (``CHECK_SECS``) to give a straggler's blocks back: the
     look after a cut is due ``CONFIRM_NS`` after it, and the pool's wait ends then; once the

@@ -118,3 +118,11 @@ def last_first_attempt_sleeps(block) -> None:
         f.write(repr(time.monotonic()))
     time.sleep(secs)
     _done(block)
+
+
+def sleeps_by_id(block) -> None:
+    """Block ``i`` sleeps ``SPREAD_SECS[i % 4]``: blocks of one batch take different times."""
+    time.sleep(SPREAD_SECS[block.spatial_id % 4])
+
+
+SPREAD_SECS = (0.002, 0.004, 0.008, 0.03)

@@ -9,6 +9,8 @@ that the parent can queue the next batch while the worker runs the current one
     spatial[C]  spatial block id                 (parent writes)
     status[C]   0 not started, 1 running, 2 success, 3 failed   (worker writes)
     read_offset[C*nd] read_shape[C*nd] write_offset[C*nd] write_shape[C*nd]
+    secs[C]     ns from a block's start to its end, before its status (worker writes;
+                a Task(speculative=...)'s workers only: their backups' block times)
     stats[C*NSTATS]   float64 per block, only for a Task(resource_tracking=True):
                       wall s, cpu s, peak RSS bytes, IO read, IO write   (worker writes)
 
@@ -52,7 +54,7 @@ NSTATS = 5  # per-block stats words: BlockStats' first five fields
 
 def words(capacity: int, ndim: int, stats: bool = False) -> int:
     """Words of one slot (with the stats region when ``stats``)."""
-    return HDR + 3 * capacity + 4 * capacity * ndim + (NSTATS * capacity if stats else 0)
+    return HDR + 4 * capacity + 4 * capacity * ndim + (NSTATS * capacity if stats else 0)
 
 
 def segment_bytes(capacity: int, ndim: int, stats: bool = False) -> int:
@@ -66,8 +68,9 @@ def offsets(capacity: int, ndim: int, stats: bool = False) -> dict[str, int]:
     base = HDR + 3 * c
     for i, name in enumerate(("read_offset", "read_shape", "write_offset", "write_shape")):
         o[name] = base + i * cn
+    o["secs"] = base + 4 * cn
     if stats:
-        o["stats"] = base + 4 * cn
+        o["stats"] = base + 4 * cn + c
     return o
 
 

@@ -217,10 +217,14 @@ class PoolBackups:
         return self.core.queue_batch(p, self.core.s.describe_blocks(tid, [row]))
 
     # ------------------------------------------------------------------ ends
-    def ended(self, w, rows: np.ndarray, st: np.ndarray, now_ns: int | None, per_block: float) -> list:
+    def ended(
+        self, w, rows: np.ndarray, st: np.ndarray, now_ns: int | None, per_block: float, secs: np.ndarray | None = None
+    ) -> list:
         """``w``'s batch ``rows`` ended with statuses ``st`` (a batch done; or, at an exit, 1 for the
         block it was running). Marks, in ``st``, the ends that do not count (the caller
-        drops them: :data:`DROPPED`) and returns the actions for the twins to stop (``Cut``, ``Drop``)."""
+        drops them: :data:`DROPPED`) and returns the actions for the twins to stop (``Cut``, ``Drop``).
+        ``secs``: each block's own run time in ns, as the worker wrote it (``_shm``'s ``secs``);
+        without it (at an exit) a block's time is :func:`_block_secs`'s estimate."""
         if self.spec is None or self.factor(w.tid) is None:
             return []
         spec, t, now = self.spec, self.t[w.tid], (now_ns / 1e9 if now_ns is not None else None)
@@ -238,11 +242,12 @@ class PoolBackups:
             ok = int(st[i]) == _SUCCESS
             if copy is None:
                 if ok and not spec.tasks[t].is_done(row):
-                    spec.tasks[t].add_done(row, per_block)
+                    spec.tasks[t].add_done(row, per_block if secs is None else int(secs[i]) / 1e9)
                 continue
             if ok:
                 t0 = _start(spec, copy)
-                o = spec.finished(t, row, copy, t0 + _block_secs(now, t0, i == last, per_block, len(ran)), True)
+                took = _block_secs(now, t0, i == last, per_block, len(ran)) if secs is None else int(secs[i]) / 1e9
+                o = spec.finished(t, row, copy, t0 + took, True)
             else:
                 o = spec.lost(copy)
             if not o.counts:
@@ -313,11 +318,14 @@ def _last_in_flight(w, row: int) -> bool:
 
 def _block_secs(now: float | None, t0: float, last: bool, per_block: float, ran: int) -> float:
     """The run time of a copy that started at ``t0`` and succeeded in a batch that ``ran`` blocks
-    in ``per_block`` seconds each, ``now`` its "done" (None: at an exit). Only the batch's last
-    block ended at its "done" (less the message's way to the pool: capped by the batch's own run
-    time); an earlier one's end is not known, and is taken as the batch's time per block, as is a
-    block's at an exit. (Taking every block's end as its batch's "done" made the median, hence
-    the backup threshold, about 1.5 times too long on batches of 2-3 blocks.)"""
+    in ``per_block`` seconds each, ``now`` its "done" (None: at an exit), where its worker's own
+    time for it is not known (the batches of a worker that died). Only the batch's last block
+    ended at its "done" (less the message's way to the pool: capped by the batch's own run
+    time); an earlier one's end is not known, and is taken as the batch's time per block, as is
+    a block's at an exit. (Taking every block's end as its batch's "done" made the median, hence
+    the backup threshold, about 1.5 times too long on batches of 2-3 blocks; the batch's time
+    per block made the spread of the block times about 0.7 of theirs on lognormal blocks with
+    sigma 1, so the workers now write each block's own time: ``_shm``'s ``secs``.)"""
     if now is None or not last:
         return per_block
     return max(0.0, min(now - t0, per_block * ran))

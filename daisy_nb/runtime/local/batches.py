@@ -69,7 +69,11 @@ class Batches:
         elapsed = int(a[_shm.H_ELAPSED])
         if tr.res is not None:
             self.add_stats(w, k, n, st)
-        actions = self.core.batch_done(w.wid, st, elapsed, dispatch=redispatch, now_ns=time.monotonic_ns())
+        secs = None
+        if self.core.backups.on:  # a speculative task's workers write each block's own time
+            o = w.off["secs"]
+            secs = a[o : o + n].copy()
+        actions = self.core.batch_done(w.wid, st, elapsed, dispatch=redispatch, now_ns=time.monotonic_ns(), secs=secs)
         t = self.core.tasks[tr.tid]
         tr.per_block, tr.batch_k = t.per_block, t.batch_k
         ran = n - int(np.count_nonzero(st == _CREATED))  # not the blocks it left (given back: they run elsewhere)

@@ -209,10 +209,17 @@ class BlockCore:
         return self._dispatch(w)
 
     def batch_done(
-        self, wid: int, status: np.ndarray, elapsed_ns: int, dispatch: bool = True, now_ns: int | None = None
+        self,
+        wid: int,
+        status: np.ndarray,
+        elapsed_ns: int,
+        dispatch: bool = True,
+        now_ns: int | None = None,
+        secs: np.ndarray | None = None,
     ) -> list[Action]:
         """Event: the oldest batch of ``wid`` finished; ``status`` one per block (SUCCESS or FAILED),
-        ``elapsed_ns`` the batch's run time, ``now_ns`` the clock (for the backups' block times).
+        ``elapsed_ns`` the batch's run time, ``now_ns`` the clock (for the backups' block times),
+        ``secs`` each block's own run time in ns where its worker wrote it (a speculative task's).
         ``dispatch``: False while the shell drains the messages of a worker that has died (nothing
         more is sent to it)."""
         w = self.workers[wid]
@@ -228,7 +235,7 @@ class BlockCore:
         out: list[Action] = []
         if self.backups.on:  # a copied block's end that does not count is dropped; the loser is stopped
             st = st.copy()
-            out = self.backups.ended(w, index, st, now_ns, elapsed_ns / max(ran, 1) / 1e9)
+            out = self.backups.ended(w, index, st, now_ns, elapsed_ns / max(ran, 1) / 1e9, secs)
             index, st = index[st != DROPPED], st[st != DROPPED]
         self.s.release_blocks(w.tid, index, st)  # blocks it left (a cut) go back
         if ran:

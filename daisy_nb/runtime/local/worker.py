@@ -225,6 +225,7 @@ def _run_block_loop(conn, fn, setup: dict, shm) -> int:
     mono = time.monotonic_ns
     o_idx, o_sp, o_st = o["index"], o["spatial"], o["status"]
     o_ro, o_rs, o_wo, o_ws = o["read_offset"], o["read_shape"], o["write_offset"], o["write_shape"]
+    o_secs = o["secs"]
     H_CUR, H_START, H_LIMIT = _shm.H_CUR, _shm.H_START, _shm.H_LIMIT
     drop = _DROP if setup.get("speculative") else None  # copies that lose are interrupted (_DropHandler)
     dropped: tuple = ()  # what a drop raises in the block body
@@ -270,6 +271,7 @@ def _run_block_loop(conn, fn, setup: dict, shm) -> int:
                     fn(b)
                     if drop is not None:
                         drop.q = None
+                        q[o_secs + i] = mono() - t_start  # the block's own time, for the backups' rule
                     s = FAILED if b._status == FAILED else SUCCESS
                 except dropped:  # its twin won (the pool cut it from the batch): the worker runs on
                     q[o_st + i] = CREATED
