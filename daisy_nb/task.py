@@ -204,11 +204,11 @@ class Task(TaskParams):
         blocks of its usual spread (at the task's tail, where every block left is in flight and
         a worker would idle, 1.5 times the median if ``k`` is larger) gets a second copy on the
         next free worker (a copy that runs ``2k`` medians itself, and past the usual spread's
-        far end, is stopped: the block is slow), the first to finish winning, so the block function must be
-        idempotent (as chunk-aligned zarr writes are). The local worker pool and the ``Client``
-        jobs of a 0-argument worker function launch copies (a local worker or a ``Client`` whose
-        copy lost has its block body interrupted, and runs on with what its ``init_fn``
-        loaded: ``daisy_nb.runtime.net.client.BlockDropped``;
+        far end, is stopped: the block is slow), the first to finish winning, so the block
+        function must be idempotent (as chunk-aligned zarr writes are). The local worker pool
+        and the ``Client`` jobs of a 0-argument worker function launch copies (a local worker or
+        a ``Client`` whose copy lost has its block body interrupted, and runs on with what its
+        ``init_fn`` loaded: ``daisy_nb.runtime.net.client.BlockDropped``;
         docs/explanation/pool.md#backups; the rule: :mod:`daisy_nb.scheduling.speculation`);
         dask and serial runs ignore it, with a ``UserWarning`` naming the task.
 

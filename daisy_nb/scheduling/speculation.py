@@ -12,10 +12,11 @@ factor ``DEFAULT_FACTOR``; a finite number > 1: that factor ``k``). The rule, pe
 * **which**: a block whose one running copy has run longer than ``k`` x that median (strictly)
   and, in the bulk of the task, longer than 99 in 100 blocks of the task's usual spread take
   (:meth:`TaskTimes.usual`, from the window: for block times as spread as lognormal with sigma
-  0.5 that is 3.2 medians, little more than ``k`` = 3; for sigma 1, 10 medians: at 3 medians one
-  block in seven would get a copy, and where a block is long wherever it runs, as a dense
-  region is, that copy cannot win and only takes a fresh block's worker), or, at the task's **tail** (no block of it ready or waiting: every block it has left is in
-  flight; the caller says so, ``at_tail``), longer than ``TAIL_FACTOR`` (1.5) x the median
+  0.5 that is 3.2 medians, little more than ``k`` = 3; for sigma 1, 10 medians: at 3 medians
+  one block in seven would get a copy, and where a block is long wherever it runs, as a dense
+  region is, that copy cannot win and only takes a fresh block's worker), or, at the task's
+  **tail** (no block of it ready or waiting: every block it has left is in flight; the caller
+  says so, ``at_tail``), longer than ``TAIL_FACTOR`` (1.5) x the median
   when ``k`` is larger, oldest start first, at most one per idle worker; never a block that
   has had a second copy in this attempt (so never a third copy, also after one of two copies
   failed), and never one a ``read_write_conflict`` neighbour of which is running (the caller
@@ -99,14 +100,14 @@ from daisy_nb.scheduling.median import median
 __all__ = [
     "BACKUP_GIVE_UP",
     "DEFAULT_FACTOR",
+    "MIN_SAMPLES",
+    "SETTLE_PER_RUNNING",
     "SPREAD_QUANTILE",
+    "TAIL_FACTOR",
+    "WINDOW",
     "Z_FAR",
     "Z_SPREAD",
     "Z_STRAGGLER",
-    "MIN_SAMPLES",
-    "SETTLE_PER_RUNNING",
-    "TAIL_FACTOR",
-    "WINDOW",
     "Backup",
     "Interrupt",
     "Outcome",

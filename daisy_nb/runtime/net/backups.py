@@ -235,8 +235,9 @@ class ClientBackups:
 
     def slow(self, now_ns: int) -> list[tuple[Any, int]]:
         """Backups that ran past ``2k`` times the median and the usual spread's far end themselves
-        (the block is slow, not its first attempt): ``(connection, block)`` pairs to tell to drop it; the core forgets them
-        (their ends, when they come, count for nothing) and their twins run on."""
+        (the block is slow, not its first attempt): ``(connection, block)`` pairs to tell to drop
+        it; the core forgets them (their ends, when they come, count for nothing) and their twins
+        run on."""
         spec = self.spec
         if spec is None or not self.holders:
             return []
