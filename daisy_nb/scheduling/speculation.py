@@ -265,6 +265,20 @@ class TaskTimes:
             raise ValueError("the task has no backups")
         return min(self.factor, TAIL_FACTOR) if at_tail else self.factor
 
+    def backup_after(self, med: float, at_tail: bool) -> float:
+        """How long a block runs alone before it gets a backup, with the median ``med`` (the
+        rule's, running blocks counted): :meth:`factor_now` times it, and in the bulk no less
+        than the usual spread's 99th percentile (``usual(Z_STRAGGLER)``)."""
+        limit = self.factor_now(at_tail) * med
+        return limit if at_tail else max(limit, self.usual(Z_STRAGGLER) or 0.0)
+
+    def give_up_after(self, med: float) -> float:
+        """How long a backup runs, its first copy running too, before it is stopped as slow
+        itself: ``BACKUP_GIVE_UP`` x ``k`` x the median ``med``, and no less than the far end."""
+        if self.factor is None:
+            raise ValueError("the task has no backups")
+        return max(BACKUP_GIVE_UP * self.factor * med, self.far_end() or 0.0)
+
     def validate(self) -> None:
         """Raise ``AssertionError`` if this task's counts and times disagree."""
         assert 0 <= self.n_done <= self.total, f"{self.n_done} blocks done of {self.total}"
@@ -512,16 +526,11 @@ class Speculation:
         return min((d for _, copy in self._alone(t) if (d := self._copies[copy].start + limit) >= now), default=None)
 
     def _limit(self, t: int, at_tail: bool) -> float | None:
-        """How long a row of task ``t`` runs alone before it gets a backup now: ``k`` times the
-        median, and in the bulk no less than the usual spread's 99th percentile
-        (``usual(Z_STRAGGLER)``); at the tail ``TAIL_FACTOR`` times the median when ``k`` is
-        larger. None without backups or a settled median."""
+        """How long a row of task ``t`` runs alone before it gets a backup now
+        (:meth:`TaskTimes.backup_after`); None without backups or a settled median."""
         tt = self.tasks[t]
         med = self.median(t) if tt.factor is not None and self.settled(t) else None
-        if med is None:
-            return None
-        limit = tt.factor_now(at_tail) * med
-        return limit if at_tail else max(limit, tt.usual(Z_STRAGGLER) or 0.0)
+        return None if med is None else tt.backup_after(med, at_tail)
 
     def _alone(self, t: int) -> Iterator[tuple[int, int]]:
         """Task ``t``'s rows that run in one copy and had no backup in this attempt, each with that copy."""
@@ -545,7 +554,7 @@ class Speculation:
         med = self.median(t)
         if tt.factor is None or med is None or not self._backed[t]:
             return []
-        limit = max(BACKUP_GIVE_UP * tt.factor * med, tt.far_end() or 0.0)
+        limit = tt.give_up_after(med)
         late = []
         for row in self._backed[t]:  # (the rows with two copies are among them)
             copies = self._rows[t][row]
