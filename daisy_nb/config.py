@@ -241,6 +241,15 @@ REPORT: Variable[str | None] = Variable(
     "a second run; set by `daisy-nb run --report`). `run_blockwise(report=)` wins.",
     written=True,
 )
+LOG_DIR: Variable[str | None] = Variable(
+    "DAISY_NB_LOG_DIR",
+    None,
+    _text,
+    "unset (`./daisy_logs`)",
+    "a directory: where the worker logs go (`<dir>/<task_id>/worker_<n>.out` and `.err`) while the "
+    "program has not chosen one; read when a run starts. `daisy.logging.set_log_basedir()` and "
+    "`run_blockwise(log_dir=)` win.",
+)
 HANG_SECS: Variable[float] = Variable(
     "DAISY_NB_HANG_SECS",
     60.0,

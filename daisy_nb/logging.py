@@ -24,6 +24,7 @@ __all__ = [
     "close_all_log_files",
     "current_slot_files",
     "emit_failure",
+    "existing_log_basedir",
     "format_traceback",
     "get_log_basedir",
     "get_log_level",
@@ -36,7 +37,10 @@ __all__ = [
     "set_traceback_style",
 ]
 
+#: The worker log directory. This default object (not an equal path) means that the program
+#: has chosen none, so ``DAISY_NB_LOG_DIR`` decides (:func:`get_log_basedir`).
 LOG_BASEDIR: Path | None = Path("./daisy_logs")
+_DEFAULT_BASEDIR = LOG_BASEDIR
 _LOG_MODE = "file"
 _VALID_MODES = ("console", "file", "both")
 _TRACEBACK_STYLE = "plain"
@@ -46,14 +50,35 @@ _worker_files = None  # (out, err) text files of this worker process's log slot,
 
 
 def set_log_basedir(path) -> None:
-    """Set the directory for per-worker log files; ``None`` disables file logging."""
+    """Set the directory for per-worker log files; ``None`` disables file logging.
+
+    A directory set here wins over ``DAISY_NB_LOG_DIR``, even ``./daisy_logs``.
+    """
     global LOG_BASEDIR
     LOG_BASEDIR = Path(path) if path is not None and str(path) != "" else None
 
 
 def get_log_basedir() -> Path | None:
-    """The per-worker log directory, or ``None`` when file logging is off."""
+    """The per-worker log directory, or ``None`` when file logging is off.
+
+    The directory the program set (:func:`set_log_basedir`, or ``LOG_BASEDIR`` assigned);
+    if it set none, ``DAISY_NB_LOG_DIR`` when that is set (read at each call), else
+    ``./daisy_logs``.
+    """
+    if LOG_BASEDIR is _DEFAULT_BASEDIR:
+        from daisy_nb import config
+
+        chosen = config.LOG_DIR.get()
+        if chosen is not None:
+            return Path(chosen)
     return LOG_BASEDIR
+
+
+def existing_log_basedir() -> str | None:
+    """:func:`get_log_basedir` if that directory exists: the default ``--logs`` of the commands
+    that read a finished run's worker logs (``daisy-nb status``, ``daisy-nb dashboard``)."""
+    base = get_log_basedir()
+    return str(base) if base is not None and base.is_dir() else None
 
 
 def set_log_mode(mode: str) -> None:

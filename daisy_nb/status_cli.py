@@ -69,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         default=None,
         help="the run's worker log directory (daisy_logs, with <task_id>/worker_*.err): the failures "
-        "found there are grouped by exception type and message; default ./daisy_logs if it exists",
+        "found there are grouped by exception type and message; default $DAISY_NB_LOG_DIR, else ./daisy_logs, "
+        "if it exists",
     )
     add_target_arguments(
         parser,
@@ -128,8 +129,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"daisy_nb status: error: {e}", file=sys.stderr)
         return 2
     logs = getattr(args, "logs", None)
-    if logs is None and os.path.isdir("daisy_logs"):
-        logs = "daisy_logs"
+    if logs is None:
+        from .logging import existing_log_basedir
+
+        logs = existing_log_basedir()
     elif logs is not None and not os.path.isdir(logs):
         print(f"daisy_nb status: error: --logs {logs}: no such directory", file=sys.stderr)
         return 2

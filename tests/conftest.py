@@ -35,6 +35,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 @pytest.fixture(scope="session", autouse=True)
 def _warm_kernels(tmp_path_factory):
+    from daisy_nb import config
     from daisy_nb import logging as dlog
     from daisy_nb.kernels import _jit
     from daisy_nb.warmup import warmup
@@ -45,9 +46,12 @@ def _warm_kernels(tmp_path_factory):
     if "DAISY_NB_JIT" not in os.environ:
         _jit.set_mode("numba")
     warmup()
-    # worker logs of runs that do not choose a log directory go to a temp dir,
-    # not ./daisy_logs in the checkout
-    dlog.set_log_basedir(tmp_path_factory.mktemp("daisy_logs"))
+    # worker logs of runs that do not choose a log directory go to a temp dir, not
+    # ./daisy_logs in the checkout: this process's runs and those of the programs the
+    # tests start (DAISY_NB_LOG_DIR, which they inherit)
+    logs = tmp_path_factory.mktemp("daisy_logs")
+    os.environ[config.LOG_DIR.name] = str(logs)
+    dlog.set_log_basedir(logs)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -69,6 +69,7 @@ TABLE: dict[str, tuple[object, list[tuple[str, object]], list[str]]] = {
     "DAISY_HOST": (None, [("127.0.0.3", "127.0.0.3")], []),
     "DAISY_CONTEXT": (None, [("a=1:b=2", "a=1:b=2")], []),
     "DAISY_NB_REPORT": (None, [("/tmp/r.html", "/tmp/r.html")], []),
+    "DAISY_NB_LOG_DIR": (None, [("/tmp/logs", "/tmp/logs"), ("logs", "logs")], []),
     "DAISY_NB_DASHBOARD_TOKEN": (None, [("off", "off"), ("tok-1", "tok-1")], []),
     "NUMBA_CACHE_DIR": (None, [("/tmp/c", "/tmp/c")], []),
     # a directory, a true word for the default one (""), a false word for none
@@ -207,6 +208,17 @@ def test_call_time_reads_in_the_library(monkeypatch):
     monkeypatch.setenv("DAISY_NB_DASHBOARD_TOKEN", "t0k")
     assert resolve_token(None) == "t0k"
 
+    from daisy_nb import logging as dlog
+
+    monkeypatch.setattr(dlog, "LOG_BASEDIR", dlog._DEFAULT_BASEDIR)  # the program chose none
+    monkeypatch.setenv("DAISY_NB_LOG_DIR", "/tmp/one")
+    assert dlog.get_log_basedir() == Path("/tmp/one") and Context()["logdir"] == "/tmp/one"
+    monkeypatch.setenv("DAISY_NB_LOG_DIR", " ")
+    assert dlog.get_log_basedir() == Path("daisy_logs")
+    dlog.set_log_basedir("daisy_logs")  # chosen, even if equal to the default: it wins
+    monkeypatch.setenv("DAISY_NB_LOG_DIR", "/tmp/one")
+    assert dlog.get_log_basedir() == Path("daisy_logs")
+
     monkeypatch.setenv("DAISY_CONTEXT", "a=1:b=x")
     assert dict(Context.from_env().items()) == {"a": "1", "b": "x"}
     monkeypatch.setenv("DAISY_CONTEXT", "")
@@ -281,6 +293,49 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path, value, dry):
         assert "to run" in r.stdout and "True 8" not in r.stdout  # the plan's table; no block ran
     else:
         assert r.stdout.split()[-3:] == ["True", "8", "False"]
+
+
+_FAILING_RUNS = """
+    import os
+    import daisy_nb as daisy
+    from daisy_nb import Roi
+
+    def fail(block):
+        raise RuntimeError(f"logged failure of block {block.block_id[1]}")
+
+    def run(name, **kw):
+        task = daisy.Task(name, Roi((0,), (2,)), Roi((0,), (1,)), Roi((0,), (1,)), process_function=fail,
+                          max_retries=0)
+        daisy.run_blockwise([task], progress=False, summary=False, **kw)
+
+    run("env")  # no log directory chosen: DAISY_NB_LOG_DIR
+    run("arg", log_dir="{explicit}")  # the argument wins
+    os.environ["DAISY_NB_LOG_DIR"] = "{later}"
+    run("again")  # after it, the variable decides again, read when the run starts
+"""
+
+
+def test_log_dir_variable_routes_worker_logs(tmp_path, monkeypatch):
+    """Worker logs of a program that chooses no directory go to DAISY_NB_LOG_DIR, not ./daisy_logs;
+    ``run_blockwise(log_dir=)`` wins for its run only; ``daisy-nb status`` finds them there."""
+    cwd, env_dir, explicit, later = (tmp_path / d for d in ("cwd", "env_logs", "explicit", "later"))
+    cwd.mkdir()
+    code = _FAILING_RUNS.replace("{explicit}", str(explicit)).replace("{later}", str(later))
+    r = _program(code, cwd, DAISY_NB_LOG_DIR=str(env_dir))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [[p.name for p in d.iterdir()] for d in (env_dir, explicit, later)] == [["env"], ["arg"], ["again"]]
+    for logs, task in ((env_dir, "env"), (explicit, "arg"), (later, "again")):
+        err = "".join(p.read_text() for p in (logs / task).glob("worker_*.err"))
+        assert "logged failure of block 0" in err and "logged failure of block 1" in err, (task, err)
+    assert list(cwd.iterdir()) == []  # no ./daisy_logs
+
+    from daisy_nb import logging as dlog
+
+    monkeypatch.setattr(dlog, "LOG_BASEDIR", dlog._DEFAULT_BASEDIR)
+    monkeypatch.setenv("DAISY_NB_LOG_DIR", str(env_dir))
+    assert dlog.existing_log_basedir() == str(env_dir)  # the commands' default --logs
+    monkeypatch.setenv("DAISY_NB_LOG_DIR", str(tmp_path / "missing"))
+    assert dlog.existing_log_basedir() is None
 
 
 def test_config_imports_only_the_standard_library(tmp_path):

@@ -567,7 +567,8 @@ def _tracked_run(tmp_path, monkeypatch):
 def test_cli_serves_tracking_read_only(tmp_path, monkeypatch):
     st = _tracked_run(tmp_path, monkeypatch)
     cmd = [sys.executable, "-m", "daisy_nb", "dashboard", "trk", "--port", "0"]
-    proc, err = served.start(cmd, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    env = {k: v for k, v in os.environ.items() if k != "DAISY_NB_LOG_DIR"}  # its default: ./daisy_logs
+    proc, err = served.start(cmd, cwd=tmp_path, env=dict(env, PYTHONPATH=str(ROOT)))
     try:
         line = proc.stdout.readline()
         assert "daisy_nb dashboard (read-only" in line, line + err.read_text()

@@ -131,7 +131,8 @@ def test_status_groups_the_failures_of_the_worker_logs(tmp_path, monkeypatch, no
     daisy_nb.run_blockwise([task], progress=False, summary=False, log_dir=str(tmp_path / "daisy_logs"))
     g = groups_from_logs(tmp_path / "daisy_logs", "st").as_list()
     assert [(x["type"], x["count"]) for x in g] == [("IndexError", 2)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = {k: v for k, v in os.environ.items() if k != "DAISY_NB_LOG_DIR"}  # its default: ./daisy_logs
+    env["PYTHONPATH"] = str(ROOT)
     r = subprocess.run(
         [sys.executable, "-m", "daisy_nb", "status", str(track)], cwd=tmp_path, env=env, capture_output=True, text=True
     )

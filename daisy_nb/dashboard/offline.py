@@ -8,10 +8,10 @@ not done) / remaining; workers, processing and orphaned blocks are not known
 here. Without the task's ROIs (``--total-roi/--read-roi/--write-roi``, as for
 ``daisy-nb status``) every cell of the tracking grid counts as a block, and a
 clicked block shows its tracking cell and id but no ROIs. Tracebacks come from
-the worker logs (``--logs``, default ``./daisy_logs`` if present). Access as for
-the live dashboard: the printed URL carries the token every request needs
-(``--token``, ``$DAISY_NB_DASHBOARD_TOKEN``; ``--no-token`` turns it off), IPv4 or
-IPv6 (``--bind ::1``).
+the worker logs (``--logs``, default ``$DAISY_NB_LOG_DIR``, else ``./daisy_logs``,
+if present). Access as for the live dashboard: the printed URL carries the token
+every request needs (``--token``, ``$DAISY_NB_DASHBOARD_TOKEN``; ``--no-token``
+turns it off), IPv4 or IPv6 (``--bind ::1``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import math
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -294,7 +293,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--logs",
         metavar="DIR",
         default=None,
-        help="worker log basedir for tracebacks (default: ./daisy_logs if it exists)",
+        help="worker log basedir for tracebacks (default: $DAISY_NB_LOG_DIR, else ./daisy_logs, if it exists)",
     )
     add_target_arguments(parser, "the task's ROIs, to count its real blocks and show ROIs (as for `status`)")
 
@@ -304,8 +303,10 @@ def make_source(args) -> TrackingSource:
 
     targets, geometry = targets_from_args(args)
     logs = args.logs
-    if logs is None and Path("daisy_logs").is_dir():
-        logs = "daisy_logs"
+    if logs is None:
+        from daisy_nb.logging import existing_log_basedir
+
+        logs = existing_log_basedir()
     return TrackingSource(targets, args.paths, logs=logs, geometry=geometry)
 
 

@@ -439,7 +439,7 @@ def run_pool(
     """
     from daisy_nb.progress import resolve_observer
 
-    saved_base = dlog.get_log_basedir()
+    saved_base = dlog.LOG_BASEDIR  # as set, so that an unset one stays unset (DAISY_NB_LOG_DIR)
     if log_dir is not None:
         dlog.set_log_basedir(log_dir)
     pool = _Pool(
@@ -476,4 +476,4 @@ def run_pool(
         return end_run(scheduler, pool.observer, pool.trs, pool.order, summary=summary, interrupted=interrupted)
     finally:
         if log_dir is not None:
-            dlog.set_log_basedir(saved_base)
+            dlog.LOG_BASEDIR = saved_base
