@@ -109,17 +109,20 @@ def child(variant: str, size: int, block: int, out: str) -> int:
 
 def run(python: str, variant: str, env: dict, size: int, block: int, out: str) -> dict:
     import subprocess
+    import tempfile
 
     import _util
 
     me = os.path.abspath(__file__)
-    r = subprocess.run(
-        [python, me, "--child", variant, str(size), str(block), out],
-        capture_output=True,
-        text=True,
-        env=_util.child_env(env),
-        timeout=600,
-    )
+    with tempfile.TemporaryDirectory(prefix="daisy_nb_bench_") as cwd:  # daisy's worker logs land in the cwd
+        r = subprocess.run(
+            [python, me, "--child", variant, str(size), str(block), out],
+            capture_output=True,
+            text=True,
+            env=_util.child_env(env),
+            cwd=cwd,
+            timeout=600,
+        )
     lines = [x for x in r.stdout.splitlines() if x.startswith("PROBE ")]
     if not lines:
         raise RuntimeError(f"{variant}: no probe (rc {r.returncode}):\n{r.stderr[-3000:]}")

@@ -34,10 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
     ],
 )
 def test_benchmark_quick(script, tmp_path):
-    """It runs, prints its table, and leaves nothing in the temporary directory (its children's
-    worker logs, stamp files, scratch space)."""
+    """It runs, prints its table, and leaves nothing in the temporary directory or the checkout
+    (its children's worker logs, daisy's among them, stamp files, scratch space)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    logs_before = (ROOT / "daisy_logs").exists()
     env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp))
     r = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
@@ -50,6 +51,7 @@ def test_benchmark_quick(script, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| " in r.stdout  # printed its markdown table
     assert sorted(p.name for p in tmp.iterdir()) == []
+    assert logs_before or not (ROOT / "daisy_logs").exists()  # nor in the checkout, its working directory
 
 
 @pytest.mark.slow
