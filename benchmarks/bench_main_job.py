@@ -62,6 +62,18 @@ and ``--base REF`` a column of daisy_nb as of that git commit (``git archive`` i
 directory, its kernels compiled there first), both run in the same rotation: a change measured
 before/after side by side.
 
+Why the peaks may differ by a few MiB when nothing either process holds does: glibc serves a
+``malloc`` above its mmap threshold with a mapping of its own, and raises the threshold to the
+size of any such chunk freed. The interpreter's table of interned strings (the identifiers of
+all code loaded) is rebuilt twice as large after 21,845 insertions, and its old 408 KiB table
+freed. daisy_nb's scheduler is Python code: its process passes that line during the run, while
+daisy's program ends its run ~1,000 insertions short of it (measured at 128³). From then on the
+threshold is 408 KiB instead of ~228 KiB, so the check's allocations in between (a 64³ chunk of
+the uint8 mask is 256 KiB) come from the malloc arenas of zarr's threads instead of mappings
+that are returned when freed: ~2 MiB more at the check's peak at 512³. ``--mmap-threshold BYTES``
+runs every child with glibc's ``MALLOC_MMAP_THRESHOLD_`` fixed at ``BYTES`` (131072 is glibc's
+starting value), which takes that allocator state out of the comparison.
+
 Set ``DAISY_NB_BENCH_RECORD`` to append the tables to a JSON-lines file (``docs/performance/``).
 """
 
@@ -465,6 +477,9 @@ def main() -> int:
     ap.add_argument("--nb-env", default="", help="NAME=VALUE[,NAME=VALUE]: an extra daisy_nb column with that env")
     ap.add_argument("--base", default="", help="git ref: an extra column of daisy_nb as of that commit")
     ap.add_argument("--no-checksum", action="store_true")
+    ap.add_argument(
+        "--mmap-threshold", type=int, default=0, help="BYTES: every child runs with MALLOC_MMAP_THRESHOLD_=BYTES"
+    )
     a = ap.parse_args()
     if a.worker is not None:
         import bench_main_job  # this file as a module: its classes pickle by reference
@@ -493,7 +508,8 @@ def main() -> int:
         subprocess.run(
             [a.nb_python, "-m", "daisy_nb", "warmup"], check=True, env=_util.child_env(), stdout=subprocess.DEVNULL
         )
-    print(f"# bench_main_job: {_util.machine_note()}" + (f"; {note}" if note else ""), flush=True)
+    fixed = f"; every child with MALLOC_MMAP_THRESHOLD_={a.mmap_threshold}" if a.mmap_threshold else ""
+    print(f"# bench_main_job: {_util.machine_note()}" + (f"; {note}" if note else "") + fixed, flush=True)
     tmp = tempfile.mkdtemp(prefix="bench_main_job_")
     nbdemo = _nbdemo_path(tmp)
     try:
@@ -501,6 +517,8 @@ def main() -> int:
         base_root = _export_base(a.base, tmp) if a.base else ""
         for v in variants:
             e = {"PYTHONPATH": os.pathsep.join([HERE, nbdemo, base_root if v == "nb@base" else ROOT])}
+            if a.mmap_threshold:
+                e["MALLOC_MMAP_THRESHOLD_"] = str(a.mmap_threshold)
             if v == "nb+env":
                 e.update(extra)
             env_for[v] = e
