@@ -317,7 +317,8 @@ _FAILING_RUNS = """
 
 def test_log_dir_variable_routes_worker_logs(tmp_path, monkeypatch):
     """Worker logs of a program that chooses no directory go to DAISY_NB_LOG_DIR, not ./daisy_logs;
-    ``run_blockwise(log_dir=)`` wins for its run only; ``daisy-nb status`` finds them there."""
+    ``run_blockwise(log_dir=)`` wins for its run only; the commands' default ``--logs`` is that
+    directory (``daisy-nb status`` reading it: tests/test_errors.py)."""
     cwd, env_dir, explicit, later = (tmp_path / d for d in ("cwd", "env_logs", "explicit", "later"))
     cwd.mkdir()
     code = _FAILING_RUNS.replace("{explicit}", str(explicit)).replace("{later}", str(later))

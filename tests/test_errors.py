@@ -140,6 +140,17 @@ def test_status_groups_the_failures_of_the_worker_logs(tmp_path, monkeypatch, no
     assert "failed, not done  2" in r.stdout
     assert "errors in the logs  2 block failure(s) of 1 kind(s)" in r.stdout
     assert "2 × IndexError: index" in r.stdout and "worker_" in r.stdout
+    elsewhere = tmp_path / "elsewhere"  # no ./daisy_logs here: DAISY_NB_LOG_DIR names the directory
+    elsewhere.mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "daisy_nb", "status", str(track)],
+        cwd=elsewhere,
+        env=dict(env, DAISY_NB_LOG_DIR=str(tmp_path / "daisy_logs")),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1, r.stderr
+    assert "errors in the logs  2 block failure(s) of 1 kind(s)" in r.stdout
     r = subprocess.run(
         [sys.executable, "-m", "daisy_nb", "status", "--logs", str(tmp_path / "nope"), str(track)],
         env=env,
