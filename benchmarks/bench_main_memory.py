@@ -10,7 +10,8 @@ runs the same main job as ``bench_main_job.py``'s timed runs (the demo's command
 daisy2 variant on daisy 2.0.0, both on their defaults, both started through that script's
 children, so that both processes hold its module, as they do there) at a small size. It
 replaces the check by a probe that reads ``/proc/self/status`` (``VmRSS``, and its anonymous
-and file-backed parts), the number of modules loaded and the bytes of the scheduler library's
+and file-backed parts; ``VmHWM``, the main process's peak through the pipeline: the scheduler's
+side of the run, its workers apart), the number of modules loaded and the bytes of the scheduler library's
 own Python code (its functions' code objects with their bytecode, line tables, names and
 constants: most of what daisy_nb's process holds beyond daisy's, whose core is native code in
 a shared library), and exits. The runners alternate; each figure is the median of
@@ -34,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-FIELDS = ("VmRSS", "RssAnon", "RssFile")
+FIELDS = ("VmRSS", "RssAnon", "RssFile", "VmHWM")
 
 
 def _probe(p) -> None:
@@ -174,7 +175,8 @@ def main() -> int:
                 mb = {k: r[k] / 1e6 for k in FIELDS}
                 print(
                     f"  {v:8s} run {i + 1}: RSS {mb['VmRSS']:.2f} MB (anonymous {mb['RssAnon']:.2f}, "
-                    f"file {mb['RssFile']:.2f}), {r['modules']} modules, {r['code'] / 1e6:.2f} MB of its code",
+                    f"file {mb['RssFile']:.2f}), peak so far {mb['VmHWM']:.2f} MB, {r['modules']} modules, "
+                    f"{r['code'] / 1e6:.2f} MB of its code",
                     flush=True,
                 )
     titles = {"nb": "daisy_nb", "nb@base": f"daisy_nb {a.base}", "daisy2": "daisy 2.0.0"}
@@ -184,7 +186,9 @@ def main() -> int:
         rows.append([titles[v], *(f"{med[k] / 1e6:.2f} MB" for k in (*FIELDS, "code")), f"{med['modules']:.0f}"])
     print(
         f"\nThe main process before the check ({a.size}³ volume, {a.block}³ blocks; median of {a.repeat}):\n"
-        + _util.table(["runner", "RSS", "anonymous", "file-backed", "the library's Python code", "modules"], rows)
+        + _util.table(
+            ["runner", "RSS", "anonymous", "file-backed", "peak so far", "the library's Python code", "modules"], rows
+        )
     )
     return 0
 
