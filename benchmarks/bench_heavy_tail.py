@@ -52,6 +52,14 @@ per-round values:
   block (twice its sleep if it fails once); for W3 the heaviest path through the
   dependency graph (daisy_nb's ``BlockwiseDependencyGraph``, whose block ids and
   dependencies are daisy's);
+* **FIFO floor / ideal**: the makespan of daisy's own hand-out order with no overhead at all,
+  over the same attempts (:func:`fifo_floor`: the roots in daisy's order, then each block as
+  the last block it waits for ends, a retry at the back; every slot takes the next block the
+  moment it is free), over the ideal: what daisy's order costs by itself, where a scheduler
+  that hands blocks out in that order, each as soon as a slot is free, spends nothing (its
+  tail: the longest blocks do not come last; with ``--sigma 1``, up to a few percent of the
+  ideal). The rest of the makespan over it is the scheduler's and this machine's. None for
+  W2b/W2s, whose copies leave that order;
 * **makespan / ideal**;
 * **CPU seconds** (user + system) during ``run_blockwise``: the driver process's own (the
   scheduler, and for daisy 2.0.0 its server threads), and its reaped descendants' (the
@@ -91,6 +99,7 @@ STRAGGLER_SHARE = 0.003
 STRAGGLER_FACTOR = 60.0
 FAIL_SHARE = 0.01
 MAX_RETRIES = 2
+_NEIGHBOURS = [(dz, dy, dx) for dz in (-1, 0, 1) for dy in (-1, 0, 1) for dx in (-1, 0, 1)]  # W4: 3-D
 ALL_WORKLOADS = ("W1", "W2", "W5", "W3", "W4", "W2a", "W2b", "W2s")
 DESCRIPTION = {
     "W1": "1-D, independent",
@@ -250,6 +259,53 @@ def driver(lib: str, workload: str, out: str, blocks: int, workers: int) -> None
     )
 
 
+def fifo_floor(first: list[float], retry: list, preds: list[list[int]], roots: list[int], workers: int) -> float:
+    """The makespan of daisy's own hand-out order with no overhead at all: a list schedule of the
+    same attempts on ``workers`` slots, each slot taking the next block the moment it is free.
+
+    ``first[i]``: block ``i``'s first attempt (seconds); ``retry[i]``: its second attempt's, or
+    None (the first succeeds); ``preds[i]``: the blocks it waits for; ``roots``: the root task's
+    blocks without upstream blocks, in the order its root generator hands them out. As in daisy's
+    queue, every root goes out before any queued block; a block is queued (at the back) when the
+    last block it waits for ends, and a failed attempt's retry is queued at the back too. A real
+    run in that order differs by what its scheduler and machine spend (starting the workers,
+    handing blocks out, the sleeps' overshoot) and by the order in which blocks that end together
+    are seen.
+    """
+    import heapq
+    from collections import deque
+
+    succ: list[list[int]] = [[] for _ in first]
+    left = [len(p) for p in preds]
+    for i, p in enumerate(preds):
+        for u in p:
+            succ[u].append(i)
+    tried = [False] * len(first)
+    queue: deque[int] = deque()
+    running: list[tuple[float, int, int]] = []
+    t, free, nxt, seq = 0.0, workers, 0, 0
+    while True:
+        while free and (nxt < len(roots) or queue):
+            if nxt < len(roots):
+                i, nxt = roots[nxt], nxt + 1
+            else:
+                i = queue.popleft()
+            heapq.heappush(running, (t + (retry[i] if tried[i] else first[i]), seq, i))
+            seq, free = seq + 1, free - 1
+        if not running:
+            return t
+        t, _, i = heapq.heappop(running)
+        free += 1
+        if retry[i] is not None and not tried[i]:  # its first attempt failed: the retry goes to the back
+            tried[i] = True
+            queue.append(i)
+            continue
+        for s in succ[i]:
+            left[s] -= 1
+            if not left[s]:
+                queue.append(s)
+
+
 def bound(workload: str, blocks: int, workers: int) -> None:
     """The tasks' block ids and the makespan's ideal (module docstring), from daisy_nb's graph;
     a downstream block (W4) after the upstream blocks whose write ROIs its read ROI meets."""
@@ -266,19 +322,42 @@ def bound(workload: str, blocks: int, workers: int) -> None:
     work = chain = 0.0
     levels = n_fail = n_long = 0
     up_finish: dict[tuple, float] = {}  # the upstream task's blocks: write offset -> finish time
+    # the attempts and the graph of all tasks, for the FIFO floor (rows of every task, upstream first)
+    first: list[float] = []
+    retry: list = []
+    preds: list[list[int]] = []
+    roots: list[int] = []
+    up_index: dict[tuple, int] = {}  # the upstream task's blocks: write offset -> global row
     for tid in task_ids(workload):
         total, read, write, conflict = geometry(workload, blocks, tid)
         g = BlockwiseDependencyGraph(tid, Roi(*read), Roi(*write), conflict, "valid", total_read_roi=Roi(*total))
         a = g.to_arrays()
         cost = np.empty(len(a.block_id))
+        base = len(first)
         for row, bid in enumerate(a.block_id.tolist()):
             d, fails = draw(tid, bid, workload)
             cost[row] = 2 * d if fails else d  # a failed first attempt sleeps too, before its retry
             n_fail += fails
             n_long += d > MEDIAN_SECS * STRAGGLER_FACTOR / 4
             ids.append([tid, bid])
+            slow = STRAGGLER_FACTOR if attempt_straggles(tid, bid, workload) else 1.0
+            first.append(d * slow)
+            retry.append(d if fails else None)
         offsets = [tuple(o) for o in a.write_offset.tolist()]
         step = tuple(int(x) for x in a.write_shape[0])
+        index: dict[tuple, int] = {}
+        for row in range(len(offsets)):
+            up = [base + int(u) for u in a.upstream_indices[a.upstream_indptr[row] : a.upstream_indptr[row + 1]]]
+            o = offsets[row]
+            index[o] = base + row
+            for dz, dy, dx in _NEIGHBOURS if up_index else ():
+                n = up_index.get((o[0] + dz * step[0], o[1] + dy * step[1], o[2] + dx * step[2]))
+                if n is not None:
+                    up.append(n)
+            preds.append(up)
+            if not up and not up_index:  # the root task's roots, in the order of its rows (daisy's)
+                roots.append(base + row)
+        up_index = index
         finish = np.zeros(len(cost))
         for row in np.argsort(a.level, kind="stable").tolist():  # upstream blocks are on lower levels
             up = a.upstream_indices[a.upstream_indptr[row] : a.upstream_indptr[row + 1]]
@@ -302,6 +381,8 @@ def bound(workload: str, blocks: int, workers: int) -> None:
             "work": work,
             "chain": chain,
             "ideal": max(work / workers, chain),
+            # W2b/W2s copy stragglers: a FIFO of their attempts is no floor for them
+            "floor": None if workload in ("W2b", "W2s") else fifo_floor(first, retry, preds, roots, workers),
             "failing": n_fail,
             "long": n_long,
         }
@@ -510,10 +591,11 @@ def main() -> None:
     rows = []
     for w in workloads:
         ideal = bounds[w]["ideal"]
+        floor = "–" if bounds[w]["floor"] is None else f"{bounds[w]['floor'] / ideal:.3f}"
         for name, _, _ in [*libs, *([("daisy 2.0.0", None, None)] if not args.daisy_python else [])]:
             rs = res.get((w, name), [])
             if not rs:
-                rows.append([w, name, "–", f"{ideal:.2f} s", "–", "–", "–", "–"])
+                rows.append([w, name, "–", f"{ideal:.2f} s", floor, "–", "–", "–", "–"])
                 continue
             bad = sum(len(r["problems"]) for r in rs)
             rows.append(
@@ -522,6 +604,7 @@ def main() -> None:
                     name,
                     med([r["wall"] for r in rs], "{:.3f}") + " s",
                     f"{ideal:.3f} s",
+                    floor,
                     med([r["wall"] / ideal for r in rs], "{:.3f}"),  # the goal (issue 27) is at 1.05: three decimals
                     med([r["cpu_driver"] for r in rs], "{:.1f}")
                     + " / "
@@ -538,6 +621,7 @@ def main() -> None:
                 "library",
                 "makespan",
                 "ideal",
+                "FIFO floor / ideal",
                 "makespan / ideal",
                 "CPU s: driver / workers",
                 "attempts (check)",

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,6 +101,63 @@ def test_heavy_tail_splits_the_makespan_into_work_waste_and_idle_slots():
     got = bench_heavy_tail.where_time_goes(attempts, t0=100.0, wall=10.0, workers=2)
     assert got == pytest.approx({"work": 6.25, "waste": 1.0, "before": 1.5, "between": 0.0, "after": 1.25})
     assert sum(got.values()) == pytest.approx(10.0)
+
+
+def _bench(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+@pytest.mark.parametrize(
+    ("first", "retry", "preds", "roots", "want"),
+    [
+        # 2 slots; roots 0-3 (1 s each); a chain 4 -> 5 -> 6 after block 0. Every root goes out before
+        # the queued chain (t = 2, 3, 4): 5 s, where taking the chain first would end at 4 s
+        ([1.0] * 7, [None] * 7, [[], [], [], [], [0], [4], [5]], [0, 1, 2, 3], 5.0),
+        # block 0 fails its first attempt: its retry goes behind the roots, then block 4 after it
+        ([1.0] * 5, [1.0, None, None, None, None], [[], [], [], [], [0]], [0, 1, 2, 3], 4.0),
+        # ... and behind the blocks queued before it failed (2-4, after block 1): block 5, 3 s after
+        # the retry, ends at 7 s, where a retry at the front would end it at 6 s
+        ([2.0, 1.0, 1.0, 1.0, 1.0, 3.0], [1.0] + [None] * 5, [[], [], [1], [1], [1], [0]], [0, 1], 7.0),
+        # a long root keeps one slot; the other runs the rest back to back
+        ([5.0, 1.0, 1.0, 1.0], [None] * 4, [[], [], [], []], [0, 1, 2, 3], 5.0),
+    ],
+)
+def test_the_fifo_floor_follows_daisys_hand_out_order(first, retry, preds, roots, want):
+    """``bench_heavy_tail.fifo_floor`` on schedules worked out by hand: roots before queued blocks,
+    a retry at the back of the queue, a block queued when the last block it waits for ends."""
+    assert _bench("bench_heavy_tail").fifo_floor(first, retry, preds, roots, workers=2) == pytest.approx(want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0.001, 10.0), min_size=1, max_size=40),
+    st.integers(1, 6),
+    st.randoms(use_true_random=False),
+)
+def test_the_fifo_floor_is_the_greedy_list_schedule_and_never_below_the_ideal(durations, workers, rng):
+    """Independent blocks: the floor is the greedy list schedule (each block, in order, on the slot
+    free first: a twin written apart). With dependencies: never below the ideal (the work over the
+    slots, the longest chain) nor above the work on one slot."""
+    ht = _bench("bench_heavy_tail")
+    n = len(durations)
+    slots = [0.0] * workers
+    for d in durations:
+        k = slots.index(min(slots))
+        slots[k] += d
+    got = ht.fifo_floor(durations, [None] * n, [[] for _ in range(n)], list(range(n)), workers)
+    assert got == pytest.approx(max(slots))
+
+    preds = [sorted(rng.sample(range(i), rng.randint(0, min(i, 3)))) for i in range(n)]
+    roots = [i for i in range(n) if not preds[i]]
+    finish: list[float] = []
+    for i in range(n):
+        finish.append(durations[i] + max((finish[u] for u in preds[i]), default=0.0))
+    got = ht.fifo_floor(durations, [None] * n, preds, roots, workers)
+    assert max(sum(durations) / workers, max(finish)) - 1e-9 <= got <= sum(durations) + 1e-9
 
 
 @pytest.mark.parametrize(
