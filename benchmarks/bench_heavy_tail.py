@@ -321,12 +321,13 @@ def bound(workload: str, blocks: int, workers: int) -> None:
     ids: list[list] = []
     work = chain = 0.0
     levels = n_fail = n_long = 0
-    up_finish: dict[tuple, float] = {}  # the upstream task's blocks: write offset -> finish time
-    # the attempts and the graph of all tasks, for the FIFO floor (rows of every task, upstream first)
+    # the attempts and the graph of all tasks (rows of every task, upstream first): the chain's
+    # finish times and the FIFO floor
     first: list[float] = []
     retry: list = []
     preds: list[list[int]] = []
     roots: list[int] = []
+    finish: list[float] = []  # the earliest end of each row's last attempt, after everything it waits for
     up_index: dict[tuple, int] = {}  # the upstream task's blocks: write offset -> global row
     for tid in task_ids(workload):
         total, read, write, conflict = geometry(workload, blocks, tid)
@@ -350,6 +351,7 @@ def bound(workload: str, blocks: int, workers: int) -> None:
             up = [base + int(u) for u in a.upstream_indices[a.upstream_indptr[row] : a.upstream_indptr[row + 1]]]
             o = offsets[row]
             index[o] = base + row
+            # the upstream task's blocks under this one's read ROI (context 1 < a block)
             for dz, dy, dx in _NEIGHBOURS if up_index else ():
                 n = up_index.get((o[0] + dz * step[0], o[1] + dy * step[1], o[2] + dx * step[2]))
                 if n is not None:
@@ -358,21 +360,12 @@ def bound(workload: str, blocks: int, workers: int) -> None:
             if not up and not up_index:  # the root task's roots, in the order of its rows (daisy's)
                 roots.append(base + row)
         up_index = index
-        finish = np.zeros(len(cost))
+        finish += [0.0] * len(cost)
         for row in np.argsort(a.level, kind="stable").tolist():  # upstream blocks are on lower levels
-            up = a.upstream_indices[a.upstream_indptr[row] : a.upstream_indptr[row + 1]]
-            start = finish[up].max() if len(up) else 0.0
-            if up_finish:  # the upstream task's blocks under this one's read ROI (context 1 < a block)
-                o = offsets[row]
-                for dz in (-1, 0, 1):
-                    for dy in (-1, 0, 1):
-                        for dx in (-1, 0, 1):
-                            n = (o[0] + dz * step[0], o[1] + dy * step[1], o[2] + dx * step[2])
-                            start = max(start, up_finish.get(n, 0.0))
-            finish[row] = cost[row] + start
-        up_finish = dict(zip(offsets, finish.tolist()))
+            i = base + row
+            finish[i] = float(cost[row]) + max((finish[u] for u in preds[i]), default=0.0)
         work += float(cost.sum())
-        chain = max(chain, float(finish.max()))
+        chain = max(chain, max(finish[base:]))
         levels += int(a.level.max()) + 1
     _util.emit(
         {
