@@ -307,7 +307,7 @@ def fifo_floor(first: list[float], retry: list, preds: list[list[int]], roots: l
 
 
 def bound(workload: str, blocks: int, workers: int) -> None:
-    """The tasks' block ids and the makespan's ideal (module docstring), from daisy_nb's graph;
+    """The tasks' block ids, the makespan's ideal and the FIFO floor (module docstring), from daisy_nb's graph;
     a downstream block (W4) after the upstream blocks whose write ROIs its read ROI meets."""
     sys.path.insert(0, ROOT)
     import numpy as np

@@ -12,6 +12,15 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _bench(name: str):
+    """A module of ``benchmarks/`` (not a package: its directory is on the path only for the import)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "script",
@@ -85,11 +94,7 @@ def test_heavy_tail_splits_the_makespan_into_work_waste_and_idle_slots():
     """``bench_heavy_tail.where_time_goes`` on a made-up log of two worker slots over 10 s: the
     attempts that count, the ones that do not (an interrupted copy, a second success), and the
     idle slots at the start, between and at the tail add up to the makespan."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_heavy_tail
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench_heavy_tail = _bench("bench_heavy_tail")
     attempts = [
         ("a", 1, "S", 101.0, 105.0),  # slot A: blocks 1 and 2 back to back
         ("a", 2, "S", 105.0, 109.0),
@@ -101,14 +106,6 @@ def test_heavy_tail_splits_the_makespan_into_work_waste_and_idle_slots():
     got = bench_heavy_tail.where_time_goes(attempts, t0=100.0, wall=10.0, workers=2)
     assert got == pytest.approx({"work": 6.25, "waste": 1.0, "before": 1.5, "between": 0.0, "after": 1.25})
     assert sum(got.values()) == pytest.approx(10.0)
-
-
-def _bench(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 @pytest.mark.parametrize(
@@ -173,11 +170,7 @@ def test_the_cluster_wave_bound_is_what_jobs_that_start_one_after_another_can_re
     """``bench_tail.wave_bound``: the earliest end of 8 s of finely divisible work on 4 jobs that come up
     at the wave's times, found by bisection on ``sum(max(0, T - s_k)) >= work``, or the chain after a
     job's start."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_tail
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench_tail = _bench("bench_tail")
     work, start = 8.0, 0.2
     lo, hi = 0.0, 100.0
     for _ in range(100):
@@ -204,11 +197,7 @@ def _fake_python(path: Path, imports: str = "") -> str:
 def test_the_benchmarks_warn_of_an_interpreter_that_loads_daisy_nb_through_the_editable_finder(tmp_path, monkeypatch):
     """setuptools' editable ``.pth`` hook costs every interpreter daisy_nb starts ~9 ms: a benchmark
     run on such an interpreter says so (``_util.as_installed``); one without it says nothing."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import _util
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    _util = _bench("_util")
     monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # no byte-compiling here
     (tmp_path / "__editable___daisy_nb_9_finder.py").write_text("")
     hooked = _fake_python(tmp_path / "hooked", "__editable___daisy_nb_9_finder")
