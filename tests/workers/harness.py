@@ -10,13 +10,35 @@ except ImportError:  # pragma: no cover
 
 
 def shm_segments():
-    """Named segments made by daisy_nb (only where it cannot use a memfd; tests force that path)."""
+    """Named segments made by daisy_nb (only where it cannot use a memfd; tests force that path) that
+    are this test's: made by this process or one it started, or left by a process that is gone (a
+    leak). A segment of another live process is not: the tests run in parallel (pytest-xdist), and
+    another test worker's run may hold one at the moment this one looks."""
     from daisy_nb.runtime.local._shm import NAME_PREFIX
 
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith(NAME_PREFIX)}
+        names = {n for n in os.listdir("/dev/shm") if n.startswith(NAME_PREFIX)}
     except FileNotFoundError:  # pragma: no cover - not Linux
         return set()
+    if not names:
+        return names
+    ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
+    return {n for n in names if _creator(n, NAME_PREFIX) in ours or not _alive(_creator(n, NAME_PREFIX))}
+
+
+def _creator(name: str, prefix: str) -> int | None:
+    """The pid in a segment's name (``dnb_<pid>_<random>``), None if it has none."""
+    head = name[len(prefix) :].split("_", 1)[0]
+    return int(head) if head.isdigit() and "_" in name[len(prefix) :] else None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False  # a name without its creator: counted as this test's
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def memfd_mappings():

@@ -44,7 +44,7 @@ from typing import Any
 
 SLOTS = 2
 HDR = 8
-NAME_PREFIX = "dnb_"  # named segments (no memfd): /dev/shm/dnb_<random> on Linux
+NAME_PREFIX = "dnb_"  # named segments (no memfd): /dev/shm/dnb_<creator pid>_<random> on Linux
 MEMFD_NAME = "daisy_nb_worker"  # memfd segments: "/memfd:daisy_nb_worker (deleted)" in /proc/<pid>/maps
 H_N, H_CUR, H_START, H_ELAPSED, H_LIMIT, H_DROP = 0, 1, 2, 3, 4, 5
 
@@ -108,9 +108,10 @@ class Segment:
             from multiprocessing import shared_memory
 
             while self._shm is None:
-                try:  # a recognisable name (NAME_PREFIX): leak checks look for these
-                    self._shm = shared_memory.SharedMemory(NAME_PREFIX + secrets.token_hex(8), create=True, size=nbytes)
-                except FileExistsError:  # pragma: no cover - 64 random bits
+                try:  # a recognisable name (NAME_PREFIX) with its creator's pid: leak checks look for these
+                    name = f"{NAME_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"  # macOS: 31 characters at most
+                    self._shm = shared_memory.SharedMemory(name, create=True, size=nbytes)
+                except FileExistsError:  # pragma: no cover - 48 random bits, in this process
                     pass
             self.name = self._shm.name
             self.buf = self._shm.buf
