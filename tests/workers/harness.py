@@ -23,22 +23,18 @@ def shm_segments():
     if not names:
         return names
     ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
-    return {n for n in names if _creator(n, NAME_PREFIX) in ours or not _alive(_creator(n, NAME_PREFIX))}
+    mine = set()
+    for n in names:
+        pid = _creator(n, NAME_PREFIX)
+        if pid is None or pid in ours or not pid_alive(pid):  # (a name without its maker: the test's)
+            mine.add(n)
+    return mine
 
 
 def _creator(name: str, prefix: str) -> int | None:
     """The pid in a segment's name (``dnb_<pid>_<random>``), None if it has none."""
-    head = name[len(prefix) :].split("_", 1)[0]
-    return int(head) if head.isdigit() and "_" in name[len(prefix) :] else None
-
-
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False  # a name without its creator: counted as this test's
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    head, sep, _ = name[len(prefix) :].partition("_")
+    return int(head) if head.isdigit() and sep else None
 
 
 def memfd_mappings():
