@@ -23,14 +23,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="named seg
 
 
 def _make(name: str) -> shared_memory.SharedMemory:
-    seg = shared_memory.SharedMemory(name, create=True, size=64)
-    try:  # not the resource tracker's to unlink (it warns of a leak at exit otherwise): the test's
-        from multiprocessing import resource_tracker
-
-        resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
-    except Exception:  # pragma: no cover - the tracker's API moved
-        pass
-    return seg
+    return shared_memory.SharedMemory(name, create=True, size=64)  # unlinked by the test (``unlink``)
 
 
 def _dead_pid() -> int:
@@ -65,9 +58,8 @@ def test_a_segment_made_by_a_child_counts_while_the_child_runs():
     """A run in a program the test started: its segments are the test's (a leak of that program)."""
     code = (
         "import sys\n"
-        "from multiprocessing import shared_memory, resource_tracker\n"
+        "from multiprocessing import shared_memory\n"
         f"s = shared_memory.SharedMemory({_shm.NAME_PREFIX!r} + str(__import__('os').getpid()) + '_c', create=True, size=64)\n"
-        "resource_tracker.unregister(s._name, 'shared_memory')\n"
         "print(s.name, flush=True)\n"
         "sys.stdin.readline()\n"
         "s.close(); s.unlink()\n"

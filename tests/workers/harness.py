@@ -12,8 +12,8 @@ except ImportError:  # pragma: no cover
 def shm_segments():
     """Named segments made by daisy_nb (only where it cannot use a memfd; tests force that path) that
     are this test's: made by this process or one it started, or left by a process that is gone (a
-    leak). A segment of another live process is not: the tests run in parallel (pytest-xdist), and
-    another test worker's run may hold one at the moment this one looks."""
+    leak). A segment of another live process is not: with ``pytest -n`` the tests run in parallel
+    (pytest-xdist), and another test worker's run may hold one at the moment this one looks."""
     from daisy_nb.runtime.local._shm import NAME_PREFIX
 
     try:
